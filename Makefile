@@ -1,0 +1,36 @@
+# Two commands: `make run` and `make test` (README quick start). Everything else is plumbing.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: run test install browser clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml constraints/ci.txt
+	$(BIN)/python -m pip install -q -c constraints/ci.txt -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian's Chromium for the browser tests (never `playwright install`).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian chromium for the browser tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || { echo "error: could not install Debian chromium (needed by the browser tests)"; exit 1; }; }
+
+run: $(STAMP)
+	$(BIN)/dreamrt serve --host $(HOST) --port $(PORT)
+
+test: $(STAMP) browser
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,303 @@
+"""The driven-loop contract (ARCHITECTURE.md §3): the one seam between models/ and runtime/.
+
+A *loop* is a serializable state machine that the runtime drives::
+
+    state = loop.init(request, model, ctx)
+    while not isinstance(plan := loop.next(state), Done):
+        result = await ctx.execute(plan)        # runtime admits, batches, places, runs
+        state = loop.advance(state, result)
+        for spec in plan.emits: ctx.emit(Emission(spec, result.output))
+    return loop.finalize(state)
+
+Rules every loop obeys:
+
+- ``next`` describes the next step and runs no kernels; it may read everything in ``state``,
+  including what ``advance`` folded in from the previous result (content-adaptive control flow).
+- ``advance`` folds a result into the state and returns the new state. It may do cheap tensor
+  bookkeeping (indexing, views) but heavy tensor work belongs in a ``StepOp``.
+- All per-request state lives in the loop's ``LoopState`` (a ``msgspec.Struct``; tensor fields are
+  annotated ``torch.Tensor``). No module globals, no per-request attributes on ``nn.Module``s.
+  The runtime can therefore snapshot a state at any step boundary and resume it elsewhere.
+- A ``StepOp`` runs on the runtime's single executor thread, never on the asyncio loop. It gets
+  one argument object per plan in the batch and returns one output per plan, in order.
+
+Units are in the names: ``*_s`` seconds, ``*_bytes`` bytes, ``flops`` floating-point operations,
+``pts_90k`` ticks of a 90 kHz clock. This module imports neither torch nor asyncio.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+
+import msgspec
+
+__all__ = [
+    "CacheKey",
+    "Cancelled",
+    "Done",
+    "Emission",
+    "EmitSpec",
+    "Followup",
+    "Loop",
+    "LoopContext",
+    "LoopFailed",
+    "LoopResult",
+    "LoopState",
+    "ModelState",
+    "PlanKind",
+    "Priority",
+    "StepOp",
+    "StepResult",
+    "WorkPlan",
+]
+
+
+class PlanKind(str, enum.Enum):
+    """What a WorkPlan does. Plans batch only with plans of the same kind."""
+
+    TEXT_ENCODE = "text_encode"
+    CHUNK_STEP = "chunk_step"
+    KV_UPDATE = "kv_update"
+    KV_RECACHE = "kv_recache"
+    DIFFUSION_STEP = "diffusion_step"
+    VAE_DECODE = "vae_decode"
+    VAE_ENCODE = "vae_encode"
+    AUDIO_FEATURES = "audio_features"
+    HOST = "host"  # CPU-only bookkeeping that still must run off the event loop
+
+
+class Priority(str, enum.Enum):
+    """Scheduling class (ARCHITECTURE.md §4)."""
+
+    REALTIME = "realtime"  # a session with a viewer: deadlines from PTS, earliest-deadline first
+    BATCH = "batch"  # jobs and idle sessions: run in slack, aged so they never starve
+
+
+# --------------------------------------------------------------------------------------------
+# Loop state
+
+
+class LoopState(msgspec.Struct, kw_only=True):
+    """Base class of every loop's state.
+
+    Subclasses add typed fields; tensor-valued fields are annotated ``torch.Tensor`` (or
+    ``dict[str, torch.Tensor]``). ``step`` counts completed plans and is maintained by the loop.
+    A state must round-trip through ``runtime.driver.snapshot_state``/``restore_state``
+    bit-identically; nothing else (no callables, no open handles) may live in it.
+    """
+
+    step: int = 0
+
+
+S = TypeVar("S", bound=LoopState)
+
+
+class ModelState(Protocol):
+    """A resident, loaded model instance as a loop sees it.
+
+    ``components`` maps component ids (``"dit"``, ``"vae"``, ``"text_encoder"`` …) to loaded
+    modules. ``device``/``dtype`` are what its weights live on. The instance holds weights and
+    preallocated pools only; it holds no per-request state.
+    """
+
+    instance_id: str
+    components: Mapping[str, Any]
+    device: Any
+    dtype: Any
+
+
+@dataclass(frozen=True, slots=True)
+class CacheKey:
+    """Identifies a cached artifact; every field that can change the cached value is in the key.
+
+    Wrong reuse is worse than no reuse (ARCHITECTURE.md §5): when in doubt, add a field.
+    ``input_hash`` is a content hash of the inputs (e.g. sha256 of the prompt text).
+    """
+
+    model_id: str
+    component: str
+    weights_version: str
+    precision: str
+    shape_sig: str
+    input_hash: str
+    adapter_versions: tuple[tuple[str, str], ...] = ()
+    guidance_sig: str = ""
+    seed: int | None = None
+    contract_version: str = "1"
+
+
+# --------------------------------------------------------------------------------------------
+# Plans and results
+
+
+class StepOp(Protocol):
+    """Model-owned executable body of a plan; runs on the executor thread.
+
+    ``args`` holds one entry per plan in the batch (``len(args) == 1`` unless the op is
+    ``batchable`` and the scheduler grouped compatible plans). Returns one output per entry,
+    in the same order. Raising fails every plan in the batch; the engine then re-runs each plan
+    alone so one bad plan fails only its own loop (failure isolation).
+    ``deterministic=True`` asks for batch-invariant results: each output must be bit-identical
+    to what the op returns for that entry alone.
+    """
+
+    name: str
+    batchable: bool
+
+    def __call__(self, args: Sequence[Any], *, deterministic: bool = False) -> list[Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EmitSpec:
+    """Declares that a plan's output becomes a stream item once the plan has run.
+
+    ``stream`` names the sink (``"media"``, ``"progress"``); ``meta`` is what the loop knew
+    at plan time (chunk index, frame count, …). The driver pairs it with the plan's output.
+    """
+
+    stream: str
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Emission:
+    """What ``LoopContext.emit`` receives: an EmitSpec plus the output it refers to."""
+
+    spec: EmitSpec
+    output: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Followup:
+    """A plan still to come before this plan's media is due (for least-laxity deadlines)."""
+
+    kind: PlanKind
+    shape_sig: str
+    flops: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkPlan:
+    """One schedulable step: what to run, what it costs, what it may batch with.
+
+    Batching key: ``(instance_id, kind, shape_sig, precision)`` and ``op.batchable``.
+    ``flops``/``bytes_moved`` feed the analytic cost prior; measured times per ``shape_sig``
+    calibrate it. ``due_media_s`` is the media time (seconds from stream start) at which the
+    output this plan contributes to must be on the wire; ``None`` for work without a deadline.
+    ``followups`` lists the plans still needed after this one before that media is ready, so the
+    runtime can subtract their predicted cost from the deadline. ``emits`` become stream items.
+    """
+
+    loop_id: str
+    kind: PlanKind
+    op: StepOp
+    args: Any
+    shape_sig: str
+    instance_id: str = "default"
+    precision: str = "fp32"
+    flops: float = 0.0
+    bytes_moved: float = 0.0
+    peak_bytes: int = 0
+    due_media_s: float | None = None
+    followups: tuple[Followup, ...] = ()
+    cache_reads: tuple[CacheKey, ...] = ()
+    cache_writes: tuple[CacheKey, ...] = ()
+    emits: tuple[EmitSpec, ...] = ()
+
+    @property
+    def batch_key(self) -> tuple[str, str, str, str]:
+        return (self.instance_id, self.kind.value, self.shape_sig, self.precision)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What ``ctx.execute(plan)`` resolves to.
+
+    ``output`` is this plan's entry of the op's return list. ``wall_s`` is the wall time of the
+    batch it ran in, ``device_s`` the device-event time where measured (CUDA), else ``None``.
+    """
+
+    output: Any
+    wall_s: float
+    device_s: float | None = None
+    batch_size: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class LoopResult:
+    """What ``finalize`` returns: named outputs (artifacts, final latents, counters)."""
+
+    outputs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """Returned by ``next`` when the loop has no more work."""
+
+    reason: str = "complete"
+
+
+# --------------------------------------------------------------------------------------------
+# Failures
+
+
+class Cancelled(Exception):
+    """Raised from ``ctx.execute`` when the loop was cancelled; lands at a step boundary."""
+
+    def __init__(self, loop_id: str, reason: str = "cancelled") -> None:
+        super().__init__(f"loop {loop_id!r} cancelled: {reason}")
+        self.loop_id = loop_id
+        self.reason = reason
+
+
+class LoopFailed(Exception):
+    """Raised from ``ctx.execute`` when this loop's step failed (exception or NaN).
+
+    ``code`` is machine-readable (``"step_exception"``, ``"nan"``); other loops are unaffected.
+    """
+
+    def __init__(self, loop_id: str, code: str, message: str) -> None:
+        super().__init__(f"loop {loop_id!r} failed ({code}): {message}")
+        self.loop_id = loop_id
+        self.code = code
+        self.message = message
+
+
+# --------------------------------------------------------------------------------------------
+# Context and loop protocols
+
+
+class LoopContext(Protocol):
+    """What the runtime hands a loop and its driver.
+
+    ``execute`` resolves with the plan's StepResult, or raises ``Cancelled`` / ``LoopFailed``.
+    ``emit`` delivers an emission to the loop's sinks without blocking.
+    """
+
+    loop_id: str
+    priority: Priority
+
+    def execute(self, plan: WorkPlan) -> Awaitable[StepResult]: ...
+
+    def emit(self, emission: Emission) -> None: ...
+
+
+@runtime_checkable
+class Loop(Protocol, Generic[S]):
+    """A model-owned, runtime-driven state machine (see module docstring)."""
+
+    name: str
+
+    def init(self, request: Any, model: ModelState, ctx: LoopContext) -> S: ...
+
+    def next(self, state: S) -> WorkPlan | Done: ...
+
+    def advance(self, state: S, result: StepResult) -> S: ...
+
+    def finalize(self, state: S) -> LoopResult: ...
+
+
+EmitFn = Callable[[Emission], None]

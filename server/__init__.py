@@ -1,0 +1,1 @@
+"""Products: FastAPI app (REST, SSE), WebRTC signalling, metrics, CLI."""
