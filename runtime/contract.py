@@ -3,7 +3,11 @@
 A *loop* is a serializable state machine that the runtime drives::
 
     state = loop.init(request, model, ctx)
-    while not isinstance(plan := loop.next(state), Done):
+    while True:
+        if inputs := ctx.take_inputs():         # prompts/actions/audio that arrived meanwhile
+            state = loop.absorb(state, inputs)  # the loop latches them where its semantics say
+        if isinstance(plan := loop.next(state), Done):
+            break
         result = await ctx.execute(plan)        # runtime admits, batches, places, runs
         state = loop.advance(state, result)
         for spec in plan.emits: ctx.emit(Emission(spec, result.output))
@@ -18,6 +22,9 @@ Rules every loop obeys:
 - All per-request state lives in the loop's ``LoopState`` (a ``msgspec.Struct``; tensor fields are
   annotated ``torch.Tensor``). No module globals, no per-request attributes on ``nn.Module``s.
   The runtime can therefore snapshot a state at any step boundary and resume it elsewhere.
+- Live inputs (prompt, action, audio, cut) reach a loop only through ``absorb`` at a step
+  boundary, as serializable ``InputEvent``s; the loop decides when they take effect (e.g. at the
+  next chunk) and acknowledges that with an ``EmitSpec(stream="applied", ...)`` on a plan.
 - A ``StepOp`` runs on the runtime's single executor thread, never on the asyncio loop. It gets
   one argument object per plan in the batch and returns one output per plan, in order.
 
@@ -41,6 +48,7 @@ __all__ = [
     "Emission",
     "EmitSpec",
     "Followup",
+    "InputEvent",
     "Loop",
     "LoopContext",
     "LoopFailed",
@@ -240,6 +248,22 @@ class Done:
     reason: str = "complete"
 
 
+@dataclass(frozen=True, slots=True)
+class InputEvent:
+    """A live input for a running loop, delivered through ``Loop.absorb`` at a step boundary.
+
+    ``kind`` is ``"prompt"``, ``"cut"``, ``"action"``, ``"audio"`` (or a card-specific kind);
+    ``seq`` is the session's input sequence number (echoed in the ``*.applied`` acknowledgement);
+    ``payload`` is plain data (str, dict, list of numbers) or a tensor for audio features;
+    ``received_s`` is the wall time it arrived.
+    """
+
+    kind: str
+    seq: int
+    payload: Any
+    received_s: float = 0.0
+
+
 # --------------------------------------------------------------------------------------------
 # Failures
 
@@ -275,6 +299,7 @@ class LoopContext(Protocol):
 
     ``execute`` resolves with the plan's StepResult, or raises ``Cancelled`` / ``LoopFailed``.
     ``emit`` delivers an emission to the loop's sinks without blocking.
+    ``take_inputs`` returns (and clears) the inputs that arrived since the last call, in order.
     """
 
     loop_id: str
@@ -283,6 +308,8 @@ class LoopContext(Protocol):
     def execute(self, plan: WorkPlan) -> Awaitable[StepResult]: ...
 
     def emit(self, emission: Emission) -> None: ...
+
+    def take_inputs(self) -> list[InputEvent]: ...
 
 
 @runtime_checkable
@@ -298,6 +325,11 @@ class Loop(Protocol, Generic[S]):
     def advance(self, state: S, result: StepResult) -> S: ...
 
     def finalize(self, state: S) -> LoopResult: ...
+
+    def absorb(self, state: S, inputs: Sequence[InputEvent]) -> S:
+        """Fold live inputs into the state. Loops without live inputs return ``state`` as is
+        (or raise ``ValueError`` naming an input kind they do not accept)."""
+        ...
 
 
 EmitFn = Callable[[Emission], None]
