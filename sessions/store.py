@@ -1,0 +1,317 @@
+"""The durable store: one SQLite file (WAL) under ``--data-dir`` (ARCHITECTURE.md §6).
+
+Tables: ``sessions`` and ``jobs`` (their last known state and parameters), ``events`` (the
+lifecycle/acknowledgement events needed to reconstruct what happened — not every media
+chunk), ``records`` (one behaviour record per generated chunk: enough to replay it),
+``feedback``, ``forks``, ``preferences`` (pairs for RL export) and ``tokens`` (hashes of
+issued API tokens). Times are Unix seconds (``*_at`` REAL).
+
+Threading: the synchronous methods are safe from any thread (one connection, one lock). The
+asyncio side never calls them directly: ``await store.run(store.method, ...)`` executes on the
+store's single writer thread and resolves after COMMIT (durable before the answer);
+``store.defer(...)`` does the same fire-and-forget, logging failures. ``close()`` drains the
+writer and is idempotent.
+
+Recovery (``recover()`` at startup): sessions left live by a previous process are marked
+``failed`` (their viewers and loops are gone); queued/running jobs are returned to be queued
+again from their stored parameters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["SCHEMA_VERSION", "Store"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY, model_id TEXT NOT NULL, prompt TEXT NOT NULL, seed INTEGER NOT NULL,
+    fps INTEGER NOT NULL, width INTEGER NOT NULL, height INTEGER NOT NULL,
+    class TEXT NOT NULL, state TEXT NOT NULL, segment INTEGER NOT NULL DEFAULT 0,
+    frames_sent INTEGER NOT NULL DEFAULT 0, stalls INTEGER NOT NULL DEFAULT 0,
+    fps_measured REAL NOT NULL DEFAULT 0, error TEXT, fork_of TEXT,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, task TEXT NOT NULL, model_id TEXT NOT NULL, prompt TEXT NOT NULL,
+    params TEXT NOT NULL, state TEXT NOT NULL, progress REAL NOT NULL DEFAULT 0, error TEXT,
+    artifact_path TEXT, media_type TEXT, created_at REAL NOT NULL, updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    owner_id TEXT NOT NULL, event_id INTEGER NOT NULL, type TEXT NOT NULL, body TEXT NOT NULL,
+    time_s REAL NOT NULL, PRIMARY KEY (owner_id, event_id)
+);
+CREATE TABLE IF NOT EXISTS records (
+    session_id TEXT NOT NULL, segment INTEGER NOT NULL, chunk INTEGER NOT NULL,
+    seed INTEGER NOT NULL, model_id TEXT NOT NULL, weights_version TEXT NOT NULL,
+    loop_id TEXT NOT NULL, sampler TEXT NOT NULL, steps INTEGER NOT NULL, timesteps TEXT NOT NULL,
+    precision TEXT NOT NULL, prompt TEXT NOT NULL, prompt_seq INTEGER NOT NULL,
+    actions TEXT NOT NULL, pts_start INTEGER NOT NULL, pts_end INTEGER NOT NULL,
+    num_frames INTEGER NOT NULL, digest TEXT NOT NULL, replay_key TEXT NOT NULL,
+    created_at REAL NOT NULL, PRIMARY KEY (session_id, segment, chunk)
+);
+CREATE TABLE IF NOT EXISTS feedback (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, chunk INTEGER,
+    rating INTEGER NOT NULL, note TEXT, created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS forks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, n INTEGER NOT NULL,
+    prompt TEXT, candidates TEXT NOT NULL, chosen TEXT, created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS preferences (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, context_ref TEXT NOT NULL, chosen_ref TEXT NOT NULL,
+    rejected_ref TEXT NOT NULL, source TEXT NOT NULL, created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tokens (
+    hash TEXT PRIMARY KEY, scope TEXT NOT NULL, expires_at REAL NOT NULL, created_at REAL NOT NULL
+);
+"""
+
+_SESSION_FIELDS = frozenset(
+    {"state", "segment", "frames_sent", "stalls", "fps_measured", "error", "prompt"}
+)
+_JOB_FIELDS = frozenset({"state", "progress", "error", "artifact_path", "media_type"})
+_LIVE_SESSION_STATES = ("created", "negotiating", "live", "paused", "closing")
+
+
+class Store:
+    """SQLite persistence for sessions, jobs, events, records, feedback, preferences, tokens."""
+
+    def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._conn.row_factory = sqlite3.Row
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=FULL")
+        self._conn.executescript(_SCHEMA)
+        self._conn.execute(
+            "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+        )
+        self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dreamrt-store")
+        self._closed = False
+
+    # ---------------------------------------------------------------- async bridge
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Runs ``fn`` on the writer thread; resolves after it returned (and committed)."""
+        return await asyncio.wrap_future(self._writer.submit(fn, *args, **kwargs))
+
+    def defer(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Fire-and-forget on the writer thread, in submission order; failures are logged."""
+        if self._closed:
+            log.warning("store closed; dropping deferred %s", getattr(fn, "__name__", fn))
+            return
+        future = self._writer.submit(fn, *args, **kwargs)
+        future.add_done_callback(_log_failure)
+
+    def close(self) -> None:
+        """Waits for queued writes, then closes the connection. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._writer.shutdown(wait=True)
+        with self._lock:
+            self._conn.close()
+
+    # ---------------------------------------------------------------- helpers
+
+    def _execute(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> sqlite3.Cursor:
+        with self._lock:
+            return self._conn.execute(sql, params)
+
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(row) for row in self._conn.execute(sql, params).fetchall()]
+
+    def journal_mode(self) -> str:
+        return str(self._query("PRAGMA journal_mode")[0]["journal_mode"])
+
+    # ---------------------------------------------------------------- sessions
+
+    def add_session(
+        self, *, session_id: str, model_id: str, prompt: str, seed: int, fps: int, width: int,
+        height: int, priority_class: str, state: str, fork_of: str | None = None,
+    ) -> None:
+        now = self._clock()
+        self._execute(
+            "INSERT INTO sessions(id, model_id, prompt, seed, fps, width, height, class, state, fork_of,"
+            " created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (session_id, model_id, prompt, seed, fps, width, height, priority_class, state, fork_of, now, now),
+        )
+
+    def update_session(self, session_id: str, **fields: Any) -> None:
+        unknown = set(fields) - _SESSION_FIELDS
+        if unknown:
+            raise ValueError(f"unknown session fields {sorted(unknown)}; known: {sorted(_SESSION_FIELDS)}")
+        if not fields:
+            return
+        assignments = ", ".join(f"{name} = :{name}" for name in fields)
+        self._execute(
+            f"UPDATE sessions SET {assignments}, updated_at = :updated_at WHERE id = :id",
+            {**fields, "updated_at": self._clock(), "id": session_id},
+        )
+
+    def get_session(self, session_id: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT * FROM sessions WHERE id = ?", (session_id,))
+        return rows[0] if rows else None
+
+    # ---------------------------------------------------------------- jobs
+
+    def add_job(self, *, job_id: str, task: str, model_id: str, prompt: str, params: dict[str, Any], state: str) -> None:
+        now = self._clock()
+        self._execute(
+            "INSERT INTO jobs(id, task, model_id, prompt, params, state, created_at, updated_at)"
+            " VALUES (?,?,?,?,?,?,?,?)",
+            (job_id, task, model_id, prompt, json.dumps(params, sort_keys=True), state, now, now),
+        )
+
+    def update_job(self, job_id: str, **fields: Any) -> None:
+        unknown = set(fields) - _JOB_FIELDS
+        if unknown:
+            raise ValueError(f"unknown job fields {sorted(unknown)}; known: {sorted(_JOB_FIELDS)}")
+        if not fields:
+            return
+        assignments = ", ".join(f"{name} = :{name}" for name in fields)
+        self._execute(
+            f"UPDATE jobs SET {assignments}, updated_at = :updated_at WHERE id = :id",
+            {**fields, "updated_at": self._clock(), "id": job_id},
+        )
+
+    def get_job(self, job_id: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        if not rows:
+            return None
+        row = rows[0]
+        row["params"] = json.loads(row["params"])
+        return row
+
+    # ---------------------------------------------------------------- events
+
+    def add_event(self, owner_id: str, event_id: int, event_type: str, body: bytes | str, time_s: float) -> None:
+        text = body.decode("utf-8") if isinstance(body, bytes) else body
+        self._execute(
+            "INSERT OR REPLACE INTO events(owner_id, event_id, type, body, time_s) VALUES (?,?,?,?,?)",
+            (owner_id, event_id, event_type, text, time_s),
+        )
+
+    def events(self, owner_id: str) -> list[dict[str, Any]]:
+        return self._query(
+            "SELECT event_id, type, body, time_s FROM events WHERE owner_id = ? ORDER BY event_id", (owner_id,)
+        )
+
+    # ---------------------------------------------------------------- behaviour records
+
+    def add_record(self, record: dict[str, Any]) -> None:
+        row = dict(record)
+        row["timesteps"] = json.dumps(row["timesteps"])
+        row["actions"] = json.dumps(row["actions"], sort_keys=True)
+        row.setdefault("created_at", self._clock())
+        columns = ", ".join(row)
+        placeholders = ", ".join(f":{name}" for name in row)
+        self._execute(f"INSERT OR REPLACE INTO records({columns}) VALUES ({placeholders})", row)
+
+    def records(self, session_id: str) -> list[dict[str, Any]]:
+        rows = self._query(
+            "SELECT * FROM records WHERE session_id = ? ORDER BY segment, chunk", (session_id,)
+        )
+        for row in rows:
+            row["timesteps"] = json.loads(row["timesteps"])
+            row["actions"] = json.loads(row["actions"])
+        return rows
+
+    # ---------------------------------------------------------------- feedback, forks, preferences
+
+    def add_feedback(self, *, session_id: str, rating: int, chunk: int | None, note: str | None) -> int:
+        cursor = self._execute(
+            "INSERT INTO feedback(session_id, chunk, rating, note, created_at) VALUES (?,?,?,?,?)",
+            (session_id, chunk, rating, note, self._clock()),
+        )
+        return int(cursor.lastrowid or 0)
+
+    def feedback(self, session_id: str) -> list[dict[str, Any]]:
+        return self._query("SELECT * FROM feedback WHERE session_id = ? ORDER BY id", (session_id,))
+
+    def add_fork(self, *, session_id: str, n: int, prompt: str | None, candidates: list[str]) -> int:
+        cursor = self._execute(
+            "INSERT INTO forks(session_id, n, prompt, candidates, created_at) VALUES (?,?,?,?,?)",
+            (session_id, n, prompt, json.dumps(candidates), self._clock()),
+        )
+        return int(cursor.lastrowid or 0)
+
+    def find_fork(self, session_id: str, candidate: str) -> dict[str, Any] | None:
+        for row in self._query("SELECT * FROM forks WHERE session_id = ? ORDER BY id DESC", (session_id,)):
+            row["candidates"] = json.loads(row["candidates"])
+            if candidate in row["candidates"]:
+                return row
+        return None
+
+    def choose_fork(self, fork_id: int, chosen: str, context_ref: str, rejected: list[str]) -> None:
+        """Records the choice and one preference pair per rejected candidate, atomically."""
+        now = self._clock()
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                self._conn.execute("UPDATE forks SET chosen = ? WHERE id = ?", (chosen, fork_id))
+                self._conn.executemany(
+                    "INSERT INTO preferences(context_ref, chosen_ref, rejected_ref, source, created_at)"
+                    " VALUES (?,?,?,?,?)",
+                    [(context_ref, chosen, other, "fork-choice", now) for other in rejected],
+                )
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def preferences(self) -> list[dict[str, Any]]:
+        return self._query("SELECT * FROM preferences ORDER BY id")
+
+    # ---------------------------------------------------------------- tokens
+
+    def add_token(self, *, token_hash: str, scope: str, expires_at: float) -> None:
+        self._execute(
+            "INSERT INTO tokens(hash, scope, expires_at, created_at) VALUES (?,?,?,?)",
+            (token_hash, scope, expires_at, self._clock()),
+        )
+
+    def get_token(self, token_hash: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT * FROM tokens WHERE hash = ?", (token_hash,))
+        return rows[0] if rows else None
+
+    # ---------------------------------------------------------------- recovery
+
+    def recover(self) -> list[dict[str, Any]]:
+        """Marks interrupted sessions failed; returns interrupted jobs (to queue again)."""
+        placeholders = ",".join("?" * len(_LIVE_SESSION_STATES))
+        self._execute(
+            f"UPDATE sessions SET state = 'failed', error = 'interrupted: the server restarted',"
+            f" updated_at = ? WHERE state IN ({placeholders})",
+            (self._clock(), *_LIVE_SESSION_STATES),
+        )
+        rows = self._query("SELECT * FROM jobs WHERE state IN ('queued', 'running') ORDER BY created_at")
+        for row in rows:
+            row["params"] = json.loads(row["params"])
+        return rows
+
+
+def _log_failure(future: concurrent.futures.Future[Any]) -> None:
+    exc = future.exception()
+    if exc is not None:
+        log.error("deferred store write failed: %r", exc, exc_info=exc)
