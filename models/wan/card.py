@@ -1,0 +1,156 @@
+"""The Wan cards: the Wan2.1-1.3B chunk-causal DiT (Self-Forcing recipe) and its tiny CPU twin.
+
+Pure data (no torch at import). Component presets name entries of the family's preset tables:
+the DiT's ``models.wan.config.PRESETS`` (``"wan2.1-1.3b"``, ``"tiny"``), the text encoder's
+``models.wan.text_encoder.UMT5_PRESETS`` (``"umt5-xxl"``, ``"umt5-tiny"``) and the VAE's.
+
+Both cards share one loop set: ``chunk_rollout`` (sessions) and ``diffusion_denoise`` (jobs)
+sample with the same chunk-causal 4-step schedule, because that is what the Self-Forcing weights
+were trained under; ``kv_recache``, ``vae_decode`` and ``text_encode`` are helper loops.
+"""
+
+from __future__ import annotations
+
+from models.card import (
+    CacheContract,
+    CheckpointManifest,
+    ComponentEntry,
+    ComponentSpec,
+    LatentSpec,
+    LoopSpec,
+    ModelCard,
+    ParitySpec,
+    PrecisionContract,
+    Profile,
+    RecipeSpec,
+    ScheduleSpec,
+)
+
+__all__ = ["CARDS", "WAN21_13B_CAUSAL", "WAN_TINY_RANDOM", "cards"]
+
+# Self-Forcing's denoising_step_list on the 1000-step grid, warped with shift 5 by the sampler.
+SELF_FORCING_SCHEDULE = ScheduleSpec(timesteps=(1000, 750, 500, 250), flow_shift=5.0)
+
+# Wan2.1 VAE: z 16, 4x temporal, 8x spatial; DiT patch (1, 2, 2) -> 1560 tokens at 832x480.
+WAN_LATENT = LatentSpec(channels=16, temporal_stride=4, spatial_stride=8, patch=(1, 2, 2))
+
+_GENERATION_COMPONENTS = ("dit", "vae", "text_encoder", "tokenizer")
+_PARITY_TOLERANCES = {
+    "dit_vs_diffusers": 1e-5,  # max relative error, fp32, random weights
+    "vae_vs_diffusers": 1e-4,
+    "chunked_rollout_vs_block_causal": 1e-5,
+    "chunked_vae_decode_vs_full": 1e-4,
+}
+
+
+def _loops(session_inputs: frozenset[str]) -> dict[str, LoopSpec]:
+    return {
+        "chunk_rollout": LoopSpec(
+            "chunk_rollout", "chunk_rollout", SELF_FORCING_SCHEDULE, "chunk_causal",
+            components=_GENERATION_COMPONENTS, inputs=session_inputs,
+            uses=("text_encode", "kv_recache", "vae_decode")),
+        "diffusion_denoise": LoopSpec(
+            "diffusion_denoise", "diffusion_denoise", SELF_FORCING_SCHEDULE, "chunk_causal",
+            components=_GENERATION_COMPONENTS, uses=("text_encode", "vae_decode")),
+        "kv_recache": LoopSpec("kv_recache", "kv_recache", components=("dit",)),
+        "vae_decode": LoopSpec("vae_decode", "vae_decode", components=("vae",)),
+        "text_encode": LoopSpec("text_encode", "text_encode",
+                                components=("text_encoder", "tokenizer")),
+    }
+
+
+def _caches(window_latent_frames: int, sink_latent_frames: int) -> dict[str, CacheContract]:
+    return {
+        "chunk_kv": CacheContract("chunk_kv", "dit", window_latent_frames, sink_latent_frames),
+        "text_embedding": CacheContract("feature", "text_encoder"),
+        "vae_decoder": CacheContract("decoder_feature", "vae"),
+    }
+
+
+_CAUSAL_CAPABILITIES = frozenset({"session.realtime", "prompt.switch", "prompt.cut",
+                                  "text_to_video"})
+
+
+def _required(path_hint: str, fmt: str) -> ComponentEntry:
+    return ComponentEntry(path_hint, fmt, required_for=_CAUSAL_CAPABILITIES)
+
+
+WAN21_13B_CAUSAL = ModelCard(
+    model_id="wan2.1-1.3b-causal",
+    family="wan",
+    description=("Wan2.1-T2V-1.3B distilled to 4-step chunk-causal generation (Self-Forcing, "
+                 "DMD); 832x480 at 16 fps. External weights: the operator supplies the "
+                 "checkpoint directory."),
+    components={
+        "dit": ComponentSpec("dit", "dit", "wan2.1-1.3b"),
+        "vae": ComponentSpec("vae", "vae", "wan2.1-vae"),
+        "text_encoder": ComponentSpec("text_encoder", "text_encoder", "umt5-xxl"),
+        "tokenizer": ComponentSpec("tokenizer", "tokenizer", "umt5-xxl"),
+    },
+    loops=_loops(frozenset({"prompt", "cut"})),
+    capabilities=_CAUSAL_CAPABILITIES,
+    recipe=RecipeSpec(
+        method="self_forcing",
+        parents=("wan2.1-t2v-1.3b",),
+        data_contract="text prompts only (Self-Forcing trains data-free from prompts; no video)",
+        assumes_loop="chunk_rollout",
+        assumes_precision="bf16",
+        consistency_required="C1",
+    ),
+    parity=ParitySpec("C1", _PARITY_TOLERANCES),
+    caches=_caches(window_latent_frames=9, sink_latent_frames=3),
+    # fp32 only widens the bf16 recipe (every bf16 weight is exact in fp32); fp16 is excluded.
+    precision=PrecisionContract(("bf16", "fp32")),
+    checkpoint=CheckpointManifest({
+        # Self-Forcing ships the generator in Wan's original layout (``generator.``/``model.``
+        # prefixes accepted by the loader); the rest comes from Wan2.1-T2V-1.3B-Diffusers.
+        "dit": _required("transformer", "original"),
+        "vae": _required("vae", "diffusers"),
+        "text_encoder": _required("text_encoder", "diffusers"),
+        "tokenizer": _required("tokenizer", "diffusers"),
+    }),
+    default_profile=Profile(fps=16, width=832, height=480, chunk_latent_frames=3, steps=4),
+    latent=WAN_LATENT,
+    weights="external",
+    weights_version="self-forcing-dmd-v1",
+)
+
+WAN_TINY_RANDOM = ModelCard(
+    model_id="wan-tiny-random",
+    family="wan",
+    description=("Tiny Wan-architecture preset on CPU. random weights: for tests and "
+                 "development, shows noise."),
+    components={
+        "dit": ComponentSpec("dit", "dit", "tiny", conditioning=frozenset({"action", "audio"})),
+        "vae": ComponentSpec("vae", "vae", "tiny"),
+        "text_encoder": ComponentSpec("text_encoder", "text_encoder", "umt5-tiny"),
+        # Offline byte-level stand-in for the UMT5 vocabulary; see models/wan/text_encoder.py.
+        "tokenizer": ComponentSpec("tokenizer", "tokenizer", "byte-fallback"),
+    },
+    loops=_loops(frozenset({"prompt", "cut", "action", "audio"})),
+    capabilities=frozenset({"session.realtime", "prompt.switch", "prompt.cut", "input.action",
+                            "input.audio", "text_to_video", "text_to_image"}),
+    recipe=RecipeSpec(
+        method="random_init",
+        parents=(),
+        data_contract="none: seeded random initialisation, never trained",
+        assumes_loop="chunk_rollout",
+        assumes_precision="fp32",
+        consistency_required="C0",
+    ),
+    parity=ParitySpec("C1", _PARITY_TOLERANCES),
+    caches=_caches(window_latent_frames=6, sink_latent_frames=3),
+    precision=PrecisionContract(("fp32", "bf16")),
+    checkpoint=CheckpointManifest(),
+    default_profile=Profile(fps=8, width=64, height=64, chunk_latent_frames=3, steps=4),
+    latent=WAN_LATENT,
+    weights="random",
+    weights_version="random-seed-0",
+)
+
+CARDS: tuple[ModelCard, ...] = (WAN21_13B_CAUSAL, WAN_TINY_RANDOM)
+
+
+def cards() -> tuple[ModelCard, ...]:
+    """The Wan family's cards, for the registry."""
+    return CARDS
