@@ -1,0 +1,145 @@
+/**
+ * Fork picker: ask the session for N candidate continuations (POST /fork), watch them, choose
+ * one (POST /choose: the server records preference pairs and closes the others).
+ *
+ * Watching a candidate opens a small receive-only preview through `openPreview(id, video)`,
+ * which returns {close()} or throws (then the row says the preview is unavailable; choosing
+ * still works). After a choice `onChosen(id)` lets the page follow the chosen branch.
+ */
+
+export class ForkPicker {
+  constructor(root, { getSession, openPreview, onChosen = () => {}, log = () => {} }) {
+    this._root = root;
+    this._getSession = getSession;
+    this._openPreview = openPreview;
+    this._onChosen = onChosen;
+    this._log = log;
+    this._form = root.querySelector("form");
+    this._count = root.querySelector("[name=fork-n]");
+    this._prompt = root.querySelector("[name=fork-prompt]");
+    this._submit = root.querySelector("button[type=submit]");
+    this._list = root.querySelector(".fork-candidates");
+    this._status = root.querySelector(".fork-status");
+    this._previews = new Map();
+    this._form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.fork();
+    });
+  }
+
+  setEnabled(enabled) {
+    this._submit.disabled = !enabled;
+  }
+
+  _say(text, tone = "") {
+    this._status.textContent = text;
+    this._status.dataset.tone = tone;
+  }
+
+  async fork() {
+    const session = this._getSession();
+    if (!session) return;
+    const n = Number.parseInt(this._count.value, 10);
+    this.reset();
+    this._submit.disabled = true;
+    this._say(`asking for ${n} candidates…`);
+    try {
+      const answer = await session.fork(n, this._prompt.value.trim());
+      const candidates = Array.isArray(answer?.candidates) ? answer.candidates : [];
+      this._log("fork", { n, candidates: candidates.length });
+      this._say(candidates.length ? "watch the candidates, then choose one" : "the server returned no candidates", candidates.length ? "" : "bad");
+      candidates.forEach((id, index) => this._list.append(this._row(id, index)));
+      this._list.querySelector("button")?.focus();
+    } catch (err) {
+      this._say(`fork failed: ${err.message}`, "bad");
+    } finally {
+      this._submit.disabled = false;
+    }
+  }
+
+  _row(id, index) {
+    const item = document.createElement("li");
+    item.className = "fork-candidate";
+    item.dataset.candidate = id;
+    const label = document.createElement("span");
+    label.className = "fork-label";
+    label.textContent = `#${index + 1}`;
+    label.title = id;
+    const ident = document.createElement("code");
+    ident.textContent = id.length > 10 ? `${id.slice(0, 8)}…` : id;
+    const video = document.createElement("video");
+    video.muted = true;
+    video.autoplay = true;
+    video.playsInline = true;
+    video.hidden = true;
+    video.setAttribute("aria-label", `preview of candidate ${index + 1}`);
+    const watch = document.createElement("button");
+    watch.type = "button";
+    watch.className = "ghost small";
+    watch.textContent = "Watch";
+    watch.setAttribute("aria-pressed", "false");
+    watch.addEventListener("click", () => this._togglePreview(id, video, watch));
+    const choose = document.createElement("button");
+    choose.type = "button";
+    choose.className = "primary small";
+    choose.textContent = "Choose";
+    choose.addEventListener("click", () => this._choose(id, choose));
+    item.append(label, ident, watch, choose, video);
+    return item;
+  }
+
+  async _togglePreview(id, video, button) {
+    const open = this._previews.get(id);
+    if (open) {
+      open.close();
+      this._previews.delete(id);
+      video.hidden = true;
+      button.textContent = "Watch";
+      button.setAttribute("aria-pressed", "false");
+      return;
+    }
+    button.disabled = true;
+    try {
+      this._previews.set(id, await this._openPreview(id, video));
+      video.hidden = false;
+      button.textContent = "Hide";
+      button.setAttribute("aria-pressed", "true");
+    } catch (err) {
+      button.textContent = "No preview";
+      button.title = err.message;
+      this._log("fork.preview_failed", { candidate: id, message: err.message });
+      return;
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  async _choose(id, button) {
+    const session = this._getSession();
+    if (!session) return;
+    for (const b of this._list.querySelectorAll("button")) b.disabled = true;
+    try {
+      await session.choose(id);
+      this._log("fork.chosen", { candidate: id });
+      for (const row of this._list.children) row.classList.toggle("chosen", row.dataset.candidate === id);
+      this._say("choice recorded", "good");
+      this._closePreviews();
+      button.textContent = "Chosen";
+      this._onChosen(id);
+    } catch (err) {
+      this._say(`choose failed: ${err.message}`, "bad");
+      for (const b of this._list.querySelectorAll("button")) b.disabled = false;
+    }
+  }
+
+  _closePreviews() {
+    for (const preview of this._previews.values()) preview.close();
+    this._previews.clear();
+  }
+
+  reset() {
+    this._closePreviews();
+    this._list.replaceChildren();
+    this._say("");
+  }
+}

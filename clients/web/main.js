@@ -1,0 +1,440 @@
+/**
+ * Composition root of the dreamrt page: wires the DOM to a LiveSession, the inputs (prompt,
+ * actions, push-to-talk, ratings, fork picker) and the views (state, stats, event log).
+ *
+ * window.dreamrt exposes the running app for tests and benchmarks: {state, session, pc, events,
+ * frames (FrameClock), log (EventLog), start(prompt)}.
+ */
+
+import { ActionInput, isTextTarget } from "./action_input.js";
+import { ApiClient } from "./api.js";
+import { ConfigError, parseIceServers, readConfig, storeSettings } from "./config.js";
+import { EventLog } from "./event_log.js";
+import { ForkPicker } from "./fork_picker.js";
+import { FrameClock } from "./frame_clock.js";
+import { LiveSession } from "./live_session.js";
+import { HttpPcmTransport, PushToTalk, TrackTransport } from "./microphone.js";
+import { PageState, PageStateMachine } from "./page_state.js";
+import { StatsView } from "./stats_view.js";
+
+const $ = (id) => document.getElementById(id);
+
+const OVERLAY = {
+  [PageState.IDLE]: { title: "Describe a world and press Start", action: null },
+  [PageState.CONNECTING]: { title: "Connecting…", action: null },
+  [PageState.LIVE]: { title: "", action: null },
+  [PageState.PAUSED]: { title: "Paused", action: "Resume" },
+  [PageState.ERROR]: { title: "Something went wrong", action: "Try again" },
+  [PageState.CLOSED]: { title: "Session ended", action: "Start again" },
+};
+
+/** Server session states (API.md) -> page states; others leave the page state alone. */
+const SERVER_STATE = { live: PageState.LIVE, paused: PageState.PAUSED, closed: PageState.CLOSED, failed: PageState.ERROR };
+
+class App {
+  constructor(config) {
+    this.config = config;
+    this.api = new ApiClient({ baseUrl: config.apiBase, apiKey: config.apiKey });
+    this.machine = new PageStateMachine();
+    this.session = null;
+    this.talk = null;
+    this.firstFrameSeen = false;
+    this.video = $("video");
+    this.stage = $("stage");
+    this.prompt = $("prompt");
+    this.frames = new FrameClock(this.video);
+    this.stats = new StatsView();
+    this.log = new EventLog($("event-log"), { verboseToggle: $("log-verbose"), countLabel: $("event-count") });
+    this.actions = new ActionInput({
+      send: (message) => this.session?.action(message) ?? false,
+      stage: this.stage,
+      video: this.video,
+      onChange: (keys, dragging) => this._showKeys(keys, dragging),
+    });
+    this.fork = new ForkPicker($("fork"), {
+      getSession: () => this.session?.rest ?? null,
+      openPreview: (id, video) => this._openPreview(id, video),
+      onChosen: (id) => this.log.note("fork_chosen", { candidate: id }),
+      log: (type, fields) => this.log.note(type, fields),
+    });
+    this.machine.subscribe((next, previous, detail) => this._renderState(next, previous, detail));
+  }
+
+  // ---- lifecycle -----------------------------------------------------------------------------
+
+  init() {
+    this._bindComposer();
+    this._bindControls();
+    this._bindShortcuts();
+    this._bindSettings();
+    this.actions.start();
+    this.frames.start();
+    window.addEventListener("pagehide", () => this.session?.close({ keepalive: true }));
+    this.prompt.value = this.config.prompt;
+    this._renderState(PageState.IDLE, PageState.IDLE, "");
+    if (this.config.autostart && this.prompt.value.trim()) this.start(this.prompt.value.trim());
+  }
+
+  async start(promptText) {
+    await this._teardown();
+    this.machine.transition(PageState.CONNECTING, "creating session");
+    this.firstFrameSeen = false;
+    this.frames.reset();
+    this.stats.clear();
+    this.fork.reset();
+    this.log.note("connecting", { prompt: promptText });
+    const session = new LiveSession(this.api, {
+      iceServers: this.config.iceServers,
+      offerAudio: this.config.audioTransport !== "http",
+      onEvent: (event) => this._onEvent(session, event),
+      onTrack: (stream) => this._onTrack(session, stream),
+      onStats: (sample) => session === this.session && this.stats.render(sample),
+      onConnectionLost: (why) => this._onConnectionLost(session, why),
+    });
+    this.session = session;
+    try {
+      const phase = setTimeout(() => session === this.session && this.machine.state === PageState.CONNECTING && this.machine.transition(PageState.CONNECTING, "negotiating WebRTC"), 150);
+      await session.open({ prompt: promptText });
+      clearTimeout(phase);
+    } catch (err) {
+      if (session !== this.session) return;
+      this.session = null;
+      this._fail(err.status === 503 ? `server busy${err.retryAfterS ? `, retry in ${err.retryAfterS} s` : ""}: ${err.message}` : err.message);
+      return;
+    }
+    if (session !== this.session) return;
+    $("session-id").textContent = session.id;
+    $("session-profile").textContent = session.info.profile ? `${session.info.profile.width}×${session.info.profile.height} @ ${session.info.profile.fps} fps` : "";
+    this.stats.setProfile(session.info.profile);
+    this.log.note("connected", { session: session.id, audio: session.audioSender ? "track" : "http" });
+    this._setupTalk(session);
+    if (this.machine.state === PageState.CONNECTING) this.machine.transition(PageState.CONNECTING, "waiting for the first frame");
+    this._setControlsEnabled(true);
+  }
+
+  async end() {
+    await this._teardown();
+    if (this.machine.can(PageState.CLOSED)) this.machine.transition(PageState.CLOSED, "");
+  }
+
+  async _teardown() {
+    const session = this.session;
+    this.session = null;
+    this.actions.enabled = false;
+    this.actions.releaseAll();
+    this._setControlsEnabled(false);
+    this.fork.reset();
+    await this.talk?.close();
+    this.talk = null;
+    if (session) await session.close();
+    this.video.srcObject = null;
+  }
+
+  _fail(message) {
+    this.log.note("error", { message });
+    this.actions.enabled = false;
+    this._setControlsEnabled(false);
+    this.session?.close();
+    this.session = null;
+    if (this.machine.can(PageState.ERROR)) this.machine.transition(PageState.ERROR, message);
+  }
+
+  // ---- session callbacks -----------------------------------------------------------------------
+
+  _onTrack(session, stream) {
+    if (session !== this.session) return;
+    this.video.srcObject = stream;
+    this.video.play().catch(() => {});
+    this.frames.waitFor(() => true, { includePast: true, timeoutMs: 30000 }).then(
+      () => {
+        if (session !== this.session || this.firstFrameSeen) return;
+        this.firstFrameSeen = true;
+        this.log.note("first_frame", { ms: Math.round(this.frames.firstFrameMs) });
+        if (this.machine.state === PageState.CONNECTING) this._goLive();
+      },
+      () => session === this.session && this._fail("no video frame arrived within 30 s"),
+    );
+  }
+
+  _goLive() {
+    this.machine.transition(PageState.LIVE, "");
+    this.actions.enabled = true;
+  }
+
+  _onEvent(session, event) {
+    if (session !== this.session) return;
+    this.log.add(event);
+    if (event.type === "session.state" && SERVER_STATE[event.state]) {
+      const next = SERVER_STATE[event.state];
+      if (next === PageState.LIVE && !this.firstFrameSeen) return; // live once frames show
+      if (next === PageState.ERROR) this._fail(event.message || event.reason || "the session failed");
+      else if (next === PageState.CLOSED) this._teardown().then(() => this.machine.can(PageState.CLOSED) && this.machine.transition(PageState.CLOSED, event.reason || ""));
+      else if (this.machine.can(next)) {
+        this.machine.transition(next, "");
+        this.actions.enabled = next === PageState.LIVE;
+      }
+    } else if (event.type === "error") {
+      this._toast(`${event.code ?? "error"}: ${event.message ?? ""}`);
+    }
+    const applied = session.acks.lastApplied;
+    if (event.type.endsWith(".applied") && applied) this.stats.showApplied(applied.kind, applied.latencyMs);
+  }
+
+  _onConnectionLost(session, why) {
+    if (session !== this.session) return;
+    this._fail(`connection lost (${why})`);
+  }
+
+  _toast(text) {
+    const detail = $("state-detail");
+    detail.textContent = text;
+    clearTimeout(this._toastTimer);
+    this._toastTimer = setTimeout(() => {
+      detail.textContent = this.machine.detail;
+    }, 4000);
+  }
+
+  // ---- push-to-talk ------------------------------------------------------------------------------
+
+  _setupTalk(session) {
+    let transport = null;
+    if (session.audioSender) transport = new TrackTransport(session.audioSender);
+    else if (this.config.audioTransport !== "track") {
+      transport = new HttpPcmTransport((bytes) => session.rest.audio(bytes), { onError: (err) => this.log.note("audio_error", { message: err.message }) });
+    }
+    $("talk-transport").textContent = transport ? `Audio goes ${transport.name === "track" ? "as a WebRTC track" : "as PCM over HTTP"}.` : "The server takes no audio track.";
+    if (!transport) return;
+    this.talk = new PushToTalk(transport, {
+      onLevel: (level) => {
+        $("talk-level-bar").style.width = `${Math.round(level * 100)}%`;
+      },
+      onStateChange: (talking, err) => {
+        $("talk").setAttribute("aria-pressed", String(talking));
+        document.querySelector('.keycap[data-key="talk"]').classList.toggle("held", talking);
+        if (err) this.log.note("microphone_error", { message: err.message });
+        if (talking) this.log.note("talk", { transport: transport.name });
+      },
+    });
+  }
+
+  // ---- DOM bindings ------------------------------------------------------------------------------
+
+  _bindComposer() {
+    const form = $("prompt-form");
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      this._submitPrompt("switch");
+    });
+    $("prompt-cut").addEventListener("click", () => this._submitPrompt("cut"));
+    this.prompt.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+        event.preventDefault();
+        this._submitPrompt(event.ctrlKey || event.metaKey ? "cut" : "switch");
+      } else if (event.key === "Escape") {
+        this.stage.focus();
+      }
+    });
+  }
+
+  async _submitPrompt(mode) {
+    const text = this.prompt.value.trim();
+    if (!text) {
+      this.prompt.focus();
+      return;
+    }
+    const live = this.session && [PageState.LIVE, PageState.PAUSED, PageState.CONNECTING].includes(this.machine.state);
+    if (!live) {
+      this.start(text);
+      return;
+    }
+    try {
+      const result = await this.session.prompt(text, mode);
+      if (result === false) this._toast("prompt not sent: the control channel is not open");
+      else this.log.note("prompt_sent", { mode, text: text.length > 60 ? `${text.slice(0, 57)}…` : text });
+    } catch (err) {
+      this._toast(`prompt failed: ${err.message}`);
+    }
+  }
+
+  _bindControls() {
+    $("end-session").addEventListener("click", () => this.end());
+    $("overlay-action").addEventListener("click", () => {
+      if (this.machine.state === PageState.PAUSED) this.session?.resume();
+      else {
+        const text = this.prompt.value.trim();
+        if (text) this.start(text);
+        else this.prompt.focus();
+      }
+    });
+    $("pause").addEventListener("click", () => this._togglePause());
+    for (const [id, rating] of [["rate-up", 1], ["rate-down", -1]]) {
+      $(id).addEventListener("click", () => this._rate(rating, $(id)));
+    }
+    const talk = $("talk");
+    talk.addEventListener("pointerdown", (event) => {
+      if (event.button === 0) {
+        talk.setPointerCapture(event.pointerId);
+        this.talk?.press();
+      }
+    });
+    for (const name of ["pointerup", "pointercancel", "lostpointercapture"]) talk.addEventListener(name, () => this.talk?.release());
+    talk.addEventListener("keydown", (event) => {
+      if ((event.key === "Enter" || event.key === " ") && !event.repeat) {
+        event.preventDefault();
+        this.talk?.press();
+      }
+    });
+    talk.addEventListener("keyup", (event) => {
+      if (event.key === "Enter" || event.key === " ") {
+        event.preventDefault();
+        this.talk?.release();
+      }
+    });
+  }
+
+  _rate(rating, button) {
+    if (!this.session?.rate(rating)) {
+      this._toast("rating not sent: the control channel is not open");
+      return;
+    }
+    for (const b of document.querySelectorAll(".rate")) b.classList.remove("sent");
+    button.classList.add("sent");
+    $("rate-status").textContent = rating > 0 ? "Rated up — thanks." : "Rated down — thanks.";
+    this.log.note("feedback_sent", { rating });
+  }
+
+  _togglePause() {
+    if (!this.session) return;
+    if (this.machine.state === PageState.PAUSED) this.session.resume();
+    else if (this.machine.state === PageState.LIVE) this.session.pause();
+  }
+
+  _bindShortcuts() {
+    const spaceOwners = () => [document.body, this.stage, this.video, document.documentElement];
+    window.addEventListener("keydown", (event) => {
+      if (isTextTarget(event.target) || event.ctrlKey || event.metaKey || event.altKey) return;
+      if (event.code === "Space" && spaceOwners().includes(event.target)) {
+        event.preventDefault();
+        if (!event.repeat) this.talk?.press();
+      } else if (event.key === "/") {
+        event.preventDefault();
+        this.prompt.focus();
+      } else if ((event.key === "p" || event.key === "P") && !event.repeat) {
+        this._togglePause();
+      }
+    });
+    window.addEventListener("keyup", (event) => {
+      if (event.code === "Space" && this.talk?.talking && event.target !== $("talk")) {
+        event.preventDefault();
+        this.talk.release();
+      }
+    });
+    window.addEventListener("blur", () => this.talk?.release());
+  }
+
+  _bindSettings() {
+    const ice = $("settings-ice");
+    const key = $("settings-key");
+    ice.value = this.config.iceText;
+    key.value = this.config.apiKey;
+    $("settings-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      try {
+        this.config.iceServers = parseIceServers(ice.value);
+      } catch (err) {
+        $("settings-status").textContent = err.message;
+        return;
+      }
+      this.config.iceText = ice.value;
+      this.config.apiKey = key.value;
+      this.api.apiKey = key.value;
+      storeSettings({ ice: ice.value, key: key.value });
+      $("settings-status").textContent = "Saved; used by the next session.";
+    });
+  }
+
+  async _openPreview(id, video) {
+    const token = this.session?.info?.token;
+    const preview = new LiveSession(this.api, {
+      iceServers: this.config.iceServers,
+      offerAudio: false,
+      onTrack: (stream) => {
+        video.srcObject = stream;
+        video.play().catch(() => {});
+      },
+    });
+    await preview.adopt({ id, token });
+    return { close: () => preview.close({ deleteSession: false }) };
+  }
+
+  // ---- views ---------------------------------------------------------------------------------------
+
+  _setControlsEnabled(enabled) {
+    for (const id of ["talk", "rate-up", "rate-down", "pause", "prompt-cut", "end-session"]) $(id).disabled = !enabled;
+    if (!enabled) $("talk").disabled = true;
+    else $("talk").disabled = !this.talk;
+    this.fork.setEnabled(enabled);
+  }
+
+  _renderState(state, previous, detail) {
+    document.body.dataset.state = state;
+    $("state-label").textContent = state;
+    $("state-detail").textContent = detail;
+    const overlay = OVERLAY[state];
+    $("overlay").setAttribute("aria-hidden", String(state === PageState.LIVE));
+    $("overlay-title").textContent = state === PageState.ERROR ? "Could not stream" : overlay.title;
+    $("overlay-message").textContent = state === PageState.PAUSED ? "Press P or Resume to continue." : detail;
+    const action = $("overlay-action");
+    action.hidden = !overlay.action;
+    action.textContent = overlay.action || "";
+    const active = [PageState.LIVE, PageState.PAUSED, PageState.CONNECTING].includes(state);
+    $("prompt-submit").textContent = active ? "Switch" : "Start";
+    $("pause").textContent = state === PageState.PAUSED ? "Resume" : "Pause";
+    if (state === PageState.LIVE && previous === PageState.CONNECTING && document.activeElement !== this.prompt) this.stage.focus();
+  }
+
+  _showKeys(keys, dragging) {
+    for (const cap of document.querySelectorAll(".keycap")) {
+      const name = cap.dataset.key;
+      if (name === "talk") continue;
+      cap.classList.toggle("held", name === "drag" ? dragging : keys.includes(name));
+    }
+    document.querySelector(".keycaps").classList.toggle("active", keys.length > 0 || dragging);
+  }
+}
+
+function boot() {
+  let config;
+  try {
+    config = readConfig();
+  } catch (err) {
+    if (!(err instanceof ConfigError)) throw err;
+    document.body.dataset.state = "error";
+    $("state-label").textContent = "error";
+    $("overlay-title").textContent = "Bad page configuration";
+    $("overlay-message").textContent = err.message;
+    return;
+  }
+  const app = new App(config);
+  window.dreamrt = {
+    app,
+    get state() {
+      return app.machine.state;
+    },
+    get session() {
+      return app.session;
+    },
+    get pc() {
+      return app.session?.pc ?? null;
+    },
+    get events() {
+      return app.log.events;
+    },
+    frames: app.frames,
+    log: app.log,
+    start: (prompt) => app.start(prompt),
+  };
+  app.init();
+}
+
+boot();
