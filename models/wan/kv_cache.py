@@ -1,0 +1,236 @@
+"""Chunk-KV cache of one session: fixed-size per-layer K/V buffers with sink frames and a ring.
+
+Slot layout of one layer's K (V is identical), ``T`` tokens per latent frame, ``S`` sink
+frames, ``W`` window frames; every slot holds one whole latent frame::
+
+    token index:  0      T      ...     S*T                                      (S+W)*T
+                  +------+-----+------+---------+---------+-----+---------+
+       frames:    | s_0  | ... | s_S-1| ring 0  | ring 1  | ... | ring W-1|
+                  +------+-----+------+---------+---------+-----+---------+
+                  \_ first S frames ever _/ \_ frame n >= S lives in ring ((n - S) mod W) _/
+                     written; never evicted      (the oldest window frame is overwritten)
+
+``n`` counts frames in *write order* (``frames_written``); positions for RoPE are baked into K
+when it is computed, so the slot order does not matter to attention and a re-cache may write
+frames again after ``reset()``. ``valid`` ([(S+W)*T] bool) marks filled token slots; attention
+masks the rest (``attention_mask``), so shapes never change as the cache fills.
+
+A cache is plain data owned by one session (no ``nn.Module``): allocate it with
+``ChunkKVCache.allocate``, size it beforehand with ``bytes_for`` (admission), fork it with
+``clone``. Writes go through ``plan_write`` -> ``write`` (per layer) -> ``commit``; the plan is
+host-side integer arithmetic, the writes are slice copies, so nothing syncs with the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from models.wan.config import WanDiTConfig
+
+__all__ = ["CacheShapeError", "ChunkKVCache", "WriteRun"]
+
+
+class CacheShapeError(ValueError):
+    """A cache geometry or a write that does not fit it (names the offending values)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRun:
+    """Copy ``frames`` consecutive frames from chunk frame ``src_frame`` to slot ``dst_slot``."""
+
+    src_frame: int
+    dst_slot: int
+    frames: int
+
+
+class ChunkKVCache:
+    """Per-session self-attention K/V of past latent frames (see the module docstring).
+
+    ``k``/``v``: [layers, B, (S + W) * T, heads, head_dim] in the model dtype (zero-filled, so an
+    unfilled slot never injects NaN even though it is masked). ``slot_positions[i]`` is the
+    absolute latent frame (RoPE position) slot ``i`` holds, ``None`` while empty.
+    """
+
+    def __init__(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        valid: torch.Tensor,
+        sink_frames: int,
+        window_frames: int,
+        tokens_per_frame: int,
+    ) -> None:
+        _check_geometry(sink_frames, window_frames, tokens_per_frame)
+        expected = (sink_frames + window_frames) * tokens_per_frame
+        if k.shape != v.shape or k.ndim != 5 or k.shape[2] != expected or valid.shape != (expected,):
+            raise CacheShapeError(
+                f"buffers k={tuple(k.shape)} v={tuple(v.shape)} valid={tuple(valid.shape)} do not "
+                f"match S={sink_frames} W={window_frames} T={tokens_per_frame}"
+            )
+        self.k = k
+        self.v = v
+        self.valid = valid
+        self.sink_frames = sink_frames
+        self.window_frames = window_frames
+        self.tokens_per_frame = tokens_per_frame
+        self.slot_positions: list[int | None] = [None] * (sink_frames + window_frames)
+        self._frames_written = 0
+
+    # ---------------------------------------------------------------------------------------
+    # construction and sizing
+
+    @classmethod
+    def allocate(
+        cls,
+        config: WanDiTConfig,
+        *,
+        batch: int,
+        sink_frames: int,
+        window_frames: int,
+        tokens_per_frame: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ) -> ChunkKVCache:
+        """Allocate (zero-filled) buffers for one session; sizes as ``bytes_for`` reports."""
+        _check_geometry(sink_frames, window_frames, tokens_per_frame)
+        if batch < 1:
+            raise CacheShapeError(f"batch must be >= 1, got {batch}")
+        shape = (config.num_layers, batch, (sink_frames + window_frames) * tokens_per_frame,
+                 config.num_heads, config.head_dim)
+        return cls(
+            torch.zeros(shape, device=device, dtype=dtype),
+            torch.zeros(shape, device=device, dtype=dtype),
+            torch.zeros(shape[2], device=device, dtype=torch.bool),
+            sink_frames,
+            window_frames,
+            tokens_per_frame,
+        )
+
+    @staticmethod
+    def bytes_for(
+        config: WanDiTConfig,
+        sink_frames: int,
+        window_frames: int,
+        tokens_per_frame: int,
+        dtype: torch.dtype,
+        batch: int = 1,
+    ) -> int:
+        """Device bytes ``allocate`` will take for this geometry (K + V + validity mask)."""
+        slots = (sink_frames + window_frames) * tokens_per_frame
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * config.num_layers * batch * slots * config.dim * itemsize + slots
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + self.valid.nbytes
+
+    @property
+    def frames_written(self) -> int:
+        """Frames written since allocation or ``reset`` (write order, not RoPE position)."""
+        return self._frames_written
+
+    @property
+    def capacity_frames(self) -> int:
+        return self.sink_frames + self.window_frames
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def num_layers(self) -> int:
+        return self.k.shape[0]
+
+    def reset(self) -> None:
+        """Forget every frame (buffers are zeroed so old K/V cannot leak into a new stream)."""
+        self.k.zero_()
+        self.v.zero_()
+        self.valid.zero_()
+        self.slot_positions = [None] * self.capacity_frames
+        self._frames_written = 0
+
+    def clone(self) -> ChunkKVCache:
+        """An independent copy (fork of a session at a chunk boundary)."""
+        twin = ChunkKVCache(self.k.clone(), self.v.clone(), self.valid.clone(), self.sink_frames,
+                            self.window_frames, self.tokens_per_frame)
+        twin.slot_positions = list(self.slot_positions)
+        twin._frames_written = self._frames_written
+        return twin
+
+    # ---------------------------------------------------------------------------------------
+    # reading
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of one layer's K and V: 2 x [B, (S + W) * T, heads, head_dim]."""
+        return self.k[index], self.v[index]
+
+    def attention_mask(self, new_tokens: int) -> torch.Tensor:
+        """Key mask for a chunk of ``new_tokens`` attending to the cache and to itself.
+
+        -> [1, 1, 1, (S + W) * T + new_tokens] bool, True = attend (cached slots first).
+        """
+        own = torch.ones(new_tokens, dtype=torch.bool, device=self.valid.device)
+        return torch.cat((self.valid, own))[None, None, None, :]
+
+    # ---------------------------------------------------------------------------------------
+    # writing
+
+    def plan_write(self, num_frames: int) -> tuple[WriteRun, ...]:
+        """Where the next ``num_frames`` frames go: sinks first, then the ring (host-side ints).
+
+        Frames of one chunk that would overwrite each other in the ring (``num_frames`` > W)
+        keep only the latest W, as a sequence of single-frame writes would.
+        """
+        if num_frames < 1:
+            raise CacheShapeError(f"num_frames must be >= 1, got {num_frames}")
+        s, w = self.sink_frames, self.window_frames
+        targets: list[tuple[int, int]] = []  # (src_frame, dst_slot)
+        ring: list[tuple[int, int]] = []
+        for src in range(num_frames):
+            n = self._frames_written + src
+            if n < s:
+                targets.append((src, n))
+            else:
+                ring.append((src, s + (n - s) % w))
+        targets.extend(ring[-w:])
+        runs: list[WriteRun] = []
+        for src, dst in targets:
+            last = runs[-1] if runs else None
+            if last and last.src_frame + last.frames == src and last.dst_slot + last.frames == dst:
+                runs[-1] = WriteRun(last.src_frame, last.dst_slot, last.frames + 1)
+            else:
+                runs.append(WriteRun(src, dst, 1))
+        return tuple(runs)
+
+    def write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, runs: tuple[WriteRun, ...]
+    ) -> None:
+        """Copy one layer's chunk K/V into the planned slots.
+
+        k, v: [B, num_frames * T, heads, head_dim] (post-RoPE keys)
+        """
+        t = self.tokens_per_frame
+        for run in runs:
+            src = slice(run.src_frame * t, (run.src_frame + run.frames) * t)
+            dst = slice(run.dst_slot * t, (run.dst_slot + run.frames) * t)
+            self.k[layer, :, dst].copy_(k[:, src])
+            self.v[layer, :, dst].copy_(v[:, src])
+
+    def commit(self, runs: tuple[WriteRun, ...], num_frames: int, frame_start: int) -> None:
+        """Mark the planned slots filled once every layer is written; advance the counter."""
+        t = self.tokens_per_frame
+        for run in runs:
+            self.valid[run.dst_slot * t:(run.dst_slot + run.frames) * t] = True
+            for i in range(run.frames):
+                self.slot_positions[run.dst_slot + i] = frame_start + run.src_frame + i
+        self._frames_written += num_frames
+
+
+def _check_geometry(sink_frames: int, window_frames: int, tokens_per_frame: int) -> None:
+    if sink_frames < 0 or window_frames < 1 or tokens_per_frame < 1:
+        raise CacheShapeError(
+            f"need sink_frames >= 0, window_frames >= 1, tokens_per_frame >= 1; got "
+            f"S={sink_frames} W={window_frames} T={tokens_per_frame}"
+        )
