@@ -1,0 +1,205 @@
+"""An offline job: a batch-class loop ("diffusion_denoise") with no viewer and an artifact sink.
+
+Lifecycle (``sessions.states.JobState``): ``queued`` when accepted; ``running`` at the first
+``"progress"`` emission (the scheduler actually ran a plan of it); ``succeeded`` once the
+artifact is on disk; ``failed`` when the loop fails or the artifact cannot be written;
+``cancelled`` on DELETE. Progress is ``done / total`` plans from the loop's ``"progress"``
+emissions, published as ``job.progress`` and monotone (never goes back).
+
+When the loop's ``LoopResult`` arrives, ``outputs["frames"]`` (uint8 ``[F, H, W, 3]``) is
+written by ``sessions.artifacts`` on a worker thread (MP4 for ``t2v``, PNG for ``t2i``) under
+``artifact_dir`` as ``<job id>.mp4|png``. Event-loop thread only, like ``Session``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime.contract import Cancelled, Emission, LoopFailed, LoopResult
+from sessions.artifacts import Artifact, write_task_artifact
+from sessions.events import EventStream, JobArtifact, JobProgress, JobStateChanged, encode_event
+from sessions.session import LoopHandleLike
+from sessions.states import JOB_TERMINAL, JobState, check_job_transition
+from sessions.store import Store
+
+__all__ = ["Job", "JobConfig"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    job_id: str
+    task: str  # "t2v" | "t2i"
+    model_id: str
+    prompt: str
+    fps: int
+    params: Mapping[str, Any]
+
+
+class Job:
+    """See the module docstring. Construct, then ``attach`` the engine handle."""
+
+    def __init__(
+        self,
+        config: JobConfig,
+        *,
+        artifact_dir: str | Path,
+        store: Store | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.id = config.job_id
+        self._artifact_dir = Path(artifact_dir)
+        self._store = store
+        self._wall = wall_clock
+        self.created_at = wall_clock()
+        self.events = EventStream(clock=wall_clock)
+        self.events.add_sink(self._persist)
+        self._state = JobState.QUEUED
+        self.progress = 0.0
+        self.error: str | None = None
+        self.artifact: Artifact | None = None
+        self._handle: LoopHandleLike | None = None
+        self._finished = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
+        self._on_finished: list[Callable[[Job], None]] = []
+        self.events.publish(JobStateChanged(state=self._state.value))
+
+    @property
+    def state(self) -> JobState:
+        return self._state
+
+    @property
+    def terminal(self) -> bool:
+        return self._state in JOB_TERMINAL
+
+    def _transition(self, target: JobState, error: str | None = None) -> None:
+        old = self._state
+        check_job_transition(f"job {self.id}", old, target)
+        self._state = target
+        self.error = error or self.error
+        log.info("job %s: %s -> %s%s", self.id, old.value, target.value, f" ({error})" if error else "")
+        self.events.publish(JobStateChanged(state=target.value, previous=old.value, error=error))
+        if self._store is not None:
+            self._store.defer(self._store.update_job, self.id, state=target.value, progress=self.progress,
+                              error=self.error)
+
+    def attach(self, handle: LoopHandleLike, *, on_finished: Callable[[Job], None] | None = None) -> None:
+        if self._handle is not None:
+            raise RuntimeError(f"job {self.id} already has loop {self._handle.loop_id!r}")
+        self._handle = handle
+        if on_finished is not None:
+            self._on_finished.append(on_finished)
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(handle), name=f"job-{self.id}")
+
+    def on_emission(self, emission: Emission) -> None:
+        """The engine's ``on_emit`` callback. Never raises."""
+        try:
+            if emission.spec.stream != "progress" or self.terminal:
+                return
+            meta = emission.spec.meta
+            done, total = int(meta["done"]), int(meta["total"])
+            if self._state is JobState.QUEUED:
+                self._transition(JobState.RUNNING)
+            progress = min(1.0, done / total) if total > 0 else 0.0
+            if progress > self.progress:
+                self.progress = progress
+                self.events.publish(JobProgress(progress=progress, done=done, total=total))
+        except Exception:
+            log.exception("job %s: emission %r failed", self.id, emission.spec)
+
+    async def _watch(self, handle: LoopHandleLike) -> None:
+        try:
+            result = await handle.result()
+            await self._write_artifact(result)
+        except Cancelled as exc:
+            if not self.terminal:
+                self._transition(JobState.CANCELLED, exc.reason)
+        except LoopFailed as exc:
+            if not self.terminal:
+                self._transition(JobState.FAILED, f"{exc.code}: {exc.message}")
+        except Exception as exc:
+            log.exception("job %s failed", self.id)
+            if not self.terminal:
+                self._transition(JobState.FAILED, f"{type(exc).__name__}: {exc}")
+        finally:
+            self.events.close()
+            self._finished.set()
+            for callback in self._on_finished:
+                try:
+                    callback(self)
+                except Exception:
+                    log.exception("job %s: on_finished callback failed", self.id)
+
+    async def _write_artifact(self, result: LoopResult) -> None:
+        if "frames" not in result.outputs:
+            raise KeyError(f"loop result has no 'frames' output (has {sorted(result.outputs)})")
+        frames = np.asarray(result.outputs["frames"])  # [F, H, W, 3] uint8
+        if self._state is JobState.QUEUED:
+            self._transition(JobState.RUNNING)
+        artifact = await asyncio.to_thread(
+            write_task_artifact, self.config.task, frames, self._artifact_dir, self.id, fps=self.config.fps
+        )
+        if self.terminal:  # cancelled while the file was being written
+            artifact.path.unlink(missing_ok=True)
+            return
+        self.artifact = artifact
+        self.progress = 1.0
+        self.events.publish(JobArtifact(media_type=artifact.media_type, size_bytes=artifact.size_bytes))
+        if self._store is not None:
+            self._store.defer(self._store.update_job, self.id, artifact_path=str(artifact.path),
+                              media_type=artifact.media_type)
+        self._transition(JobState.SUCCEEDED)
+
+    async def cancel(self, reason: str = "deleted") -> None:
+        """Cancels the loop (lands at its next step boundary) and waits. Idempotent."""
+        if self.terminal:
+            await self._finished.wait()
+            return
+        if self._handle is None:
+            self._transition(JobState.CANCELLED, reason)
+            self.events.close()
+            self._finished.set()
+            return
+        self._handle.cancel(reason)
+        if self._watcher is not None and not self._handle.done:
+            await self._finished.wait()
+        elif not self.terminal:
+            # The loop already finished and only the artifact write is pending.
+            self._transition(JobState.CANCELLED, reason)
+            await self._finished.wait()
+
+    async def wait_finished(self) -> None:
+        await self._finished.wait()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The body of ``GET /v1/jobs/{id}``."""
+        body: dict[str, Any] = {
+            "id": self.id,
+            "state": self._state.value,
+            "progress": round(self.progress, 4),
+            "task": self.config.task,
+            "model": self.config.model_id,
+            "created_at": self.created_at,
+        }
+        if self.error is not None:
+            body["error"] = self.error
+        if self.artifact is not None:
+            body["artifact"] = {"media_type": self.artifact.media_type, "size_bytes": self.artifact.size_bytes}
+        return body
+
+    def _persist(self, event: Any) -> None:
+        if self._store is None:
+            return
+        event_type = type(event).__struct_config__.tag
+        self._store.defer(self._store.add_event, self.id, event.event_id, event_type, encode_event(event),
+                          event.time_s)

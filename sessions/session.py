@@ -1,0 +1,520 @@
+"""A realtime session: one engine loop ("chunk_rollout"), its inputs, media, events and records.
+
+Lifecycle (``sessions.states``): ``created`` on admission; ``negotiating`` while a WebRTC offer
+is answered; ``live`` once the viewer's video track is first pulled; ``paused`` on request or
+when the viewer leaves; ``closing -> closed`` on DELETE or when the loop completes; ``failed``
+when the loop fails. Every transition goes through ``_transition`` (checked against the table,
+logged ``old -> new``, published as ``session.state``, persisted).
+
+Wiring (decided, see README "API"):
+
+- The loop is spawned at admission and **paused until a viewer pulls the track**: no GPU time is
+  spent on frames nobody will see, and the deadline anchor ``media_t0_s`` is set when the track
+  is first pulled (``viewer_started``). While live, the anchor follows the actual playout:
+  whenever a fresh frame is shown more than half a frame away from where the anchor says
+  (after a stall, a flush, a resume), the engine is re-anchored to ``shown_s - pts``.
+- Inputs get the session's next sequence number (``0`` is the initial prompt), an
+  ``input.received`` event at once, and reach the loop as ``InputEvent``s. The loop's
+  ``"applied"`` emissions become ``prompt.applied`` / ``action.applied`` / ``audio.applied``
+  with the chunk and PTS; older pending inputs of the same latched kind that the loop skipped
+  (latest wins) get ``input.superseded``. An applied switch or cut flushes the media queue's
+  backlog older than the applied PTS.
+- ``"media"`` emissions enter the bounded drop-oldest ``MediaQueue``, publish ``media.chunk``
+  (with a content digest of the frames) and write one behaviour record per chunk.
+
+Threading: every method runs on the asyncio loop that owns the session (the engine calls
+``on_emission`` there). Failure behaviour: a failed loop publishes an ``error`` event and moves
+the session to ``failed``; an exception inside ``on_emission`` is logged and reported as an
+``error`` event without touching the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from models.loops.requests import PTS_HZ
+from runtime.contract import Cancelled, Emission, InputEvent, LoopFailed, LoopResult
+from sessions.audio import AudioClip, frame_features
+from sessions.events import (
+    ActionApplied,
+    AudioApplied,
+    ErrorEvent,
+    Event,
+    EventStream,
+    InputReceived,
+    InputSuperseded,
+    MediaChunk,
+    PromptApplied,
+    SessionStateChanged,
+    encode_event,
+)
+from sessions.media_queue import MediaFrame, MediaQueue
+from sessions.prompt_memory import PromptMemory
+from sessions.states import SESSION_TERMINAL, SessionState, check_session_transition
+from sessions.store import Store
+
+__all__ = [
+    "LoopHandleLike",
+    "Session",
+    "SessionClosedError",
+    "SessionConfig",
+    "SessionStateError",
+    "UnsupportedInputError",
+    "frames_digest",
+]
+
+log = logging.getLogger(__name__)
+
+# Events written to the store: what is needed to reconstruct the session's story.
+_PERSISTED = frozenset(
+    {"session.state", "input.received", "input.superseded", "prompt.applied", "action.applied",
+     "audio.applied", "error", "feedback.recorded"}
+)
+_FPS_WINDOW_S = 2.0
+
+
+class LoopHandleLike(Protocol):
+    """What a session needs from ``runtime.engine.LoopHandle``."""
+
+    loop_id: str
+
+    @property
+    def done(self) -> bool: ...
+
+    def push_input(self, event: InputEvent) -> None: ...
+
+    def cancel(self, reason: str = "cancelled") -> None: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def set_media_t0(self, t0_s: float) -> None: ...
+
+    async def result(self) -> LoopResult: ...
+
+
+class SessionStateError(RuntimeError):
+    """The request does not fit the session's current state (e.g. resume without a viewer)."""
+
+
+class SessionClosedError(SessionStateError):
+    """The session is closing, closed or failed; it accepts no more inputs."""
+
+
+class UnsupportedInputError(ValueError):
+    """The session's model card does not declare the capability this input needs."""
+
+
+def frames_digest(frames: np.ndarray) -> str:
+    """First 16 hex chars of sha256 over uint8 ``[n, H, W, 3]`` frames in C order."""
+    return hashlib.sha256(np.ascontiguousarray(frames).tobytes()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """Static facts of one session, fixed at admission."""
+
+    session_id: str
+    model_id: str
+    prompt: str
+    seed: int
+    fps: int
+    width: int
+    height: int
+    priority_class: Literal["realtime", "batch"]
+    capabilities: frozenset[str]
+    record_template: Mapping[str, Any] = field(default_factory=dict)  # static behaviour-record fields
+
+
+class Session:
+    """See the module docstring. Construct, then ``attach`` the engine handle."""
+
+    def __init__(
+        self,
+        config: SessionConfig,
+        *,
+        media_capacity_frames: int,
+        store: Store | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.id = config.session_id
+        self._store = store
+        self._wall = wall_clock
+        self._clock = clock
+        self.created_at = wall_clock()
+        self.events = EventStream(clock=wall_clock)
+        self.events.add_sink(self._persist)
+        self.media = MediaQueue(media_capacity_frames)
+        self.prompts = PromptMemory(config.prompt, received_s=self.created_at)
+        self._state = SessionState.CREATED
+        self._next_seq = 1
+        self._pending: dict[int, str] = {}  # seq -> latched family ("prompt" | "action"), not yet applied
+        self._latched_action: dict[str, Any] = {}
+        self._handle: LoopHandleLike | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._finished = asyncio.Event()
+        self._on_finished: list[Callable[[Session], None]] = []
+        self._viewer_attached = False
+        self._media_t0_s: float | None = None
+        self.last_chunk = -1
+        self.chunks_generated = 0
+        self.frames_sent = 0
+        self.stalls = 0
+        self._fresh_times: collections.deque[float] = collections.deque()
+        self.error: str | None = None
+        self.events.publish(SessionStateChanged(state=self._state.value))
+
+    # ---------------------------------------------------------------- lifecycle
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
+
+    @property
+    def terminal(self) -> bool:
+        return self._state in SESSION_TERMINAL
+
+    @property
+    def accepts_inputs(self) -> bool:
+        return self._state not in SESSION_TERMINAL and self._state is not SessionState.CLOSING
+
+    def _transition(self, target: SessionState, reason: str = "") -> None:
+        old = self._state
+        check_session_transition(f"session {self.id}", old, target)
+        self._state = target
+        log.info("session %s: %s -> %s%s", self.id, old.value, target.value, f" ({reason})" if reason else "")
+        self.events.publish(SessionStateChanged(state=target.value, previous=old.value, reason=reason))
+        if self._store is not None:
+            self._store.defer(self._store.update_session, self.id, state=target.value, error=self.error)
+
+    def attach(self, handle: LoopHandleLike, *, on_finished: Callable[[Session], None] | None = None) -> None:
+        """Binds the engine's loop handle (spawned paused) and starts watching its result."""
+        if self._handle is not None:
+            raise SessionStateError(f"session {self.id} already has loop {self._handle.loop_id!r}")
+        self._handle = handle
+        if on_finished is not None:
+            self._on_finished.append(on_finished)
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(handle), name=f"session-{self.id}")
+
+    async def _watch(self, handle: LoopHandleLike) -> None:
+        try:
+            await handle.result()
+            if not self.terminal and self._state is not SessionState.CLOSING:
+                self._transition(SessionState.CLOSING, "loop complete")
+        except Cancelled as exc:
+            if not self.terminal and self._state is not SessionState.CLOSING:
+                self._transition(SessionState.CLOSING, f"loop cancelled: {exc.reason}")
+        except LoopFailed as exc:
+            self._fail(exc.code, exc.message)
+        except Exception as exc:
+            log.exception("session %s: loop result raised", self.id)
+            self._fail("internal", repr(exc))
+        finally:
+            if self._state is SessionState.CLOSING:
+                self._transition(SessionState.CLOSED)
+            self._shutdown_streams()
+            self._finished.set()
+            for callback in self._on_finished:
+                try:
+                    callback(self)
+                except Exception:
+                    log.exception("session %s: on_finished callback failed", self.id)
+
+    def _fail(self, code: str, message: str) -> None:
+        if self.terminal:
+            return
+        self.error = f"{code}: {message}"
+        self.events.publish(ErrorEvent(code=code, message=message))
+        self._transition(SessionState.FAILED, code)
+
+    def _shutdown_streams(self) -> None:
+        self.media.close()
+        if self._store is not None:
+            self._store.defer(
+                self._store.update_session, self.id, frames_sent=self.frames_sent, stalls=self.stalls,
+                fps_measured=self.fps_measured(), segment=self.prompts.segment,
+            )
+        self.events.close()
+
+    async def close(self, reason: str = "deleted") -> None:
+        """Cancels the loop and waits until the session is closed. Idempotent."""
+        if self._state is SessionState.CLOSING or self.terminal:
+            await self._finished.wait()
+            return
+        self._transition(SessionState.CLOSING, reason)
+        if self._handle is None:
+            self._transition(SessionState.CLOSED)
+            self._shutdown_streams()
+            self._finished.set()
+            return
+        self._handle.cancel(reason)
+        await self._finished.wait()
+
+    async def wait_finished(self) -> None:
+        await self._finished.wait()
+
+    # ---------------------------------------------------------------- viewer and playout
+
+    def begin_negotiation(self) -> None:
+        """An offer arrived (created or paused -> negotiating)."""
+        if not self.accepts_inputs:
+            raise SessionClosedError(f"session {self.id} is {self._state.value}")
+        self._transition(SessionState.NEGOTIATING, "offer")
+
+    def negotiation_failed(self, reason: str) -> None:
+        """The offer could not be answered: back to where the session was before it."""
+        if self._state is SessionState.NEGOTIATING:
+            previous = SessionState.PAUSED if self.chunks_generated else SessionState.CREATED
+            self._transition(previous, f"offer failed: {reason}")
+
+    def viewer_started(self) -> None:
+        """The viewer's track was pulled for the first time: anchor deadlines, run, go live."""
+        if self._state is not SessionState.NEGOTIATING:
+            log.debug("session %s: viewer started in state %s", self.id, self._state.value)
+            return
+        self._viewer_attached = True
+        now = self._clock()
+        self._set_media_t0(now - self._next_pts_s())
+        if self._handle is not None:
+            self._handle.resume()
+        self._transition(SessionState.LIVE, "viewer connected")
+
+    def viewer_left(self, reason: str = "viewer disconnected") -> None:
+        """The peer connection ended: stop generating until a new viewer arrives."""
+        self._viewer_attached = False
+        if self._state in (SessionState.LIVE, SessionState.NEGOTIATING):
+            if self._handle is not None:
+                self._handle.pause()
+            self._transition(SessionState.PAUSED, reason)
+
+    def pause(self) -> None:
+        if self._state is SessionState.PAUSED:
+            return
+        if self._state is not SessionState.LIVE:
+            raise SessionStateError(f"session {self.id} is {self._state.value}; only a live session can pause")
+        if self._handle is not None:
+            self._handle.pause()
+        self._transition(SessionState.PAUSED, "requested")
+
+    def resume(self) -> None:
+        if self._state is SessionState.LIVE:
+            return
+        if self._state is not SessionState.PAUSED:
+            raise SessionStateError(f"session {self.id} is {self._state.value}; only a paused session can resume")
+        if not self._viewer_attached:
+            raise SessionStateError(f"session {self.id} has no viewer; send a new offer to resume")
+        self._set_media_t0(self._clock() - self._next_pts_s())
+        if self._handle is not None:
+            self._handle.resume()
+        self._transition(SessionState.LIVE, "requested")
+
+    @property
+    def playing(self) -> bool:
+        """The track should advance (live); otherwise it holds the last frame without stalls."""
+        return self._state is SessionState.LIVE
+
+    def frame_shown(self, frame: MediaFrame | None, shown_s: float) -> None:
+        """The track put a frame on the wire: ``frame`` is fresh, None a repeat (a stall)."""
+        self.frames_sent += 1
+        if frame is None:
+            self.stalls += 1
+            return
+        self._fresh_times.append(shown_s)
+        while self._fresh_times and self._fresh_times[0] < shown_s - _FPS_WINDOW_S:
+            self._fresh_times.popleft()
+        anchor = shown_s - frame.pts_90k / PTS_HZ
+        if self._media_t0_s is None or abs(anchor - self._media_t0_s) > 0.5 / self.config.fps:
+            self._set_media_t0(anchor)
+
+    def fps_measured(self) -> float:
+        """Fresh (generated, not repeated) frames per second shown over the last 2 s."""
+        times = self._fresh_times
+        if len(times) < 2:
+            return 0.0
+        now = self._clock()
+        span = max(now - times[0], times[-1] - times[0])
+        return (len(times) - 1) / span if span > 0 else 0.0
+
+    def _next_pts_s(self) -> float:
+        nxt = self.media.peek()
+        if nxt is not None:
+            return nxt.pts_90k / PTS_HZ
+        last = self.media.last_pts
+        return 0.0 if last is None else last / PTS_HZ + 1.0 / self.config.fps
+
+    def _set_media_t0(self, t0_s: float) -> None:
+        self._media_t0_s = t0_s
+        if self._handle is not None:
+            self._handle.set_media_t0(t0_s)
+
+    # ---------------------------------------------------------------- inputs
+
+    def _require_open(self) -> None:
+        if not self.accepts_inputs:
+            raise SessionClosedError(f"session {self.id} is {self._state.value}; it accepts no inputs")
+
+    def _push(self, kind: str, payload: Any, family: str | None) -> int:
+        self._require_open()
+        seq = self._next_seq
+        self._next_seq += 1
+        if self._handle is not None:
+            self._handle.push_input(InputEvent(kind=kind, seq=seq, payload=payload, received_s=self._clock()))
+        if family is not None:
+            self._pending[seq] = family
+        self.events.publish(InputReceived(seq=seq, kind=kind))
+        return seq
+
+    def push_prompt(self, text: str, mode: Literal["switch", "cut"] = "switch") -> tuple[int, int]:
+        """Queues a prompt; returns ``(seq, applies_at_chunk)``.
+
+        ``applies_at_chunk`` is a prediction: a switch lands after the in-flight chunk, a cut
+        replaces it. The ``prompt.applied`` event carries the authoritative chunk.
+        """
+        capability = "prompt.cut" if mode == "cut" else "prompt.switch"
+        self._require_capability(capability, f"prompt mode {mode!r}")
+        self._require_open()
+        seq = self._next_seq
+        self.prompts.receive(seq, text, mode, received_s=self._wall())
+        self._push("cut" if mode == "cut" else "prompt", {"text": text}, "prompt")
+        in_flight = self.last_chunk + 1
+        return seq, in_flight if mode == "cut" else in_flight + 1
+
+    def push_action(self, keys: list[str], mouse: tuple[float, float] | None = None) -> int:
+        self._require_capability("input.action", "actions")
+        dx, dy = mouse if mouse is not None else (0.0, 0.0)
+        return self._push("action", {"keys": list(keys), "mouse": [float(dx), float(dy)]}, "action")
+
+    def push_audio(self, clip: AudioClip) -> int:
+        """Queues 16 kHz mono audio with its per-video-frame features (see ``sessions.audio``)."""
+        self._require_capability("input.audio", "audio")
+        features = frame_features(clip.samples, self.config.fps)
+        payload = {
+            "samples": clip.samples.tolist(),
+            "sample_rate": 16_000,
+            "fps": self.config.fps,
+            "frame_features": features.tolist(),
+        }
+        return self._push("audio", payload, None)
+
+    def _require_capability(self, capability: str, what: str) -> None:
+        if capability not in self.config.capabilities:
+            raise UnsupportedInputError(
+                f"model {self.config.model_id!r} does not accept {what} "
+                f"(it lacks the {capability!r} capability; it has {sorted(self.config.capabilities)})"
+            )
+
+    def report_error(self, code: str, message: str, seq: int | None = None) -> None:
+        """Publishes an ``error`` event (e.g. a malformed data-channel message); the session goes on."""
+        self.events.publish(ErrorEvent(code=code, message=message, seq=seq))
+
+    def publish(self, event: Event) -> Event:
+        return self.events.publish(event)
+
+    # ---------------------------------------------------------------- emissions from the loop
+
+    def on_emission(self, emission: Emission) -> None:
+        """The engine's ``on_emit`` callback (event-loop thread). Never raises."""
+        try:
+            stream = emission.spec.stream
+            if stream == "media":
+                self._on_media(emission.spec.meta, emission.output)
+            elif stream == "applied":
+                self._on_applied(emission.spec.meta)
+            elif stream != "progress":
+                log.debug("session %s: ignoring emission stream %r", self.id, stream)
+        except Exception as exc:
+            log.exception("session %s: emission %r failed", self.id, emission.spec)
+            self.report_error("emission", f"{type(exc).__name__}: {exc}")
+
+    def _on_media(self, meta: Mapping[str, Any], output: Any) -> None:
+        frames = np.array(output, copy=True)  # [n, H, W, 3] uint8, owned: the loop may reuse its buffer
+        chunk, segment = int(meta["chunk"]), int(meta.get("segment", self.prompts.segment))
+        pts_start = int(meta["pts_90k"])
+        fps = int(meta.get("fps", self.config.fps))
+        n = frames.shape[0]
+        pts = [pts_start + (i * PTS_HZ) // fps for i in range(n)]
+        digest = frames_digest(frames)
+        if self._state not in SESSION_TERMINAL:
+            self.media.put_chunk(frames, pts, chunk=chunk, segment=segment)
+        self.last_chunk = max(self.last_chunk, chunk)
+        self.chunks_generated += 1
+        self.events.publish(
+            MediaChunk(chunk=chunk, pts_start=pts_start, frames=n, segment=segment, fps=fps, digest=digest)
+        )
+        if self._store is not None:
+            active = self.prompts.active
+            record = {
+                **self.config.record_template,
+                "session_id": self.id, "segment": segment, "chunk": chunk, "seed": self.config.seed,
+                "model_id": self.config.model_id, "prompt": active.text, "prompt_seq": active.seq,
+                "actions": dict(self._latched_action), "pts_start": pts_start,
+                "pts_end": pts[-1] if pts else pts_start, "num_frames": n, "digest": digest,
+                "replay_key": f"{self.id}/{segment}/{chunk}/{self.config.seed}",
+            }
+            self._store.defer(self._store.add_record, record)
+
+    def _on_applied(self, meta: Mapping[str, Any]) -> None:
+        kind, seq = str(meta["kind"]), int(meta["seq"])
+        chunk, pts = int(meta["chunk"]), int(meta["pts_90k"])
+        if kind in ("prompt", "cut"):
+            entry, superseded = self.prompts.apply(seq, chunk=chunk, pts_90k=pts, applied_s=self._wall())
+            self._supersede(seq, "prompt", [e.seq for e in superseded])
+            self.media.flush_before(pts)
+            self.events.publish(
+                PromptApplied(seq=seq, chunk=chunk, pts=pts, mode="cut" if kind == "cut" else "switch",
+                              segment=entry.segment or 0, text=entry.text)
+            )
+        elif kind == "action":
+            self._supersede(seq, "action", [s for s, f in self._pending.items() if f == "action" and s < seq])
+            self._latched_action = {"seq": seq, "chunk": chunk}
+            self.events.publish(ActionApplied(seq=seq, chunk=chunk, pts=pts))
+        elif kind == "audio":
+            self.events.publish(AudioApplied(seq=seq, chunk=chunk, pts=pts))
+        else:
+            log.warning("session %s: applied emission of unknown kind %r", self.id, kind)
+        self._pending.pop(seq, None)
+
+    def _supersede(self, by_seq: int, family: str, seqs: list[int]) -> None:
+        for older in sorted(seqs):
+            self._pending.pop(older, None)
+            self.events.publish(InputSuperseded(seq=older, kind=family, by_seq=by_seq))
+
+    # ---------------------------------------------------------------- views
+
+    def snapshot(self) -> dict[str, Any]:
+        """The body of ``GET /v1/sessions/{id}``."""
+        return {
+            "id": self.id,
+            "state": self._state.value,
+            "prompt": self.prompts.active_text,
+            "segment": self.prompts.segment,
+            "frames_sent": self.frames_sent,
+            "stalls": self.stalls,
+            "fps_measured": round(self.fps_measured(), 3),
+            "created_at": self.created_at,
+            "model": self.config.model_id,
+            "profile": {"fps": self.config.fps, "width": self.config.width, "height": self.config.height},
+            "chunks": self.chunks_generated,
+            "media_dropped": self.media.dropped_overflow,
+            "error": self.error,
+        }
+
+    def _persist(self, event: Event) -> None:
+        if self._store is None:
+            return
+        event_type = type(event).__struct_config__.tag
+        if event_type in _PERSISTED:
+            self._store.defer(self._store.add_event, self.id, event.event_id, event_type,
+                              encode_event(event), event.time_s)
