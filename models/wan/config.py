@@ -117,7 +117,11 @@ class WanDiTConfig:
 
     @classmethod
     def from_diffusers_config(cls, cfg: Mapping[str, Any], name: str = "diffusers") -> WanDiTConfig:
-        """Read diffusers' ``WanTransformer3DModel`` config.json (T2V only)."""
+        """Read diffusers' ``WanTransformer3DModel`` config.json (T2V only).
+
+        ``qk_norm`` is always RMS-across-heads: diffusers builds and applies those norms even
+        when its config says ``qk_norm=None``, so that is what its checkpoints compute.
+        """
         for key in ("image_dim", "added_kv_proj_dim", "pos_embed_seq_len"):
             if cfg.get(key) is not None:
                 raise ConfigError(
@@ -136,7 +140,8 @@ class WanDiTConfig:
             out_channels=int(cfg.get("out_channels") or cfg.get("in_channels", 16)),
             text_dim=int(cfg.get("text_dim", 4096)),
             eps=float(cfg.get("eps", 1e-6)),
-            qk_norm=cfg.get("qk_norm", "rms_norm_across_heads"),
+            # diffusers' WanAttention applies its RMS q/k norms whatever ``qk_norm`` says
+            qk_norm="rms_norm_across_heads",
             cross_attn_norm=bool(cfg.get("cross_attn_norm", True)),
             action_dim=int(cfg.get("action_dim", 0)),
             audio_dim=int(cfg.get("audio_dim", 0)),

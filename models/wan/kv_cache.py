@@ -3,12 +3,12 @@
 Slot layout of one layer's K (V is identical), ``T`` tokens per latent frame, ``S`` sink
 frames, ``W`` window frames; every slot holds one whole latent frame::
 
-    token index:  0      T      ...     S*T                                      (S+W)*T
-                  +------+-----+------+---------+---------+-----+---------+
-       frames:    | s_0  | ... | s_S-1| ring 0  | ring 1  | ... | ring W-1|
-                  +------+-----+------+---------+---------+-----+---------+
-                  \_ first S frames ever _/ \_ frame n >= S lives in ring ((n - S) mod W) _/
-                     written; never evicted      (the oldest window frame is overwritten)
+    token index:  0      T            S*T                                   (S+W)*T
+                  +------+-----+--------+---------+---------+-----+---------+
+       slots:     | s 0  | ... | s S-1  | ring 0  | ring 1  | ... | ring W-1|
+                  +------+-----+--------+---------+---------+-----+---------+
+                  first S frames ever      frame n >= S goes to ring (n - S) mod W,
+                  written; never evicted   overwriting the oldest window frame
 
 ``n`` counts frames in *write order* (``frames_written``); positions for RoPE are baked into K
 when it is computed, so the slot order does not matter to attention and a re-cache may write
