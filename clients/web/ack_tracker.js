@@ -1,13 +1,15 @@
 /**
  * Input -> applied latency from the two-phase acks (API.md: every input that changes generation
- * is acknowledged by `input.received` {seq} at once, then `<kind>.applied` {chunk, pts, seq?}).
+ * is acknowledged by `input.received` {seq, kind} at once, then `<kind>.applied` {seq, chunk,
+ * pts}; a cut is acknowledged by `prompt.applied` with mode "cut"; `input.superseded` {seq}
+ * says a latched input was replaced before any chunk used it).
  *
  * The client sends no ids, so inputs are matched to acks by order: the data channel is ordered
  * and the server acknowledges inputs in arrival order. `input.received` gives the oldest
- * unacknowledged input its seq (checked against `kind` when the event names one). An applied
- * event matches by seq when it carries one, else the oldest pending input of its kind; older
- * pending inputs of the same kind are then superseded (actions are latched latest-wins, so most
- * never get an applied ack of their own). Latencies are milliseconds on the page's clock.
+ * unacknowledged input of its kind its seq. An applied event matches by seq (else the oldest
+ * pending input of its kind); older pending inputs of the same kind are dropped with it (actions
+ * are latched latest-wins, so most never get an applied ack of their own). Latencies are
+ * milliseconds on the page's clock.
  */
 
 const KINDS = ["prompt", "cut", "action", "audio"];
@@ -47,6 +49,10 @@ export class AckTracker {
   /** Feed every server event; returns the matched {kind, latencyMs} for applied events, else null. */
   observe(event) {
     if (event.type === "input.received") return this._received(event);
+    if (event.type === "input.superseded") {
+      this._pending = this._pending.filter((p) => p.seq !== event.seq);
+      return null;
+    }
     const kind = appliedKind(event.type);
     return kind ? this._applied(kind, event) : null;
   }
@@ -62,9 +68,11 @@ export class AckTracker {
 
   _applied(kind, event) {
     const now = this._now();
-    let index = -1;
-    if (event.seq != null) index = this._pending.findIndex((p) => p.seq === event.seq);
-    if (index < 0) index = this._pending.findIndex((p) => p.kind === kind);
+    // By seq when the server names it (an unknown seq is an input this page did not send, e.g.
+    // the session's initial prompt, seq 0); by order only for servers that omit seq.
+    const index = event.seq != null
+      ? this._pending.findIndex((p) => p.seq === event.seq)
+      : this._pending.findIndex((p) => p.kind === kind);
     if (index < 0) return null;
     const entry = this._pending[index];
     // Drop the match and everything of the same kind sent before it (superseded, never applied).

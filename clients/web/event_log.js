@@ -17,7 +17,7 @@ function tone(type) {
 }
 
 function summarize(event) {
-  const { type, ...rest } = event;
+  const { type, event_id: _id, time_s: _time, ...rest } = event;
   const text = JSON.stringify(rest);
   return text === "{}" ? "" : text.slice(1, -1).replaceAll('"', "").replaceAll(",", ", ").replaceAll(":", ": ");
 }

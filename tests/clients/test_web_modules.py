@@ -1,0 +1,270 @@
+"""The web page's ES modules, unit-tested in Debian's Chromium (no server: a static file server).
+
+Each test imports the real modules from ``clients/web`` into a page and checks their outputs on
+hand-built inputs: ack matching, configuration parsing, SDP inspection, PCM conversion, the
+action sender's rate and release, the page state machine and the event log's filtering.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.browser_harness import ChromiumMissingError, launch_chromium
+
+pytestmark = [pytest.mark.browser]
+
+WEB_ROOT = Path(__file__).resolve().parents[2] / "clients" / "web"
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+
+@pytest.fixture(scope="module")
+def static_url() -> Iterator[str]:
+    handler = functools.partial(_QuietHandler, directory=str(WEB_ROOT))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def page(static_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+    with sync_playwright() as playwright:
+        try:
+            context = launch_chromium(playwright, tmp_path_factory.mktemp("chromium-profile"))
+        except ChromiumMissingError as exc:
+            pytest.fail(str(exc))
+        page = context.pages[0] if context.pages else context.new_page()
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{static_url}/index.html")
+        page.wait_for_function("window.dreamrt !== undefined")
+        yield page
+        context.close()
+    assert errors == [], f"uncaught errors in the page: {errors}"
+
+
+def test_idle_page_renders_start_state(page: Any) -> None:
+    assert page.evaluate("window.dreamrt.state") == "idle"
+    assert page.text_content("#prompt-submit") == "Start"
+    assert page.get_attribute("body", "data-state") == "idle"
+    assert page.is_disabled("#talk") and page.is_disabled("#rate-up") and page.is_disabled("#prompt-cut")
+
+
+def test_ack_tracker_matches_received_and_applied_by_seq(page: Any) -> None:
+    result = page.evaluate(
+        """async () => {
+        const { AckTracker } = await import('/ack_tracker.js');
+        let t = 0;
+        const acks = new AckTracker({ now: () => t });
+        const out = [];
+        // The session's initial prompt (seq 0) was not sent by this page: ignored.
+        out.push(acks.observe({ type: 'input.received', seq: 0, kind: 'prompt' }));
+        out.push(acks.observe({ type: 'prompt.applied', seq: 0, chunk: 0, pts: 0 }));
+        acks.noteSent('action'); t = 10; acks.noteSent('prompt'); t = 20; acks.noteSent('action');
+        t = 25; acks.observe({ type: 'input.received', seq: 1, kind: 'action' });
+        t = 26; acks.observe({ type: 'input.received', seq: 2, kind: 'prompt' });
+        t = 27; acks.observe({ type: 'input.received', seq: 3, kind: 'action' });
+        t = 300; out.push(acks.observe({ type: 'action.applied', seq: 3, chunk: 4, pts: 18000 }));
+        t = 410; out.push(acks.observe({ type: 'prompt.applied', seq: 2, chunk: 5, pts: 22500 }));
+        const pendingAfter = acks.pendingCount;
+        acks.noteSent('cut');
+        t = 415; acks.observe({ type: 'input.received', seq: 4, kind: 'cut' });
+        t = 500; out.push(acks.observe({ type: 'prompt.applied', seq: 4, chunk: 6, pts: 27000, mode: 'cut' }));
+        acks.noteSent('action');
+        t = 505; acks.observe({ type: 'input.received', seq: 5, kind: 'action' });
+        acks.observe({ type: 'input.superseded', seq: 5, kind: 'action', by_seq: 6 });
+        return { out, pendingAfter, pendingEnd: acks.pendingCount, summary: acks.summary(), last: acks.lastApplied };
+    }"""
+    )
+    assert result["out"] == [
+        None,
+        None,
+        {"kind": "action", "latencyMs": 280},  # seq 3 sent at t=20; seq 1 (t=0) superseded with it
+        {"kind": "prompt", "latencyMs": 400},
+        {"kind": "cut", "latencyMs": 90},  # sent at t=410
+    ]
+    assert result["pendingAfter"] == 0
+    assert result["pendingEnd"] == 0
+    assert result["summary"]["action"] == {"received": 26, "applied": 280, "count": 1}
+    assert result["summary"]["prompt"] == {"received": 16, "applied": 400, "count": 1}
+    assert result["last"]["pts"] == 27000 and result["last"]["chunk"] == 6
+
+
+def test_ack_tracker_rejects_unknown_kind(page: Any) -> None:
+    message = page.evaluate(
+        """async () => {
+        const { AckTracker } = await import('/ack_tracker.js');
+        try { new AckTracker().noteSent('telepathy'); return 'no error'; } catch (err) { return err.message; }
+    }"""
+    )
+    assert "telepathy" in message and "prompt" in message
+
+
+def test_config_parses_ice_servers_and_rejects_bad_values(page: Any) -> None:
+    result = page.evaluate(
+        """async () => {
+        const { parseIceServers, readConfig } = await import('/config.js');
+        const errorOf = (fn) => { try { fn(); return null; } catch (err) { return [err.name, err.field, err.message]; } };
+        const storage = { getItem: () => JSON.stringify({ ice: 'stun:stored', key: 'k1' }) };
+        return {
+            empty: parseIceServers(''),
+            urls: parseIceServers('stun:a.example:3478, turn:b.example'),
+            json: parseIceServers('[{"urls":"turn:t","username":"u","credential":"c"}]'),
+            badJson: errorOf(() => parseIceServers('[oops')),
+            badShape: errorOf(() => parseIceServers('[{"url":"x"}]')),
+            badAudio: errorOf(() => readConfig('?audio=carrier-pigeon', storage)),
+            stored: readConfig('?prompt=hi&autostart=1', storage),
+            query: readConfig('?ice=&key=k2&audio=http&api=http://h:1/', storage),
+        };
+    }"""
+    )
+    assert result["empty"] == []
+    assert result["urls"] == [{"urls": "stun:a.example:3478"}, {"urls": "turn:b.example"}]
+    assert result["json"] == [{"urls": "turn:t", "username": "u", "credential": "c"}]
+    assert result["badJson"][:2] == ["ConfigError", "ice"]
+    assert result["badShape"][:2] == ["ConfigError", "ice"]
+    assert result["badAudio"][:2] == ["ConfigError", "audio"] and "carrier-pigeon" in result["badAudio"][2]
+    stored = result["stored"]
+    assert (stored["prompt"], stored["autostart"], stored["iceServers"], stored["apiKey"]) == (
+        "hi", True, [{"urls": "stun:stored"}], "k1")
+    query = result["query"]
+    assert (query["iceServers"], query["apiKey"], query["audioTransport"], query["apiBase"]) == (
+        [], "k2", "http", "http://h:1")
+
+
+def test_answer_audio_acceptance_reads_the_audio_section(page: Any) -> None:
+    result = page.evaluate(
+        """async () => {
+        const { answerAcceptsAudio } = await import('/peer.js');
+        const head = 'v=0\\r\\no=- 1 1 IN IP4 0.0.0.0\\r\\ns=-\\r\\nt=0 0\\r\\n';
+        const video = 'm=video 9 UDP/TLS/RTP/SAVPF 96\\r\\na=sendonly\\r\\n';
+        return [
+            answerAcceptsAudio(head + video + 'm=audio 9 UDP/TLS/RTP/SAVPF 111\\r\\na=recvonly\\r\\n'),
+            answerAcceptsAudio(head + video + 'm=audio 0 UDP/TLS/RTP/SAVPF 0\\r\\na=inactive\\r\\n'),
+            answerAcceptsAudio(head + video + 'm=audio 9 UDP/TLS/RTP/SAVPF 111\\r\\na=inactive\\r\\n'),
+            answerAcceptsAudio(head + video),
+        ];
+    }"""
+    )
+    assert result == [True, False, False, False]
+
+
+def test_float_to_s16le_clamps_and_is_little_endian(page: Any) -> None:
+    result = page.evaluate(
+        """async () => {
+        const { floatToS16le } = await import('/microphone.js');
+        return Array.from(floatToS16le(new Float32Array([0, 1, -1, 0.5, 2, -3])));
+    }"""
+    )
+    # 0, 32767, -32768, 16383, clamp(2)=32767, clamp(-3)=-32768 as little-endian byte pairs
+    assert result == [0, 0, 0xFF, 0x7F, 0x00, 0x80, 0xFF, 0x3F, 0xFF, 0x7F, 0x00, 0x80]
+
+
+def test_action_input_sends_at_20_hz_while_held_then_one_release(page: Any) -> None:
+    result = page.evaluate(
+        """async () => {
+        const { ActionInput } = await import('/action_input.js');
+        const keys = document.createElement('div');
+        const stage = document.createElement('div');
+        const text = document.createElement('textarea');
+        keys.append(text);
+        document.body.append(keys, stage);
+        const sent = [];
+        const input = new ActionInput({ send: (m) => { sent.push([performance.now(), m]); return true; },
+                                        stage, video: document.createElement('video'), keyTarget: keys });
+        input.start();
+        input.enabled = true;
+        const key = (type, code, target = keys, extra = {}) =>
+            target.dispatchEvent(new KeyboardEvent(type, { code, bubbles: true, ...extra }));
+        key('keydown', 'KeyW', text);              // typing in a text field: not an action
+        key('keydown', 'KeyQ');                    // not an action key
+        key('keydown', 'KeyW', keys, { ctrlKey: true });
+        const ignored = sent.length;
+        const t0 = performance.now();
+        key('keydown', 'KeyW');
+        const immediate = sent.length;
+        key('keydown', 'KeyW', keys, { repeat: true });
+        key('keydown', 'ArrowLeft');
+        await new Promise((r) => setTimeout(r, 1000));
+        key('keyup', 'KeyW'); key('keyup', 'ArrowLeft');
+        const held = sent.filter(([t]) => t >= t0).length;
+        await new Promise((r) => setTimeout(r, 200));
+        input.stop();
+        keys.remove(); stage.remove();
+        return { ignored, immediate, held, messages: sent.map(([, m]) => m) };
+    }"""
+    )
+    assert result["ignored"] == 0
+    assert result["immediate"] == 1
+    messages = result["messages"]
+    assert messages[0] == {"type": "action", "keys": ["w"], "mouse": [0, 0]}
+    assert messages[1] == {"type": "action", "keys": ["w", "left"], "mouse": [0, 0]}
+    # Held for 1 s at a 50 ms period: at least 10 Hz (the brief's floor), with scheduler slack.
+    assert result["held"] >= 15, result["held"]
+    assert all(m["keys"] == ["w", "left"] for m in messages[1:-2])
+    # Releasing W then Left sends ["left"] then the empty release, and nothing after it.
+    assert messages[-2:] == [
+        {"type": "action", "keys": ["left"], "mouse": [0, 0]},
+        {"type": "action", "keys": [], "mouse": [0, 0]},
+    ]
+
+
+def test_page_state_machine_allows_the_table_and_names_illegal_moves(page: Any) -> None:
+    result = page.evaluate(
+        """async () => {
+        const { PageStateMachine, PageState } = await import('/page_state.js');
+        const machine = new PageStateMachine();
+        const seen = [];
+        machine.subscribe((next, previous) => seen.push(`${previous}->${next}`));
+        for (const s of ['connecting', 'live', 'paused', 'live', 'error', 'connecting', 'closed']) machine.transition(s);
+        let message = null;
+        try { machine.transition(PageState.PAUSED); } catch (err) { message = `${err.name}: ${err.message}`; }
+        return { seen, message, state: machine.state };
+    }"""
+    )
+    assert result["seen"] == [
+        "idle->connecting", "connecting->live", "live->paused", "paused->live", "live->error",
+        "error->connecting", "connecting->closed",
+    ]
+    assert result["message"] == "StateError: illegal page transition: closed -> paused"
+    assert result["state"] == "closed"
+
+
+def test_event_log_hides_high_rate_events_unless_verbose(page: Any) -> None:
+    result = page.evaluate(
+        """async () => {
+        const { EventLog } = await import('/event_log.js');
+        const list = document.createElement('ol');
+        const toggle = document.createElement('input');
+        toggle.type = 'checkbox';
+        document.body.append(list);
+        const log = new EventLog(list, { verboseToggle: toggle });
+        log.add({ type: 'media.chunk', chunk: 1, pts_start: 0, frames: 4 });
+        log.add({ type: 'prompt.applied', seq: 2, chunk: 3, pts: 900, event_id: 7, time_s: 1.5 });
+        toggle.checked = true; toggle.dispatchEvent(new Event('change'));
+        log.add({ type: 'pong', t: 1 });
+        const rows = Array.from(list.children, (li) => [li.className, li.querySelector('.log-type').textContent, li.querySelector('.log-body').textContent]);
+        list.remove();
+        return { rows, total: log.events.length, hasChunk: log.has('media.chunk') };
+    }"""
+    )
+    assert result["rows"] == [
+        ["log-row good in", "prompt.applied", "seq: 2, chunk: 3, pts: 900"],
+        ["log-row  in", "pong", "t: 1"],
+    ]
+    assert result["total"] == 3 and result["hasChunk"] is True
