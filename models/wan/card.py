@@ -1,8 +1,9 @@
 """The Wan cards: the Wan2.1-1.3B chunk-causal DiT (Self-Forcing recipe) and its tiny CPU twin.
 
 Pure data (no torch at import). Component presets name entries of the family's preset tables:
-the DiT's ``models.wan.config.PRESETS`` (``"wan2.1-1.3b"``, ``"tiny"``), the text encoder's
-``models.wan.text_encoder.UMT5_PRESETS`` (``"umt5-xxl"``, ``"umt5-tiny"``) and the VAE's.
+the DiT's ``models.wan.config.PRESETS`` (``"wan2.1-1.3b"``, ``"tiny"``), the VAE's
+``models.wan.vae_config`` presets (``"wan2.1"``, ``"tiny"``) and the text encoder's
+``models.wan.text_encoder.UMT5_PRESETS`` (``"umt5-xxl"``, ``"umt5-tiny"``).
 
 Both cards share one loop set: ``chunk_rollout`` (sessions) and ``diffusion_denoise`` (jobs)
 sample with the same chunk-causal 4-step schedule, because that is what the Self-Forcing weights
@@ -83,7 +84,7 @@ WAN21_13B_CAUSAL = ModelCard(
                  "checkpoint directory."),
     components={
         "dit": ComponentSpec("dit", "dit", "wan2.1-1.3b"),
-        "vae": ComponentSpec("vae", "vae", "wan2.1-vae"),
+        "vae": ComponentSpec("vae", "vae", "wan2.1"),
         "text_encoder": ComponentSpec("text_encoder", "text_encoder", "umt5-xxl"),
         "tokenizer": ComponentSpec("tokenizer", "tokenizer", "umt5-xxl"),
     },

@@ -1,0 +1,137 @@
+"""models/registry.py and the Wan cards it registers (models/wan/card.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from models import registry
+from models.card import CardError, RecipeMismatchError, ScheduleSpec, WeightsKind
+from models.registry import CardRegistry, UnknownModelError, builtin_registry
+
+REPO = Path(__file__).resolve().parents[2]
+WAN_IDS = ["wan-tiny-random", "wan2.1-1.3b-causal"]
+
+
+def test_builtin_cards_are_listed_sorted_and_found_by_id():
+    cards = registry.list_cards()
+    assert [c.model_id for c in cards] == WAN_IDS
+    assert registry.get("wan2.1-1.3b-causal") is cards[1]
+    assert len(builtin_registry()) == 2 and "wan-tiny-random" in builtin_registry()
+
+
+def test_unknown_model_lists_the_known_ids():
+    with pytest.raises(UnknownModelError) as info:
+        registry.get("wan2.2-5b")
+    assert info.value.known == tuple(WAN_IDS)
+    assert str(info.value) == ("unknown model 'wan2.2-5b'; known models: "
+                               "['wan-tiny-random', 'wan2.1-1.3b-causal']")
+
+
+def test_register_validates_and_refuses_duplicates():
+    reg = CardRegistry()
+    tiny = registry.get("wan-tiny-random")
+    broken = dataclasses.replace(tiny, model_id="broken", capabilities=frozenset({"telepathy"}))
+    with pytest.raises(CardError, match="capability 'telepathy' is unknown"):
+        reg.register(broken)
+    assert reg.register(tiny) is tiny
+    with pytest.raises(CardError, match="a card with id 'wan-tiny-random' is already registered"):
+        reg.register(tiny)
+    assert [c.model_id for c in reg.list_cards()] == ["wan-tiny-random"]
+
+
+def test_builtin_registry_is_fresh_each_time():
+    mine = builtin_registry()
+    extra = dataclasses.replace(registry.get("wan-tiny-random"), model_id="wan-tiny-copy")
+    mine.register(extra)
+    assert "wan-tiny-copy" in mine
+    assert [c.model_id for c in registry.list_cards()] == WAN_IDS
+
+
+def test_registry_imports_without_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from models import registry\n"
+            "print(len(registry.list_cards()), 'transformers' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "2 False"), done.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# the Wan cards
+
+
+def test_causal_card_is_the_self_forcing_recipe():
+    card = registry.get("wan2.1-1.3b-causal")
+    r = card.recipe
+    assert (r.method, r.parents, r.assumes_loop, r.assumes_precision) == (
+        "self_forcing", ("wan2.1-t2v-1.3b",), "chunk_rollout", "bf16")
+    rollout = card.loops["chunk_rollout"]
+    assert rollout.schedule == ScheduleSpec((1000, 750, 500, 250), 5.0)
+    p = card.default_profile
+    assert (p.width, p.height, p.fps, p.chunk_latent_frames, p.steps) == (832, 480, 16, 3, 4)
+    kv = card.caches["chunk_kv"]
+    assert (kv.component, kv.window_latent_frames, kv.sink_latent_frames) == ("dit", 9, 3)
+    assert card.weights is WeightsKind.EXTERNAL
+    assert card.capabilities == {"session.realtime", "prompt.switch", "prompt.cut",
+                                 "text_to_video"}
+    assert set(card.checkpoint.components) >= {"dit", "vae", "text_encoder"}
+    assert card.checkpoint.required_for("session.realtime") == (
+        "dit", "text_encoder", "tokenizer", "vae")
+    assert card.latent.tokens_per_latent_frame(p.width, p.height) == 1560
+    assert card.components["dit"].preset == "wan2.1-1.3b"
+
+
+def test_causal_card_refuses_other_samplers_and_fp16():
+    card = registry.get("wan2.1-1.3b-causal")
+    assert card.check_serving("chunk_rollout", "bf16").loop_id == "chunk_rollout"
+    assert card.check_serving("diffusion_denoise", "bf16").loop_id == "diffusion_denoise"
+    with pytest.raises(RecipeMismatchError, match=r"at 'fp16': its recipe assumes loop "
+                                                  r"'chunk_rollout' at 'bf16'"):
+        card.check_serving("chunk_rollout", "fp16")
+    fifty = ScheduleSpec(tuple(range(1000, 0, -20)), 5.0, guidance_scale=5.0)
+    with pytest.raises(RecipeMismatchError, match=r"recipe 'self_forcing' assumes chunk_rollout"):
+        card.check_serving("diffusion_denoise", "bf16", fifty)
+
+
+def test_tiny_card_is_labelled_random_and_has_the_hooks():
+    card = registry.get("wan-tiny-random")
+    assert card.weights is WeightsKind.RANDOM
+    assert "random weights: for tests and development, shows noise" in card.description
+    assert set(card.loops) == set(registry.get("wan2.1-1.3b-causal").loops)
+    p = card.default_profile
+    assert (p.width, p.height, p.fps) == (64, 64, 8)
+    assert {"input.action", "input.audio", "text_to_video", "text_to_image"} <= card.capabilities
+    assert card.components["dit"].conditioning == {"action", "audio"}
+    assert card.loops["chunk_rollout"].inputs == {"prompt", "cut", "action", "audio"}
+    assert card.check_serving("chunk_rollout", "fp32").loop_id == "chunk_rollout"
+    assert card.loop_for("text_to_image").loop_id == "chunk_rollout"
+
+
+def test_public_forms_of_the_builtin_cards():
+    for card in registry.list_cards():
+        public = card.to_public()
+        assert json.loads(json.dumps(public)) == public
+        assert {"id", "capabilities", "recipe", "default_profile", "weights"} <= set(public)
+        assert card.summary_line().startswith(f"{card.model_id}  weights={public['weights']}  ")
+
+
+def test_component_presets_exist_in_the_family_tables():
+    from models.wan.config import WanDiTConfig
+    from models.wan.text_encoder import UMT5_PRESETS
+    from models.wan.vae_config import WanVAEConfig
+
+    for card in registry.list_cards():
+        c = card.components
+        dit = WanDiTConfig.preset(c["dit"].preset)
+        vae = WanVAEConfig.preset(c["vae"].preset)
+        assert c["text_encoder"].preset in UMT5_PRESETS
+        assert c["tokenizer"].preset in {"umt5-xxl", "byte-fallback"}
+        assert (vae.z_dim, vae.temporal_factor, vae.spatial_factor) == (
+            card.latent.channels, card.latent.temporal_stride, card.latent.spatial_stride)
+        assert dit.patch_size == card.latent.patch
