@@ -46,6 +46,7 @@ class MediaQueue:
         self.dropped_overflow = 0
         self.dropped_flush = 0
         self.dropped_non_monotonic = 0
+        self.flushes = 0  # flush_before calls that dropped at least one frame
 
     def __len__(self) -> int:
         return len(self._frames)
@@ -104,6 +105,8 @@ class MediaQueue:
             self._frames.popleft()
             dropped += 1
         self.dropped_flush += dropped
+        if dropped:
+            self.flushes += 1
         if not self._frames:
             self._nonempty.clear()
         return dropped

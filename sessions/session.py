@@ -168,6 +168,7 @@ class Session:
         self._on_finished: list[Callable[[Session], None]] = []
         self._viewer_attached = False
         self._media_t0_s: float | None = None
+        self._playing = asyncio.Event()  # set while live or terminal: wakes the track
         self.last_chunk = -1
         self.chunks_generated = 0
         self.frames_sent = 0
@@ -194,6 +195,10 @@ class Session:
         old = self._state
         check_session_transition(f"session {self.id}", old, target)
         self._state = target
+        if target is SessionState.LIVE or target in SESSION_TERMINAL:
+            self._playing.set()
+        else:
+            self._playing.clear()
         log.info("session %s: %s -> %s%s", self.id, old.value, target.value, f" ({reason})" if reason else "")
         self.events.publish(SessionStateChanged(state=target.value, previous=old.value, reason=reason))
         if self._store is not None:
@@ -324,6 +329,15 @@ class Session:
     def playing(self) -> bool:
         """The track should advance (live); otherwise it holds the last frame without stalls."""
         return self._state is SessionState.LIVE
+
+    async def wait_playing(self) -> None:
+        """Returns once the session is live (or terminal: the track then ends)."""
+        await self._playing.wait()
+
+    @property
+    def playout_anchor_s(self) -> float | None:
+        """Monotonic time at which media PTS 0 is (or would have been) on the wire."""
+        return self._media_t0_s
 
     def frame_shown(self, frame: MediaFrame | None, shown_s: float) -> None:
         """The track put a frame on the wire: ``frame`` is fresh, None a repeat (a stall)."""
