@@ -100,7 +100,8 @@ def test_ack_tracker_matches_received_and_applied_by_seq(page: Any) -> None:
     ]
     assert result["pendingAfter"] == 0
     assert result["pendingEnd"] == 0
-    assert result["summary"]["action"] == {"received": 26, "applied": 280, "count": 1}
+    # action receipts: 25, 7 and 5 ms -> median 7
+    assert result["summary"]["action"] == {"received": 7, "applied": 280, "count": 1}
     assert result["summary"]["prompt"] == {"received": 16, "applied": 400, "count": 1}
     assert result["last"]["pts"] == 27000 and result["last"]["chunk"] == 6
 
