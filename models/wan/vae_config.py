@@ -102,7 +102,8 @@ class WanVAEConfig:
 
     @classmethod
     def preset(cls, name: str) -> WanVAEConfig:
-        """``"wan2.1"`` (the real VAE) or ``"tiny"`` (CPU tests and the random-weight card)."""
+        """``"wan2.1"`` (alias ``"wan2.1-vae"``: the real VAE) or ``"tiny"`` (CPU tests and the
+        random-weight card)."""
         if name not in _PRESETS:
             raise VAEConfigError(f"unknown VAE preset {name!r}; known: {sorted(_PRESETS)}")
         return _PRESETS[name]
@@ -151,6 +152,7 @@ class WanVAEConfig:
 
 _PRESETS: dict[str, WanVAEConfig] = {
     "wan2.1": WanVAEConfig(),
+    "wan2.1-vae": WanVAEConfig(),  # the name the Wan cards use as the component's config_ref
     # Same geometry as Wan2.1 (z 16, 8x spatial, 4x temporal) at a width a laptop CPU decodes
     # in real time; used with random weights by the tiny card and tests.
     "tiny": WanVAEConfig(base_dim=8, dim_mult=(1, 2, 2, 2), num_res_blocks=1),

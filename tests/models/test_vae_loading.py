@@ -1,0 +1,243 @@
+"""load_vae: diffusers and original Wan checkpoints (single, sharded, .pth, directory layouts) load
+into identical modules; every missing/unexpected/mis-shaped key is reported in one error; the key
+table agrees with diffusers' module and with diffusers' own single-file converter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+from diffusers import AutoencoderKLWan
+from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+from models.wan.vae import WanVAE
+from models.wan.vae_config import VAEConfigError, WanVAEConfig
+from models.wan.vae_keymap import CheckpointFormat, vae_key_table
+from models.wan.vae_loading import (
+    CheckpointKeyError,
+    load_vae,
+    read_vae_state_dict,
+    save_original_format,
+)
+
+# Wan2.1 layout (what diffusers' single-file converter hard-codes) at a tiny width
+WAN21_TINY = WanVAEConfig(z_dim=4, base_dim=4, latents_mean=(0.0,) * 4, latents_std=(1.0,) * 4)
+OTHER_LAYOUT = WanVAEConfig(base_dim=6, dim_mult=(1, 2, 2), num_res_blocks=1,
+                            temperal_downsample=(True, False))  # fmt: skip
+
+
+def make_reference(config: WanVAEConfig, seed: int = 0) -> AutoencoderKLWan:
+    torch.manual_seed(seed)
+    ref = AutoencoderKLWan(**config.to_diffusers_config()).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name.endswith("gamma") or name.endswith("bias"):
+                p.copy_(torch.randn_like(p))
+    return ref
+
+
+def assert_same_module(a: WanVAE, b: WanVAE) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        assert torch.equal(sa[name], sb[name]), name
+
+
+@pytest.fixture(params=[WAN21_TINY, OTHER_LAYOUT], ids=["wan21-layout", "other-layout"])
+def diffusers_dir(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, AutoencoderKLWan]:
+    ref = make_reference(request.param)
+    ref.save_pretrained(tmp_path / "vae")
+    return tmp_path / "vae", ref
+
+
+# --------------------------------------------------------------------------------------------
+# formats and layouts
+
+
+@torch.no_grad()
+def test_every_checkpoint_form_loads_the_same_module(
+    diffusers_dir: tuple[Path, AutoencoderKLWan], tmp_path: Path
+) -> None:
+    vae_dir, ref = diffusers_dir
+    base = load_vae(vae_dir)
+    config = base.config
+    assert config == WanVAEConfig.from_diffusers_config(ref.config)
+
+    forms: dict[str, Path] = {}
+    # diffusers pipeline root (model_index.json + vae/)
+    (tmp_path / "pipe").mkdir()
+    ref.save_pretrained(tmp_path / "pipe" / "vae")
+    forms["pipeline-root"] = tmp_path / "pipe"
+    # diffusers, sharded with an index
+    ref.save_pretrained(tmp_path / "sharded", max_shard_size="30KB")
+    assert (tmp_path / "sharded" / "diffusion_pytorch_model.safetensors.index.json").is_file()
+    forms["diffusers-sharded"] = tmp_path / "sharded"
+    # original naming: one safetensors file
+    save_original_format(base, tmp_path / "wan_vae.safetensors")
+    forms["original-file"] = tmp_path / "wan_vae.safetensors"
+    # original naming in a Wan model root, next to the DiT's config.json
+    (tmp_path / "wan_root").mkdir()
+    save_original_format(base, tmp_path / "wan_root" / "Wan2.1_VAE.safetensors")
+    (tmp_path / "wan_root" / "config.json").write_text(json.dumps({"dim": 1536, "num_layers": 30}))
+    forms["original-wan-root"] = tmp_path / "wan_root"
+    # original naming as a .pth pickle of tensors
+    original = read_vae_state_dict(tmp_path / "wan_vae.safetensors")
+    torch.save(original, tmp_path / "Wan2.1_VAE.pth")
+    forms["original-pth"] = tmp_path / "Wan2.1_VAE.pth"
+    # original naming, sharded by hand
+    names = sorted(original)
+    half = len(names) // 2
+    (tmp_path / "orig_sharded").mkdir()
+    weight_map = {}
+    for i, part in enumerate((names[:half], names[half:])):
+        file = f"vae-{i:05d}.safetensors"
+        safetensors.torch.save_file({n: original[n] for n in part}, tmp_path / "orig_sharded" / file)
+        weight_map.update(dict.fromkeys(part, file))
+    index = tmp_path / "orig_sharded" / "vae.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": weight_map}))
+    forms["original-sharded"] = index
+
+    z = torch.randn(1, config.z_dim, 2, 3, 2)
+    expected = base.decode(z)
+    assert (expected - ref.decode(z).sample).abs().max() <= 1e-4 * ref.decode(z).sample.abs().max()
+    for form, path in forms.items():
+        needs_config = form.startswith("original")  # original checkpoints carry no config
+        vae = load_vae(path, config=config if needs_config else None)
+        assert vae.config == config, form
+        assert_same_module(vae, base)
+        assert torch.equal(vae.decode(z), expected), form
+    # an original file carries no config: without one the wan2.1 preset is assumed, and the
+    # tiny weights do not fit it
+    with pytest.raises(CheckpointKeyError, match="shape mismatch"):
+        load_vae(forms["original-file"])
+
+
+def test_original_naming_matches_diffusers_single_file_converter(tmp_path: Path) -> None:
+    ref = make_reference(WAN21_TINY)
+    ref.save_pretrained(tmp_path / "vae")
+    save_original_format(load_vae(tmp_path / "vae"), tmp_path / "orig.safetensors")
+    original = read_vae_state_dict(tmp_path / "orig.safetensors")
+    assert "decoder.middle.0.residual.0.gamma" in original  # diffusers' detection key
+    converted = convert_wan_vae_to_diffusers(original)
+    expected = ref.state_dict()
+    assert converted.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(converted[name], tensor), name
+
+
+@pytest.mark.parametrize(
+    "config", [WAN21_TINY, OTHER_LAYOUT, WanVAEConfig.preset("tiny"), WanVAEConfig.preset("wan2.1")]
+)
+def test_key_table_covers_module_and_diffusers_exactly(config: WanVAEConfig) -> None:
+    with torch.device("meta"):
+        ours = WanVAE(config).state_dict()
+        theirs = AutoencoderKLWan(**config.to_diffusers_config()).state_dict()
+    table = vae_key_table(config)
+    assert len(table) == len({r.ours for r in table}) == len(ours)
+    assert {r.ours for r in table} == set(ours)
+    assert {r.diffusers for r in table} == set(theirs)
+    assert len({r.original for r in table}) == len(table)
+    for row in table:
+        assert ours[row.ours].shape == theirs[row.diffusers].shape, row
+
+
+@torch.no_grad()
+def test_dtype_and_eval_mode(diffusers_dir: tuple[Path, AutoencoderKLWan]) -> None:
+    vae = load_vae(diffusers_dir[0], dtype=torch.bfloat16)
+    assert not vae.training
+    assert {p.dtype for p in vae.parameters()} == {torch.bfloat16}
+    assert {p.device.type for p in vae.parameters()} == {"cpu"}
+    assert vae.new_decoder_cache(1, 2, 2).buffers[0].dtype == torch.bfloat16
+
+
+# --------------------------------------------------------------------------------------------
+# errors
+
+
+@pytest.mark.parametrize("fmt", list(CheckpointFormat))
+def test_key_errors_are_listed_in_one_error(fmt: CheckpointFormat, tmp_path: Path) -> None:
+    table = vae_key_table(WAN21_TINY)
+    with torch.device("meta"):
+        params = WanVAE(WAN21_TINY).state_dict()
+    shapes = {r.name_in(fmt): params[r.ours].shape for r in table}
+    state = {name: torch.zeros(shape) for name, shape in shapes.items()}
+    dropped = [table[3].name_in(fmt), table[-1].name_in(fmt)]
+    for name in dropped:
+        del state[name]
+    state["decoder.extra_head.weight"] = torch.zeros(2)
+    state["encoder.conv_in.bias" if fmt is CheckpointFormat.DIFFUSERS else "encoder.conv1.bias"] = (
+        torch.zeros(3)
+    )
+    safetensors.torch.save_file(state, tmp_path / "broken.safetensors")
+
+    with pytest.raises(CheckpointKeyError) as info:
+        load_vae(tmp_path / "broken.safetensors", config=WAN21_TINY)
+    err = info.value
+    assert err.fmt is fmt
+    assert err.missing == sorted(dropped)
+    assert err.unexpected == ["decoder.extra_head.weight"]
+    assert [m[0] for m in err.mismatched] == [
+        "encoder.conv_in.bias" if fmt is CheckpointFormat.DIFFUSERS else "encoder.conv1.bias"
+    ]
+    assert err.mismatched[0][1:] == ((3,), (4,))
+    message = str(err)
+    for name in [*dropped, "decoder.extra_head.weight", "file (3,) vs module (4,)"]:
+        assert name in message
+    assert f"({fmt.value} naming)" in message
+
+
+def test_unrelated_checkpoint_names_no_format(tmp_path: Path) -> None:
+    safetensors.torch.save_file({"blocks.0.self_attn.q.weight": torch.zeros(2, 2)},
+                                tmp_path / "dit.safetensors")  # fmt: skip
+    with pytest.raises(CheckpointKeyError, match="no known naming") as info:
+        load_vae(tmp_path / "dit.safetensors", config=WAN21_TINY)
+    assert info.value.fmt is None
+    assert info.value.unexpected == ["blocks.0.self_attn.q.weight"]
+    assert len(info.value.missing) == len(vae_key_table(WAN21_TINY))
+    assert "... and" in str(info.value)  # long listings are truncated in the message only
+
+
+def test_missing_checkpoint_names_what_was_looked_for(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="Wan2.1_VAE.pth"):
+        load_vae(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no such VAE checkpoint"):
+        load_vae(tmp_path / "nope.safetensors")
+
+
+# --------------------------------------------------------------------------------------------
+# config
+
+
+def test_config_round_trips_through_diffusers_config() -> None:
+    for config in (WanVAEConfig.preset("wan2.1"), WanVAEConfig.preset("tiny"), OTHER_LAYOUT):
+        assert WanVAEConfig.from_diffusers_config(config.to_diffusers_config()) == config
+    wan = WanVAEConfig.preset("wan2.1")
+    assert (wan.z_dim, wan.base_dim, wan.spatial_factor, wan.temporal_factor) == (16, 96, 8, 4)
+    assert wan.num_pixel_frames(21) == 81
+    assert WanVAEConfig.preset("wan2.1-vae") == wan
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"is_residual": True}, "is_residual=True"),
+        ({"patch_size": 2}, "patch_size=2"),
+        ({"attn_scales": [0.5]}, "attn_scales"),
+        ({"decoder_base_dim": 64}, "decoder_base_dim=64"),
+        ({"flux_capacitor": 1}, "unknown AutoencoderKLWan config keys: \\['flux_capacitor'\\]"),
+        ({"temperal_downsample": [True]}, "temperal_downsample needs len"),
+        ({"latents_mean": [0.0]}, "latents_mean needs z_dim = 16 values, got 1"),
+    ],
+)
+def test_unsupported_diffusers_configs_raise_naming_the_field(changes: dict, message: str) -> None:
+    config = WanVAEConfig.preset("wan2.1").to_diffusers_config() | changes
+    with pytest.raises(VAEConfigError, match=message):
+        WanVAEConfig.from_diffusers_config(config)
+
+
+def test_unknown_preset_lists_known_ones() -> None:
+    with pytest.raises(VAEConfigError, match="'tiny', 'wan2.1'"):
+        WanVAEConfig.preset("wan2.2")
