@@ -1,0 +1,309 @@
+"""Admission = reservation (ARCHITECTURE.md §4, seed §6.2).
+
+A session or job is admitted only if everything it will need fits *together with everything
+already admitted*; nothing is discovered at step 37. Three resources are reserved:
+
+- ``compute``: GPU-seconds per second of media, i.e. the predicted cost of one chunk divided
+  by the chunk's media duration (frames / fps). The sum over reservations must stay within
+  the effective compute capacity (default 0.9 of one device: 10% headroom for jitter,
+  recaches and batch work).
+- ``kv_bytes``: chunk-KV slab bytes held for the session's life. Additive.
+- ``peak_bytes``: peak activation bytes of its largest plan. The engine runs one batch of up
+  to ``max_batch`` plans at a time, so what can be live together is the sum of the
+  ``peak_concurrency`` largest reserved peaks (set it to the engine's ``max_batch``).
+
+``admit`` answers ``Admit(reservation_id)`` or ``Reject(reason, retry_after_s, ...)``;
+``reason`` names the first short resource in the order compute, kv_bytes, peak_bytes and
+``short`` lists all of them. **retry_after_s** is derived from reservations that declared an
+``expected_duration_s`` (jobs know their predicted total cost): releasing them in order of
+expected end, it is the time until the first release after which the request would fit
+(never less than ``min_retry_after_s``). If no known release is enough, it is
+``default_retry_after_s``. A request that exceeds a nominal capacity on its own can never fit:
+``permanent=True`` (the API should offer a smaller profile instead of asking to retry).
+
+Deadline misses tighten admission: the engine reports every realtime plan's outcome through
+``record_deadline``; while, over the last ``miss_window`` outcomes (at least
+``min_outcomes`` of them), the miss ratio exceeds ``miss_ratio_threshold``, new admissions see
+the compute capacity multiplied by ``tighten_factor``. Existing reservations are never revoked.
+
+Pure: imports neither torch nor asyncio. Not thread-safe; call from the event loop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+__all__ = [
+    "Admission",
+    "AdmissionConfig",
+    "AdmissionController",
+    "AdmissionError",
+    "AdmissionRequest",
+    "AdmissionUsage",
+    "Admit",
+    "Reject",
+    "RESOURCES",
+]
+
+RESOURCES = ("compute", "kv_bytes", "peak_bytes")
+
+
+class AdmissionError(ValueError):
+    """A malformed request or configuration (negative sizes, non-finite rates)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    """What one session or job asks to reserve.
+
+    ``compute_gpu_s_per_s``: GPU-seconds needed per second of media (0 for batch work that
+    only runs in slack). ``expected_duration_s``: how long it will hold the reservation if
+    known, used only to compute ``retry_after_s`` for others.
+    """
+
+    owner: str
+    compute_gpu_s_per_s: float = 0.0
+    kv_bytes: int = 0
+    peak_bytes: int = 0
+    expected_duration_s: float | None = None
+
+    @classmethod
+    def for_stream(
+        cls,
+        owner: str,
+        *,
+        chunk_cost_gpu_s: float,
+        frames_per_chunk: int,
+        fps: float,
+        kv_bytes: int = 0,
+        peak_bytes: int = 0,
+        expected_duration_s: float | None = None,
+    ) -> AdmissionRequest:
+        """A streaming session: share = cost of one chunk / media duration of one chunk."""
+        if frames_per_chunk <= 0 or not fps > 0:
+            raise AdmissionError(
+                f"{owner}: frames_per_chunk={frames_per_chunk} and fps={fps} must be > 0"
+            )
+        chunk_duration_s = frames_per_chunk / fps
+        return cls(
+            owner=owner,
+            compute_gpu_s_per_s=chunk_cost_gpu_s / chunk_duration_s,
+            kv_bytes=kv_bytes,
+            peak_bytes=peak_bytes,
+            expected_duration_s=expected_duration_s,
+        )
+
+    def validate(self) -> None:
+        if not (math.isfinite(self.compute_gpu_s_per_s) and self.compute_gpu_s_per_s >= 0):
+            raise AdmissionError(
+                f"{self.owner}: compute_gpu_s_per_s={self.compute_gpu_s_per_s} must be finite, >= 0"
+            )
+        if self.kv_bytes < 0 or self.peak_bytes < 0:
+            raise AdmissionError(
+                f"{self.owner}: kv_bytes={self.kv_bytes}, peak_bytes={self.peak_bytes} must be >= 0"
+            )
+        if self.expected_duration_s is not None and not self.expected_duration_s >= 0:
+            raise AdmissionError(
+                f"{self.owner}: expected_duration_s={self.expected_duration_s} must be >= 0"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    reservation_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """``reason``: the first short resource (``"compute"``, ``"kv_bytes"``, ``"peak_bytes"``)."""
+
+    reason: str
+    retry_after_s: float
+    short: tuple[str, ...] = ()
+    detail: str = ""
+    permanent: bool = False
+
+
+Admission = Admit | Reject
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    """Capacities and policy knobs; bytes are per device."""
+
+    kv_capacity_bytes: int
+    peak_capacity_bytes: int
+    compute_capacity: float = 0.9  # GPU-s per s of one device
+    peak_concurrency: int = 1
+    default_retry_after_s: float = 5.0
+    min_retry_after_s: float = 1.0
+    miss_window: int = 50
+    min_outcomes: int = 10
+    miss_ratio_threshold: float = 0.05
+    tighten_factor: float = 0.8
+
+    def __post_init__(self) -> None:
+        if self.kv_capacity_bytes < 0 or self.peak_capacity_bytes < 0:
+            raise AdmissionError(
+                f"kv_capacity_bytes={self.kv_capacity_bytes}, "
+                f"peak_capacity_bytes={self.peak_capacity_bytes} must be >= 0"
+            )
+        if not self.compute_capacity > 0:
+            raise AdmissionError(f"compute_capacity={self.compute_capacity} must be > 0")
+        if self.peak_concurrency < 1 or self.miss_window < 1 or self.min_outcomes < 1:
+            raise AdmissionError(
+                f"peak_concurrency={self.peak_concurrency}, miss_window={self.miss_window}, "
+                f"min_outcomes={self.min_outcomes} must be >= 1"
+            )
+        if not 0 < self.tighten_factor <= 1:
+            raise AdmissionError(f"tighten_factor={self.tighten_factor} must be in (0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionUsage:
+    """Totals currently reserved, and the compute capacity new admissions see."""
+
+    reservations: int
+    compute_gpu_s_per_s: float
+    kv_bytes: int
+    peak_bytes: int
+    effective_compute_capacity: float
+    tightened: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Reservation:
+    reservation_id: str
+    request: AdmissionRequest
+    expected_end_s: float | None
+
+
+class AdmissionController:
+    """Reserves compute share, KV bytes and peak bytes; see the module docstring."""
+
+    def __init__(self, config: AdmissionConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock
+        self._reservations: dict[str, _Reservation] = {}
+        self._outcomes: deque[bool] = deque(maxlen=config.miss_window)
+        self._next_id = 0
+
+    # -- reservations -----------------------------------------------------------------------
+
+    def admit(self, request: AdmissionRequest) -> Admission:
+        request.validate()
+        cfg = self.config
+        alone = self._short(request, (), cfg.compute_capacity)
+        if alone:
+            return Reject(
+                reason=alone[0],
+                retry_after_s=cfg.default_retry_after_s,
+                short=tuple(alone),
+                detail=f"{request.owner} exceeds the nominal {', '.join(alone)} capacity on its own",
+                permanent=True,
+            )
+        active = list(self._reservations.values())
+        short = self._short(request, active, self.effective_compute_capacity())
+        if short:
+            return Reject(
+                reason=short[0],
+                retry_after_s=self._retry_after_s(request, active),
+                short=tuple(short),
+                detail=self._describe(request, short),
+            )
+        now_s = self._clock()
+        reservation_id = f"res-{self._next_id}"
+        self._next_id += 1
+        end_s = None if request.expected_duration_s is None else now_s + request.expected_duration_s
+        self._reservations[reservation_id] = _Reservation(reservation_id, request, end_s)
+        return Admit(reservation_id)
+
+    def release(self, reservation_id: str) -> bool:
+        """Free a reservation. Idempotent: returns ``False`` if it was not held."""
+        return self._reservations.pop(reservation_id, None) is not None
+
+    def holds(self, reservation_id: str) -> bool:
+        return reservation_id in self._reservations
+
+    def usage(self) -> AdmissionUsage:
+        active = self._reservations.values()
+        return AdmissionUsage(
+            reservations=len(self._reservations),
+            compute_gpu_s_per_s=sum(r.request.compute_gpu_s_per_s for r in active),
+            kv_bytes=sum(r.request.kv_bytes for r in active),
+            peak_bytes=self._live_peak_bytes(r.request.peak_bytes for r in active),
+            effective_compute_capacity=self.effective_compute_capacity(),
+            tightened=self.tightened(),
+        )
+
+    # -- deadline feedback ------------------------------------------------------------------
+
+    def record_deadline(self, *, missed: bool) -> None:
+        """One realtime plan finished; ``missed`` if after its deadline."""
+        self._outcomes.append(missed)
+
+    def miss_ratio(self) -> float:
+        return sum(self._outcomes) / len(self._outcomes) if self._outcomes else 0.0
+
+    def tightened(self) -> bool:
+        cfg = self.config
+        return len(self._outcomes) >= cfg.min_outcomes and self.miss_ratio() > cfg.miss_ratio_threshold
+
+    def effective_compute_capacity(self) -> float:
+        cap = self.config.compute_capacity
+        return cap * self.config.tighten_factor if self.tightened() else cap
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _live_peak_bytes(self, peaks: Iterable[int]) -> int:
+        return sum(sorted(peaks, reverse=True)[: self.config.peak_concurrency])
+
+    def _short(
+        self, request: AdmissionRequest, active: Iterable[_Reservation], compute_capacity: float
+    ) -> list[str]:
+        active = list(active)
+        cfg = self.config
+        compute = sum(r.request.compute_gpu_s_per_s for r in active) + request.compute_gpu_s_per_s
+        kv = sum(r.request.kv_bytes for r in active) + request.kv_bytes
+        peak = self._live_peak_bytes([r.request.peak_bytes for r in active] + [request.peak_bytes])
+        short = []
+        # A tiny epsilon keeps e.g. 3 x 0.3 == 0.9 admissible despite float rounding.
+        if compute > compute_capacity + 1e-12:
+            short.append("compute")
+        if kv > cfg.kv_capacity_bytes:
+            short.append("kv_bytes")
+        if peak > cfg.peak_capacity_bytes:
+            short.append("peak_bytes")
+        return short
+
+    def _retry_after_s(self, request: AdmissionRequest, active: list[_Reservation]) -> float:
+        cfg = self.config
+        now_s = self._clock()
+        capacity = self.effective_compute_capacity()
+        ending = sorted((r for r in active if r.expected_end_s is not None), key=_end_s)
+        remaining = {r.reservation_id: r for r in active}
+        for reservation in ending:
+            del remaining[reservation.reservation_id]
+            if not self._short(request, remaining.values(), capacity):
+                wait_s = (reservation.expected_end_s or now_s) - now_s
+                return max(wait_s, cfg.min_retry_after_s)
+        return cfg.default_retry_after_s
+
+    def _describe(self, request: AdmissionRequest, short: list[str]) -> str:
+        usage = self.usage()
+        have = {
+            "compute": f"{usage.compute_gpu_s_per_s:.3f}+{request.compute_gpu_s_per_s:.3f} GPU-s/s "
+            f"> {usage.effective_compute_capacity:.3f}",
+            "kv_bytes": f"{usage.kv_bytes}+{request.kv_bytes} B > {self.config.kv_capacity_bytes}",
+            "peak_bytes": f"{request.peak_bytes} B with live peaks {usage.peak_bytes} B "
+            f"> {self.config.peak_capacity_bytes}",
+        }
+        return f"{request.owner}: " + "; ".join(have[name] for name in short)
+
+
+def _end_s(reservation: _Reservation) -> float:
+    return reservation.expected_end_s if reservation.expected_end_s is not None else math.inf
