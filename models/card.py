@@ -26,30 +26,11 @@ from types import MappingProxyType
 from typing import Any
 
 __all__ = [
-    "CAPABILITIES",
-    "CacheContract",
-    "CacheKind",
-    "CardError",
-    "CheckpointFormat",
-    "CheckpointManifest",
-    "ComponentEntry",
-    "ComponentKind",
-    "ComponentSpec",
-    "INPUT_KINDS",
-    "LatentSpec",
-    "LoopKind",
-    "LoopSpec",
-    "ModelCard",
-    "PRECISIONS",
-    "ParityLevel",
-    "ParitySpec",
-    "PrecisionContract",
-    "Profile",
-    "ProfileError",
-    "RecipeMismatchError",
-    "RecipeSpec",
-    "ScheduleSpec",
-    "WeightsKind",
+    "CAPABILITIES", "INPUT_KINDS", "PRECISIONS", "AttentionMode", "CacheContract", "CacheKind",
+    "CardError", "CheckpointFormat", "CheckpointManifest", "ComponentEntry", "ComponentKind",
+    "ComponentSpec", "LatentSpec", "LoopKind", "LoopSpec", "ModelCard", "ParityLevel",
+    "ParitySpec", "PrecisionContract", "Profile", "ProfileError", "RecipeMismatchError",
+    "RecipeSpec", "ScheduleSpec", "WeightsKind",
 ]
 
 
@@ -225,7 +206,7 @@ class ScheduleSpec:
             found.append("schedule has no timesteps")
         if any(not 0 < t <= self.num_train_timesteps for t in ts):
             found.append(f"timesteps {list(ts)} must lie in (0, {self.num_train_timesteps}]")
-        if any(a <= b for a, b in zip(ts, ts[1:])):
+        if any(a <= b for a, b in zip(ts, ts[1:], strict=False)):
             found.append(f"timesteps {list(ts)} must strictly decrease")
         if not (math.isfinite(self.flow_shift) and self.flow_shift > 0):
             found.append(f"flow_shift={self.flow_shift} must be finite and > 0")
@@ -487,7 +468,7 @@ class ModelCard:
             raise mismatch(f"precision {precision!r} is not among the card's allowed "
                            f"{list(self.precision.allowed)}")
         if spec.denoises:
-            assumed = self.loops[r.assumes_loop]
+            assumed = self._assumed_loop()
             requested = replace(spec, schedule=schedule) if schedule is not None else spec
             if requested.sampler() != assumed.sampler():
                 raise mismatch(f"requested {requested.describe()}, recipe {r.method!r} "
@@ -503,7 +484,7 @@ class ModelCard:
         if capability not in self.capabilities or capability not in CAPABILITIES:
             return None
         kinds, needed_input = CAPABILITIES[capability]
-        assumed = self.loops[self.recipe.assumes_loop]
+        assumed = self._assumed_loop()
         candidates = [assumed] + [s for i, s in sorted(self.loops.items())
                                   if i != assumed.loop_id]
         for spec in candidates:
@@ -568,6 +549,13 @@ class ModelCard:
     # ---------------------------------------------------------------------------------------
     # validation, one concern each
 
+    def _assumed_loop(self) -> LoopSpec:
+        spec = self.loops.get(self.recipe.assumes_loop)
+        if spec is None:  # only on a card that skipped validate()
+            raise CardError([f"recipe.assumes_loop {self.recipe.assumes_loop!r} is not one of "
+                             f"the card's loops {sorted(self.loops)}"], self.model_id)
+        return spec
+
     def _identity_problems(self) -> list[str]:
         found = []
         if not _MODEL_ID.match(self.model_id):
@@ -604,7 +592,7 @@ class ModelCard:
                 if (spec.kind is LoopKind.CHUNK_ROLLOUT
                         and spec.attention is not AttentionMode.CHUNK_CAUSAL):
                     found.append(f"{where} is a chunk_rollout but its attention is "
-                                 f"{spec.attention}, not chunk_causal")
+                                 f"{spec.attention.value}, not chunk_causal")
             elif spec.schedule is not None or spec.attention is not None:
                 found.append(f"{where} ({spec.kind.value}) does not denoise but has a schedule")
             for c in spec.components:

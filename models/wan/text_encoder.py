@@ -271,7 +271,7 @@ class EmbeddingStore(Protocol):
 
     def get(self, key: CacheKey) -> Any | None: ...
 
-    def put(self, key: CacheKey, value: Any) -> None: ...
+    def put(self, key: CacheKey, value: Any) -> object: ...  # a "not cached" result is fine
 
 
 class TextEmbeddingCache:
@@ -356,7 +356,7 @@ class CachedTextEncoder:
         keys = [self.key_for(t) for t in texts]
         rows: dict[CacheKey, torch.Tensor] = {}
         missing: dict[CacheKey, str] = {}
-        for key, text in zip(keys, texts):
+        for key, text in zip(keys, texts, strict=True):
             if key in rows or key in missing:
                 continue
             cached = self.store.get(key)
@@ -369,7 +369,7 @@ class CachedTextEncoder:
         groups = [[k] for k in miss_keys] if deterministic else [miss_keys] if miss_keys else []
         for group in groups:
             out = self.encoder.encode([missing[k] for k in group])  # [b, L, D]
-            for key, row in zip(group, out):
+            for key, row in zip(group, out, strict=True):
                 rows[key] = row.clone()  # own storage, not a view of the batch
                 self.store.put(key, rows[key])
         self.misses += len(miss_keys)

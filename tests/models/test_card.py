@@ -205,7 +205,7 @@ CASES = [
      dict(loops=make_loops(chunk_rollout=dataclasses.replace(
          base.loops["chunk_rollout"], attention="bidirectional"))),
      "loop 'chunk_rollout' is a chunk_rollout but its attention is "
-     "AttentionMode.BIDIRECTIONAL, not chunk_causal"),
+     "bidirectional, not chunk_causal"),
     ("schedule out of order",
      dict(loops=make_loops(diffusion_denoise=dataclasses.replace(
          base.loops["diffusion_denoise"], schedule=ScheduleSpec((500, 750, 0), 0.0)))),
@@ -381,8 +381,10 @@ def test_latent_geometry_of_wan_832x480():
     latent = LatentSpec(channels=16, temporal_stride=4, spatial_stride=8, patch=(1, 2, 2))
     assert latent.tokens_per_latent_frame(832, 480) == 1560
     assert latent.pixel_multiple == 16
-    assert [latent.pixel_frames(3, includes_first=True), latent.pixel_frames(3, includes_first=False),
-            latent.pixel_frames(21, includes_first=True)] == [9, 12, 81]
+    frames = [latent.pixel_frames(3, includes_first=True),
+              latent.pixel_frames(3, includes_first=False),
+              latent.pixel_frames(21, includes_first=True)]
+    assert frames == [9, 12, 81]
 
 
 def test_manifest_required_components_per_task():
@@ -390,3 +392,11 @@ def test_manifest_required_components_per_task():
     assert manifest.required_for("text_to_video") == ("dit", "vae")
     assert manifest.required_for("session.realtime") == ("dit", "vae")
     assert manifest.required_for("text_to_image") == ()
+
+
+def test_serving_checks_on_an_unvalidated_broken_card_raise_card_error():
+    card = make_card(recipe=dataclasses.replace(base.recipe, assumes_loop="ddim_50"))
+    with pytest.raises(CardError, match="recipe.assumes_loop 'ddim_50' is not one of"):
+        card.check_serving("chunk_rollout", "bf16")
+    with pytest.raises(CardError, match="recipe.assumes_loop 'ddim_50' is not one of"):
+        card.loop_for("text_to_video")

@@ -54,7 +54,7 @@ def reference_embeddings(encoder_dir: Path, tokenizer_dir: Path, prompts: list[s
     seq_lens = inputs.attention_mask.gt(0).sum(dim=1).long()
     with torch.no_grad():
         hidden = model(inputs.input_ids, inputs.attention_mask).last_hidden_state
-    rows = [u[:v] for u, v in zip(hidden, seq_lens)]
+    rows = [u[:v] for u, v in zip(hidden, seq_lens, strict=True)]
     return torch.stack([torch.cat([u, u.new_zeros(text_len - u.size(0), u.size(1))])
                         for u in rows])
 
@@ -283,6 +283,19 @@ def test_any_get_put_store_can_stand_in_for_the_runtime_cache(tiny):
     cached.encode(["fox"])
     assert store.log == ["get", "put", "get"]
     assert list(store.data) == [cached.key_for("fox")]
+
+
+def test_runtime_feature_cache_is_a_drop_in_store(tiny):
+    from runtime.pools import FeatureCache
+
+    store = FeatureCache(max_entries=1)
+    cached = make_cached(tiny, store)
+    fox = cached.encode(["a red fox"])
+    assert torch.equal(cached.encode(["a red fox"]), fox)
+    cached.encode(["blue whale"])  # evicts the fox: capacity 1
+    cached.encode(["a red fox"])
+    assert (cached.hits, cached.misses) == (1, 3)
+    assert (store.hits, store.misses, store.evictions) == (1, 3, 2)
 
 
 def test_lru_store_evicts_least_recently_used():
