@@ -130,14 +130,10 @@ export class LiveSession {
     this._onStats({ ...sample, pingRttMs: this.pingRttMs, acks: this.acks.summary(), server: this.server });
   }
 
-  /** Prompt: "switch" over the control channel; "cut" (a new segment) through REST. */
-  async prompt(text, mode = "switch") {
-    if (mode === "cut") {
-      this.acks.noteSent("cut");
-      return this.rest.prompt(text, "cut");
-    }
-    const sent = this.control.send({ type: "prompt", text });
-    if (sent) this.acks.noteSent("prompt");
+  /** Prompt over the control channel: mode "switch" (default) or "cut" (a new segment). */
+  prompt(text, mode = "switch") {
+    const sent = this.control.send(mode === "cut" ? { type: "prompt", text, mode } : { type: "prompt", text });
+    if (sent) this.acks.noteSent(mode === "cut" ? "cut" : "prompt");
     return sent;
   }
 

@@ -3,7 +3,8 @@
  * actions, push-to-talk, ratings, fork picker) and the views (state, stats, event log).
  *
  * window.dreamrt exposes the running app for tests and benchmarks: {state, session, pc, events,
- * frames (FrameClock), log (EventLog), start(prompt)}.
+ * frames (FrameClock), log (EventLog), start(prompt)}. Performance marks "dreamrt.start",
+ * "dreamrt.connected" (control channel open) and "dreamrt.first_frame" time the start-up.
  */
 
 import { ActionInput, isTextTarget } from "./action_input.js";
@@ -78,6 +79,7 @@ class App {
   async start(promptText) {
     await this._teardown();
     this.machine.transition(PageState.CONNECTING, "creating session");
+    performance.mark("dreamrt.start");
     this.firstFrameSeen = false;
     this.frames.reset();
     this.stats.clear();
@@ -96,6 +98,7 @@ class App {
       const phase = setTimeout(() => session === this.session && this.machine.state === PageState.CONNECTING && this.machine.transition(PageState.CONNECTING, "negotiating WebRTC"), 150);
       await session.open({ prompt: promptText });
       clearTimeout(phase);
+      performance.mark("dreamrt.connected");
     } catch (err) {
       if (session !== this.session) return;
       this.session = null;
@@ -149,6 +152,7 @@ class App {
       () => {
         if (session !== this.session || this.firstFrameSeen) return;
         this.firstFrameSeen = true;
+        performance.mark("dreamrt.first_frame");
         this.log.note("first_frame", { ms: Math.round(this.frames.firstFrameMs) });
         if (this.machine.state === PageState.CONNECTING) this._goLive();
       },
@@ -236,7 +240,7 @@ class App {
     });
   }
 
-  async _submitPrompt(mode) {
+  _submitPrompt(mode) {
     const text = this.prompt.value.trim();
     if (!text) {
       this.prompt.focus();
@@ -247,13 +251,8 @@ class App {
       this.start(text);
       return;
     }
-    try {
-      const result = await this.session.prompt(text, mode);
-      if (result === false) this._toast("prompt not sent: the control channel is not open");
-      else this.log.note("prompt_sent", { mode, text: text.length > 60 ? `${text.slice(0, 57)}…` : text });
-    } catch (err) {
-      this._toast(`prompt failed: ${err.message}`);
-    }
+    if (this.session.prompt(text, mode)) this.log.note("prompt_sent", { mode, text: text.length > 60 ? `${text.slice(0, 57)}…` : text });
+    else this._toast("prompt not sent: the control channel is not open");
   }
 
   _bindControls() {

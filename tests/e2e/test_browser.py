@@ -1,0 +1,149 @@
+"""The web page against the real server, in Debian's Chromium (issue 5).
+
+One server subprocess and one browser page per module: the page starts a session through its
+own UI, then each test drives one feature and checks only the events that follow its own
+action, so the tests do not depend on each other's order. A screenshot of the live page goes to
+``test-artifacts/browser-live.png``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.browser_harness import ChromiumMissingError, ServerProcess, launch_chromium, require_chromium
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO_ROOT / "test-artifacts"
+PROMPT = "a quiet harbour town at dusk, lanterns on the water"
+WATCH_S = 4.0
+
+FRAMES_DECODED_JS = """async () => {
+    const report = await window.dreamrt.pc.getStats();
+    for (const s of report.values()) if (s.type === 'inbound-rtp' && s.kind === 'video') return s.framesDecoded;
+    return 0;
+}"""
+
+# True once the page's events after index `since` contain an input.received of `kind` and the
+# `applied` event with the same seq: the two-phase ack of an input this page sent.
+ACKED_JS = """([since, kind, applied]) => {
+    const events = window.dreamrt.events.slice(since);
+    const seqs = new Set(events.filter((e) => e.type === 'input.received' && e.kind === kind).map((e) => e.seq));
+    return events.some((e) => e.type === applied && seqs.has(e.seq));
+}"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("browser-e2e")
+    with ServerProcess(root / "data", root / "server.log") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def live_page(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The page, started through its prompt box, once it shows decoded frames."""
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+    with sync_playwright() as playwright:
+        try:
+            context = launch_chromium(playwright, tmp_path_factory.mktemp("chromium-profile"))
+        except ChromiumMissingError as exc:
+            pytest.fail(str(exc))
+        page = context.pages[0] if context.pages else context.new_page()
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{server.url}/")
+        page.wait_for_function("window.dreamrt !== undefined")
+        page.fill("#prompt", PROMPT)
+        page.click("#prompt-submit")
+        try:
+            page.wait_for_function("window.dreamrt.state === 'live'", timeout=60_000)
+        except Exception:
+            state = page.evaluate("[window.dreamrt.state, document.getElementById('state-detail').textContent]")
+            pytest.fail(f"the page did not go live: {state}\nserver log:\n{server.log_tail()}")
+        yield page
+        context.close()
+    assert errors == [], f"uncaught errors in the page: {errors}"
+
+
+def _new_events_since(page: Any) -> int:
+    return int(page.evaluate("window.dreamrt.events.length"))
+
+
+def _wait_acked(page: Any, since: int, kind: str, applied: str, server: ServerProcess, timeout_ms: int = 20_000) -> None:
+    try:
+        page.wait_for_function(ACKED_JS, arg=[since, kind, applied], timeout=timeout_ms)
+    except Exception:
+        types = page.evaluate(f"window.dreamrt.events.slice({since}).map((e) => e.type + (e.kind ? ':' + e.kind : ''))")
+        pytest.fail(f"no {applied} for a {kind} input within {timeout_ms} ms; events: {types[-40:]}\n"
+                    f"server log:\n{server.log_tail()}")
+
+
+def test_debian_chromium_is_installed() -> None:
+    try:
+        require_chromium()
+    except ChromiumMissingError as exc:
+        pytest.fail(str(exc))
+
+
+def test_stream_decodes_at_the_session_fps(live_page: Any) -> None:
+    fps = live_page.evaluate("window.dreamrt.session.info.profile.fps")
+    assert fps > 0
+    start_frames = live_page.evaluate(FRAMES_DECODED_JS)
+    start_s = time.monotonic()
+    live_page.wait_for_timeout(WATCH_S * 1000)
+    frames = live_page.evaluate(FRAMES_DECODED_JS) - start_frames
+    watched_s = time.monotonic() - start_s
+    assert frames >= 0.8 * fps * watched_s, f"{frames} frames decoded in {watched_s:.2f} s at {fps} fps"
+    assert live_page.text_content("#stat-fps") != "–"
+
+
+def test_typed_prompt_is_applied(live_page: Any, server: ServerProcess) -> None:
+    since = _new_events_since(live_page)
+    live_page.fill("#prompt", "the same harbour under falling snow")
+    live_page.press("#prompt", "Enter")
+    _wait_acked(live_page, since, "prompt", "prompt.applied", server)
+    live_page.wait_for_function("document.getElementById('event-log').textContent.includes('prompt.applied')")
+    # The stats card shows the measured prompt -> applied latency at its next refresh (1 s).
+    live_page.wait_for_function("document.getElementById('stat-prompt-latency').textContent.endsWith('ms')")
+
+
+def test_held_key_is_applied(live_page: Any, server: ServerProcess) -> None:
+    since = _new_events_since(live_page)
+    sent_before = live_page.evaluate("window.dreamrt.app.actions.sentCount")
+    live_page.focus("#stage")
+    live_page.keyboard.down("d")
+    start_s = time.monotonic()
+    try:
+        _wait_acked(live_page, since, "action", "action.applied", server)
+        live_page.wait_for_timeout(max(0.0, 1.0 - (time.monotonic() - start_s)) * 1000)
+        held_s = time.monotonic() - start_s
+        sent = live_page.evaluate("window.dreamrt.app.actions.sentCount") - sent_before
+    finally:
+        live_page.keyboard.up("d")
+    assert sent >= 10 * held_s * 0.8, f"{sent} action messages in {held_s:.2f} s (want >= 10 Hz)"
+    live_page.wait_for_function("document.getElementById('stat-action-latency').textContent.endsWith('ms')")
+
+
+def test_screenshot_shows_the_stream_and_controls(live_page: Any) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    live_page.focus("#stage")
+    live_page.keyboard.down("w")
+    live_page.wait_for_timeout(600)
+    path = ARTIFACTS / "browser-live.png"
+    try:
+        live_page.screenshot(path=str(path))
+    finally:
+        live_page.keyboard.up("w")
+    assert path.stat().st_size > 20_000
+    assert live_page.evaluate("document.getElementById('video').videoWidth") > 0
+    assert live_page.get_attribute("body", "data-state") == "live"
+    for control in ("#prompt", "#prompt-submit", "#talk", "#rate-up", "#rate-down", "#fork", "#event-log"):
+        assert live_page.is_visible(control), control
