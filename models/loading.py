@@ -142,7 +142,11 @@ def load_transformer(
     if wrong:
         raise CheckpointShapeError(source, wrong)
 
-    state = {k: t.to(device=device, dtype=param_dtype(k, dtype)) for k, t in native.items()}
+    # copy=True: fresh, allocator-aligned storage. safetensors hands out tensors at whatever
+    # offset the file header leaves (CPU kernels then take other SIMD paths and results differ
+    # in the last bit) and torch.load(mmap=True) ones that keep the file mapped.
+    state = {k: t.to(device=device, dtype=param_dtype(k, dtype), copy=True)
+             for k, t in native.items()}
     model.load_state_dict(state, strict=False, assign=True)
     _materialise_hooks(model, device, dtype)
     log.info("loaded %s (%s format, %s) onto %s as %s", source, fmt, cfg.name, device, dtype)
