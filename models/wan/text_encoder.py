@@ -211,12 +211,13 @@ class UMT5TextEncoder:
         encoder_dir = Path(encoder_dir)
         if not (encoder_dir / "config.json").is_file():
             raise TextEncoderError(f"{str(encoder_dir)!r} has no config.json")
-        tokenizer = HFTokenizer.from_dir(tokenizer_dir)
-        model = UMT5EncoderModel.from_pretrained(str(encoder_dir), local_files_only=True,
-                                                 dtype=dtype)
-        if preset is not None and model.config.d_model != _preset(preset).text_dim:
-            raise TextEncoderError(f"{str(encoder_dir)!r} has d_model={model.config.d_model}, "
+        config = UMT5Config.from_pretrained(str(encoder_dir), local_files_only=True)
+        if preset is not None and config.d_model != _preset(preset).text_dim:
+            raise TextEncoderError(f"{str(encoder_dir)!r} has d_model={config.d_model}, "
                                    f"preset {preset!r} expects {_preset(preset).text_dim}")
+        tokenizer = HFTokenizer.from_dir(tokenizer_dir)
+        model = UMT5EncoderModel.from_pretrained(str(encoder_dir), config=config,
+                                                 local_files_only=True, dtype=dtype)
         return cls(model.to(device=device), tokenizer, text_len)
 
     @property
@@ -233,6 +234,9 @@ class UMT5TextEncoder:
 
     @property
     def precision(self) -> str:
+        if self.dtype not in _PRECISION_OF:
+            raise TextEncoderError(f"no precision name for dtype {self.dtype}; known: "
+                                   f"{sorted(_PRECISION_OF.values())}")
         return _PRECISION_OF[self.dtype]
 
     @property
