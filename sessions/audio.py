@@ -1,15 +1,12 @@
-"""Audio input: decode an upload, resample to 16 kHz mono, and compute per-video-frame features.
+"""Audio input: decode an upload (or a WebRTC audio track's frames) into 16 kHz mono float32.
 
 Accepted bodies (API.md ``POST /v1/sessions/{id}/audio``): raw PCM s16le mono at 16 kHz, or a
 RIFF/WAVE file (PCM 8/16/24/32-bit integer or IEEE float 32/64-bit, any channel count and
 rate; ``WAVE_FORMAT_EXTENSIBLE`` with those sub-formats). Channels are averaged to mono and the
 signal is resampled with a Kaiser-windowed sinc (band-limited to the lower Nyquist), so 44.1 or
-48 kHz microphones need no client-side work.
-
-Per-frame features (``frame_features``): one row per video frame of ``1 / fps`` seconds
-(the last partial frame is zero-padded): ``[rms_db, band_0 … band_{n-1}]`` where the bands are
-log energies (natural log, +1e-10) of ``n`` log-spaced bands between 50 Hz and 8 kHz.
-Shapes: samples ``[n]`` float32 in [-1, 1]; features ``[num_frames, 1 + n_bands]`` float32.
+48 kHz microphones need no client-side work. The per-frame conditioning features are the
+model's business (``models.loops.inputs.audio_features``, computed by the loop from these
+samples); sessions deliver clean 16 kHz mono samples ``[n]`` float32 in [-1, 1].
 Malformed input raises ``AudioFormatError`` naming what is wrong.
 """
 
@@ -26,7 +23,6 @@ __all__ = [
     "AudioClip",
     "AudioFormatError",
     "decode_audio",
-    "frame_features",
     "resample",
 ]
 
@@ -144,31 +140,4 @@ def resample(x: np.ndarray, from_hz: int, to_hz: int, *, half_taps: int = 16, be
         w = np.i0(beta * np.sqrt(1.0 - r * r)) / np.i0(beta)  # Kaiser window at distance d
         h = cutoff * np.sinc(cutoff * d) * w
         out[start : start + t.shape[0]] = (padded[idx + span] * h).sum(axis=1)
-    return out
-
-
-def frame_features(samples: np.ndarray, fps: int, *, n_bands: int = 8) -> np.ndarray:
-    """Per-video-frame features of 16 kHz mono audio (see module docstring).
-
-    # samples: [n] float32 -> [ceil(n * fps / 16000), 1 + n_bands] float32
-    """
-    if fps <= 0:
-        raise ValueError(f"fps must be positive, got {fps}")
-    hop = TARGET_RATE_HZ / fps
-    num_frames = math.ceil(samples.shape[0] / hop) if samples.shape[0] else 0
-    window = math.ceil(hop)
-    n_fft = 1 << max(6, (window - 1).bit_length())
-    freqs = np.fft.rfftfreq(n_fft, 1.0 / TARGET_RATE_HZ)  # [n_fft/2+1]
-    edges = np.geomspace(50.0, TARGET_RATE_HZ / 2, n_bands + 1)
-    band_of = np.digitize(freqs, edges) - 1  # [bins], -1 / n_bands for out-of-range bins
-    padded = np.concatenate([samples, np.zeros(window + 1, np.float32)])
-    out = np.zeros((num_frames, 1 + n_bands), dtype=np.float32)
-    for i in range(num_frames):
-        start = int(round(i * hop))
-        seg = padded[start : start + window]  # [window]
-        rms = math.sqrt(float(np.mean(seg.astype(np.float64) ** 2)))
-        out[i, 0] = 20.0 * math.log10(rms + 1e-10)
-        power = np.abs(np.fft.rfft(seg, n_fft)) ** 2
-        for band in range(n_bands):
-            out[i, 1 + band] = math.log(float(power[band_of == band].sum()) + 1e-10)
     return out

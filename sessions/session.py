@@ -43,7 +43,7 @@ import numpy as np
 
 from models.loops.requests import PTS_HZ
 from runtime.contract import Cancelled, Emission, InputEvent, LoopFailed, LoopResult
-from sessions.audio import AudioClip, frame_features
+from sessions.audio import AudioClip
 from sessions.events import (
     ActionApplied,
     AudioApplied,
@@ -67,6 +67,7 @@ __all__ = [
     "Session",
     "SessionClosedError",
     "SessionConfig",
+    "InvalidInputError",
     "SessionStateError",
     "UnsupportedInputError",
     "frames_digest",
@@ -115,6 +116,10 @@ class UnsupportedInputError(ValueError):
     """The session's model card does not declare the capability this input needs."""
 
 
+class InvalidInputError(ValueError):
+    """The input's payload is not one the model accepts (e.g. an unknown action key)."""
+
+
 def frames_digest(frames: np.ndarray) -> str:
     """First 16 hex chars of sha256 over uint8 ``[n, H, W, 3]`` frames in C order."""
     return hashlib.sha256(np.ascontiguousarray(frames).tobytes()).hexdigest()[:16]
@@ -134,6 +139,8 @@ class SessionConfig:
     priority_class: Literal["realtime", "batch"]
     capabilities: frozenset[str]
     record_template: Mapping[str, Any] = field(default_factory=dict)  # static behaviour-record fields
+    # The model's check of an action (keys, (dx, dy)) -> canonical keys; raises ValueError.
+    action_validator: Callable[[list[str], tuple[float, float]], list[str]] | None = None
 
 
 class Session:
@@ -173,6 +180,7 @@ class Session:
         self.chunks_generated = 0
         self.frames_sent = 0
         self.stalls = 0
+        self.audio_samples_in = 0
         self._fresh_times: collections.deque[float] = collections.deque()
         self.error: str | None = None
         self.events.publish(SessionStateChanged(state=self._state.value))
@@ -408,19 +416,19 @@ class Session:
     def push_action(self, keys: list[str], mouse: tuple[float, float] | None = None) -> int:
         self._require_capability("input.action", "actions")
         dx, dy = mouse if mouse is not None else (0.0, 0.0)
-        return self._push("action", {"keys": list(keys), "mouse": [float(dx), float(dy)]}, "action")
+        keys = list(keys)
+        if self.config.action_validator is not None:
+            try:
+                keys = self.config.action_validator(keys, (float(dx), float(dy)))
+            except ValueError as exc:
+                raise InvalidInputError(str(exc)) from None
+        return self._push("action", {"keys": keys, "mouse": [float(dx), float(dy)]}, "action")
 
     def push_audio(self, clip: AudioClip) -> int:
-        """Queues 16 kHz mono audio with its per-video-frame features (see ``sessions.audio``)."""
+        """Queues 16 kHz mono audio (``models.loops.requests``: ``{"samples": [...]}``)."""
         self._require_capability("input.audio", "audio")
-        features = frame_features(clip.samples, self.config.fps)
-        payload = {
-            "samples": clip.samples.tolist(),
-            "sample_rate": 16_000,
-            "fps": self.config.fps,
-            "frame_features": features.tolist(),
-        }
-        return self._push("audio", payload, None)
+        self.audio_samples_in += clip.samples.shape[0]
+        return self._push("audio", {"samples": clip.samples.tolist()}, None)
 
     def _require_capability(self, capability: str, what: str) -> None:
         if capability not in self.config.capabilities:
@@ -522,6 +530,7 @@ class Session:
             "profile": {"fps": self.config.fps, "width": self.config.width, "height": self.config.height},
             "chunks": self.chunks_generated,
             "media_dropped": self.media.dropped_overflow,
+            "audio_seconds_in": round(self.audio_samples_in / 16_000, 3),
             "error": self.error,
         }
 

@@ -5,7 +5,7 @@ import wave
 import numpy as np
 import pytest
 
-from sessions.audio import TARGET_RATE_HZ, AudioFormatError, decode_audio, frame_features, resample
+from sessions.audio import TARGET_RATE_HZ, AudioFormatError, decode_audio, resample
 
 
 def sine(freq_hz: float, rate_hz: int, seconds: float) -> np.ndarray:
@@ -71,15 +71,3 @@ def test_malformed_audio_is_a_typed_error() -> None:
         decode_audio(b"\x00\x00", content_type="audio/wav")
     with pytest.raises(AudioFormatError, match="fmt"):
         decode_audio(b"RIFF\x04\x00\x00\x00WAVE")
-
-
-def test_frame_features_one_row_per_video_frame_and_track_loudness() -> None:
-    loud_then_quiet = np.concatenate([sine(440, 16000, 0.5), np.zeros(8000, np.float32)])
-    feats = frame_features(loud_then_quiet, fps=8, n_bands=8)
-    assert feats.shape == (8, 9) and feats.dtype == np.float32
-    assert (feats[:4, 0] > -10).all() and (feats[4:, 0] < -150).all()
-    band_440 = int(np.argmax(feats[0, 1:]))
-    assert np.all(np.argmax(feats[:4, 1:], axis=1) == band_440)
-    assert frame_features(np.zeros(2001, np.float32), fps=8).shape[0] == 2  # partial frame padded
-    with pytest.raises(ValueError, match="fps"):
-        frame_features(loud_then_quiet, fps=0)

@@ -6,6 +6,7 @@ import pytest
 from runtime.contract import Emission, EmitSpec
 from sessions.audio import AudioClip
 from sessions.session import (
+    InvalidInputError,
     Session,
     SessionClosedError,
     SessionConfig,
@@ -156,15 +157,15 @@ async def test_inputs_need_the_capability_and_an_open_session() -> None:
         session.push_prompt("x")
 
 
-async def test_audio_reaches_the_loop_with_per_frame_features() -> None:
+async def test_audio_reaches_the_loop_as_16k_samples() -> None:
     session = make_session()
     handle = FakeHandle()
     session.attach(handle)
     seq = session.push_audio(AudioClip(np.zeros(4000, np.float32), 16000, 1))
     payload = handle.inputs[-1].payload
     assert handle.inputs[-1].kind == "audio" and handle.inputs[-1].seq == seq
-    assert len(payload["samples"]) == 4000 and payload["sample_rate"] == 16000
-    assert len(payload["frame_features"]) == 2 and len(payload["frame_features"][0]) == 9  # 0.25 s at 8 fps
+    assert payload == {"samples": [0.0] * 4000}
+    assert session.snapshot()["audio_seconds_in"] == 0.25
     session.on_emission(applied("audio", seq, chunk=3, pts=135000))
     assert event_types(session)[-1] == "audio.applied"
     await session.close()
@@ -233,4 +234,21 @@ async def test_fps_measured_counts_fresh_frames_and_stalls_count_repeats() -> No
     clock.t = 1.0
     assert session.stalls == 1 and session.frames_sent == 9
     assert session.fps_measured() == pytest.approx(7 / 1.0)
+    await session.close()
+
+
+async def test_actions_are_checked_by_the_models_validator_before_reaching_the_loop() -> None:
+    def validator(keys, mouse):
+        if "x" in keys:
+            raise ValueError("unknown action key 'x'")
+        return [k.lower() for k in keys]
+
+    session = make_session(action_validator=validator)
+    handle = FakeHandle()
+    session.attach(handle)
+    with pytest.raises(InvalidInputError, match="unknown action key 'x'"):
+        session.push_action(["W", "x"])
+    assert handle.inputs == [] and event_types(session) == ["session.state"]
+    session.push_action(["W"])
+    assert handle.inputs[-1].payload == {"keys": ["w"], "mouse": [0.0, 0.0]}
     await session.close()
