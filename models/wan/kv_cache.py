@@ -108,6 +108,30 @@ class ChunkKVCache:
             tokens_per_frame,
         )
 
+    @classmethod
+    def restore(
+        cls,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        valid: torch.Tensor,
+        sink_frames: int,
+        window_frames: int,
+        tokens_per_frame: int,
+        *,
+        slot_positions: list[int | None],
+        frames_written: int,
+    ) -> ChunkKVCache:
+        """A cache over existing buffers and bookkeeping (a loop state's fields; no copies)."""
+        cache = cls(k, v, valid, sink_frames, window_frames, tokens_per_frame)
+        if len(slot_positions) != cache.capacity_frames or frames_written < 0:
+            raise CacheShapeError(
+                f"{len(slot_positions)} slot positions and frames_written={frames_written} do "
+                f"not fit S={sink_frames} W={window_frames}"
+            )
+        cache.slot_positions = list(slot_positions)
+        cache._frames_written = frames_written
+        return cache
+
     @staticmethod
     def bytes_for(
         config: WanDiTConfig,

@@ -202,3 +202,26 @@ def test_rejects_impossible_geometry_and_mismatched_chunks() -> None:
         model.forward_chunk(torch.randn(1, 16, 2, 4, 8), torch.zeros(1), cross, cache, 0)
     with pytest.raises(InputShapeError, match="batch 2"):
         model.forward_chunk(latents(CHUNK, batch=2), torch.zeros(2), cross, cache, 0)
+
+
+@torch.no_grad()
+def test_restore_rebuilds_a_cache_from_its_snapshot_fields() -> None:
+    model = make_model()
+    cache = make_cache(model, sink=1, window=2)
+    cross = model.cross_kv(torch.randn(1, 4, 20))
+    x = latents(3 * CHUNK, seed=7)
+    for i in range(2):
+        model.forward_chunk(x[:, :, i * CHUNK:(i + 1) * CHUNK], torch.zeros(1), cross, cache,
+                            i * CHUNK, write_cache=True)
+    twin = cache.clone()
+    restored = ChunkKVCache.restore(twin.k, twin.v, twin.valid, 1, 2, TOKENS,
+                                    slot_positions=twin.slot_positions,
+                                    frames_written=twin.frames_written)
+    last = x[:, :, 2 * CHUNK:]
+    a = model.forward_chunk(last, torch.zeros(1), cross, cache, 2 * CHUNK, write_cache=True)
+    b = model.forward_chunk(last, torch.zeros(1), cross, restored, 2 * CHUNK, write_cache=True)
+    assert torch.equal(a, b) and restored.slot_positions == cache.slot_positions
+    assert restored.k is twin.k  # no copy: the loop state's tensors are the cache
+    with pytest.raises(CacheShapeError, match="2 slot positions"):
+        ChunkKVCache.restore(twin.k, twin.v, twin.valid, 1, 2, TOKENS, slot_positions=[0, 1],
+                             frames_written=2)
