@@ -5,8 +5,14 @@
  * sent every `periodMs` (default 50 ms = 20 Hz, above the 10 Hz the server latches per chunk);
  * a newly pressed key is sent at once, and one empty action ({"keys":[],"mouse":[0,0]}) follows
  * the release of the last key so the world stops. Keys are named by physical position
- * (KeyboardEvent.code), so WASD works on any layout. `mouse` is the drag since the previous
- * message in source-video pixels (CSS pixels scaled by videoWidth / clientWidth).
+ * (KeyboardEvent.code), so WASD works on any layout; the names are the model's (w a s d q e
+ * shift; arrows as up/left/down/right, which the server aliases to WASD).
+ *
+ * `mouse` is a drag *rate*: the pointer movement of the last `mouseWindowMs` in source-video
+ * pixels (CSS pixels scaled by videoWidth / clientWidth). The server latches one action per
+ * chunk (latest wins) and reads mouse as pixels per chunk, so the page sets the window to the
+ * chunk duration (setMouseWindowMs) and a drag that stops moving decays to [0, 0] by itself.
+ * Releasing the pointer clears the window at once.
  *
  * Keys typed into text fields, and keys with Ctrl/Alt/Meta held, are never actions. Losing focus
  * or visibility releases everything, so no key stays stuck.
@@ -17,6 +23,10 @@ export const ACTION_KEYS = Object.freeze({
   KeyA: "a",
   KeyS: "s",
   KeyD: "d",
+  KeyQ: "q",
+  KeyE: "e",
+  ShiftLeft: "shift",
+  ShiftRight: "shift",
   ArrowUp: "up",
   ArrowLeft: "left",
   ArrowDown: "down",
@@ -38,7 +48,7 @@ export class ActionInput {
    * `send(message) -> boolean` delivers one action; `stage` receives drags; `video` scales them;
    * `onChange(keys, dragging)` lets the view highlight held keys.
    */
-  constructor({ send, stage, video, onChange = () => {}, periodMs = 50, keyTarget = window }) {
+  constructor({ send, stage, video, onChange = () => {}, periodMs = 50, mouseWindowMs = 250, keyTarget = window }) {
     this._send = send;
     this._stage = stage;
     this._video = video;
@@ -48,7 +58,8 @@ export class ActionInput {
     this._held = new Set();
     this._dragging = false;
     this._pointerId = null;
-    this._mouse = [0, 0];
+    this._moves = []; // [atMs, dx, dy] within the mouse window
+    this._mouseWindowMs = mouseWindowMs;
     this._timer = null;
     this._wasActive = false;
     this.enabled = false;
@@ -87,9 +98,15 @@ export class ActionInput {
     this._timer = null;
   }
 
-  /** Keys currently held, in a stable order. */
+  /** The drag window: how much recent movement one message reports (the chunk duration). */
+  setMouseWindowMs(windowMs) {
+    if (!(windowMs > 0)) throw new RangeError(`mouse window must be > 0 ms, got ${windowMs}`);
+    this._mouseWindowMs = windowMs;
+  }
+
+  /** Keys currently held, in a stable order (no duplicates: both Shift keys are "shift"). */
   get keys() {
-    return Object.values(ACTION_KEYS).filter((k) => this._held.has(k));
+    return [...new Set(Object.values(ACTION_KEYS))].filter((k) => this._held.has(k));
   }
 
   get active() {
@@ -111,6 +128,7 @@ export class ActionInput {
     if (!this._held.size && !this._dragging) return;
     this._held.clear();
     this._dragging = false;
+    this._moves = [];
     this._onChange(this.keys, false);
     this._flush();
   }
@@ -132,39 +150,53 @@ export class ActionInput {
     if (!this.enabled || event.button !== 0 || this._dragging) return;
     this._dragging = true;
     this._pointerId = event.pointerId;
-    this._stage.setPointerCapture?.(event.pointerId);
+    try {
+      this._stage.setPointerCapture(event.pointerId);
+    } catch {
+      // A pointer that is no longer active cannot be captured; the drag still works inside the stage.
+    }
     this._onChange(this.keys, true);
   }
 
   _pointerMove(event) {
     if (!this._dragging || event.pointerId !== this._pointerId) return;
     const scale = this._video.videoWidth && this._video.clientWidth ? this._video.videoWidth / this._video.clientWidth : 1;
-    this._mouse[0] += event.movementX * scale;
-    this._mouse[1] += event.movementY * scale;
+    this._moves.push([performance.now(), event.movementX * scale, event.movementY * scale]);
   }
 
   _pointerUp(event) {
     if (!this._dragging || event.pointerId !== this._pointerId) return;
     this._dragging = false;
-    this._stage.releasePointerCapture?.(event.pointerId);
+    this._moves = [];
+    if (this._stage.hasPointerCapture?.(event.pointerId)) this._stage.releasePointerCapture(event.pointerId);
     this._onChange(this.keys, false);
     this._flush();
   }
 
   _tick() {
-    if (this.active || this._mouse[0] || this._mouse[1]) this._flush();
+    if (this.active) this._flush();
+  }
+
+  /** Movement within the window, in source pixels, rounded to 0.01. */
+  _mouseRate() {
+    const since = performance.now() - this._mouseWindowMs;
+    this._moves = this._moves.filter(([atMs]) => atMs >= since);
+    const sum = [0, 0];
+    for (const [, dx, dy] of this._moves) {
+      sum[0] += dx;
+      sum[1] += dy;
+    }
+    return sum.map((v) => Math.round(v * 100) / 100 || 0);
   }
 
   /** Send the current action now; the first idle message after activity is the release. */
   _flush() {
     if (!this.enabled) return;
     const active = this.active;
-    if (!active && !this._wasActive && !this._mouse[0] && !this._mouse[1]) return;
-    const mouse = this._mouse.map((v) => Math.round(v * 100) / 100);
-    const message = { type: "action", keys: this.keys, mouse };
+    if (!active && !this._wasActive) return;
+    const message = { type: "action", keys: this.keys, mouse: this._mouseRate() };
     if (this._send(message)) {
       this.sentCount += 1;
-      this._mouse = [0, 0];
       this._wasActive = active;
     }
   }

@@ -177,6 +177,8 @@ class App {
         this.machine.transition(next, "");
         this.actions.enabled = next === PageState.LIVE;
       }
+    } else if (event.type === "media.chunk" && event.frames > 0 && event.fps > 0) {
+      this.actions.setMouseWindowMs((1000 * event.frames) / event.fps);
     } else if (event.type === "error") {
       this._toast(`${event.code ?? "error"}: ${event.message ?? ""}`);
     }

@@ -193,7 +193,7 @@ def test_action_input_sends_at_20_hz_while_held_then_one_release(page: Any) -> N
         const key = (type, code, target = keys, extra = {}) =>
             target.dispatchEvent(new KeyboardEvent(type, { code, bubbles: true, ...extra }));
         key('keydown', 'KeyW', text);              // typing in a text field: not an action
-        key('keydown', 'KeyQ');                    // not an action key
+        key('keydown', 'KeyZ');                    // not an action key
         key('keydown', 'KeyW', keys, { ctrlKey: true });
         const ignored = sent.length;
         const t0 = performance.now();
@@ -223,6 +223,44 @@ def test_action_input_sends_at_20_hz_while_held_then_one_release(page: Any) -> N
         {"type": "action", "keys": ["left"], "mouse": [0, 0]},
         {"type": "action", "keys": [], "mouse": [0, 0]},
     ]
+
+
+def test_action_input_reports_drag_rate_over_the_chunk_window(page: Any) -> None:
+    result = page.evaluate(
+        """async () => {
+        const { ActionInput } = await import('/action_input.js');
+        const stage = document.createElement('div');
+        document.body.append(stage);
+        const sent = [];
+        const input = new ActionInput({ send: (m) => { sent.push(m); return true; }, stage,
+                                        video: document.createElement('video'), keyTarget: stage, periodMs: 20 });
+        input.setMouseWindowMs(150);
+        input.start();
+        input.enabled = true;
+        const pointer = (type, extra = {}) => stage.dispatchEvent(new PointerEvent(type, { pointerId: 7, button: 0, bubbles: true, ...extra }));
+        const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+        pointer('pointerdown');
+        for (let i = 0; i < 3; i += 1) pointer('pointermove', { movementX: 10, movementY: -4 });
+        await sleep(50);
+        const moving = sent.at(-1);
+        await sleep(250);                      // still dragging, no movement for > 150 ms
+        const resting = sent.at(-1);
+        const count = sent.length;
+        pointer('pointerup');
+        const release = sent.slice(count);
+        await sleep(100);
+        input.stop();
+        stage.remove();
+        let bad = null;
+        try { input.setMouseWindowMs(0); } catch (err) { bad = err.message; }
+        return { moving, resting, release, after: sent.length - count, bad };
+    }"""
+    )
+    assert result["moving"] == {"type": "action", "keys": [], "mouse": [30, -12]}
+    assert result["resting"] == {"type": "action", "keys": [], "mouse": [0, 0]}
+    assert result["release"] == [{"type": "action", "keys": [], "mouse": [0, 0]}]
+    assert result["after"] == 1
+    assert result["bad"] == "mouse window must be > 0 ms, got 0"
 
 
 def test_page_state_machine_allows_the_table_and_names_illegal_moves(page: Any) -> None:
