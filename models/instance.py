@@ -1,0 +1,244 @@
+"""A resident, loaded model: a card's components bound to a device, and the loops that drive them.
+
+``load_instance(card)`` validates the card before any weight loads, checks that the serving
+precision is one the recipe allows, then builds the components (seeded random weights for
+``weights="random"`` cards; a checkpoint directory laid out as the card's manifest says
+otherwise) and the step ops. One instance serves every session and job of its card: it holds
+weights and ops only, never per-request state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.card import ModelCard, Profile
+from models.loops.inputs import ACTION_DIM, AUDIO_DIM
+from models.loops.ops import (
+    ChunkDenoiseOp,
+    DecodeOp,
+    DiffusionStepOp,
+    KVWriteOp,
+    TextEmbedOp,
+    TextEncodeOp,
+)
+from models.wan.config import WanDiTConfig
+from models.wan.kv_cache import ChunkKVCache
+from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache, UMT5TextEncoder
+from models.wan.transformer import WanDiT, dit_flops
+from models.wan.vae import WanVAE
+from models.wan.vae_config import WanVAEConfig
+
+__all__ = ["InstanceError", "WanInstance", "load_instance"]
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class InstanceError(RuntimeError):
+    """A card that cannot be instantiated here (names the card and the reason)."""
+
+
+class WanInstance:
+    """A loaded Wan-family card (implements ``runtime.contract.ModelState``).
+
+    ``dit``/``vae``/``text`` are the components; the ``*_op`` attributes are the StepOps the
+    loops put into their WorkPlans. Sizing helpers (``kv_slab_bytes``, ``peak_bytes``,
+    ``chunk_flops``) serve admission before a session is admitted.
+    """
+
+    def __init__(self, card: ModelCard, dit: WanDiT, vae: WanVAE, text: CachedTextEncoder, *,
+                 device: torch.device, precision: str) -> None:
+        self.card = card
+        self.instance_id = f"{card.model_id}@{device}"
+        self.dit = dit
+        self.vae = vae
+        self.text = text
+        self.device = device
+        self.precision = precision
+        self.dtype = _DTYPES[precision]
+        self.latent = card.latent
+        self.text_len = dit.config.text_len
+        self.components = {"dit": dit, "vae": vae, "text_encoder": text}
+        self.text_encode_op = TextEncodeOp(text.encode, dit)
+        self.text_embed_op = TextEmbedOp(text.encode)
+        self.chunk_step_op = ChunkDenoiseOp(dit)
+        self.kv_write_op = KVWriteOp(dit)
+        self.decode_op = DecodeOp(vae)
+        self.diffusion_step_op = DiffusionStepOp(dit)
+
+    # ---------------------------------------------------------------------------------------
+    # loops
+
+    def loop(self, loop_id: str) -> Any:
+        """The Loop serving ``loop_id``; raises ``RecipeMismatchError`` if the card's recipe
+        does not allow it at this instance's precision."""
+        spec = self.card.check_serving(loop_id, self.precision)
+        from models.loops.chunk_rollout import ChunkRollout
+        from models.loops.diffusion_denoise import DiffusionDenoise
+
+        if spec.kind.value == "chunk_rollout":
+            return ChunkRollout(self)
+        if spec.kind.value == "diffusion_denoise":
+            if spec.attention is not None and spec.attention.value == "chunk_causal":
+                # A causal card samples jobs the way its recipe trained: chunk by chunk.
+                return ChunkRollout(self)
+            return DiffusionDenoise(self, spec)
+        raise InstanceError(f"card {self.card.model_id!r}: loop {loop_id!r} ({spec.kind.value})"
+                            " is a helper loop, run inside chunk_rollout/diffusion_denoise")
+
+    # ---------------------------------------------------------------------------------------
+    # geometry and sizing
+
+    def kv_geometry(self, chunk_latent_frames: int) -> tuple[int, int]:
+        """(sink frames, ring frames) of a session's K/V cache. The card's window counts the
+        chunk being generated, which attends to itself outside the cache."""
+        contract = self.card.caches["chunk_kv"]
+        ring = contract.window_latent_frames - chunk_latent_frames
+        if ring < 1:
+            raise InstanceError(
+                f"card {self.card.model_id!r}: window of {contract.window_latent_frames} latent "
+                f"frames leaves no room for history beyond a {chunk_latent_frames}-frame chunk")
+        return contract.sink_latent_frames, ring
+
+    def tokens_per_frame(self, latent_h: int, latent_w: int) -> int:
+        return self.dit.config.tokens_per_frame(latent_h, latent_w)
+
+    def new_kv_cache(self, sink: int, ring: int, latent_h: int, latent_w: int) -> ChunkKVCache:
+        return ChunkKVCache.allocate(
+            self.dit.config, batch=1, sink_frames=sink, window_frames=ring,
+            tokens_per_frame=self.tokens_per_frame(latent_h, latent_w), device=self.device,
+            dtype=self.dtype)
+
+    def _latent_hw(self, profile: Profile) -> tuple[int, int]:
+        s = self.latent.spatial_stride
+        return profile.height // s, profile.width // s
+
+    def kv_slab_bytes(self, profile: Profile) -> int:
+        """Bytes one session holds for its whole life: K/V cache, decoder cache, cached latents."""
+        lh, lw = self._latent_hw(profile)
+        sink, ring = self.kv_geometry(profile.chunk_latent_frames)
+        kv = ChunkKVCache.bytes_for(self.dit.config, sink, ring, self.tokens_per_frame(lh, lw),
+                                    self.dtype)
+        dec = self.vae.decoder_cache_bytes(1, lh, lw, self.dtype)
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        window = self.latent.channels * (sink + ring) * lh * lw * itemsize
+        cross = 2 * self.dit.config.num_layers * self.text_len * self.dit.config.dim * itemsize
+        return kv + dec + window + cross
+
+    def peak_bytes(self, profile: Profile) -> int:
+        """Activation high-water mark of one chunk step (an estimate: the largest attention
+        score block plus a few token-wide buffers), for admission."""
+        lh, lw = self._latent_hw(profile)
+        sink, ring = self.kv_geometry(profile.chunk_latent_frames)
+        t = self.tokens_per_frame(lh, lw)
+        q, kv = profile.chunk_latent_frames * t, (sink + ring + profile.chunk_latent_frames) * t
+        cfg = self.dit.config
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        scores = cfg.num_heads * q * kv * 4  # fp32 scores when no fused kernel is used
+        tokens = 8 * q * max(cfg.dim, cfg.ffn_dim) * itemsize
+        return scores + tokens
+
+    def chunk_flops(self, profile: Profile) -> float:
+        """DiT FLOPs of one chunk (all denoise steps plus the KV update)."""
+        lh, lw = self._latent_hw(profile)
+        sink, ring = self.kv_geometry(profile.chunk_latent_frames)
+        t = self.tokens_per_frame(lh, lw)
+        q = profile.chunk_latent_frames * t
+        per = dit_flops(self.dit.config, q, (sink + ring) * t + q, self.text_len)
+        return per * (profile.steps + 1)
+
+    def chunk_seconds(self, profile: Profile) -> float:
+        """Media seconds one steady-state chunk covers."""
+        frames = self.latent.pixel_frames(profile.chunk_latent_frames, includes_first=False)
+        return frames / profile.fps
+
+
+def _pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InstanceError("device 'cuda' requested but CUDA is not available")
+    return torch.device(device)
+
+
+def _pick_precision(card: ModelCard, device: torch.device, precision: str | None) -> str:
+    if precision is not None:
+        return precision
+    assumed = card.recipe.assumes_precision
+    # CPUs run bf16 matmuls slowly and fp16 poorly: serve in fp32 there when the card allows.
+    if device.type == "cpu" and "fp32" in card.precision.allowed:
+        return "fp32"
+    return assumed
+
+
+def _randomize_hooks(dit: WanDiT, seed: int) -> None:
+    """Random cards get non-zero action/audio hooks so inputs visibly change the output (real
+    checkpoints start them at zero, an exact no-op, and train them)."""
+    generator = torch.Generator().manual_seed(seed)
+    for hook in (dit.action_embedding, dit.audio_embedding):
+        if hook is None:
+            continue
+        for p in hook.parameters():
+            p.data.copy_(torch.randn(p.shape, generator=generator) * 0.5)
+
+
+def load_instance(card: ModelCard, *, device: str = "auto", precision: str | None = None,
+                  checkpoint_dir: str | Path | None = None, seed: int = 0) -> WanInstance:
+    """Validate ``card`` and build its components (see module docstring)."""
+    card.validate()
+    dev = _pick_device(device)
+    prec = _pick_precision(card, dev, precision)
+    card.check_serving(card.recipe.assumes_loop, prec)
+    dtype = _DTYPES[prec]
+    dit_spec = card.components["dit"]
+    hooks = {"action_dim": ACTION_DIM if "action" in dit_spec.conditioning else 0,
+             "audio_dim": AUDIO_DIM if "audio" in dit_spec.conditioning else 0}
+    if card.weights.value == "random":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            dit = WanDiT(WanDiTConfig.preset(dit_spec.preset).replace(**hooks))
+            vae = WanVAE(WanVAEConfig.preset(card.components["vae"].preset))
+        _randomize_hooks(dit, seed)
+        encoder = UMT5TextEncoder.from_preset(card.components["text_encoder"].preset, seed=seed,
+                                              device=dev, dtype=dtype)
+    else:
+        dit, vae, encoder = _load_checkpoint(card, checkpoint_dir, dev, dtype)
+    dit = dit.to(device=dev).eval()
+    _cast_dit(dit, dtype)
+    vae = vae.to(device=dev, dtype=dtype).eval()
+    text = CachedTextEncoder(encoder, TextEmbeddingCache(), model_id=card.model_id,
+                             weights_version=card.weights_version)
+    return WanInstance(card, dit, vae, text, device=dev, precision=prec)
+
+
+def _cast_dit(dit: WanDiT, dtype: torch.dtype) -> None:
+    from models.wan.transformer import param_dtype
+
+    for name, p in dit.named_parameters():
+        p.data = p.data.to(param_dtype(name, dtype))
+
+
+def _load_checkpoint(card: ModelCard, checkpoint_dir: str | Path | None, device: torch.device,
+                     dtype: torch.dtype) -> tuple[WanDiT, WanVAE, UMT5TextEncoder]:
+    from models.loading import load_transformer, load_vae
+
+    if checkpoint_dir is None:
+        raise InstanceError(
+            f"card {card.model_id!r} has {card.weights.value} weights: pass the checkpoint "
+            f"directory (components {sorted(card.checkpoint.components)})")
+    root = Path(checkpoint_dir)
+    entries = card.checkpoint.components
+    missing = [f"{c} ({e.path_hint})" for c, e in entries.items()
+               if not (root / e.path_hint).exists()]
+    if missing:
+        raise InstanceError(f"checkpoint {str(root)!r} for card {card.model_id!r} lacks: "
+                            + ", ".join(missing))
+    dit = load_transformer(root / entries["dit"].path_hint, device=device, dtype=dtype)
+    vae = load_vae(root / entries["vae"].path_hint, device=device, dtype=dtype)
+    encoder = UMT5TextEncoder.from_pretrained(
+        root / entries["text_encoder"].path_hint, root / entries["tokenizer"].path_hint,
+        text_len=dit.config.text_len, preset=card.components["text_encoder"].preset,
+        device=device, dtype=dtype)
+    return dit, vae, encoder

@@ -1,0 +1,386 @@
+"""``chunk_rollout``: chunk-causal, KV-cached generation of an unbounded stream (sessions).
+
+Per chunk (``c`` latent frames) the loop plans, in order::
+
+    text_encode   only when the prompt changed (cross-attention K/V of the new prompt)
+    kv_recache    only after a prompt *switch*: the cached frames' K/V recomputed under the new
+                  prompt (LongLive), so the stream continues smoothly in the new direction
+    chunk_step    x steps of the card's schedule: predict x0, re-noise with fresh noise
+    kv_update     the clean chunk at t=0 through the DiT, its K/V written into the rolling cache
+    vae_decode    the chunk through the causal VAE decoder (per-session feature cache) -> frames,
+                  emitted on "media" with their PTS, plus the "applied" acks of inputs it reflects
+
+Live inputs (``absorb``) are latched for the *next* chunk: a prompt switch, the latest action
+(none -> no-op), the audio that arrived. A *cut* abandons the in-flight chunk at the next step
+boundary (unless its K/V is already written) and restarts it under the new prompt as a new
+segment, continuing from the session's chunk-KV without a re-cache.
+
+Every tensor of a session lives in ``ChunkRolloutState`` (K/V cache, decoder cache, latents,
+cross K/V, the clean latents of the cached frames for re-caching), so a state can be
+snapshotted at any step boundary and resumed in another process. Noise is a pure function of
+(seed, segment, chunk, step), so interleaving and resuming never change a frame.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from models.loops.inputs import AUDIO_SAMPLE_RATE, action_vector, audio_features
+from models.loops.ops import ChunkDenoiseArgs, DecodeArgs, KVWriteArgs
+from models.loops.requests import JobRequest, SessionRequest, pts_of_frame
+from models.loops.sampling import noise_seed, sigma_steps
+from models.wan.kv_cache import ChunkKVCache
+from models.wan.transformer import CrossKV, dit_flops
+from models.wan.vae_cache import DecoderCache
+from runtime.contract import (
+    Done,
+    EmitSpec,
+    Followup,
+    InputEvent,
+    LoopContext,
+    LoopResult,
+    LoopState,
+    PlanKind,
+    StepResult,
+    WorkPlan,
+)
+
+if TYPE_CHECKING:
+    from models.instance import WanInstance
+
+__all__ = ["ChunkRollout", "ChunkRolloutState", "Phase"]
+
+# Audio kept waiting for the next chunks at most this long; older samples are dropped.
+MAX_AUDIO_BACKLOG_S = 2.0
+
+
+class Phase(str, enum.Enum):
+    START = "start"  # chunk boundary: text encode / re-cache if needed, then denoise
+    DENOISE = "denoise"
+    KV_UPDATE = "kv_update"
+    DECODE = "decode"
+
+
+class ChunkRolloutState(LoopState, kw_only=True):
+    """All of one stream's state (see module docstring). Shapes: C latent channels, c latent
+    frames per chunk, (h, w) latent grid, S sink + W ring frames in the K/V cache."""
+
+    loop_id: str
+    seed: int
+    fps: int
+    width: int
+    height: int
+    chunk_frames: int
+    latent_h: int
+    latent_w: int
+    max_chunks: int | None = None
+    collect_frames: bool = False
+    target_frames: int | None = None  # jobs: frames to return (the last chunk may overshoot)
+    # progress
+    phase: Phase = Phase.START
+    chunk: int = 0
+    segment: int = 0
+    denoise_step: int = 0
+    frame_start: int = 0  # absolute latent frame index (RoPE position) of the current chunk
+    frames_emitted: int = 0
+    plans_done: int = 0
+    # prompt memory
+    prompt: str
+    active_prompt: str | None = None  # the prompt whose cross K/V is held
+    recache_needed: bool = False
+    next_prompt: str | None = None  # a switch waiting for the next chunk boundary
+    next_prompt_is_cut: bool = False
+    # inputs latched for the current chunk, and those waiting for the next one
+    acks: list[tuple[str, int]] = []  # (kind, seq) reflected by the current chunk
+    next_acks: list[tuple[str, int]] = []
+    chunk_action: torch.Tensor | None = None  # [1, ACTION_DIM]
+    next_action: torch.Tensor | None = None
+    chunk_audio: torch.Tensor | None = None  # [1, c, AUDIO_DIM]
+    audio_pending: torch.Tensor  # [n] float32, 16 kHz mono
+    # tensors
+    latents: torch.Tensor | None = None  # [1, C, c, h, w] current chunk
+    cross_k: torch.Tensor | None = None  # [layers, 1, L, heads, head_dim]
+    cross_v: torch.Tensor | None = None
+    kv_k: torch.Tensor  # [layers, 1, (S + W) * T, heads, head_dim]
+    kv_v: torch.Tensor
+    kv_valid: torch.Tensor  # [(S + W) * T] bool
+    kv_positions: list[int]  # per slot: absolute latent frame, -1 = empty
+    kv_frames_written: int = 0
+    sink_frames: int
+    ring_frames: int
+    window_latents: torch.Tensor  # [1, C, S + W, h, w] clean latents of the cached frames
+    decoder: dict[str, torch.Tensor]  # DecoderCache.as_tensors()
+    frames: list[torch.Tensor] = []  # collected uint8 [n, H, W, 3] chunks (jobs only)
+
+
+class ChunkRollout:
+    """The session loop of a chunk-causal card (see module docstring)."""
+
+    name = "chunk_rollout"
+
+    def __init__(self, instance: WanInstance) -> None:
+        self._m = instance
+        spec = instance.card.loops["chunk_rollout"]
+        if spec.schedule is None:
+            raise ValueError(f"card {instance.card.model_id!r}: chunk_rollout has no schedule")
+        self._steps = sigma_steps(spec.schedule.timesteps, spec.schedule.flow_shift,
+                                  spec.schedule.num_train_timesteps)
+        self._inputs = spec.inputs
+
+    # ---------------------------------------------------------------------------------------
+    # contract
+
+    def init(self, request: SessionRequest | JobRequest, model: Any,
+             ctx: LoopContext | None = None) -> ChunkRolloutState:
+        m = self._m
+        if isinstance(request, JobRequest):
+            profile = m.card.resolve_profile(width=request.width, height=request.height)
+            frames = 1 if request.task == "t2i" else (request.num_frames or profile.fps * 2)
+            max_chunks = self._chunks_for(frames, profile.chunk_latent_frames)
+            collect, seed, target = True, request.seed, frames
+        else:
+            profile = m.card.resolve_profile(fps=request.fps, width=request.width,
+                                             height=request.height)
+            max_chunks, collect, seed, target = request.max_chunks, False, request.seed, None
+        c = profile.chunk_latent_frames
+        lh, lw = profile.height // m.latent.spatial_stride, profile.width // m.latent.spatial_stride
+        sink, ring = m.kv_geometry(c)
+        cache = m.new_kv_cache(sink, ring, lh, lw)
+        window = torch.zeros((1, m.latent.channels, sink + ring, lh, lw),
+                             device=m.device, dtype=m.dtype)
+        decoder = m.vae.new_decoder_cache(1, lh, lw)
+        return ChunkRolloutState(
+            loop_id=ctx.loop_id if ctx is not None else "loop",
+            seed=seed, fps=profile.fps, width=profile.width, height=profile.height,
+            chunk_frames=c, latent_h=lh, latent_w=lw, max_chunks=max_chunks,
+            collect_frames=collect, target_frames=target, prompt=request.prompt,
+            audio_pending=torch.zeros(0, dtype=torch.float32),
+            kv_k=cache.k, kv_v=cache.v, kv_valid=cache.valid,
+            kv_positions=[-1] * (sink + ring), sink_frames=sink, ring_frames=ring,
+            window_latents=window, decoder=decoder.as_tensors(),
+        )
+
+    def absorb(self, state: ChunkRolloutState, inputs: Sequence[InputEvent]) -> ChunkRolloutState:
+        for event in inputs:
+            if event.kind not in self._inputs:
+                raise ValueError(f"chunk_rollout of {self._m.card.model_id!r} does not accept "
+                                 f"input {event.kind!r}; it accepts {sorted(self._inputs)}")
+            if event.kind == "prompt":
+                state.next_prompt, state.next_prompt_is_cut = str(event.payload["text"]), False
+                state.next_acks.append(("prompt", event.seq))
+            elif event.kind == "cut":
+                self._cut(state, str(event.payload["text"]), event.seq)
+            elif event.kind == "action":
+                vec = action_vector(event.payload.get("keys", ()),
+                                    event.payload.get("mouse", (0.0, 0.0)))
+                state.next_action = vec[None].to(self._m.device, self._m.dtype)
+                state.next_acks = [a for a in state.next_acks if a[0] != "action"]
+                state.next_acks.append(("action", event.seq))
+            elif event.kind == "audio":
+                samples = torch.as_tensor(event.payload["samples"], dtype=torch.float32).flatten()
+                keep = int(MAX_AUDIO_BACKLOG_S * AUDIO_SAMPLE_RATE)
+                state.audio_pending = torch.cat((state.audio_pending, samples))[-keep:]
+                state.next_acks.append(("audio", event.seq))
+        return state
+
+    def next(self, state: ChunkRolloutState) -> WorkPlan | Done:
+        if state.phase is Phase.START:
+            if state.max_chunks is not None and state.chunk >= state.max_chunks:
+                return Done()
+            if state.active_prompt != state.prompt:
+                return self._plan(state, PlanKind.TEXT_ENCODE, self._m.text_encode_op,
+                                  state.prompt, f"text:{self._m.text_len}")
+            if state.recache_needed:
+                return self._recache_plan(state)
+            return self._denoise_plan(state)
+        if state.phase is Phase.DENOISE:
+            return self._denoise_plan(state)
+        if state.phase is Phase.KV_UPDATE:
+            args = KVWriteArgs(groups=((state.frame_start, state.latents),),
+                               cross=self._cross(state), cache=self._kv(state), reset=False,
+                               window=state.window_latents, action=state.chunk_action,
+                               audio=state.chunk_audio)
+            return self._plan(state, PlanKind.KV_UPDATE, self._m.kv_write_op, args,
+                              self._shape(state), flops=self._flops(state))
+        return self._decode_plan(state)
+
+    def advance(self, state: ChunkRolloutState, result: StepResult) -> ChunkRolloutState:
+        state.step += 1
+        state.plans_done += 1
+        if state.phase is Phase.START and state.active_prompt != state.prompt:
+            cross: CrossKV = result.output
+            state.cross_k, state.cross_v = cross.k, cross.v
+            state.active_prompt = state.prompt
+        elif state.phase is Phase.START and state.recache_needed:
+            state.kv_positions, state.kv_frames_written = result.output
+            state.recache_needed = False
+        elif state.phase in (Phase.START, Phase.DENOISE):
+            state.latents = result.output
+            state.denoise_step += 1
+            state.phase = Phase.KV_UPDATE if state.denoise_step == len(self._steps) else Phase.DENOISE
+        elif state.phase is Phase.KV_UPDATE:
+            state.kv_positions, state.kv_frames_written = result.output
+            state.phase = Phase.DECODE
+        else:
+            frames: torch.Tensor = result.output
+            if state.collect_frames:
+                state.frames.append(frames)
+            state.decoder["frames_seen"] = state.decoder["frames_seen"] + state.chunk_frames
+            state.frames_emitted += frames.shape[0]
+            state.chunk += 1
+            state.frame_start += state.chunk_frames
+            self._start_chunk(state)
+        return state
+
+    def finalize(self, state: ChunkRolloutState) -> LoopResult:
+        outputs: dict[str, Any] = {"chunks": state.chunk, "frames_emitted": state.frames_emitted,
+                                   "segment": state.segment}
+        if state.collect_frames and state.frames:
+            outputs["frames"] = torch.cat(state.frames)[: state.target_frames]
+        return LoopResult(outputs)
+
+    # ---------------------------------------------------------------------------------------
+    # chunk boundary and inputs
+
+    def _start_chunk(self, state: ChunkRolloutState) -> None:
+        """Latch the inputs that arrived during the last chunk for the next one."""
+        state.phase, state.denoise_step, state.latents = Phase.START, 0, None
+        if state.next_prompt is not None:
+            if state.next_prompt_is_cut:
+                state.segment += 1
+            else:
+                state.recache_needed = state.kv_frames_written > 0
+            state.prompt, state.next_prompt = state.next_prompt, None
+        state.chunk_action, state.next_action = state.next_action, None
+        state.chunk_audio = self._take_audio(state)
+        state.acks, state.next_acks = state.next_acks, []
+
+    def _cut(self, state: ChunkRolloutState, text: str, seq: int) -> None:
+        """A new segment: abandon the in-flight chunk unless its K/V is already written."""
+        if state.phase is Phase.DECODE:
+            state.next_prompt, state.next_prompt_is_cut = text, True
+            state.next_acks.append(("cut", seq))
+            return
+        state.segment += 1
+        state.prompt, state.next_prompt, state.recache_needed = text, None, False
+        state.phase, state.denoise_step, state.latents = Phase.START, 0, None
+        state.acks.append(("cut", seq))
+
+    def _take_audio(self, state: ChunkRolloutState) -> torch.Tensor | None:
+        if state.audio_pending.numel() == 0 or "audio" not in self._inputs:
+            return None
+        seconds = self._m.latent.pixel_frames(state.chunk_frames, includes_first=False) / state.fps
+        need = int(round(seconds * AUDIO_SAMPLE_RATE))
+        taken, state.audio_pending = state.audio_pending[:need], state.audio_pending[need:]
+        features = audio_features(taken, state.chunk_frames)  # [c, AUDIO_DIM]
+        return features[None].to(self._m.device, self._m.dtype)
+
+    @staticmethod
+    def _chunks_for(num_frames: int, c: int) -> int:
+        first = 1 + 4 * (c - 1)
+        return 1 + max(0, math.ceil((num_frames - first) / (4 * c)))
+
+    # ---------------------------------------------------------------------------------------
+    # plans
+
+    def _denoise_plan(self, state: ChunkRolloutState) -> WorkPlan:
+        step = self._steps[state.denoise_step]
+        x = state.latents
+        if x is None:  # first step of the chunk: pure noise at sigma = 1
+            x = torch.empty((1, self._m.latent.channels, state.chunk_frames, state.latent_h,
+                             state.latent_w), device=self._m.device, dtype=self._m.dtype)
+        args = ChunkDenoiseArgs(
+            x=x, timestep=step.timestep, sigma=step.sigma, sigma_next=step.sigma_next,
+            noise_seed=noise_seed(state.seed, state.segment, state.chunk, state.denoise_step),
+            init_seed=(noise_seed(state.seed, state.segment, state.chunk, -1)
+                       if state.latents is None else None),
+            cross=self._cross(state), cache=self._kv(state), frame_start=state.frame_start,
+            action=state.chunk_action, audio=state.chunk_audio)
+        return self._plan(state, PlanKind.CHUNK_STEP, self._m.chunk_step_op, args,
+                          self._shape(state), flops=self._flops(state))
+
+    def _recache_plan(self, state: ChunkRolloutState) -> WorkPlan:
+        # Cached frames in position order, grouped by the chunk they were generated in.
+        slots = sorted((p, i) for i, p in enumerate(state.kv_positions) if p >= 0)
+        groups: list[tuple[int, list[int]]] = []
+        for position, slot in slots:
+            if groups and position // state.chunk_frames == groups[-1][0] // state.chunk_frames \
+                    and position == groups[-1][0] + len(groups[-1][1]):
+                groups[-1][1].append(slot)
+            else:
+                groups.append((position, [slot]))
+        window = state.window_latents
+        args = KVWriteArgs(
+            groups=tuple((start, window[:, :, idx].clone()) for start, idx in groups),
+            cross=self._cross(state), cache=self._kv(state), reset=True, window=window)
+        return self._plan(state, PlanKind.KV_RECACHE, self._m.kv_write_op, args,
+                          f"recache:{len(slots)}:{self._shape(state)}",
+                          flops=self._flops(state) * max(1, len(groups)))
+
+    def _decode_plan(self, state: ChunkRolloutState) -> WorkPlan:
+        first = state.frames_emitted == 0
+        n = self._m.latent.pixel_frames(state.chunk_frames, includes_first=first)
+        pts = pts_of_frame(state.frames_emitted, state.fps)
+        emits = [EmitSpec("media", {"chunk": state.chunk, "segment": state.segment,
+                                    "pts_90k": pts, "num_frames": n, "fps": state.fps})]
+        emits += [EmitSpec("applied", {"kind": kind, "seq": seq, "chunk": state.chunk,
+                                       "pts_90k": pts}) for kind, seq in state.acks]
+        decoder = DecoderCache.from_tensors(state.decoder, self._m.vae.decoder.slot_specs)
+        args = DecodeArgs(latents=state.latents, cache=decoder)
+        return self._plan(state, PlanKind.VAE_DECODE, self._m.decode_op, args,
+                          f"decode:{int(first)}:{self._shape(state)}", emits=tuple(emits))
+
+    def _plan(self, state: ChunkRolloutState, kind: PlanKind, op: Any, args: Any,
+              shape_sig: str, *, flops: float = 0.0,
+              emits: tuple[EmitSpec, ...] = ()) -> WorkPlan:
+        if state.collect_frames and state.max_chunks:
+            total = state.max_chunks * (len(self._steps) + 2) + 1
+            emits = (*emits, EmitSpec("progress", {"done": state.plans_done + 1,
+                                                   "total": total}))
+        return WorkPlan(
+            loop_id=state.loop_id, kind=kind, op=op, args=args, shape_sig=shape_sig,
+            instance_id=self._m.instance_id, precision=self._m.precision, flops=flops,
+            due_media_s=state.frames_emitted / state.fps,
+            followups=self._followups(state, kind), emits=emits)
+
+    def _followups(self, state: ChunkRolloutState, kind: PlanKind) -> tuple[Followup, ...]:
+        shape, flops = self._shape(state), self._flops(state)
+        steps_left = len(self._steps) - state.denoise_step - (kind is PlanKind.CHUNK_STEP)
+        if kind is PlanKind.VAE_DECODE:
+            return ()
+        tail = (Followup(PlanKind.KV_UPDATE, shape, flops),
+                Followup(PlanKind.VAE_DECODE, f"decode:0:{shape}"))
+        if kind is PlanKind.KV_UPDATE:
+            return tail[1:]
+        return tuple(Followup(PlanKind.CHUNK_STEP, shape, flops) for _ in range(steps_left)) + tail
+
+    # ---------------------------------------------------------------------------------------
+    # views of the state's tensors
+
+    def _kv(self, state: ChunkRolloutState) -> ChunkKVCache:
+        return ChunkKVCache.restore(
+            state.kv_k, state.kv_v, state.kv_valid, state.sink_frames, state.ring_frames,
+            self._m.tokens_per_frame(state.latent_h, state.latent_w),
+            slot_positions=[None if p < 0 else p for p in state.kv_positions],
+            frames_written=state.kv_frames_written)
+
+    @staticmethod
+    def _cross(state: ChunkRolloutState) -> CrossKV:
+        if state.cross_k is None or state.cross_v is None:
+            raise RuntimeError(f"loop {state.loop_id}: no prompt encoded before denoising")
+        return CrossKV(state.cross_k, state.cross_v)
+
+    def _shape(self, state: ChunkRolloutState) -> str:
+        return f"c{state.chunk_frames}x{state.latent_h}x{state.latent_w}"
+
+    def _flops(self, state: ChunkRolloutState) -> float:
+        t = self._m.tokens_per_frame(state.latent_h, state.latent_w)
+        q = state.chunk_frames * t
+        return dit_flops(self._m.dit.config, q, (state.sink_frames + state.ring_frames) * t + q,
+                         self._m.text_len)
+

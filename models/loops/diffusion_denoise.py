@@ -1,0 +1,172 @@
+"""``diffusion_denoise``: bidirectional sampling of a whole clip, for jobs of base models.
+
+Plans: ``text_encode`` of the prompt (and of the negative prompt when CFG is on), one
+``diffusion_step`` per schedule step over the whole latent clip (CFG as a policy: both branches
+in one batch of 2), then the clip's ``vae_decode`` in chunks through the causal decoder cache.
+Distilled few-step schedules (``guidance_scale`` 1, x0-prediction + re-noising) and multi-step
+Euler schedules share the same body; ``renoise`` picks the update rule.
+
+Causal (chunk-causal) cards do not use this loop for jobs: their recipe trained chunk by chunk,
+so ``WanInstance.loop`` serves their jobs with ``chunk_rollout`` instead.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from models.card import LoopSpec
+from models.loops.ops import DecodeArgs, DiffusionStepArgs
+from models.loops.requests import JobRequest
+from models.loops.sampling import noise_seed, sigma_steps
+from models.wan.transformer import dit_flops
+from models.wan.vae_cache import DecoderCache
+from runtime.contract import (
+    Done,
+    EmitSpec,
+    LoopContext,
+    LoopResult,
+    LoopState,
+    PlanKind,
+    StepResult,
+    WorkPlan,
+)
+
+if TYPE_CHECKING:
+    from models.instance import WanInstance
+
+__all__ = ["DiffusionDenoise", "DiffusionState"]
+
+NEGATIVE_PROMPT = ""
+
+
+class DiffusionState(LoopState, kw_only=True):
+    loop_id: str
+    seed: int
+    prompt: str
+    guidance_scale: float
+    latent_frames: int
+    latent_h: int
+    latent_w: int
+    num_frames: int  # pixel frames requested (the decode may give a few more; trimmed)
+    decode_chunk: int
+    denoise_step: int = 0
+    decoded_latents: int = 0
+    text: torch.Tensor | None = None  # [1, L, text_dim]
+    negative: torch.Tensor | None = None
+    latents: torch.Tensor | None = None  # [1, C, f, h, w]
+    decoder: dict[str, torch.Tensor]
+    frames: list[torch.Tensor] = []
+
+
+class DiffusionDenoise:
+    """Bidirectional T2V/T2I sampling (see module docstring)."""
+
+    name = "diffusion_denoise"
+
+    def __init__(self, instance: WanInstance, spec: LoopSpec) -> None:
+        if spec.schedule is None:
+            raise ValueError(f"card {instance.card.model_id!r}: {spec.loop_id} has no schedule")
+        self._m = instance
+        self._schedule = spec.schedule
+        self._steps = sigma_steps(spec.schedule.timesteps, spec.schedule.flow_shift,
+                                  spec.schedule.num_train_timesteps)
+        # A distilled schedule (few steps, no CFG) predicts x0 and re-noises; else Euler.
+        self._renoise = spec.schedule.guidance_scale == 1.0 and len(self._steps) <= 8
+
+    def init(self, request: JobRequest, model: Any, ctx: LoopContext | None = None) -> DiffusionState:
+        m = self._m
+        profile = m.card.resolve_profile(width=request.width, height=request.height)
+        num_frames = 1 if request.task == "t2i" else (request.num_frames or profile.fps * 2)
+        latent_frames = 1 + math.ceil((num_frames - 1) / m.latent.temporal_stride)
+        s = m.latent.spatial_stride
+        lh, lw = profile.height // s, profile.width // s
+        guidance = (request.guidance_scale if request.guidance_scale is not None
+                    else self._schedule.guidance_scale)
+        return DiffusionState(
+            loop_id=ctx.loop_id if ctx is not None else "loop", seed=request.seed,
+            prompt=request.prompt, guidance_scale=guidance, latent_frames=latent_frames,
+            latent_h=lh, latent_w=lw, num_frames=num_frames,
+            decode_chunk=profile.chunk_latent_frames,
+            decoder=m.vae.new_decoder_cache(1, lh, lw).as_tensors())
+
+    def absorb(self, state: DiffusionState, inputs: Any) -> DiffusionState:
+        kinds = sorted({event.kind for event in inputs})
+        raise ValueError(f"diffusion_denoise takes no live inputs (got {kinds})")
+
+    def next(self, state: DiffusionState) -> WorkPlan | Done:
+        cfg = state.guidance_scale != 1.0
+        if state.text is None:
+            return self._plan(state, PlanKind.TEXT_ENCODE, self._m.text_embed_op, state.prompt,
+                              "embed")
+        if cfg and state.negative is None:
+            return self._plan(state, PlanKind.TEXT_ENCODE, self._m.text_embed_op,
+                              NEGATIVE_PROMPT, "embed")
+        if state.denoise_step < len(self._steps):
+            step = self._steps[state.denoise_step]
+            shape = (1, self._m.latent.channels, state.latent_frames, state.latent_h,
+                     state.latent_w)
+            x = state.latents
+            init_seed = None
+            if x is None:  # first step: pure noise at sigma = 1, drawn by the op
+                x = torch.empty(shape, device=self._m.device, dtype=self._m.dtype)
+                init_seed = noise_seed(state.seed, -1)
+            args = DiffusionStepArgs(
+                x=x, timestep=step.timestep, sigma=step.sigma, sigma_next=step.sigma_next,
+                noise_seed=noise_seed(state.seed, state.denoise_step), init_seed=init_seed,
+                text=state.text,
+                negative=state.negative if cfg else None, guidance_scale=state.guidance_scale,
+                renoise=self._renoise)
+            return self._plan(state, PlanKind.DIFFUSION_STEP, self._m.diffusion_step_op, args,
+                              f"clip{state.latent_frames}x{state.latent_h}x{state.latent_w}",
+                              flops=self._flops(state) * (2 if cfg else 1))
+        if state.decoded_latents < state.latent_frames:
+            start = state.decoded_latents
+            end = min(state.latent_frames, start + state.decode_chunk)
+            decoder = DecoderCache.from_tensors(state.decoder, self._m.vae.decoder.slot_specs)
+            args = DecodeArgs(latents=state.latents[:, :, start:end], cache=decoder)
+            return self._plan(state, PlanKind.VAE_DECODE, self._m.decode_op, args,
+                              f"decode:{int(start == 0)}:{end - start}x{state.latent_h}x"
+                              f"{state.latent_w}")
+        return Done()
+
+    def advance(self, state: DiffusionState, result: StepResult) -> DiffusionState:
+        state.step += 1
+        if state.text is None:
+            state.text = result.output
+        elif state.guidance_scale != 1.0 and state.negative is None:
+            state.negative = result.output
+        elif state.denoise_step < len(self._steps):
+            state.latents = result.output
+            state.denoise_step += 1
+        else:
+            state.frames.append(result.output)
+            end = min(state.latent_frames, state.decoded_latents + state.decode_chunk)
+            state.decoder["frames_seen"] = torch.tensor(end, dtype=torch.int64)
+            state.decoded_latents = end
+        return state
+
+    def finalize(self, state: DiffusionState) -> LoopResult:
+        frames = torch.cat(state.frames)[: state.num_frames] if state.frames else None
+        return LoopResult({"frames": frames, "latents": state.latents})
+
+    # ---------------------------------------------------------------------------------------
+
+    def _total_plans(self, state: DiffusionState) -> int:
+        encodes = 2 if state.guidance_scale != 1.0 else 1
+        decodes = math.ceil(state.latent_frames / state.decode_chunk)
+        return encodes + len(self._steps) + decodes
+
+    def _plan(self, state: DiffusionState, kind: PlanKind, op: Any, args: Any, shape_sig: str,
+              *, flops: float = 0.0) -> WorkPlan:
+        progress = EmitSpec("progress", {"done": state.step + 1,
+                                         "total": self._total_plans(state)})
+        return WorkPlan(loop_id=state.loop_id, kind=kind, op=op, args=args, shape_sig=shape_sig,
+                        instance_id=self._m.instance_id, precision=self._m.precision,
+                        flops=flops, emits=(progress,))
+
+    def _flops(self, state: DiffusionState) -> float:
+        tokens = state.latent_frames * self._m.tokens_per_frame(state.latent_h, state.latent_w)
+        return dit_flops(self._m.dit.config, tokens, tokens, self._m.text_len)

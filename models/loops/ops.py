@@ -1,0 +1,254 @@
+"""Step bodies (``runtime.contract.StepOp``) of the Wan loops; they run on the executor thread.
+
+Each op holds references to resident components (weights only) and receives one argument
+object per plan. Per-request tensors (latents, K/V caches, decoder caches) travel in the
+arguments and are written in place where the docstring says so; ops keep no state between
+calls, so interleaving sessions through one op cannot smear state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from models.wan.kv_cache import ChunkKVCache
+from models.wan.transformer import CrossKV, WanDiT
+from models.wan.vae import WanVAE, video_to_uint8
+from models.wan.vae_cache import DecoderCache
+
+__all__ = [
+    "ChunkDenoiseArgs",
+    "ChunkDenoiseOp",
+    "DecodeArgs",
+    "DecodeOp",
+    "DiffusionStepArgs",
+    "DiffusionStepOp",
+    "KVWriteArgs",
+    "KVWriteOp",
+    "TextEmbedOp",
+    "TextEncodeOp",
+]
+
+
+def _noise_like(x: torch.Tensor, seed: int) -> torch.Tensor:
+    # Drawn on the CPU from an explicit generator: identical on every device and thread.
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    noise = torch.randn(x.shape, generator=generator, dtype=torch.float32)
+    return noise.to(device=x.device, dtype=x.dtype)
+
+
+class _SoloOp:
+    """Base for ops that run one plan at a time (``batchable = False``)."""
+
+    name = "op"
+    batchable = False
+
+    def __call__(self, args: Sequence[Any], *, deterministic: bool = False) -> list[Any]:
+        with torch.inference_mode():
+            return [self.run(a) for a in args]
+
+    def run(self, arg: Any) -> Any:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+
+class TextEmbedOp(_SoloOp):
+    """Prompt text -> ``[1, L, text_dim]`` embedding (bidirectional jobs feed it to every step)."""
+
+    name = "text_embed"
+
+    def __init__(self, encode: Callable[[list[str]], torch.Tensor]) -> None:
+        self._encode = encode
+
+    def run(self, text: str) -> torch.Tensor:
+        return self._encode([text])
+
+
+class TextEncodeOp:
+    """Prompt text -> cross-attention K/V of every DiT layer.
+
+    ``encode`` maps a list of texts to ``[B, L, text_dim]`` embeddings (it owns the
+    content-hash feature cache). Batchable: prompts of several sessions encode as one batch; the
+    result of each prompt does not depend on its batch mates (masked encoder, row-wise ops).
+    """
+
+    name = "text_encode"
+    batchable = True
+
+    def __init__(self, encode: Callable[[list[str]], torch.Tensor], dit: WanDiT) -> None:
+        self._encode = encode
+        self._dit = dit
+
+    def __call__(self, args: Sequence[str], *, deterministic: bool = False) -> list[CrossKV]:
+        with torch.inference_mode():
+            if deterministic:
+                return [self._one([text]) for text in args]
+            cross = self._one(list(args))
+            return [CrossKV(cross.k[:, i:i + 1].clone(), cross.v[:, i:i + 1].clone())
+                    for i in range(len(args))]
+
+    def _one(self, texts: list[str]) -> CrossKV:
+        embeddings = self._encode(texts)  # [B, L, text_dim]
+        return self._dit.cross_kv(embeddings)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkDenoiseArgs:
+    """One few-step denoising step of a chunk against the session's K/V cache.
+
+    x: [1, C, f, h, w] at noise level ``sigma``; returns x0 re-noised to ``sigma_next`` with
+    fresh noise drawn from ``noise_seed`` (x0 itself when ``sigma_next == 0``).
+    """
+
+    x: torch.Tensor
+    timestep: float
+    sigma: float
+    sigma_next: float
+    noise_seed: int
+    init_seed: int | None  # not None: ``x`` is only a shape; start from noise of this seed
+    cross: CrossKV
+    cache: ChunkKVCache
+    frame_start: int
+    action: torch.Tensor | None
+    audio: torch.Tensor | None
+
+
+class ChunkDenoiseOp(_SoloOp):
+    """Self-Forcing-style step: predict x0 from x_t, re-noise to the next level."""
+
+    name = "chunk_step"
+
+    def __init__(self, dit: WanDiT) -> None:
+        self._dit = dit
+
+    def run(self, a: ChunkDenoiseArgs) -> torch.Tensor:
+        # a.x: [1, C, f, h, w] -> [1, C, f, h, w]
+        x = a.x if a.init_seed is None else _noise_like(a.x, a.init_seed)
+        t = torch.full((x.shape[0],), a.timestep, device=x.device, dtype=torch.float32)
+        v = self._dit.forward_chunk(x, t, a.cross, a.cache, a.frame_start,
+                                    action=a.action, audio=a.audio)
+        x0 = (x.float() - a.sigma * v.float())
+        if a.sigma_next > 0.0:
+            noise = _noise_like(x0, a.noise_seed)
+            x0 = (1.0 - a.sigma_next) * x0 + a.sigma_next * noise.float()
+        return x0.to(a.x.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class KVWriteArgs:
+    """Run clean frames through the DiT at timestep 0 and write their K/V into ``cache``.
+
+    ``groups`` are (frame_start, latents [1, C, g, h, w]) written in order, each attending to
+    what the earlier ones wrote: one group for the KV update of a new chunk, several for a
+    re-cache of the whole window under a new prompt (``reset`` first).
+    """
+
+    groups: tuple[tuple[int, torch.Tensor], ...]
+    cross: CrossKV
+    cache: ChunkKVCache
+    reset: bool
+    window: torch.Tensor  # [1, C, S + W, h, w] clean latents per cache slot, updated in place
+    action: torch.Tensor | None = None
+    audio: torch.Tensor | None = None
+
+
+class KVWriteOp(_SoloOp):
+    """KV update (one group) and LongLive-style re-cache (reset + every cached frame).
+
+    Returns the cache's slot positions (-1 = empty) and frame count, for the loop state.
+    """
+
+    name = "kv_write"
+
+    def __init__(self, dit: WanDiT) -> None:
+        self._dit = dit
+
+    def run(self, a: KVWriteArgs) -> tuple[list[int], int]:
+        if a.reset:
+            a.cache.reset()
+        for frame_start, latents in a.groups:
+            t = torch.zeros((latents.shape[0],), device=latents.device, dtype=torch.float32)
+            audio = a.audio if (a.audio is not None and a.audio.shape[1] == latents.shape[2]) else None
+            self._dit.forward_chunk(latents, t, a.cross, a.cache, frame_start,
+                                    action=a.action, audio=audio, write_cache=True)
+        # Keep the clean latents of every cached frame, slot for slot, for later re-caches.
+        latents = {start + i: g[:, :, i] for start, g in a.groups for i in range(g.shape[2])}
+        positions = [-1 if p is None else p for p in a.cache.slot_positions]
+        for slot, position in enumerate(positions):
+            if position in latents:
+                a.window[:, :, slot].copy_(latents[position])
+        return positions, a.cache.frames_written
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeArgs:
+    """Decode the next latent frames of a stream (DiT latent space) with its decoder cache."""
+
+    latents: torch.Tensor  # [1, C, c, h, w] DiT-normalised
+    cache: DecoderCache
+
+
+class DecodeOp(_SoloOp):
+    """Chunked causal VAE decode -> uint8 RGB frames on the CPU, [n, H, W, 3]."""
+
+    name = "vae_decode"
+
+    def __init__(self, vae: WanVAE) -> None:
+        self._vae = vae
+
+    def run(self, a: DecodeArgs) -> torch.Tensor:
+        z = self._vae.denormalize(a.latents.to(self._vae.post_quant_conv.weight.dtype))
+        video = self._vae.decode_chunk(z, a.cache)  # [1, 3, n, H, W]
+        return video_to_uint8(video[0]).cpu()
+
+
+@dataclass(frozen=True, slots=True)
+class DiffusionStepArgs:
+    """One sampler step over a whole clip with bidirectional attention (jobs of base models).
+
+    x: [1, C, f, h, w]; ``text``/``negative`` are [1, L, text_dim] prompt embeddings
+    (``negative`` None or ``guidance_scale == 1``: no CFG; otherwise both branches run as one
+    batch of 2 - batched CFG - and combine as ``v_u + s * (v_c - v_u)``).
+    """
+
+    x: torch.Tensor
+    timestep: float
+    sigma: float
+    sigma_next: float
+    noise_seed: int
+    init_seed: int | None  # not None: ``x`` is only a shape; start from noise of this seed
+    text: torch.Tensor
+    negative: torch.Tensor | None
+    guidance_scale: float
+    renoise: bool  # True: x0-predict + fresh noise (distilled); False: Euler step along v
+
+
+class DiffusionStepOp(_SoloOp):
+    """A bidirectional denoising step with classifier-free guidance as a policy."""
+
+    name = "diffusion_step"
+
+    def __init__(self, dit: WanDiT) -> None:
+        self._dit = dit
+
+    def run(self, a: DiffusionStepArgs) -> torch.Tensor:
+        # a.x: [1, C, f, h, w] -> [1, C, f, h, w]
+        x = a.x if a.init_seed is None else _noise_like(a.x, a.init_seed)
+        cfg = a.negative is not None and a.guidance_scale != 1.0
+        x_in = torch.cat((x, x)) if cfg else x
+        text = torch.cat((a.text, a.negative)) if cfg else a.text
+        t = torch.full((x_in.shape[0],), a.timestep, device=x.device, dtype=torch.float32)
+        v = self._dit(x_in, t, text).float()
+        if cfg:
+            v_c, v_u = v[:1], v[1:]
+            v = v_u + a.guidance_scale * (v_c - v_u)
+        x = x.float()
+        if a.renoise:
+            x0 = x - a.sigma * v
+            if a.sigma_next > 0.0:
+                noise = _noise_like(x0, a.noise_seed).float()
+                return ((1.0 - a.sigma_next) * x0 + a.sigma_next * noise).to(a.x.dtype)
+            return x0.to(a.x.dtype)
+        return (x + (a.sigma_next - a.sigma) * v).to(a.x.dtype)

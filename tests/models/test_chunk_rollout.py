@@ -1,0 +1,180 @@
+"""chunk_rollout on the tiny random card: determinism, inputs at chunk boundaries, snapshots."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from models.instance import load_instance
+from models.loops.chunk_rollout import ChunkRolloutState, Phase
+from models.loops.requests import JobRequest, SessionRequest
+from models.registry import get
+from runtime.contract import Emission, InputEvent
+from runtime.driver import Driver, InlineContext
+
+
+@pytest.fixture(scope="module")
+def instance():
+    return load_instance(get("wan-tiny-random"), device="cpu")
+
+
+def _run(instance, request, inputs_at: dict[int, list[InputEvent]] | None = None,
+         loop_id: str = "s") -> tuple[list[Emission], ChunkRolloutState, dict]:
+    """Run to completion; ``inputs_at[k]`` are pushed just before driver step k."""
+    loop = instance.loop("chunk_rollout")
+    ctx = InlineContext(loop_id)
+    driver = Driver(loop, ctx)
+
+    async def go():
+        driver.init(request, instance)
+        k = 0
+        while True:
+            for event in (inputs_at or {}).get(k, []):
+                ctx.push_input(event)
+            if not await driver.step():
+                break
+            k += 1
+        return driver.finalize()
+
+    result = asyncio.run(go())
+    return ctx.emissions, driver.state, dict(result.outputs)
+
+
+def _media(emissions: list[Emission]) -> list[tuple[dict, torch.Tensor]]:
+    return [(dict(e.spec.meta), e.output) for e in emissions if e.spec.stream == "media"]
+
+
+def _applied(emissions: list[Emission]) -> list[dict]:
+    return [dict(e.spec.meta) for e in emissions if e.spec.stream == "applied"]
+
+
+# plans per chunk on the tiny card: 4 denoise steps + kv_update + decode (+1 text encode once)
+STEPS_PER_CHUNK = 6
+
+
+def _step_of_chunk(chunk: int) -> int:
+    """Driver step index at which chunk ``chunk``'s boundary inputs must already be absorbed
+    for it: inputs pushed during chunk k-1 latch at its decode -> apply to chunk k."""
+    return 1 + STEPS_PER_CHUNK * (chunk - 1) + 1  # mid-way through chunk k-1
+
+
+def test_same_seed_same_frames_and_pts_strictly_increase(instance) -> None:
+    request = SessionRequest(prompt="a red ball on grass", seed=3, max_chunks=3)
+    first, _, _ = _run(instance, request)
+    second, _, _ = _run(instance, request)
+    a, b = _media(first), _media(second)
+    assert [m for m, _ in a] == [m for m, _ in b]
+    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b))
+    pts = [m["pts_90k"] for m, _ in a]
+    assert pts == sorted(set(pts)) and pts[0] == 0
+    assert [f.shape[0] for _, f in a] == [9, 12, 12]  # 1 + 4(c-1), then 4c
+    assert all(f.dtype == torch.uint8 and f.shape[1:] == (64, 64, 3) for _, f in a)
+    other, _, _ = _run(instance, SessionRequest(prompt="a red ball on grass", seed=4,
+                                                max_chunks=1))
+    assert not torch.equal(_media(other)[0][1], a[0][1])
+
+
+@pytest.fixture(scope="module")
+def baseline_run(instance) -> tuple[SessionRequest, list[Emission]]:
+    request = SessionRequest(prompt="a red ball on grass", seed=5, max_chunks=2)
+    return request, _run(instance, request)[0]
+
+
+@pytest.mark.parametrize("kind, payload, ack", [
+    ("prompt", {"text": "a purple triangle on snow"}, "prompt"),
+    ("action", {"keys": ["w", "ArrowLeft"], "mouse": [30, -10]}, "action"),
+    ("audio", {"samples": (0.8 * torch.sin(torch.arange(24000) * 0.3)).tolist()}, "audio"),
+])
+def test_input_applies_at_next_chunk_and_earlier_frames_are_unchanged(
+        instance, baseline_run, kind, payload, ack) -> None:
+    request, baseline = baseline_run
+    event = InputEvent(kind, 7, payload)
+    steered, _, _ = _run(instance, request, {_step_of_chunk(1): [event]})
+    applied = _applied(steered)
+    assert applied == [{"kind": ack, "seq": 7, "chunk": 1,
+                        "pts_90k": _media(steered)[1][0]["pts_90k"]}]
+    base, new = _media(baseline), _media(steered)
+    assert torch.equal(base[0][1], new[0][1])  # chunk 0 was generated before the input
+    assert not torch.equal(base[1][1], new[1][1])  # chunk 1 reflects it
+
+
+def test_switch_recaches_and_stream_continues(instance) -> None:
+    request = SessionRequest(prompt="a red ball on grass", seed=6, max_chunks=2)
+    emissions, state, _ = _run(instance, request, {
+        _step_of_chunk(1): [InputEvent("prompt", 1, {"text": "a blue square on sand"})]})
+    assert state.prompt == state.active_prompt == "a blue square on sand"
+    assert state.segment == 0  # a switch is not a new segment
+    assert not state.recache_needed and state.kv_frames_written == 6
+    assert [m["chunk"] for m, _ in _media(emissions)] == [0, 1]
+
+
+def test_cut_abandons_in_flight_chunk_and_starts_a_segment(instance) -> None:
+    request = SessionRequest(prompt="a red ball on grass", seed=8, max_chunks=2)
+    # step 3 is mid-denoise of chunk 0 (text encode, 2 denoise steps done)
+    emissions, state, _ = _run(instance, request, {
+        3: [InputEvent("cut", 2, {"text": "a white ball at night"})]})
+    media = _media(emissions)
+    assert [m["segment"] for m, _ in media] == [1, 1]
+    assert _applied(emissions)[0] == {"kind": "cut", "seq": 2, "chunk": 0, "pts_90k": 0}
+    direct, _, _ = _run(instance, SessionRequest(prompt="a white ball at night", seed=8,
+                                                 max_chunks=2))
+    # the cut chunk restarts with segment-1 noise, so it differs from a fresh segment-0 run
+    assert not torch.equal(media[0][1], _media(direct)[0][1])
+    assert state.chunk == 2
+
+
+def test_rolling_window_keeps_sinks_over_long_rollouts(instance) -> None:
+    request = SessionRequest(prompt="a green ball", seed=9, max_chunks=5)
+    emissions, state, _ = _run(instance, request)
+    sink, ring = state.sink_frames, state.ring_frames
+    assert state.kv_positions[:sink] == list(range(sink))  # the first frames stay as sinks
+    last = state.frame_start  # 5 chunks x 3 frames = 15 frames written
+    assert sorted(state.kv_positions[sink:]) == list(range(last - ring, last))
+    assert all(torch.isfinite(f.float()).all() for _, f in _media(emissions))
+
+
+def test_snapshot_at_any_boundary_resumes_bit_identically(instance) -> None:
+    request = SessionRequest(prompt="a yellow square", seed=11, max_chunks=2)
+    reference, _, _ = _run(instance, request)
+    loop = instance.loop("chunk_rollout")
+    for cut_at in (1, 5, 8):  # after text encode, mid-denoise, between KV update and decode
+        ctx = InlineContext("s")
+        driver = Driver(loop, ctx)
+
+        async def first_half() -> bytes:
+            driver.init(request, instance)
+            for _ in range(cut_at):
+                await driver.step()
+            return driver.snapshot()
+
+        blob = asyncio.run(first_half())
+        ctx2 = InlineContext("s")
+        resumed = Driver.from_snapshot(loop, ctx2, blob, ChunkRolloutState)
+        asyncio.run(resumed.run())
+        combined = _media(ctx.emissions) + _media(ctx2.emissions)
+        assert [m for m, _ in combined] == [m for m, _ in _media(reference)]
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(combined, _media(reference)))
+
+
+def test_job_returns_exactly_the_requested_frames(instance) -> None:
+    loop = instance.loop("diffusion_denoise")
+    ctx = InlineContext("job")
+    result = asyncio.run(Driver(loop, ctx).run(
+        JobRequest(task="t2v", prompt="a red ball", num_frames=17, seed=1), instance))
+    assert result.outputs["frames"].shape == (17, 64, 64, 3)
+    progress = [dict(e.spec.meta) for e in ctx.emissions if e.spec.stream == "progress"]
+    assert progress[-1]["done"] == progress[-1]["total"]
+    assert [p["done"] for p in progress] == list(range(1, len(progress) + 1))
+    image = asyncio.run(Driver(loop, InlineContext("img")).run(
+        JobRequest(task="t2i", prompt="a red ball", seed=1), instance))
+    assert image.outputs["frames"].shape == (1, 64, 64, 3)
+
+
+def test_unsupported_input_fails_clearly(instance) -> None:
+    state_loop = instance.loop("chunk_rollout")
+    state = state_loop.init(SessionRequest(prompt="x", max_chunks=1), instance, None)
+    with pytest.raises(ValueError, match="does not accept input 'teleport'"):
+        state_loop.absorb(state, [InputEvent("teleport", 1, {})])
+    assert state.phase is Phase.START
