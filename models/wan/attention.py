@@ -1,4 +1,4 @@
-"""Wan's two attentions: 3D-RoPE self-attention (optionally over cached K/V) and text cross-attention.
+"""Wan's two attentions: 3D-RoPE self-attention (optionally over cached K/V) and cross-attention.
 
 Parameter names follow the original Wan checkpoints (``q``, ``k``, ``v``, ``o``, ``norm_q``,
 ``norm_k``); ``models/wan/keymaps.py`` maps diffusers' names onto them. Q/K RMS-norm runs across

@@ -2,8 +2,8 @@
 
 ``WanDiT`` uses the original Wan names, so:
 
-- (a) diffusers (``WanTransformer3DModel``: ``condition_embedder.time_proj``, ``blocks.N.attn1.to_q``
-  ...) maps name by name through ``DIFFUSERS_RULES`` (every rule is a bijection, so the same
+- (a) diffusers (``WanTransformer3DModel``: ``condition_embedder.time_proj``,
+  ``blocks.N.attn1.to_q`` ...) maps name by name through ``DIFFUSERS_RULES`` (every rule is a bijection, so the same
   table writes diffusers names back);
 - (b) original Wan / Self-Forcing / CausVid / LongLive (``blocks.N.self_attn.q``, ``head.head``
   ...) is our own naming once wrapper prefixes (``model.``, ``generator.``, ``module.`` ...) are
@@ -69,7 +69,7 @@ DIFFUSERS_RULES: tuple[tuple[str, str], ...] = (
     *_HOOKS,
 )
 
-ORIGINAL_RULES: tuple[tuple[str, str], ...] = tuple((native, native) for _, native in DIFFUSERS_RULES)
+ORIGINAL_RULES: tuple[tuple[str, str], ...] = tuple((name, name) for _, name in DIFFUSERS_RULES)
 
 # Wrappers around the original names: Self-Forcing / CausVid training checkpoints
 # (``generator.model.blocks...``), ComfyUI single files (``model.diffusion_model.``), DDP

@@ -64,7 +64,8 @@ class ChunkKVCache:
     ) -> None:
         _check_geometry(sink_frames, window_frames, tokens_per_frame)
         expected = (sink_frames + window_frames) * tokens_per_frame
-        if k.shape != v.shape or k.ndim != 5 or k.shape[2] != expected or valid.shape != (expected,):
+        if (k.shape != v.shape or k.ndim != 5 or k.shape[2] != expected
+                or valid.shape != (expected,)):
             raise CacheShapeError(
                 f"buffers k={tuple(k.shape)} v={tuple(v.shape)} valid={tuple(valid.shape)} do not "
                 f"match S={sink_frames} W={window_frames} T={tokens_per_frame}"

@@ -1,7 +1,8 @@
 """Wan's 3D rotary position embedding, computed on the fly for any absolute position.
 
 A head of ``head_dim`` channels is split into (frame, height, width) parts (``WanDiTConfig
-.rope_split``); consecutive channel pairs (2i, 2i+1) of each part rotate by ``pos * theta**(-2i/d)``.
+.rope_split``); consecutive channel pairs (2i, 2i+1) of each part rotate by
+``pos * theta**(-2i/d)``.
 Angles are formed in float64 and only their cos/sin are rounded to float32, so a session at latent
 frame 10^6 gets the same precision as one at frame 0 (Wan's own table stops at 1024 positions).
 For positions < 1024 the values are bit-identical to diffusers' ``WanRotaryPosEmbed`` table.

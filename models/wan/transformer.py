@@ -34,7 +34,7 @@ from models.wan.conditioning import (
     time_projection,
 )
 from models.wan.config import WanDiTConfig
-from models.wan.kv_cache import ChunkKVCache
+from models.wan.kv_cache import ChunkKVCache, WriteRun
 from models.wan.rope import rope_cos_sin
 
 __all__ = ["CrossKV", "InputShapeError", "WanBlock", "WanDiT", "dit_flops", "param_dtype"]
@@ -106,7 +106,8 @@ class WanBlock(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # x: [B, N, dim]; e0: [B, 1 | N, 6, dim]; cos, sin: [N, D/2]; cross_k/v: [B, L, H, D]
         # -> x [B, N, dim], this call's self-attention k, v [B, N, H, D]
-        shift, scale, gate, c_shift, c_scale, c_gate = (self.modulation.float() + e0.float()).unbind(2)
+        mods = (self.modulation.float() + e0.float()).unbind(2)  # 6 x [B, 1 | N, dim]
+        shift, scale, gate, c_shift, c_scale, c_gate = mods
         h = (_norm_fp32(self.norm1, x) * (1 + scale) + shift).type_as(x)
         attn, k, v = self.self_attn(h, cos, sin, past, mask)
         x = (x.float() + attn * gate).type_as(x)
@@ -210,7 +211,8 @@ class WanDiT(nn.Module):
 
         encoder_hidden_states: [B, L, text_dim] -> CrossKV with k, v [layers, B, L, H, D]
         """
-        if encoder_hidden_states.ndim != 3 or encoder_hidden_states.shape[-1] != self.config.text_dim:
+        text = encoder_hidden_states
+        if text.ndim != 3 or text.shape[-1] != self.config.text_dim:
             raise InputShapeError(
                 f"encoder_hidden_states {tuple(encoder_hidden_states.shape)} is not "
                 f"[B, L, text_dim={self.config.text_dim}]"
@@ -349,7 +351,7 @@ class WanDiT(nn.Module):
         *,
         mask: torch.Tensor | None = None,
         cache: ChunkKVCache | None = None,
-        runs: tuple = (),
+        runs: tuple[WriteRun, ...] = (),
     ) -> torch.Tensor:
         # tokens: [B, N, dim]; e: [B, 1 | F, dim]; e0: [B, 1 | F, 6, dim] -> [B, C, F, H, W]
         tokens_per_frame = grid[1] * grid[2]

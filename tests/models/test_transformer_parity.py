@@ -114,7 +114,8 @@ def test_flop_count_matches_torch_flop_counter() -> None:
     tokens_q = 2 * 2 * 3
     # the math SDPA backend runs attention as bmm, which the counter sees (fused kernels on CPU
     # are not counted)
-    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as bidirectional:
+    math_sdpa = sdpa_kernel(SDPBackend.MATH)
+    with torch.no_grad(), math_sdpa, FlopCounterMode(display=False) as bidirectional:
         model(x, t, text)
     assert bidirectional.get_total_flops() == dit_flops(cfg, tokens_q, tokens_q, 5,
                                                         include_text=True)
