@@ -67,6 +67,7 @@ class App {
     this._bindComposer();
     this._bindControls();
     this._bindShortcuts();
+    this._bindKeycaps();
     this._bindSettings();
     this.actions.start();
     this.frames.start();
@@ -308,6 +309,23 @@ class App {
     if (!this.session) return;
     if (this.machine.state === PageState.PAUSED) this.session.resume();
     else if (this.machine.state === PageState.LIVE) this.session.pause();
+  }
+
+  /** On-screen keycaps press the same action keys (they take pointers only on touch screens). */
+  _bindKeycaps() {
+    for (const cap of document.querySelectorAll(".keycap")) {
+      const name = cap.dataset.key;
+      if (name === "drag") continue;
+      const down = (event) => {
+        event.stopPropagation(); // not a drag on the stage
+        cap.setPointerCapture(event.pointerId);
+        if (name === "talk") this.talk?.press();
+        else if (this.actions.enabled) this.actions.setKey(name, true);
+      };
+      const up = () => (name === "talk" ? this.talk?.release() : this.actions.setKey(name, false));
+      cap.addEventListener("pointerdown", down);
+      for (const type of ["pointerup", "pointercancel"]) cap.addEventListener(type, up);
+    }
   }
 
   _bindShortcuts() {
