@@ -120,8 +120,8 @@ def load_transformer(
     fmt, native, unexpected, ambiguous = _to_native(raw, prefix)
     if fmt is None:
         raise CheckpointFormatError(
-            f"{source}: neither diffusers nor original Wan key names (first keys: "
-            f"{sorted(raw)[:8]})"
+            f"{source}: neither diffusers nor original Wan key names under prefix "
+            f"{prefix!r} (first keys: {sorted(raw)[:8]})"
         )
     cfg = config or dir_config or _config_from_metadata(metadata) or _infer_config(native, source)
     if config is None:
@@ -145,8 +145,10 @@ def load_transformer(
     # copy=True: fresh, allocator-aligned storage. safetensors hands out tensors at whatever
     # offset the file header leaves (CPU kernels then take other SIMD paths and results differ
     # in the last bit) and torch.load(mmap=True) ones that keep the file mapped.
-    state = {k: t.to(device=device, dtype=param_dtype(k, dtype), copy=True)
-             for k, t in native.items()}
+    # Tensors are popped as they are copied so the host copy is freed progressively.
+    del raw
+    state = {k: native.pop(k).to(device=device, dtype=param_dtype(k, dtype), copy=True)
+             for k in list(native)}
     model.load_state_dict(state, strict=False, assign=True)
     _materialise_hooks(model, device, dtype)
     log.info("loaded %s (%s format, %s) onto %s as %s", source, fmt, cfg.name, device, dtype)
