@@ -1,9 +1,9 @@
 """The Wan2.1 video VAE, numerically equivalent to diffusers' ``AutoencoderKLWan``, with a
 streaming decoder whose causal feature cache is an explicit per-session object.
 
-    vae = WanVAE(WanVAEConfig.preset("wan2.1"))          # or models.wan.vae_loading.load_vae(path)
-    mean = vae.encode(video)                             # = AutoencoderKLWan.encode(x).latent_dist.mode()
-    video = vae.decode(mean)                             # = AutoencoderKLWan.decode(z).sample
+    vae = WanVAE(WanVAEConfig.preset("wan2.1"))    # or models.wan.vae_loading.load_vae(path)
+    mean = vae.encode(video)       # = AutoencoderKLWan.encode(x).latent_dist.mode()
+    video = vae.decode(mean)       # = AutoencoderKLWan.decode(z).sample
 
     cache = vae.new_decoder_cache(1, h, w)               # once per session: static buffers
     for z_chunk in stream:                               # e.g. 3 latent frames per chunk
@@ -15,6 +15,8 @@ Latents here are *unnormalised* (what diffusers' encode/decode take and return);
 """
 
 from __future__ import annotations
+
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -73,7 +75,7 @@ class WanVAE(nn.Module):
             dtype=weight.dtype,
         )
         bounds = [0, 1, *range(1 + step, frames + 1, step)]
-        chunks = [self.encoder(x[:, :, a:b], cache) for a, b in zip(bounds[:-1], bounds[1:])]
+        chunks = [self.encoder(x[:, :, a:b], cache) for a, b in pairwise(bounds)]
         moments = self.quant_conv(torch.cat(chunks, dim=2))  # [B, 2 z_dim, f, h, w]
         mean, logvar = moments.chunk(2, dim=1)
         return mean, logvar.clamp(-30.0, 20.0)
@@ -145,7 +147,10 @@ class WanVAE(nn.Module):
         return self.decoder(self.post_quant_conv(z), cache).clamp(-1.0, 1.0)
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
-        """Decode a whole clip in one pass: ``[B, z_dim, f, h, w] -> [B, 3, 1 + 4(f - 1), 8h, 8w]``."""
+        """Decode a whole clip in one pass (one fresh cache, one chunk).
+
+        ``[B, z_dim, f, h, w] -> [B, 3, 1 + 4(f - 1), 8h, 8w]``, clamped to ``[-1, 1]``.
+        """
         cache = self.new_decoder_cache(z.shape[0], z.shape[3], z.shape[4])
         return self.decode_chunk(z, cache)
 

@@ -9,6 +9,7 @@ the ``CausalCache`` passed to ``forward``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +22,8 @@ __all__ = [
     "CausalConv3d",
     "Downsample",
     "MidBlock",
-    "ResidualBlock",
     "RMSNorm",
+    "ResidualBlock",
     "UpBlock",
     "Upsample",
 ]
@@ -46,7 +47,9 @@ class CausalConv3d(nn.Conv3d):
         self.history_frames = kt - 1
         self.slot = NO_SLOT
 
-    def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, cache: CausalCache
+    ) -> torch.Tensor:
         # x: [B, C_in, T, H, W] -> [B, C_out, T, H, W]
         if self.history_frames == 0:
             return super().forward(x)
@@ -214,7 +217,7 @@ class UpBlock(nn.Module):
     ) -> None:
         super().__init__()
         dims = [in_dim] + [out_dim] * (num_res_blocks + 1)
-        self.resnets = nn.ModuleList(ResidualBlock(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.resnets = nn.ModuleList(ResidualBlock(a, b) for a, b in pairwise(dims))
         self.upsampler = Upsample(out_dim, temporal=temporal) if upsample else None
 
     def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:

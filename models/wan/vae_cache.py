@@ -4,7 +4,7 @@ Every temporal causal conv of a coder (a "slot") needs the last frames of its ow
 previous chunk, so that chunk k's conv sees them where a one-shot pass over the whole clip would.
 A cache holds one buffer per slot, allocated once with static shapes and rewritten in place::
 
-    slot s   buffer [B, C_s, T_s, H_s, W_s]        T_s = 2 (3-tap causal conv) or 1 (stride-2 time conv)
+    slot s   buffer [B, C_s, T_s, H_s, W_s]    T_s = 2 (3-tap causal conv), 1 (stride-2 time conv)
 
              ┌──────────┬──────────┐
     frames   │ t - 2    │ t - 1    │   oldest first; zeros before the stream's first frame
@@ -166,16 +166,12 @@ class CausalCache:
         return out
 
     @classmethod
-    def from_tensors(
-        cls, tensors: Mapping[str, torch.Tensor], specs: Sequence[SlotSpec]
-    ) -> Self:
+    def from_tensors(cls, tensors: Mapping[str, torch.Tensor], specs: Sequence[SlotSpec]) -> Self:
         """Inverse of ``as_tensors`` for the coder whose ``slot_specs`` are ``specs``."""
         buffers = [tensors[f"slot_{i:03d}"] for i in range(len(specs))]
         for spec, buffer in zip(specs, buffers, strict=True):
             if buffer.shape[1:3] != (spec.channels, spec.frames):
-                raise CacheMismatchError(
-                    f"buffer {tuple(buffer.shape)} does not match slot {spec}"
-                )
+                raise CacheMismatchError(f"buffer {tuple(buffer.shape)} does not match slot {spec}")
         level0 = [b for b, s in zip(buffers, specs, strict=True) if s.level == 0]
         grid_hw = tuple(level0[0].shape[-2:]) if level0 else (0, 0)
         return cls(specs, buffers, grid_hw, int(tensors["frames_seen"]))

@@ -8,6 +8,8 @@ slots once at construction (``slot_specs``) and maps spatial levels to grid size
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -59,7 +61,7 @@ class Encoder(nn.Module):
         self.conv_in = CausalConv3d(config.in_channels, dims[0], 3)
         numbering.claim_convs(self.conv_in, 0)
         blocks: list[nn.Module] = []
-        for stage, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+        for stage, (in_dim, out_dim) in enumerate(pairwise(dims)):
             for _ in range(config.num_res_blocks):
                 block = ResidualBlock(in_dim, out_dim)
                 numbering.claim_convs(block, stage)
@@ -121,7 +123,7 @@ class Decoder(nn.Module):
         self.mid_block = MidBlock(dims[0])
         numbering.claim_convs(self.mid_block, 0)
         blocks: list[UpBlock] = []
-        for stage, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+        for stage, (in_dim, out_dim) in enumerate(pairwise(dims)):
             upsample = stage != last_stage
             block = UpBlock(
                 in_dim // 2 if stage > 0 else in_dim,

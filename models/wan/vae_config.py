@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-__all__ = ["VAEConfigError", "WanVAEConfig", "WAN21_LATENTS_MEAN", "WAN21_LATENTS_STD"]
+__all__ = ["WAN21_LATENTS_MEAN", "WAN21_LATENTS_STD", "VAEConfigError", "WanVAEConfig"]
 
 # Per-channel statistics of Wan2.1 latents; the DiT works on (z - mean) / std.
 WAN21_LATENTS_MEAN: tuple[float, ...] = (

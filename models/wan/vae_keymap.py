@@ -14,7 +14,8 @@ Original Wan naming (``Wan2.1_VAE.pth``; learnt from diffusers' single-file conv
     conv1 / conv2                   quant_conv / post_quant_conv
     decoder.conv1                   decoder.conv_in
     decoder.upsamples.K             decoder.up_blocks.i.{resnets.j | upsamplers.0}, flat:
-                                    K = i * (num_res_blocks + 2) + j, upsampler at j = num_res_blocks + 1
+                                    K = i * (num_res_blocks + 2) + j,
+                                    upsampler at j = num_res_blocks + 1
 
 Ours equals diffusers' naming except that a resampler's spatial conv is ``spatial_conv`` (diffusers
 and Wan: ``resample.1``) and a decoder block's upsampler is ``upsampler`` (diffusers:
@@ -26,6 +27,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 
 from models.wan.vae_config import WanVAEConfig
 
@@ -75,15 +77,15 @@ def _resnet(ours: str, diffusers: str, original: str, shortcut: bool) -> Iterato
         yield KeyRow(f"{ours}.{mine}", f"{diffusers}.{mine}", f"{original}.{theirs}")
 
 
-def _resampler(
-    ours: str, diffusers: str, original: str, temporal: bool
-) -> Iterator[KeyRow]:
+def _resampler(ours: str, diffusers: str, original: str, temporal: bool) -> Iterator[KeyRow]:
     # ours: <ours>.spatial_conv / .time_conv; diffusers and Wan: <prefix>.resample.1 / .time_conv
     for s in _CONV:
         yield KeyRow(f"{ours}.spatial_conv.{s}", f"{diffusers}.resample.1.{s}",
                      f"{original}.resample.1.{s}")  # fmt: skip
     if temporal:
-        yield from _same(f"{ours}.time_conv", f"{diffusers}.time_conv", f"{original}.time_conv", _CONV)
+        yield from _same(
+            f"{ours}.time_conv", f"{diffusers}.time_conv", f"{original}.time_conv", _CONV
+        )
 
 
 def _middle(side: str) -> Iterator[KeyRow]:
@@ -99,7 +101,7 @@ def _encoder(config: WanVAEConfig) -> Iterator[KeyRow]:
     yield from _same("encoder.conv_in", "encoder.conv_in", "encoder.conv1", _CONV)
     flat = 0
     last_stage = len(config.dim_mult) - 1
-    for stage, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+    for stage, (in_dim, out_dim) in enumerate(pairwise(dims)):
         for _ in range(config.num_res_blocks):
             name = f"encoder.down_blocks.{flat}"
             yield from _resnet(name, name, f"encoder.downsamples.{flat}", in_dim != out_dim)
@@ -121,7 +123,7 @@ def _decoder(config: WanVAEConfig) -> Iterator[KeyRow]:
     per_stage = config.num_res_blocks + 2  # resnets + one upsampler in the flat Wan list
     yield from _same("decoder.conv_in", "decoder.conv_in", "decoder.conv1", _CONV)
     yield from _middle("decoder")
-    for stage, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+    for stage, (in_dim, out_dim) in enumerate(pairwise(dims)):
         in_dim = in_dim // 2 if stage > 0 else in_dim
         block = f"decoder.up_blocks.{stage}"
         for j in range(config.num_res_blocks + 1):

@@ -136,9 +136,7 @@ def read_vae_state_dict(
 
 
 def _detect_format(keys: set[str], table: tuple[KeyRow, ...]) -> CheckpointFormat | None:
-    hits = {
-        fmt: sum(row.name_in(fmt) in keys for row in table) for fmt in CheckpointFormat
-    }
+    hits = {fmt: sum(row.name_in(fmt) in keys for row in table) for fmt in CheckpointFormat}
     best = max(hits, key=lambda fmt: hits[fmt])
     return best if hits[best] > 0 else None
 
@@ -207,7 +205,8 @@ def load_vae(
     with torch.device("meta"):
         model = WanVAE(config)
     state = read_vae_state_dict(path, device=device)
-    ours = {name: t.to(dtype=dtype) for name, t in _to_ours(state, model, config, str(path)).items()}
+    mapped = _to_ours(state, model, config, str(path))
+    ours = {name: t.to(dtype=dtype) for name, t in mapped.items()}
     model.load_state_dict(ours, strict=True, assign=True)
     return model.eval()
 

@@ -17,6 +17,17 @@ from models.wan.vae import VAEShapeError, WanVAE, video_to_uint8
 from models.wan.vae_config import WanVAEConfig
 from models.wan.vae_loading import load_vae
 
+
+@pytest.fixture(scope="module", autouse=True)
+def one_intra_op_thread():
+    """These tensors are tiny: OpenMP fork/join costs more than it saves (and far more when the
+    2 CI cores are shared), so this module runs single-threaded and restores the setting."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 TOLERANCE = 1e-4
 
 # (config, video to encode [B, 3, F, H, W], latents to decode [B, z, f, h, w])
@@ -30,8 +41,9 @@ CASES = {
     # 3 stages, 1 res block, temporal downsampling in the first stage only (2x), batch 2,
     # pixel sizes that are not multiples of the 4x spatial factor (36x44 -> 9x11)
     "three-stage": (
-        WanVAEConfig(base_dim=12, dim_mult=(1, 2, 2), num_res_blocks=1,
-                     temperal_downsample=(True, False)),  # fmt: skip
+        WanVAEConfig(
+            base_dim=12, dim_mult=(1, 2, 2), num_res_blocks=1, temperal_downsample=(True, False)
+        ),
         (2, 3, 5, 36, 44),
         (2, 16, 3, 3, 5),
     ),
