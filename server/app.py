@@ -1,16 +1,245 @@
-"""FastAPI application factory (the composition root builds the engine here)."""
+"""FastAPI application factory and composition root: the one place that builds the engine,
+loads the model and wires sessions, store, auth, WebRTC and metrics together.
+
+``create_app(ServerConfig(...))`` returns an app whose lifespan does the work:
+
+startup   store (SQLite under ``data_dir``) + recovery -> model instance(s) -> engine (cost model,
+          admission with KV/peak/compute capacities, one executor thread) -> KV slab pool ->
+          session host (resumes unfinished jobs) -> ICE host restriction and encoder bitrate
+shutdown  viewers' peers -> sessions and jobs -> engine -> store, then the process-wide
+          aiortc/aioice settings are restored. Nothing of the server keeps running.
+
+Routes live in ``server.routes_sessions``, ``server.routes_jobs`` and ``server.routes_system``;
+they reach these objects through ``request.app.state.ctx`` (a ``ServerContext``).
+"""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from server.auth import AuthMode, Authenticator, resolve_auth_mode
+from server.metrics import MetricsSnapshot, ServerMetrics
+from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
+from sessions.host import SessionHost
+from sessions.store import Store
+
+__all__ = ["DEFAULT_MODEL", "ServerConfig", "ServerContext", "create_app"]
+
+log = logging.getLogger(__name__)
+
+# The embedded default card ("tiny-world") is not in the registry yet: serve the tiny random
+# preset, which `dreamrt models` and /v1/models label as random weights.
+DEFAULT_MODEL = "wan-tiny-random"
+_WEB_DIR = Path(__file__).resolve().parent.parent / "clients" / "web"
 
 
-def create_app(*, model: str | None = None, device: str = "auto") -> FastAPI:
-    app = FastAPI(title="dreamrt")
-    resolved_device = "cpu" if device == "auto" else device
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Everything ``dreamrt serve`` can set. Units in names; ``None`` means "decide"."""
 
-    @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok", "model": model or "default", "device": resolved_device}
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str | None = None
+    device: str = "auto"
+    data_dir: Path = Path("data")
+    ice_hosts: tuple[str, ...] = ()
+    ice_servers: tuple[str, ...] = ()
+    auth: str | None = None  # none | token; None: none on loopback, token elsewhere
+    force_no_auth: bool = False
+    admin_key: str | None = None
+    max_sessions: int = 4
+    video_bitrate_bps: int | None = None
+    playout_buffer_s: float = 0.25
+    max_lead_s: float = 1.0
+    max_batch: int = 8
+    control_rate_per_s: float = 30.0
+    web_dir: Path | None = field(default=_WEB_DIR)
 
+
+@dataclass
+class ServerContext:
+    """The live objects of one running server (built by the lifespan)."""
+
+    config: ServerConfig
+    store: Store
+    engine: Any
+    host: SessionHost
+    auth: Authenticator
+    metrics: ServerMetrics
+    device: str
+    model_id: str
+    peers: dict[str, ViewerPeer] = field(default_factory=dict)
+    undo: list[Callable[[], None]] = field(default_factory=list)
+
+    def open_peer(self, session: Any) -> ViewerPeer:
+        """A new viewer peer for ``session`` (the caller closes any previous one first)."""
+        peer = ViewerPeer(
+            session, store=self.store, ice_servers=self.config.ice_servers,
+            control_rate_per_s=self.config.control_rate_per_s,
+            control_burst=int(2 * self.config.control_rate_per_s), on_closed=self._peer_closed,
+        )
+        self.peers[session.id] = peer
+        return peer
+
+    def _peer_closed(self, peer: ViewerPeer) -> None:
+        if self.peers.get(peer.session.id) is peer:
+            del self.peers[peer.session.id]
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        counts = self.host.counts()
+        stats = self.engine.stats()
+        pool = self.host.kv_pool
+        samples = stats.latency_samples_s
+        return MetricsSnapshot(
+            sessions_by_state=counts["sessions_by_state"],
+            jobs_by_state=counts["jobs_by_state"],
+            frames_sent=counts["frames_sent"],
+            stalls=counts["stalls"],
+            media_dropped=counts["media_dropped"],
+            admission_rejections=counts["rejections"],
+            queue_depth=stats.queue_depth,
+            running_loops=stats.running_loops,
+            plans_executed=stats.plans_executed,
+            deadline_misses=stats.deadline_misses,
+            step_latency_s={kind: list(s) for kind, s in samples.items()},
+            steps_by_kind={kind: len(s) for kind, s in samples.items()},
+            kv_slabs_free=pool.free_count if pool is not None else None,
+            kv_slabs_capacity=pool.capacity if pool is not None else None,
+            server_tasks=self.server_tasks(),
+        )
+
+    def server_tasks(self) -> int:
+        """Background tasks the server owns now: peers' tasks, loop drivers, session watchers."""
+        names = ("dreamrt-loop-", "session-", "job-", "peer-")
+        try:
+            tasks = asyncio.all_tasks()
+        except RuntimeError:
+            return 0
+        return sum(1 for t in tasks if not t.done() and t.get_name().startswith(names))
+
+
+def _admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
+    if mode is AuthMode.NONE:
+        return None
+    key = config.admin_key or os.environ.get("DREAMRT_ADMIN_KEY")
+    if key:
+        return key
+    path = config.data_dir / "admin_key"
+    if path.exists():
+        return path.read_text().strip()
+    key = "drt_admin_" + secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    log.warning("generated an admin key in %s (token auth)", path)
+    return key
+
+
+async def _build(config: ServerConfig) -> ServerContext:
+    # Heavy imports stay inside the lifespan: `dreamrt models` and the CLI parser do not pay them.
+    from models import registry
+    from models.instance import load_instance
+    from models.loops.inputs import action_vector, normalize_keys
+    from runtime.admission import AdmissionConfig, AdmissionController
+    from runtime.cost import CostModel, DeviceConstants
+    from runtime.engine import Engine
+    from runtime.pools import KVSlabPool
+
+    mode = resolve_auth_mode(config.host, config.auth, force=config.force_no_auth)
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(config.data_dir / "dreamrt.sqlite3")
+    unfinished_jobs = store.recover()
+    model_id = config.model or DEFAULT_MODEL
+    card = registry.get(model_id)
+    instance = await asyncio.to_thread(load_instance, card, device=config.device)
+    device = str(instance.device)
+    profile = card.default_profile
+    slab_bytes = instance.kv_slab_bytes(profile)
+    on_gpu = device.startswith("cuda")
+    cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
+    admission = AdmissionController(AdmissionConfig(
+        kv_capacity_bytes=slab_bytes * config.max_sessions,
+        peak_capacity_bytes=instance.peak_bytes(profile) * config.max_batch * 4,
+        peak_concurrency=config.max_batch,
+    ))
+    engine = Engine(cost=cost, admission=admission, max_batch=config.max_batch,
+                    playout_buffer_s=config.playout_buffer_s, max_lead_s=config.max_lead_s)
+    await engine.start()
+
+    def validate_action(keys: list[str], mouse: tuple[float, float]) -> list[str]:
+        action_vector(keys, mouse)  # raises InputError (a ValueError) naming the bad key/value
+        return normalize_keys(keys)
+
+    host = SessionHost(
+        engine=engine, models={model_id: instance}, default_model=model_id, store=store,
+        artifact_dir=config.data_dir / "artifacts", kv_pool=KVSlabPool(config.max_sessions, slab_bytes),
+        action_validator=validate_action,
+    )
+    auth = Authenticator(mode, store=store, admin_key=_admin_key(config, mode))
+    ctx = ServerContext(config=config, store=store, engine=engine, host=host, auth=auth,
+                        metrics=ServerMetrics(lambda: ctx.metrics_snapshot()), device=device,
+                        model_id=model_id)
+    if config.ice_hosts:
+        ctx.undo.append(restrict_host_candidates(config.ice_hosts))
+    if config.video_bitrate_bps is not None:
+        ctx.undo.append(configure_video_bitrate(config.video_bitrate_bps))
+    host.resume_jobs(unfinished_jobs)
+    log.info("dreamrt ready: model %s on %s, auth %s, up to %d sessions", model_id, device, mode.value,
+             config.max_sessions)
+    return ctx
+
+
+async def _teardown(ctx: ServerContext) -> None:
+    for peer in list(ctx.peers.values()):
+        with contextlib.suppress(Exception):
+            await peer.close()
+    await ctx.host.close()
+    await ctx.engine.close()
+    await asyncio.to_thread(ctx.store.close)
+    for undo in reversed(ctx.undo):
+        undo()
+    log.info("dreamrt stopped")
+
+
+def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
+    """The dreamrt app for ``config`` (keyword overrides replace its fields)."""
+    from dataclasses import replace
+
+    from server import routes_jobs, routes_sessions, routes_system
+
+    config = replace(config or ServerConfig(), **overrides)
+    if isinstance(config.data_dir, str):
+        config = replace(config, data_dir=Path(config.data_dir))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx = await _build(config)
+        app.state.ctx = ctx
+        try:
+            yield
+        finally:
+            await _teardown(ctx)
+
+    app = FastAPI(title="dreamrt", version="0.1.0", lifespan=lifespan)
+    app.state.config = config
+
+    @app.exception_handler(routes_system.ApiError)
+    async def api_error(request: Request, exc: routes_system.ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    app.include_router(routes_system.router)
+    app.include_router(routes_sessions.router)
+    app.include_router(routes_jobs.router)
+    routes_system.mount_web(app, config.web_dir)
     return app

@@ -1,0 +1,304 @@
+"""``/v1/sessions`` routes (API.md "REST"): create, read, offer, inputs, feedback, fork/choose,
+pause/resume, delete, and the SSE event stream.
+
+Status codes: 201 created, 202 accepted (the two-phase ack follows on the event stream), 204
+deleted, 400 malformed offer/audio, 401/403 auth, 404 unknown id, 409 the session's state
+forbids it (the message names the state), 422 invalid body or an input the model cannot take
+(naming the field), 501 LiveKit (not in this build), 503 + ``Retry-After`` when admission
+refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import StreamingResponse
+
+from models.card import ProfileError
+from runtime.admission import Reject
+from server.auth import Grant
+from server.routes_system import ApiError, authorize, ctx_of, field_error, require_general
+from server.schemas import (
+    ActionsBody,
+    ChooseBody,
+    FeedbackBody,
+    ForkBody,
+    OfferBody,
+    PromptAccepted,
+    PromptBody,
+    SdpAnswer,
+    SessionBody,
+    SessionCreated,
+)
+from server.webrtc import OfferError
+from sessions.audio import AudioFormatError, decode_audio
+from sessions.events import FeedbackRecorded, encode_event
+from sessions.host import UnsupportedTaskError
+from sessions.session import (
+    InvalidInputError,
+    Session,
+    SessionClosedError,
+    SessionStateError,
+    UnsupportedInputError,
+)
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/sessions")
+
+MAX_AUDIO_BYTES = 8 * 1024 * 1024
+SSE_KEEPALIVE_S = 15.0
+
+
+def _live(request: Request, session_id: str, grant: Grant) -> Session:
+    if not grant.allows_session(session_id):
+        raise ApiError(403, "forbidden", f"this token does not grant session {session_id!r}")
+    session = ctx_of(request).host.session(session_id)
+    if session is None:
+        raise ApiError(404, "not_found", f"no live session {session_id!r}")
+    return session
+
+
+def _conflict(exc: Exception) -> ApiError:
+    return ApiError(409, "conflict", str(exc))
+
+
+@router.post("", status_code=201)
+async def create_session(body: SessionBody, request: Request, grant: Grant = Depends(authorize)) -> SessionCreated:
+    require_general(grant)
+    ctx = ctx_of(request)
+    if body.livekit is not None:
+        raise ApiError(501, "livekit_unavailable", "this build has no LiveKit participant; connect over WebRTC")
+    try:
+        answer = ctx.host.create_session(
+            prompt=body.prompt, model=body.model, fps=body.fps, width=body.width, height=body.height,
+            seed=body.seed, priority_class=body.priority_class,
+        )
+    except KeyError as exc:
+        raise field_error("model", str(exc.args[0])) from None
+    except ProfileError as exc:
+        raise field_error(exc.field, str(exc)) from None
+    except UnsupportedTaskError as exc:
+        raise field_error("model", str(exc)) from None
+    if isinstance(answer, Reject):
+        retry = max(1, math.ceil(answer.retry_after_s))
+        raise ApiError(503, "capacity", f"no capacity for another session: {answer.reason} ({answer.detail})",
+                       headers={"Retry-After": str(retry)}, reason=answer.reason, retry_after_s=retry,
+                       permanent=answer.permanent)
+    session = answer
+    token = ctx.auth.issue_session_token(session.id)
+    config = session.config
+    return SessionCreated(id=session.id, token=token, state=session.state.value,
+                          profile={"fps": config.fps, "width": config.width, "height": config.height})
+
+
+@router.get("/{session_id}")
+async def get_session(session_id: str, request: Request, grant: Grant = Depends(authorize)) -> dict[str, Any]:
+    if not grant.allows_session(session_id):
+        raise ApiError(403, "forbidden", f"this token does not grant session {session_id!r}")
+    ctx = ctx_of(request)
+    session = ctx.host.session(session_id)
+    if session is not None:
+        return session.snapshot()
+    row = await ctx.store.run(ctx.store.get_session, session_id)
+    if row is None:
+        raise ApiError(404, "not_found", f"no session {session_id!r}")
+    return {key: row[key] for key in ("id", "state", "prompt", "segment", "frames_sent", "stalls",
+                                      "fps_measured", "created_at", "error")} | {"model": row["model_id"]}
+
+
+@router.post("/{session_id}/offer")
+async def offer(session_id: str, body: OfferBody, request: Request, grant: Grant = Depends(authorize)) -> SdpAnswer:
+    session = _live(request, session_id, grant)
+    ctx = ctx_of(request)
+    previous = ctx.peers.get(session_id)
+    if previous is not None:
+        await previous.close()  # one viewer per session: the new offer replaces the old peer
+    try:
+        session.begin_negotiation()
+    except SessionStateError as exc:
+        raise _conflict(exc) from None
+    peer = ctx.open_peer(session)
+    try:
+        answer = await peer.answer(body.sdp)
+    except OfferError as exc:
+        session.negotiation_failed(str(exc))
+        await peer.close()
+        raise ApiError(400, "bad_offer", str(exc)) from None
+    return SdpAnswer(sdp=answer.sdp, type="answer")
+
+
+@router.post("/{session_id}/prompt", status_code=202)
+async def prompt(session_id: str, body: PromptBody, request: Request, grant: Grant = Depends(authorize)) -> PromptAccepted:
+    session = _live(request, session_id, grant)
+    try:
+        seq, applies_at = session.push_prompt(body.text, body.mode)
+    except UnsupportedInputError as exc:
+        raise field_error("mode", str(exc), code="unsupported_input") from None
+    except SessionClosedError as exc:
+        raise _conflict(exc) from None
+    return PromptAccepted(applies_at_chunk=applies_at, seq=seq)
+
+
+@router.post("/{session_id}/actions", status_code=202)
+async def actions(session_id: str, body: ActionsBody, request: Request, grant: Grant = Depends(authorize)) -> dict[str, int]:
+    session = _live(request, session_id, grant)
+    try:
+        seq = session.push_action(body.keys, body.mouse)
+    except UnsupportedInputError as exc:
+        raise field_error("keys", str(exc), code="unsupported_input") from None
+    except InvalidInputError as exc:
+        raise field_error("keys", str(exc)) from None
+    except SessionClosedError as exc:
+        raise _conflict(exc) from None
+    return {"seq": seq}
+
+
+@router.post("/{session_id}/audio", status_code=202)
+async def audio(session_id: str, request: Request, grant: Grant = Depends(authorize)) -> dict[str, Any]:
+    session = _live(request, session_id, grant)
+    if "input.audio" not in session.config.capabilities:
+        raise ApiError(422, "unsupported_input",
+                       f"model {session.config.model_id!r} does not accept audio (no 'input.audio' capability)")
+    declared = int(request.headers.get("content-length") or 0)
+    if declared > MAX_AUDIO_BYTES:
+        raise ApiError(413, "too_large", f"audio body is {declared} bytes; the limit is {MAX_AUDIO_BYTES}")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > MAX_AUDIO_BYTES:
+            raise ApiError(413, "too_large", f"audio body exceeds {MAX_AUDIO_BYTES} bytes")
+    try:
+        clip = await asyncio.to_thread(decode_audio, bytes(body), content_type=request.headers.get("content-type", ""))
+    except AudioFormatError as exc:
+        raise ApiError(400, "bad_audio", str(exc)) from None
+    try:
+        seq = session.push_audio(clip)
+    except SessionClosedError as exc:
+        raise _conflict(exc) from None
+    return {"seq": seq, "seconds": round(clip.duration_s, 4)}
+
+
+@router.post("/{session_id}/feedback", status_code=201)
+async def feedback(session_id: str, body: FeedbackBody, request: Request, grant: Grant = Depends(authorize)) -> dict[str, int]:
+    session = _live(request, session_id, grant)
+    store = ctx_of(request).store
+    chunk = body.chunk if body.chunk is not None else max(session.last_chunk, 0)
+    feedback_id = await store.run(store.add_feedback, session_id=session_id, rating=body.rating, chunk=chunk,
+                                  note=body.note)
+    session.publish(FeedbackRecorded(feedback_id=feedback_id, rating=body.rating, chunk=chunk))
+    return {"id": feedback_id}
+
+
+@router.post("/{session_id}/fork", status_code=201)
+async def fork(session_id: str, body: ForkBody, request: Request, grant: Grant = Depends(authorize)) -> dict[str, list[str]]:
+    """Records the fork (candidate ids, n, prompt). Generating the candidates from the session's
+    KV state is the RL issue's work; until then they are recorded, not streamed."""
+    session = _live(request, session_id, grant)
+    store = ctx_of(request).store
+    candidates = [f"{session.id}.f{session.last_chunk + 1}.{i}" for i in range(body.n)]
+    await store.run(store.add_fork, session_id=session.id, n=body.n, prompt=body.prompt, candidates=candidates)
+    return {"candidates": candidates}
+
+
+@router.post("/{session_id}/choose", status_code=201)
+async def choose(session_id: str, body: ChooseBody, request: Request, grant: Grant = Depends(authorize)) -> dict[str, Any]:
+    session = _live(request, session_id, grant)
+    store = ctx_of(request).store
+    fork_row = await store.run(store.find_fork, session.id, body.candidate)
+    if fork_row is None:
+        raise field_error("candidate", f"{body.candidate!r} is not a candidate of a fork of session {session.id!r}")
+    rejected = [c for c in fork_row["candidates"] if c != body.candidate]
+    context_ref = f"{session.id}@chunk{session.last_chunk}"
+    await store.run(store.choose_fork, fork_row["id"], body.candidate, context_ref, rejected)
+    return {"chosen": body.candidate, "preferences": len(rejected)}
+
+
+@router.post("/{session_id}/pause", status_code=202)
+async def pause(session_id: str, request: Request, grant: Grant = Depends(authorize)) -> dict[str, str]:
+    session = _live(request, session_id, grant)
+    try:
+        session.pause()
+    except SessionStateError as exc:
+        raise _conflict(exc) from None
+    return {"state": session.state.value}
+
+
+@router.post("/{session_id}/resume", status_code=202)
+async def resume(session_id: str, request: Request, grant: Grant = Depends(authorize)) -> dict[str, str]:
+    session = _live(request, session_id, grant)
+    try:
+        session.resume()
+    except SessionStateError as exc:
+        raise _conflict(exc) from None
+    return {"state": session.state.value}
+
+
+@router.delete("/{session_id}", status_code=204)
+async def delete(session_id: str, request: Request, grant: Grant = Depends(authorize)) -> Response:
+    if not grant.allows_session(session_id):
+        raise ApiError(403, "forbidden", f"this token does not grant session {session_id!r}")
+    ctx = ctx_of(request)
+    peer = ctx.peers.get(session_id)
+    if peer is not None:
+        await peer.close()
+    if not await ctx.host.close_session(session_id):
+        if await ctx.store.run(ctx.store.get_session, session_id) is None:
+            raise ApiError(404, "not_found", f"no session {session_id!r}")
+    return Response(status_code=204)
+
+
+@router.get("/{session_id}/events")
+async def events(session_id: str, request: Request, grant: Grant = Depends(authorize)) -> StreamingResponse:
+    """Server-Sent Events: ``id`` = event id, ``event`` = type, ``data`` = the event's JSON.
+
+    Replays what the stream retains after ``Last-Event-ID`` (or ``?after=``; default: from the
+    start), then follows live events; ends when the session ends. A finished session replays
+    its persisted events.
+    """
+    if not grant.allows_session(session_id):
+        raise ApiError(403, "forbidden", f"this token does not grant session {session_id!r}")
+    ctx = ctx_of(request)
+    after = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
+    if not after.isdigit():
+        raise ApiError(400, "bad_request", f"Last-Event-ID/after must be an event id, got {after!r}")
+    session = ctx.host.session(session_id)
+    if session is None:
+        rows = await ctx.store.run(ctx.store.events, session_id)
+        if not rows and await ctx.store.run(ctx.store.get_session, session_id) is None:
+            raise ApiError(404, "not_found", f"no session {session_id!r}")
+        stored = [r for r in rows if r["event_id"] > int(after)]
+
+        async def replay() -> AsyncIterator[bytes]:
+            for row in stored:
+                yield _sse(row["event_id"], row["type"], row["body"].encode())
+
+        return StreamingResponse(replay(), media_type="text/event-stream", headers=_SSE_HEADERS)
+    subscription = session.events.subscribe(after_id=int(after))
+
+    async def follow() -> AsyncIterator[bytes]:
+        try:
+            yield b"retry: 2000\n\n"
+            while True:
+                event = await subscription.next(SSE_KEEPALIVE_S)
+                if event is None:
+                    if subscription.closed:
+                        break
+                    yield b": keepalive\n\n"
+                    continue
+                yield _sse(event.event_id, type(event).__struct_config__.tag, encode_event(event))
+        finally:
+            subscription.close()
+
+    return StreamingResponse(follow(), media_type="text/event-stream", headers=_SSE_HEADERS)
+
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _sse(event_id: int, event_type: str, data: bytes) -> bytes:
+    return b"id: %d\nevent: %s\ndata: %s\n\n" % (event_id, event_type.encode(), data)

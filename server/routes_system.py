@@ -1,0 +1,113 @@
+"""Routes that are not about one session or job: health, metrics, models, tokens, the web page.
+
+Also the shared edge helpers: ``ApiError`` (an error answer with a machine-readable ``code``;
+422s name the field in FastAPI's own ``detail`` shape) and the ``authorize`` dependency.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.staticfiles import StaticFiles
+
+from server.auth import AuthError, Grant, is_loopback
+from server.metrics import CONTENT_TYPE
+from server.schemas import TokenBody, TokenIssued
+
+__all__ = ["ApiError", "authorize", "ctx_of", "field_error", "mount_web", "router"]
+
+router = APIRouter()
+
+
+class ApiError(Exception):
+    """An error answer: ``status``, a ``code`` and a human message (plus optional headers)."""
+
+    def __init__(self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None,
+                 detail: Any = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers
+        self._detail = detail
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": self._detail if self._detail is not None else self.message, "code": self.code,
+                **self.extra}
+
+
+def field_error(field: str, message: str, *, code: str = "invalid_field") -> ApiError:
+    """A 422 whose ``detail`` names ``field`` exactly like FastAPI's validation errors do."""
+    return ApiError(422, code, message, detail=[{"loc": ["body", field], "msg": message, "type": code}])
+
+
+def ctx_of(request: Request) -> Any:
+    ctx = getattr(request.app.state, "ctx", None)
+    if ctx is None:
+        raise ApiError(503, "starting", "the server is starting", headers={"Retry-After": "1"})
+    return ctx
+
+
+def authorize(request: Request) -> Grant:
+    """FastAPI dependency: the request's grant, or 401."""
+    try:
+        return ctx_of(request).auth.authenticate(request.headers.get("authorization"))
+    except AuthError as exc:
+        raise ApiError(exc.status, "unauthorized", exc.message, headers={"WWW-Authenticate": "Bearer"}) from None
+
+
+def require_general(grant: Grant) -> None:
+    if not grant.allows_general():
+        raise ApiError(403, "forbidden", f"a token of scope {grant.scope!r} cannot use this route")
+
+
+@router.get("/healthz")
+def healthz(request: Request) -> dict[str, str]:
+    ctx = getattr(request.app.state, "ctx", None)
+    config = request.app.state.config
+    if ctx is None:
+        return {"status": "starting", "model": config.model or "default", "device": config.device}
+    return {"status": "ok", "model": ctx.model_id, "device": ctx.device}
+
+
+@router.get("/metrics")
+def metrics(request: Request) -> Response:
+    client = request.client.host if request.client is not None else ""
+    ctx = ctx_of(request)
+    if not is_loopback(client):
+        require_general(authorize(request))
+    return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.get("/v1/models")
+def list_models(request: Request, grant: Grant = Depends(authorize)) -> list[dict[str, Any]]:
+    require_general(grant)
+    from models import registry
+
+    served = ctx_of(request).host.models
+    cards = registry.list_cards()
+    out = []
+    for card in cards:
+        public = card.to_public()
+        public["served"] = card.model_id in served
+        if card.weights.value == "random":
+            public["label"] = "random weights"
+        out.append(public)
+    return out
+
+
+@router.post("/v1/tokens", status_code=201)
+def issue_token(body: TokenBody, request: Request, grant: Grant = Depends(authorize)) -> TokenIssued:
+    if not grant.is_admin:
+        raise ApiError(403, "forbidden", "issuing tokens needs the admin key or an admin token")
+    token, expires_at = ctx_of(request).auth.issue(body.scope, body.ttl_s)
+    return TokenIssued(token=token, scope=body.scope, expires_at=expires_at)
+
+
+def mount_web(app: FastAPI, web_dir: Path | None) -> None:
+    """Serves the web client at ``/`` when its directory exists (mounted last: API routes win)."""
+    if web_dir is not None and (web_dir / "index.html").exists():
+        app.mount("/", StaticFiles(directory=web_dir, html=True), name="web")

@@ -1,0 +1,133 @@
+"""Request and response bodies of the REST API (API.md), validated by pydantic at the edge.
+
+Unknown fields are refused (``extra="forbid"``): a typo such as ``"promt"`` is a 422 naming
+the field rather than a silently ignored value. Nothing past this module sees pydantic.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ActionsBody",
+    "ChooseBody",
+    "FeedbackBody",
+    "ForkBody",
+    "JobBody",
+    "JobCreated",
+    "LiveKitBody",
+    "OfferBody",
+    "PromptAccepted",
+    "PromptBody",
+    "SdpAnswer",
+    "SessionBody",
+    "SessionCreated",
+    "TokenBody",
+    "TokenIssued",
+]
+
+Text = Annotated[str, Field(min_length=1, max_length=4000)]
+Dimension = Annotated[int, Field(ge=8, le=4096)]
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class LiveKitBody(_Body):
+    url: Annotated[str, Field(min_length=1)]
+    room: Annotated[str, Field(min_length=1)]
+    token: str | None = None
+
+
+class SessionBody(_Body):
+    prompt: Text
+    model: str | None = None
+    fps: Annotated[int, Field(ge=1, le=120)] | None = None
+    width: Dimension | None = None
+    height: Dimension | None = None
+    seed: Seed | None = None
+    priority_class: Literal["realtime", "batch"] = Field("realtime", alias="class")
+    livekit: LiveKitBody | None = None
+
+
+class Profile(BaseModel):
+    fps: int
+    width: int
+    height: int
+
+
+class SessionCreated(BaseModel):
+    id: str
+    token: str
+    state: str
+    profile: Profile
+
+
+class OfferBody(_Body):
+    sdp: Annotated[str, Field(min_length=1, max_length=64 * 1024)]
+    type: Literal["offer"]
+
+
+class SdpAnswer(BaseModel):
+    sdp: str
+    type: Literal["answer"]
+
+
+class PromptBody(_Body):
+    text: Text
+    mode: Literal["switch", "cut"] = "switch"
+
+
+class PromptAccepted(BaseModel):
+    applies_at_chunk: int
+    seq: int
+
+
+class ActionsBody(_Body):
+    keys: Annotated[list[Annotated[str, Field(min_length=1, max_length=32)]], Field(max_length=16)]
+    mouse: tuple[Annotated[float, Field(ge=-10_000, le=10_000)], Annotated[float, Field(ge=-10_000, le=10_000)]] | None = None
+
+
+class FeedbackBody(_Body):
+    rating: Literal[-1, 0, 1]
+    chunk: Annotated[int, Field(ge=0)] | None = None
+    note: Annotated[str, Field(max_length=2000)] | None = None
+
+
+class ForkBody(_Body):
+    n: Annotated[int, Field(ge=2, le=8)]
+    prompt: Text | None = None
+
+
+class ChooseBody(_Body):
+    candidate: Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class JobBody(_Body):
+    task: Literal["t2v", "t2i"]
+    prompt: Text
+    model: str | None = None
+    num_frames: Annotated[int, Field(ge=1, le=1024)] | None = None
+    width: Dimension | None = None
+    height: Dimension | None = None
+    steps: Annotated[int, Field(ge=1, le=1000)] | None = None
+    seed: Seed | None = None
+
+
+class JobCreated(BaseModel):
+    id: str
+
+
+class TokenBody(_Body):
+    scope: Annotated[str, Field(pattern=r"^(admin|user|session:[A-Za-z0-9_]+)$")]
+    ttl_s: Annotated[float, Field(gt=0, le=365 * 24 * 3600)] = 3600.0
+
+
+class TokenIssued(BaseModel):
+    token: str
+    scope: str
+    expires_at: float

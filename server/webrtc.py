@@ -1,0 +1,324 @@
+"""WebRTC signalling and the peer of one viewer (aiortc).
+
+``ViewerPeer.answer(offer)`` takes the browser's (or ``dreamrt watch``'s) offer and returns the
+complete answer (aiortc gathers ICE before answering: no trickle). The offer must carry a video
+m-line the server can send on (``recvonly`` or ``sendrecv``); it may carry
+
+- a data channel labelled ``control`` (created by the client): client messages are validated
+  by ``server.control`` and applied to the session, every session event is sent back as JSON;
+- an audio m-line (``sendonly`` from the client, e.g. push-to-talk): for cards with
+  ``input.audio`` the frames are resampled to 16 kHz mono and pushed to the session every
+  ``AUDIO_PUSH_S`` seconds; for other cards the m-line is answered ``inactive``.
+
+Codecs: VP8 first, H.264 constrained baseline (``42e01f``) and baseline (``42001f``) also
+offered. ``configure_video_bitrate`` sets aiortc's encoder target and cap (process-wide: the
+encoders read module constants). ICE: no STUN/TURN unless configured; ``restrict_host_candidates``
+limits the host candidates aioice gathers to the given addresses (``--ice-host``).
+
+Lifecycle: ``close()`` is idempotent; it ends the forwarding and audio tasks (awaited),
+stops the track, closes the peer connection and tells the session its viewer left. A peer
+connection that fails or closes on its own triggers the same ``close()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import av
+import numpy as np
+from aiortc import (
+    RTCConfiguration,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCRtpSender,
+    RTCSessionDescription,
+)
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from server.control import (
+    ActionMessage,
+    ControlError,
+    FeedbackMessage,
+    PauseMessage,
+    PingMessage,
+    PromptMessage,
+    ResumeMessage,
+    TokenBucket,
+    decode_control,
+)
+from server.media_track import SessionVideoTrack
+from sessions.audio import TARGET_RATE_HZ, AudioClip
+from sessions.events import FeedbackRecorded, Pong, encode_event
+from sessions.session import Session, SessionStateError, UnsupportedInputError
+from sessions.store import Store
+
+__all__ = [
+    "AUDIO_PUSH_S",
+    "OfferError",
+    "ViewerPeer",
+    "configure_video_bitrate",
+    "restrict_host_candidates",
+    "video_codec_preferences",
+]
+
+log = logging.getLogger(__name__)
+
+AUDIO_PUSH_S = 0.5
+CONTROL_LABEL = "control"
+
+
+class OfferError(ValueError):
+    """The offer cannot be answered (malformed SDP, no video m-line, no common codec)."""
+
+
+def video_codec_preferences() -> list[Any]:
+    """VP8, then H.264 constrained baseline / baseline, then RTX (aiortc capabilities)."""
+    codecs = RTCRtpSender.getCapabilities("video").codecs
+
+    def rank(codec: Any) -> int:
+        mime = codec.mimeType.lower()
+        if mime == "video/vp8":
+            return 0
+        if mime == "video/h264":
+            return {"42e01f": 1, "42001f": 2}.get(codec.parameters.get("profile-level-id", ""), 9)
+        if mime == "video/rtx":
+            return 3
+        return 9
+
+    return sorted((c for c in codecs if rank(c) < 9), key=rank)
+
+
+def configure_video_bitrate(bitrate_bps: int) -> Callable[[], None]:
+    """Sets aiortc's VP8/H.264 start bitrate and cap to ``bitrate_bps``; returns an undo."""
+    from aiortc.codecs import h264, vpx
+
+    if bitrate_bps <= 0:
+        raise ValueError(f"bitrate_bps must be > 0, got {bitrate_bps}")
+    saved = [(module, name, getattr(module, name)) for module in (vpx, h264)
+             for name in ("DEFAULT_BITRATE", "MIN_BITRATE", "MAX_BITRATE")]
+    for module in (vpx, h264):
+        module.DEFAULT_BITRATE = bitrate_bps
+        module.MAX_BITRATE = bitrate_bps
+        module.MIN_BITRATE = min(module.MIN_BITRATE, bitrate_bps)
+
+    def undo() -> None:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+    return undo
+
+
+def restrict_host_candidates(addresses: Sequence[str]) -> Callable[[], None]:
+    """aioice gathers host candidates only on ``addresses``; returns an undo."""
+    import aioice.ice
+
+    allowed = list(addresses)
+    original = aioice.ice.get_host_addresses
+
+    def host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+        return [a for a in allowed if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
+
+    aioice.ice.get_host_addresses = host_addresses
+
+    def undo() -> None:
+        aioice.ice.get_host_addresses = original
+
+    return undo
+
+
+class ViewerPeer:
+    """The WebRTC peer connection of one viewer of one session (see the module docstring)."""
+
+    def __init__(
+        self,
+        session: Session,
+        *,
+        store: Store | None,
+        ice_servers: Sequence[str] = (),
+        control_rate_per_s: float = 30.0,
+        control_burst: int = 60,
+        on_closed: Callable[[ViewerPeer], None] | None = None,
+    ) -> None:
+        self.session = session
+        self._store = store
+        config = RTCConfiguration(iceServers=[RTCIceServer(urls=url) for url in ice_servers])
+        self.pc = RTCPeerConnection(configuration=config)
+        self.track = SessionVideoTrack(session)
+        self._bucket = TokenBucket(control_rate_per_s, control_burst)
+        self._on_closed = on_closed
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._channel: Any = None
+        self._subscription = session.events.subscribe(after_id=session.events.last_id)
+        self._closed = False
+        self._audio_wanted = "input.audio" in session.config.capabilities
+        self.audio_frames_in = 0
+
+        @self.pc.on("datachannel")
+        def on_datachannel(channel: Any) -> None:
+            if channel.label != CONTROL_LABEL:
+                log.info("session %s: ignoring data channel %r", session.id, channel.label)
+                return
+            self._channel = channel
+            channel.on("message", self._on_message)
+            self._spawn(self._forward_events(channel), "events")
+
+        @self.pc.on("track")
+        def on_track(track: MediaStreamTrack) -> None:
+            if track.kind == "audio" and self._audio_wanted:
+                self._spawn(self._ingest_audio(track), "audio")
+
+        @self.pc.on("connectionstatechange")
+        async def on_state() -> None:
+            log.info("session %s: peer connection %s", session.id, self.pc.connectionState)
+            if self.pc.connectionState in ("failed", "closed"):
+                await self.close()
+
+    # ---------------------------------------------------------------- signalling
+
+    async def answer(self, sdp: str) -> RTCSessionDescription:
+        """Answers the offer ``sdp``; ``OfferError`` if it cannot be answered."""
+        if "m=video" not in sdp:
+            raise OfferError("the offer has no video m-line; add a recvonly video transceiver")
+        video = self.pc.addTransceiver(self.track, direction="sendonly")
+        video.setCodecPreferences(video_codec_preferences())
+        if "m=audio" in sdp:
+            self.pc.addTransceiver("audio", direction="recvonly" if self._audio_wanted else "inactive")
+        try:
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+            await self.pc.setLocalDescription(await self.pc.createAnswer())
+        except Exception as exc:  # aiortc raises assorted types on malformed SDP
+            raise OfferError(f"cannot answer the offer: {type(exc).__name__}: {exc}") from None
+        if video.currentDirection not in ("sendonly", "sendrecv"):
+            raise OfferError(
+                f"the offer's video m-line lets the server send nothing (answer direction "
+                f"{video.currentDirection!r}); offer it recvonly"
+            )
+        local = self.pc.localDescription
+        return RTCSessionDescription(sdp=local.sdp, type=local.type)
+
+    # ---------------------------------------------------------------- control channel
+
+    def _send(self, payload: bytes) -> None:
+        channel = self._channel
+        if channel is not None and channel.readyState == "open":
+            channel.send(payload.decode("utf-8"))
+
+    async def _forward_events(self, channel: Any) -> None:
+        """Every session event, in order, as one JSON text message (once the channel is open)."""
+        opened = asyncio.Event()
+        channel.on("open", opened.set)
+        if channel.readyState == "open":
+            opened.set()
+        try:
+            await opened.wait()
+            async for event in self._subscription:
+                if channel.readyState != "open":
+                    break
+                self._send(encode_event(event))
+        finally:
+            self._subscription.close()
+
+    def _on_message(self, message: str | bytes) -> None:
+        session = self.session
+        if not self._bucket.take():
+            session.report_error("rate_limited", f"more than {self._bucket.rate_per_s:g} control messages per second")
+            return
+        try:
+            msg = decode_control(message)
+        except ControlError as exc:
+            session.report_error(exc.code, exc.message)
+            return
+        try:
+            self._apply(msg)
+        except (UnsupportedInputError, SessionStateError, ValueError) as exc:
+            session.report_error("rejected", str(exc))
+
+    def _apply(self, msg: Any) -> None:
+        session = self.session
+        if isinstance(msg, PromptMessage):
+            session.push_prompt(msg.text, msg.mode)
+        elif isinstance(msg, ActionMessage):
+            session.push_action(msg.keys, msg.mouse)
+        elif isinstance(msg, PingMessage):
+            self._send(encode_event(Pong(t=msg.t)))
+        elif isinstance(msg, PauseMessage):
+            session.pause()
+        elif isinstance(msg, ResumeMessage):
+            session.resume()
+        elif isinstance(msg, FeedbackMessage):
+            self._spawn(self._record_feedback(msg), "feedback")
+
+    async def _record_feedback(self, msg: FeedbackMessage) -> None:
+        if self._store is None:
+            return
+        chunk = msg.chunk if msg.chunk is not None else max(self.session.last_chunk, 0)
+        feedback_id = await self._store.run(self._store.add_feedback, session_id=self.session.id,
+                                            rating=msg.rating, chunk=chunk, note=msg.note)
+        self.session.publish(FeedbackRecorded(feedback_id=feedback_id, rating=msg.rating, chunk=chunk))
+
+    # ---------------------------------------------------------------- audio from the viewer
+
+    async def _ingest_audio(self, track: MediaStreamTrack) -> None:
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=TARGET_RATE_HZ)
+        pending: list[np.ndarray] = []
+        pending_n = 0
+        push_n = int(AUDIO_PUSH_S * TARGET_RATE_HZ)
+        try:
+            while True:
+                frame = await track.recv()
+                self.audio_frames_in += 1
+                for out in resampler.resample(frame):
+                    samples = out.to_ndarray().reshape(-1).astype(np.float32)  # [n] 16 kHz mono
+                    pending.append(samples)
+                    pending_n += samples.shape[0]
+                if pending_n >= push_n and self.session.accepts_inputs:
+                    clip = AudioClip(np.clip(np.concatenate(pending), -1.0, 1.0), frame.sample_rate,
+                                     len(frame.layout.channels))
+                    pending, pending_n = [], 0
+                    self.session.push_audio(clip)
+        except MediaStreamError:
+            log.debug("session %s: viewer audio ended", self.session.id)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def _spawn(self, coro: Any, what: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=f"peer-{self.session.id}-{what}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("session %s: %s failed", self.session.id, task.get_name(), exc_info=task.exception())
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def task_count(self) -> int:
+        return len(self._tasks)
+
+    async def close(self) -> None:
+        """Idempotent: ends tasks, track and peer connection; the session pauses (no viewer)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._subscription.close()
+        self.track.stop()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.pc.close()
+        if not self.session.terminal:
+            self.session.viewer_left()
+        if self._on_closed is not None:
+            self._on_closed(self)
+
