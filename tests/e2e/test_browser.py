@@ -132,6 +132,27 @@ def test_held_key_is_applied(live_page: Any, server: ServerProcess) -> None:
     live_page.wait_for_function("document.getElementById('stat-action-latency').textContent.endsWith('ms')")
 
 
+def test_microphone_audio_reaches_the_session(live_page: Any, server: ServerProcess) -> None:
+    """Chromium's fake microphone, held on push-to-talk, arrives as session audio input."""
+    transport = live_page.evaluate("window.dreamrt.app.talk ? window.dreamrt.app.talk.transport.name : null")
+    assert transport in ("track", "http"), f"push-to-talk has no transport: {live_page.text_content('#talk-transport')}"
+    since = _new_events_since(live_page)
+    live_page.focus("#stage")
+    live_page.keyboard.down(" ")
+    try:
+        live_page.wait_for_function("document.getElementById('talk').getAttribute('aria-pressed') === 'true'")
+        live_page.wait_for_function(
+            """(since) => window.dreamrt.events.slice(since).some((e) => e.type === 'input.received' && e.kind === 'audio')""",
+            arg=since, timeout=20_000)
+    except Exception:
+        types = live_page.evaluate(f"window.dreamrt.events.slice({since}).map((e) => e.type + (e.kind ? ':' + e.kind : ''))")
+        pytest.fail(f"no audio input reached the session over {transport}; events: {types[-40:]}\n"
+                    f"server log:\n{server.log_tail()}")
+    finally:
+        live_page.keyboard.up(" ")
+    live_page.wait_for_function("document.getElementById('talk').getAttribute('aria-pressed') === 'false'")
+
+
 def test_screenshot_shows_the_stream_and_controls(live_page: Any) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     live_page.focus("#stage")
