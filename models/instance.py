@@ -185,8 +185,13 @@ def _randomize_hooks(dit: WanDiT, seed: int) -> None:
 
 
 def load_instance(card: ModelCard, *, device: str = "auto", precision: str | None = None,
-                  checkpoint_dir: str | Path | None = None, seed: int = 0) -> WanInstance:
-    """Validate ``card`` and build its components (see module docstring)."""
+                  checkpoint_dir: str | Path | None = None, seed: int = 0,
+                  random_weights: bool = False) -> WanInstance:
+    """Validate ``card`` and build its components (see module docstring).
+
+    ``random_weights`` builds seeded random weights whatever the card's ``weights`` say - for
+    benchmarks and smoke tests of an architecture whose checkpoint is not at hand.
+    """
     card.validate()
     dev = _pick_device(device)
     prec = _pick_precision(card, dev, precision)
@@ -195,11 +200,12 @@ def load_instance(card: ModelCard, *, device: str = "auto", precision: str | Non
     dit_spec = card.components["dit"]
     hooks = {"action_dim": ACTION_DIM if "action" in dit_spec.conditioning else 0,
              "audio_dim": AUDIO_DIM if "audio" in dit_spec.conditioning else 0}
-    if card.weights.value == "random":
+    if random_weights or card.weights.value == "random":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            dit = WanDiT(WanDiTConfig.preset(dit_spec.preset).replace(**hooks))
-            vae = WanVAE(WanVAEConfig.preset(card.components["vae"].preset))
+            with dev:  # initialise where the weights will live (a 1.3B DiT inits in ms on GPU)
+                dit = WanDiT(WanDiTConfig.preset(dit_spec.preset).replace(**hooks))
+                vae = WanVAE(WanVAEConfig.preset(card.components["vae"].preset))
         _randomize_hooks(dit, seed)
         encoder = UMT5TextEncoder.from_preset(card.components["text_encoder"].preset, seed=seed,
                                               device=dev, dtype=dtype)
