@@ -278,6 +278,10 @@ class Scheduler:
     def ticket(self, plan_id: int) -> Ticket | None:
         return self._tickets.get(plan_id)
 
+    def tickets(self) -> tuple[Ticket, ...]:
+        """Every queued ticket, by plan id."""
+        return tuple(sorted(self._tickets.values(), key=_plan_id))
+
     @property
     def in_flight(self) -> Batch | None:
         return self._in_flight
@@ -379,6 +383,10 @@ class Scheduler:
         self._next_batch_id += 1
         self._in_flight = batch
         return batch
+
+
+def _plan_id(ticket: Ticket) -> int:
+    return ticket.plan_id
 
 
 def _first(item: tuple[tuple[object, ...], Ticket]) -> tuple[object, ...]:

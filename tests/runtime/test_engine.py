@@ -1,0 +1,394 @@
+"""Engine: schedule -> execute -> update with real loops, one executor thread, real asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import pytest
+import torch
+
+from runtime.admission import AdmissionConfig, AdmissionController, AdmissionRequest, Admit
+from runtime.contract import (
+    Cancelled,
+    Done,
+    EmitSpec,
+    Emission,
+    InputEvent,
+    LoopFailed,
+    LoopResult,
+    LoopState,
+    PlanKind,
+    Priority,
+    StepResult,
+    WorkPlan,
+)
+from runtime.cost import CostModel
+from runtime.driver import restore_state, run_inline
+from runtime.engine import Engine, EngineError
+from runtime.observers import BatchInfo, NaNWatch, Observation
+from tests.runtime.toy_loops import ToyDenoiseLoop, ToyDenoiser, ToyModel, ToyRequest, ToyState
+
+RT = Priority.REALTIME
+BATCH = Priority.BATCH
+
+
+@pytest.fixture(scope="module")
+def model() -> ToyModel:
+    return ToyModel(ToyDenoiser(seed=9))
+
+
+def make_engine(**overrides: Any) -> Engine:
+    params: dict[str, Any] = {"cost": CostModel(), "max_lead_s": 10.0}
+    params.update(overrides)
+    return Engine(**params)
+
+
+async def until(predicate: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.002)
+
+
+class GateOp:
+    """Blocks the executor thread inside the op until ``gate`` is set."""
+
+    name = "gate"
+    batchable = False
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.calls: list[Any] = []
+
+    def __call__(self, args: Sequence[Any], *, deterministic: bool = False) -> list[Any]:
+        self.entered.set()
+        self.gate.wait(10.0)
+        self.calls.extend(args)
+        return list(args)
+
+
+class Count(LoopState, kw_only=True):
+    limit: int
+
+
+class CountLoop:
+    """``limit`` host steps through ``op``; emits each step's output."""
+
+    name = "count"
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+
+    def init(self, request: int, model: Any, ctx: Any) -> Count:
+        return Count(limit=request)
+
+    def next(self, state: Count) -> WorkPlan | Done:
+        if state.step >= state.limit:
+            return Done()
+        return WorkPlan(loop_id="c", kind=PlanKind.HOST, op=self.op, args=state.step, shape_sig="1",
+                        emits=(EmitSpec("progress"),))
+
+    def advance(self, state: Count, result: StepResult) -> Count:
+        return msgspec.structs.replace(state, step=state.step + 1)
+
+    def finalize(self, state: Count) -> LoopResult:
+        return LoopResult({"steps": state.step})
+
+
+class AttemptSpy:
+    """Records every op attempt: (loop ids, solo_retry)."""
+
+    def __init__(self) -> None:
+        self.attempts: list[tuple[tuple[str, ...], bool]] = []
+
+    def before_batch(self, info: BatchInfo) -> None:
+        self.attempts.append((info.loop_ids, info.solo_retry))
+
+    def after_batch(self, info: BatchInfo, outputs: Sequence[Any], wall_s: float) -> Observation | None:
+        return None
+
+
+def no_emit(emission: Emission) -> None:
+    return None
+
+
+async def test_one_loop_runs_to_completion_with_stats_and_emissions(model: ToyModel) -> None:
+    want, want_emissions = await run_inline(ToyDenoiseLoop(model), ToyRequest(seed=2), model)
+    engine = make_engine()
+    await engine.start()
+    emitted: list[Emission] = []
+    try:
+        handle = engine.spawn(ToyDenoiseLoop(model), ToyRequest(seed=2), model, loop_id="a",
+                              priority=BATCH, on_emit=emitted.append)
+        result = await handle.result()
+        stats = engine.stats()
+    finally:
+        await engine.close()
+    assert torch.equal(result.outputs["x"], want.outputs["x"])
+    assert [e.spec.meta["step"] for e in emitted] == list(range(6)) == [e.spec.meta["step"] for e in want_emissions]
+    assert handle.done and handle.state_name == "succeeded"
+    assert (stats.plans_executed, stats.batches_executed, stats.queue_depth, stats.running_loops) == (6, 6, 0, 0)
+    assert stats.loops_succeeded == 1 and len(stats.latency_samples_s["diffusion_step"]) == 6
+    assert stats.deadline_misses == 0 and stats.deadlines_met == 0  # batch class: no deadlines
+
+
+async def test_cancellation_frees_every_reservation_and_queued_plan() -> None:
+    admission = AdmissionController(AdmissionConfig(kv_capacity_bytes=100, peak_capacity_bytes=100))
+    engine = make_engine(admission=admission)
+    await engine.start()
+    op = GateOp()
+    emitted: dict[str, list[Any]] = {}
+    handles = []
+    try:
+        for name in ("a", "b", "c"):
+            verdict = admission.admit(AdmissionRequest(name, compute_gpu_s_per_s=0.2, kv_bytes=10, peak_bytes=5))
+            assert isinstance(verdict, Admit)
+            emitted[name] = []
+            handles.append(engine.spawn(CountLoop(op), 5, None, loop_id=name, priority=BATCH,
+                                        on_emit=emitted[name].append, reservation_id=verdict.reservation_id))
+        await until(op.entered.is_set)  # a's first plan is executing; b and c are queued
+        await until(lambda: engine.stats().queue_depth == 2)
+        assert admission.usage().reservations == 3
+        for handle in handles:
+            handle.cancel("user_left")
+        assert engine.stats().queue_depth == 0  # queued plans dropped at once
+        for handle in handles[1:]:
+            with pytest.raises(Cancelled, match="user_left"):
+                await handle.result()
+        assert not handles[0].done  # a's plan is still executing: cancel lands when it ends
+        op.gate.set()
+        with pytest.raises(Cancelled):
+            await handles[0].result()
+        stats = engine.stats()
+    finally:
+        op.gate.set()
+        await engine.close()
+    assert [h.state_name for h in handles] == ["cancelled"] * 3
+    assert (stats.queue_depth, stats.running_loops, stats.executing, stats.loops_cancelled) == (0, 0, False, 3)
+    assert admission.usage().reservations == 0 and admission.usage().compute_gpu_s_per_s == 0
+    assert op.calls == [0]  # only a's first plan ever ran...
+    assert emitted == {"a": [], "b": [], "c": []}  # ...and its result was discarded
+
+
+@pytest.mark.parametrize(("poison", "code"), [("raise", "step_exception"), ("nan", "nan")])
+async def test_failure_isolation_one_loop_fails_the_others_finish(model: ToyModel, poison: str, code: str) -> None:
+    requests = {
+        "ok1": ToyRequest(seed=1),
+        "bad": ToyRequest(seed=2, poison_step=2, poison=poison),
+        "ok2": ToyRequest(seed=3),
+    }
+    want = {k: (await run_inline(ToyDenoiseLoop(model), r, model))[0] for k, r in requests.items() if k != "bad"}
+    admission = AdmissionController(AdmissionConfig(kv_capacity_bytes=100, peak_capacity_bytes=100))
+    spy = AttemptSpy()
+    engine = make_engine(max_batch=3, deterministic=True, observers=[spy, NaNWatch()], admission=admission)
+    await engine.start()
+    emitted: dict[str, list[int]] = {k: [] for k in requests}
+    try:
+        handles = {}
+        for k, r in requests.items():
+            verdict = admission.admit(AdmissionRequest(k, compute_gpu_s_per_s=0.1))
+            assert isinstance(verdict, Admit)
+            handles[k] = engine.spawn(
+                ToyDenoiseLoop(model), r, model, loop_id=k, priority=BATCH,
+                on_emit=lambda e, k=k: emitted[k].append(e.spec.meta["step"]),
+                reservation_id=verdict.reservation_id,
+            )
+        with pytest.raises(LoopFailed) as info:
+            await handles["bad"].result()
+        results = {k: await handles[k].result() for k in want}
+        stats = engine.stats()
+    finally:
+        await engine.close()
+    assert info.value.code == code and info.value.loop_id == "bad"
+    assert handles["bad"].state_name == "failed" and emitted["bad"] == [0, 1]
+    for k in want:
+        assert torch.equal(results[k].outputs["x"], want[k].outputs["x"])
+        assert emitted[k] == list(range(6))
+    # Steps 0-1 ran as batches of 3; step 2's batch failed and each plan was re-run alone;
+    # steps 3-5 ran without the failed loop.
+    trio, pair = ("ok1", "bad", "ok2"), ("ok1", "ok2")
+    solos = [(("ok1",), True), (("bad",), True), (("ok2",), True)]
+    assert spy.attempts == [(trio, False)] * 3 + solos + [(pair, False)] * 3
+    assert stats.loops_failed == 1 and stats.loops_succeeded == 2
+    assert admission.usage().reservations == 0
+
+
+async def test_paused_loop_waits_while_others_run(model: ToyModel) -> None:
+    engine = make_engine()
+    await engine.start()
+    op = GateOp()
+    op.gate.set()
+    try:
+        paused = engine.spawn(CountLoop(op), 3, None, loop_id="p", priority=BATCH, on_emit=no_emit)
+        paused.pause()
+        other = engine.spawn(CountLoop(op), 4, None, loop_id="o", priority=BATCH, on_emit=no_emit)
+        assert (await other.result()).outputs == {"steps": 4}
+        stats = engine.stats()
+        assert (stats.paused_loops, stats.queue_depth, stats.running_loops) == (1, 1, 1)
+        assert not paused.done and paused.paused
+        paused.resume()
+        assert (await paused.result()).outputs == {"steps": 3}
+    finally:
+        await engine.close()
+    assert op.calls == [0, 1, 2, 3, 0, 1, 2]
+
+
+async def test_inputs_reach_the_loop_at_a_step_boundary(model: ToyModel) -> None:
+    engine = make_engine()
+    await engine.start()
+    try:
+        handle = engine.spawn(ToyDenoiseLoop(model), ToyRequest(seed=4), model, loop_id="i",
+                              priority=BATCH, on_emit=no_emit)
+        handle.push_input(InputEvent("scale", seq=7, payload=0.5))
+        result = await handle.result()
+        handle.push_input(InputEvent("scale", seq=8, payload=0.1))  # after the end: dropped
+    finally:
+        await engine.close()
+    assert result.outputs["applied_seqs"] == [7]
+
+
+@pytest.mark.parametrize("where", ["queued", "boundary"])
+async def test_handle_snapshot_and_restore_continue_bit_identically(model: ToyModel, where: str) -> None:
+    request = ToyRequest(seed=6, num_steps=6)
+    want, _ = await run_inline(ToyDenoiseLoop(model), request, model)
+    engine = make_engine()
+    await engine.start()
+    first: list[int] = []
+    second: list[int] = []
+    try:
+        handle = engine.spawn(ToyDenoiseLoop(model), request, model, loop_id="orig", priority=BATCH,
+                              on_emit=lambda e: first.append(e.spec.meta["step"]))
+        if where == "queued":  # paused with its next plan queued: the snapshot is immediate
+            handle.pause()
+            await until(lambda: engine.stats().queue_depth == 1)
+        else:  # running: the snapshot is taken at its next step boundary
+            await until(lambda: len(first) >= 2)
+        blob = await handle.snapshot()
+        handle.cancel("migrated")
+        with pytest.raises(Cancelled, match="migrated"):
+            await handle.result()
+        restored = engine.spawn(ToyDenoiseLoop(model), None, model, loop_id="moved", priority=BATCH,
+                                on_emit=lambda e: second.append(e.spec.meta["step"]), restore_from=blob)
+        result = await restored.result()
+    finally:
+        await engine.close()
+    at_step = restore_state(blob, ToyState).step
+    assert torch.equal(result.outputs["x"], want.outputs["x"]) and result.outputs["steps"] == 6
+    assert second == list(range(at_step, 6))
+    assert first == list(range(len(first))) and len(first) >= at_step
+    if where == "queued":
+        assert at_step == 0 and first == []
+    else:
+        assert at_step >= 2
+
+
+async def test_lead_limit_keeps_a_realtime_loop_behind_its_playout(model: ToyModel) -> None:
+    starts: list[float] = []
+
+    class StartSpy:
+        def before_batch(self, info: BatchInfo) -> None:
+            starts.append(time.monotonic())
+
+        def after_batch(self, info: BatchInfo, outputs: Sequence[Any], wall_s: float) -> Observation | None:
+            return None
+
+    engine = make_engine(max_lead_s=0.05, playout_buffer_s=0.0, observers=[StartSpy()])
+    await engine.start()
+    t0_s = time.monotonic()
+    try:
+        handle = engine.spawn(ToyDenoiseLoop(model), ToyRequest(seed=1, dt_media_s=0.05), model,
+                              loop_id="rt", priority=RT, on_emit=no_emit, media_t0_s=t0_s)
+        await handle.result()
+    finally:
+        await engine.close()
+    # Step k is due at t0 + 0.05 k; it may start at most max_lead_s = 0.05 s before that.
+    assert len(starts) == 6
+    for k, start in enumerate(starts):
+        assert start >= t0_s + 0.05 * k - 0.05 - 1e-3, (k, start - t0_s)
+
+
+async def test_deadline_misses_are_counted_and_reported_to_admission(model: ToyModel) -> None:
+    admission = AdmissionController(AdmissionConfig(kv_capacity_bytes=1, peak_capacity_bytes=1, min_outcomes=3))
+    engine = make_engine(admission=admission, max_lead_s=1000.0)
+    await engine.start()
+    try:
+        late = engine.spawn(ToyDenoiseLoop(model), ToyRequest(seed=1), model, loop_id="late",
+                            priority=RT, on_emit=no_emit, media_t0_s=time.monotonic() - 100.0)
+        await late.result()
+        ontime = engine.spawn(ToyDenoiseLoop(model), ToyRequest(seed=1, num_steps=2), model, loop_id="ok",
+                              priority=RT, on_emit=no_emit, media_t0_s=time.monotonic() + 100.0)
+        await ontime.result()
+        stats = engine.stats()
+    finally:
+        await engine.close()
+    assert (stats.deadline_misses, stats.deadlines_met) == (6, 2)
+    assert admission.miss_ratio() == pytest.approx(6 / 8) and admission.tightened()
+
+
+async def test_close_leaves_nothing_running_and_is_idempotent() -> None:
+    engine = make_engine()
+    await engine.start()
+    op = GateOp()
+    handle = engine.spawn(CountLoop(op), 100, None, loop_id="long", priority=BATCH, on_emit=no_emit)
+    queued = engine.spawn(CountLoop(op), 100, None, loop_id="queued", priority=BATCH, on_emit=no_emit)
+    await until(op.entered.is_set)
+    closing = asyncio.create_task(engine.close())
+    await asyncio.sleep(0.01)
+    op.gate.set()
+    await closing
+    await engine.close()
+    with pytest.raises(Cancelled, match="engine_closed"):
+        await handle.result()
+    with pytest.raises(Cancelled, match="engine_closed"):
+        await queued.result()
+    assert not engine.executor.is_alive()
+    assert engine.state.value == "closed"
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert others == []
+    with pytest.raises(EngineError, match="running engine"):
+        engine.spawn(CountLoop(op), 1, None, loop_id="late", priority=BATCH, on_emit=no_emit)
+
+
+async def test_spawn_rejects_duplicate_loop_ids() -> None:
+    engine = make_engine()
+    await engine.start()
+    op = GateOp()
+    try:
+        engine.spawn(CountLoop(op), 1, None, loop_id="x", priority=BATCH, on_emit=no_emit)
+        with pytest.raises(EngineError, match="already running"):
+            engine.spawn(CountLoop(op), 1, None, loop_id="x", priority=BATCH, on_emit=no_emit)
+    finally:
+        op.gate.set()
+        await engine.close()
+
+
+async def test_failed_loop_releases_its_reservation() -> None:
+    admission = AdmissionController(AdmissionConfig(kv_capacity_bytes=1, peak_capacity_bytes=1))
+    engine = make_engine(admission=admission)
+    await engine.start()
+
+    class Boom:
+        name = "boom"
+        batchable = False
+
+        def __call__(self, args: Sequence[Any], *, deterministic: bool = False) -> list[Any]:
+            raise ValueError("kernel failed")
+
+    verdict = admission.admit(AdmissionRequest("f", compute_gpu_s_per_s=0.5))
+    assert isinstance(verdict, Admit)
+    try:
+        handle = engine.spawn(CountLoop(Boom()), 3, None, loop_id="f", priority=BATCH, on_emit=no_emit,
+                              reservation_id=verdict.reservation_id)
+        with pytest.raises(LoopFailed, match="kernel failed") as info:
+            await handle.result()
+    finally:
+        await engine.close()
+    assert info.value.code == "step_exception"
+    assert admission.usage().reservations == 0
