@@ -23,11 +23,19 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
+from models.loading import CheckpointError, CheckpointFormatError, CheckpointKeyError
 from models.wan.vae import WanVAE
 from models.wan.vae_config import WanVAEConfig
 from models.wan.vae_keymap import CheckpointFormat, KeyRow, vae_key_table
 
-__all__ = ["CheckpointKeyError", "load_vae", "read_vae_state_dict", "save_original_format"]
+__all__ = [
+    "CheckpointFormatError",
+    "CheckpointKeyError",
+    "VAECheckpointKeyError",
+    "load_vae",
+    "read_vae_state_dict",
+    "save_original_format",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,33 +45,35 @@ _WAN_FILES = ("Wan2.1_VAE.safetensors", "Wan2.1_VAE.pth")
 _MAX_LISTED = 64
 
 
-class CheckpointKeyError(ValueError):
-    """A checkpoint whose tensors do not match the module: every problem in one message.
+class VAECheckpointKeyError(CheckpointKeyError):
+    """``models.loading.CheckpointKeyError`` for the VAE: every problem in one message.
 
     ``missing``: names (in the checkpoint's naming) the module needs but the file lacks;
     ``unexpected``: names in the file the module has no place for; ``mismatched``:
-    ``(name, file_shape, module_shape)``. ``fmt`` is the detected naming (None if neither fits).
+    ``(name, file_shape, module_shape)`` (the DiT loader reports shapes in a separate error; the
+    VAE brief asks for one error listing everything). ``fmt`` is the detected naming.
     """
 
     def __init__(
         self,
         source: str,
-        fmt: CheckpointFormat | None,
+        fmt: CheckpointFormat,
         missing: list[str],
         unexpected: list[str],
         mismatched: Sequence[tuple[str, tuple[int, ...], tuple[int, ...]]] = (),
     ) -> None:
         self.source, self.fmt = source, fmt
         self.missing, self.unexpected = sorted(missing), sorted(unexpected)
+        self.ambiguous: list[str] = []
         self.mismatched = sorted(mismatched)
-        naming = fmt.value if fmt is not None else "no known"
-        parts = [f"checkpoint {source} ({naming} naming) does not fit the Wan VAE:"]
+        parts = [f"checkpoint {source} ({fmt.value} naming) does not fit the Wan VAE:"]
         parts += _listing("missing", self.missing)
         parts += _listing("unexpected", self.unexpected)
         parts += _listing(
             "shape mismatch", [f"{n}: file {a} vs module {b}" for n, a, b in self.mismatched]
         )
-        super().__init__("\n".join(parts))
+        # The base class words its message for the DiT; keep its attributes, use our message.
+        CheckpointError.__init__(self, "\n".join(parts))
 
 
 def _listing(label: str, items: list[str]) -> list[str]:
@@ -91,9 +101,9 @@ def _resolve(path: Path) -> tuple[list[Path], Path | None]:
             if (path / name).is_file():
                 return [path / name], None
         looked = ["vae/", _DIFFUSERS_INDEX, _DIFFUSERS_WEIGHTS, *_WAN_FILES]
-        raise FileNotFoundError(f"no Wan VAE checkpoint in {path}; looked for {looked}")
+        raise CheckpointFormatError(f"no Wan VAE checkpoint in {path}; looked for {looked}")
     if not path.is_file():
-        raise FileNotFoundError(f"no such VAE checkpoint: {path}")
+        raise CheckpointFormatError(f"no such VAE checkpoint: {path}")
     if path.name.endswith(".index.json"):
         return _shards(path), _config_next_to(path.parent)
     return [path], _config_next_to(path.parent)
@@ -160,7 +170,8 @@ def _to_ours(
     keys = set(state)
     fmt = _detect_format(keys, table)
     if fmt is None:
-        raise CheckpointKeyError(source, None, [r.diffusers for r in table], sorted(keys))
+        head = f"{source} is not a Wan VAE checkpoint in diffusers or original naming"
+        raise CheckpointFormatError("\n".join([head, *_listing("keys found", sorted(keys))]))
     by_name = {row.name_in(fmt): row.ours for row in table}
     params = model.state_dict()
     mismatched = [
@@ -171,7 +182,7 @@ def _to_ours(
     missing = sorted(set(by_name) - keys)
     unexpected = sorted(keys - set(by_name))
     if missing or unexpected or mismatched:
-        raise CheckpointKeyError(source, fmt, missing, unexpected, mismatched)
+        raise VAECheckpointKeyError(source, fmt, missing, unexpected, mismatched)
     log.info("VAE checkpoint %s: %s naming, %d tensors", source, fmt.value, len(keys))
     return {ours: state[name] for name, ours in by_name.items()}
 
@@ -190,9 +201,10 @@ def load_vae(
     """A ``WanVAE`` in eval mode with the checkpoint's weights, on ``device`` in ``dtype``.
 
     ``config``: overrides the checkpoint's; without one, a diffusers ``config.json`` is used, else
-    the ``wan2.1`` preset. Raises ``FileNotFoundError`` if no checkpoint is found,
-    ``CheckpointKeyError`` (listing every missing/unexpected/mis-shaped tensor) if it does not fit,
-    ``VAEConfigError`` for a config we do not implement.
+    the ``wan2.1`` preset. Raises (``models.loading`` error types) ``CheckpointFormatError`` if no
+    checkpoint is found or its keys are in neither naming, ``CheckpointKeyError`` (a
+    ``VAECheckpointKeyError`` listing every missing/unexpected/mis-shaped tensor) if it does not
+    fit; ``VAEConfigError`` for a config we do not implement.
     """
     path = Path(path)
     _, config_file = _resolve(path)

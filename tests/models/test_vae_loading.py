@@ -14,11 +14,13 @@ import torch
 from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 
+from models.loading import CheckpointError, CheckpointFormatError, CheckpointKeyError
+from models.loading import load_vae as models_load_vae
 from models.wan.vae import WanVAE
 from models.wan.vae_config import VAEConfigError, WanVAEConfig
 from models.wan.vae_keymap import CheckpointFormat, vae_key_table
 from models.wan.vae_loading import (
-    CheckpointKeyError,
+    VAECheckpointKeyError,
     load_vae,
     read_vae_state_dict,
     save_original_format,
@@ -186,9 +188,10 @@ def test_key_errors_are_listed_in_one_error(fmt: CheckpointFormat, tmp_path: Pat
     )
     safetensors.torch.save_file(state, tmp_path / "broken.safetensors")
 
-    with pytest.raises(CheckpointKeyError) as info:
-        load_vae(tmp_path / "broken.safetensors", config=WAN21_TINY)
+    with pytest.raises(CheckpointKeyError) as info:  # the models.loading error family
+        models_load_vae(tmp_path / "broken.safetensors", config=WAN21_TINY)
     err = info.value
+    assert isinstance(err, VAECheckpointKeyError) and isinstance(err, CheckpointError)
     assert err.fmt is fmt
     assert err.missing == sorted(dropped)
     assert err.unexpected == ["decoder.extra_head.weight"]
@@ -202,21 +205,20 @@ def test_key_errors_are_listed_in_one_error(fmt: CheckpointFormat, tmp_path: Pat
     assert f"({fmt.value} naming)" in message
 
 
-def test_unrelated_checkpoint_names_no_format(tmp_path: Path) -> None:
-    safetensors.torch.save_file({"blocks.0.self_attn.q.weight": torch.zeros(2, 2)},
-                                tmp_path / "dit.safetensors")  # fmt: skip
-    with pytest.raises(CheckpointKeyError, match="no known naming") as info:
+def test_unrelated_checkpoint_is_a_format_error_listing_its_keys(tmp_path: Path) -> None:
+    dit_like = {f"blocks.{i}.self_attn.q.weight": torch.zeros(2, 2) for i in range(70)}
+    safetensors.torch.save_file(dit_like, tmp_path / "dit.safetensors")
+    with pytest.raises(CheckpointFormatError, match="not a Wan VAE checkpoint") as info:
         load_vae(tmp_path / "dit.safetensors", config=WAN21_TINY)
-    assert info.value.fmt is None
-    assert info.value.unexpected == ["blocks.0.self_attn.q.weight"]
-    assert len(info.value.missing) == len(vae_key_table(WAN21_TINY))
-    assert "... and" in str(info.value)  # long listings are truncated in the message only
+    message = str(info.value)
+    assert "keys found (70)" in message and "blocks.0.self_attn.q.weight" in message
+    assert "... and 6 more" in message  # long listings are truncated
 
 
 def test_missing_checkpoint_names_what_was_looked_for(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=re.escape("Wan2.1_VAE.pth")):
+    with pytest.raises(CheckpointFormatError, match=re.escape("Wan2.1_VAE.pth")):
         load_vae(tmp_path)
-    with pytest.raises(FileNotFoundError, match="no such VAE checkpoint"):
+    with pytest.raises(CheckpointFormatError, match="no such VAE checkpoint"):
         load_vae(tmp_path / "nope.safetensors")
 
 
