@@ -110,6 +110,7 @@ class ServerContext:
             admission_rejections=counts["rejections"],
             queue_depth=stats.queue_depth,
             running_loops=stats.running_loops,
+            executing=stats.executing,
             plans_executed=stats.plans_executed,
             deadline_misses=stats.deadline_misses,
             step_latency_s={kind: list(s) for kind, s in samples.items()},

@@ -6,7 +6,7 @@ jobs and engine (the composition root supplies ``snapshot_fn``) and rendered int
 
 Series (all prefixed ``dreamrt_``): ``sessions{state}``, ``jobs{state}``,
 ``frames_sent_total``, ``stalls_total``, ``media_dropped_frames_total``,
-``admission_rejections_total{reason}``, ``scheduler_queue_depth``, ``engine_running_loops``,
+``admission_rejections_total{reason}``, ``scheduler_queue_depth``, ``engine_running_loops``, ``engine_executing``,
 ``engine_plans_executed_total``, ``engine_deadline_misses_total``,
 ``step_latency_seconds{kind,quantile}`` (median and p95 of the engine's recent samples) with
 ``steps_total{kind}``, ``kv_slabs_free`` / ``kv_slabs_capacity``, and ``server_tasks`` (background
@@ -36,6 +36,7 @@ class MetricsSnapshot:
     admission_rejections: Mapping[str, int] = field(default_factory=dict)
     queue_depth: int = 0
     running_loops: int = 0
+    executing: bool = False
     plans_executed: int = 0
     deadline_misses: int = 0
     step_latency_s: Mapping[str, Sequence[float]] = field(default_factory=dict)  # kind -> recent samples
@@ -77,6 +78,8 @@ class _SnapshotCollector:
         yield rejections
         yield GaugeMetricFamily("dreamrt_scheduler_queue_depth", "Plans waiting in the scheduler", value=s.queue_depth)
         yield GaugeMetricFamily("dreamrt_engine_running_loops", "Loops the engine is driving", value=s.running_loops)
+        yield GaugeMetricFamily("dreamrt_engine_executing", "1 while a batch runs on the executor",
+                                value=int(s.executing))
         yield CounterMetricFamily("dreamrt_engine_plans_executed", "Plans executed", value=s.plans_executed)
         yield CounterMetricFamily("dreamrt_engine_deadline_misses", "Realtime plans that finished late",
                                   value=s.deadline_misses)

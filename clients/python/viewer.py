@@ -1,0 +1,197 @@
+"""A WebRTC viewer of one dreamrt session (aiortc): receives the video, talks on ``control``.
+
+``Viewer.connect()`` creates the session (or joins ``session_id``), offers a recvonly video
+m-line and a ``control`` data channel, and starts two background tasks: one receives decoded
+frames (``frames``: PTS, receive time, and the RGB array when ``keep_rgb``), one is the data
+channel's event log (``events``: every server event as a dict, in order). ``close()`` is
+idempotent: it ends both tasks, closes the peer connection and deletes the session it created.
+
+Frames that repeat the last picture while generation is late carry a PTS only one tick above
+the previous frame (API.md "Video"); ``fresh_frames()`` leaves them out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from clients.python.api import DreamrtClient
+
+__all__ = ["ReceivedFrame", "Viewer", "limit_host_candidates"]
+
+log = logging.getLogger(__name__)
+
+
+def limit_host_candidates(addresses: Sequence[str]) -> Callable[[], None]:
+    """Makes this process's aioice offer host candidates only on ``addresses``; returns an undo."""
+    import aioice.ice
+
+    allowed = list(addresses)
+    original = aioice.ice.get_host_addresses
+
+    def host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+        return [a for a in allowed if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
+
+    aioice.ice.get_host_addresses = host_addresses
+
+    def undo() -> None:
+        aioice.ice.get_host_addresses = original
+
+    return undo
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedFrame:
+    pts: int  # RTP timestamp unwrapped, counted from the first frame (90 kHz)
+    received_s: float  # time.monotonic()
+    width: int
+    height: int
+    rgb: np.ndarray | None  # [H, W, 3] uint8 when keep_rgb
+
+
+class Viewer:
+    """One session watched over WebRTC (see the module docstring)."""
+
+    def __init__(
+        self,
+        api: DreamrtClient,
+        *,
+        keep_rgb: bool = False,
+        ice_servers: Sequence[str] = (),
+        on_frame: Callable[[ReceivedFrame], None] | None = None,
+    ) -> None:
+        self.api = api
+        self.keep_rgb = keep_rgb
+        self.session_id: str | None = None
+        self.profile: dict[str, int] = {}
+        self.frames: list[ReceivedFrame] = []
+        self.events: list[dict[str, Any]] = []
+        self._on_frame = on_frame
+        self._owns_session = False
+        self._pc = RTCPeerConnection(RTCConfiguration(iceServers=[RTCIceServer(urls=u) for u in ice_servers]))
+        self._channel = self._pc.createDataChannel("control")
+        self._channel_open = asyncio.Event()
+        self._event_arrived = asyncio.Event()
+        self._first_frame = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+        self._rtp_first: int | None = None
+        self._rtp_last = 0
+
+        @self._channel.on("open")
+        def on_open() -> None:
+            self._channel_open.set()
+
+        @self._channel.on("message")
+        def on_message(message: str | bytes) -> None:
+            try:
+                event = json.loads(message)
+            except ValueError:
+                log.warning("non-JSON control message: %r", message)
+                return
+            self.events.append(event)
+            self._event_arrived.set()
+
+        @self._pc.on("track")
+        def on_track(track: Any) -> None:
+            if track.kind == "video":
+                self._tasks.append(asyncio.get_running_loop().create_task(self._receive(track)))
+
+    async def connect(self, prompt: str | None = None, *, session_id: str | None = None,
+                      timeout_s: float = 30.0, **session_params: Any) -> None:
+        """Creates (or joins) the session and negotiates; returns once the data channel is open."""
+        if session_id is None:
+            if prompt is None:
+                raise ValueError("connect needs a prompt to create a session, or a session_id")
+            created = await self.api.create_session(prompt, **session_params)
+            session_id, self._owns_session = created["id"], True
+            self.profile = created["profile"]
+        self.session_id = session_id
+        self._pc.addTransceiver("video", direction="recvonly")
+        await self._pc.setLocalDescription(await self._pc.createOffer())
+        answer = await self.api.offer(session_id, self._pc.localDescription.sdp)
+        await self._pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+        await asyncio.wait_for(self._channel_open.wait(), timeout_s)
+
+    async def _receive(self, track: Any) -> None:
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                frame = await track.recv()
+                now = time.monotonic()
+                pts = self._unwrap(int(frame.pts))
+                rgb = frame.to_ndarray(format="rgb24") if self.keep_rgb else None
+                received = ReceivedFrame(pts, now, frame.width, frame.height, rgb)
+                self.frames.append(received)
+                self._first_frame.set()
+                if self._on_frame is not None:
+                    self._on_frame(received)
+
+    def _unwrap(self, rtp: int) -> int:
+        if self._rtp_first is None:
+            self._rtp_first = rtp
+        delta = (rtp - self._rtp_first) % (1 << 32)
+        epoch = round((self._rtp_last - delta) / (1 << 32))
+        self._rtp_last = delta + epoch * (1 << 32)
+        return self._rtp_last
+
+    def send(self, message: dict[str, Any]) -> None:
+        """One control message (API.md "Data channel"), sent as JSON text."""
+        self._channel.send(json.dumps(message))
+
+    def send_raw(self, text: str) -> None:
+        self._channel.send(text)
+
+    async def wait_first_frame(self, timeout_s: float = 30.0) -> None:
+        await asyncio.wait_for(self._first_frame.wait(), timeout_s)
+
+    async def wait_event(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0,
+                         *, start: int = 0) -> dict[str, Any]:
+        """The first event (from index ``start``) matching ``predicate``; TimeoutError otherwise."""
+        deadline = time.monotonic() + timeout_s
+        index = start
+        while True:
+            while index < len(self.events):
+                event = self.events[index]
+                index += 1
+                if predicate(event):
+                    return event
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no matching event within {timeout_s} s; last events: {self.events[-5:]}")
+            self._event_arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event_arrived.wait(), remaining)
+
+    def fresh_frames(self) -> list[ReceivedFrame]:
+        """Frames that are not stall repeats (their PTS is more than half a frame later)."""
+        fps = self.profile.get("fps") or 0
+        min_step = 90_000 // (2 * fps) if fps else 2
+        out: list[ReceivedFrame] = []
+        for frame in self.frames:
+            if not out or frame.pts - out[-1].pts >= min_step:
+                out.append(frame)
+        return out
+
+    async def close(self, *, delete: bool = True) -> None:
+        """Idempotent; deletes the session if this viewer created it (and ``delete``)."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._pc.close()
+        if delete and self._owns_session and self.session_id is not None:
+            await self.api.delete_session(self.session_id)
