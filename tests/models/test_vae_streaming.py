@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers import AutoencoderKLWan
 
 from models.wan.vae import VAEShapeError, WanVAE
 from models.wan.vae_cache import CacheMismatchError, DecoderCache
@@ -81,6 +80,8 @@ def test_chunked_decode_equals_full_decode(vae: WanVAE, sizes: list[int]) -> Non
 
 @torch.no_grad()
 def test_chunked_decode_equals_diffusers_full_decode() -> None:
+    from diffusers import AutoencoderKLWan  # here, so the rest of the file runs where it is absent
+
     config = WanVAEConfig(z_dim=4, base_dim=4, num_res_blocks=1,
                           latents_mean=(0.0,) * 4, latents_std=(1.0,) * 4)  # fmt: skip
     ours = make_vae(config, seed=3)
@@ -216,14 +217,25 @@ def test_wan21_decoder_cache_size_at_832x480() -> None:
     assert len(vae.decoder.slot_specs) == 32
 
 
+@pytest.fixture
+def exact_fp32_convs():
+    """cuDNN runs fp32 convs in TF32 by default; chunk shapes then round differently (~2e-3)."""
+    previous = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = previous
+
+
 @pytest.mark.gpu
 @torch.no_grad()
-def test_chunked_decode_equals_full_decode_on_cuda() -> None:
-    vae = make_vae().to("cuda")
+def test_chunked_decode_equals_full_decode_on_cuda(exact_fp32_convs: None) -> None:
     z = latents(7, seed=17).to("cuda")
+    vae = make_vae().to("cuda")
     full = vae.decode(z)
-    assert rel_err(torch.cat(decode_stream(vae, z, [1, 3, 3]), dim=2), full) <= 1e-4
+    assert rel_err(torch.cat(decode_stream(vae, z, [1, 3, 3]), dim=2), full) <= 1e-5
     vae_bf16 = make_vae().to("cuda", torch.bfloat16)
-    chunked = torch.cat(decode_stream(vae_bf16, z.bfloat16(), [1, 3, 3]), dim=2)
-    assert chunked.dtype == torch.bfloat16
-    assert rel_err(chunked.float(), full) <= 5e-2
+    full_bf16 = vae_bf16.decode(z.bfloat16())
+    chunked_bf16 = torch.cat(decode_stream(vae_bf16, z.bfloat16(), [1, 3, 3]), dim=2)
+    assert chunked_bf16.dtype == torch.bfloat16
+    assert rel_err(chunked_bf16.float(), full_bf16.float()) <= 2e-2
+    assert rel_err(chunked_bf16.float(), full) <= 5e-2
