@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 __all__ = [
+    "RESOURCES",
     "Admission",
     "AdmissionConfig",
     "AdmissionController",
@@ -46,7 +47,6 @@ __all__ = [
     "AdmissionUsage",
     "Admit",
     "Reject",
-    "RESOURCES",
 ]
 
 RESOURCES = ("compute", "kv_bytes", "peak_bytes")
@@ -185,7 +185,9 @@ class _Reservation:
 class AdmissionController:
     """Reserves compute share, KV bytes and peak bytes; see the module docstring."""
 
-    def __init__(self, config: AdmissionConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, config: AdmissionConfig, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.config = config
         self._clock = clock
         self._reservations: dict[str, _Reservation] = {}
@@ -203,7 +205,7 @@ class AdmissionController:
                 reason=alone[0],
                 retry_after_s=cfg.default_retry_after_s,
                 short=tuple(alone),
-                detail=f"{request.owner} exceeds the nominal {', '.join(alone)} capacity on its own",
+                detail=f"{request.owner} alone exceeds the nominal {', '.join(alone)} capacity",
                 permanent=True,
             )
         active = list(self._reservations.values())
@@ -251,7 +253,9 @@ class AdmissionController:
 
     def tightened(self) -> bool:
         cfg = self.config
-        return len(self._outcomes) >= cfg.min_outcomes and self.miss_ratio() > cfg.miss_ratio_threshold
+        return (
+            len(self._outcomes) >= cfg.min_outcomes and self.miss_ratio() > cfg.miss_ratio_threshold
+        )
 
     def effective_compute_capacity(self) -> float:
         cap = self.config.compute_capacity

@@ -59,7 +59,9 @@ class DeviceConstants:
     @classmethod
     def h200(cls) -> DeviceConstants:
         # ~60% of the 989 TFLOP/s dense bf16 peak and ~80% of 4.8 TB/s HBM3e.
-        return cls(name="h200", sustained_flops=600e12, bandwidth_bytes_per_s=3.8e12, overhead_s=30e-6)
+        return cls(
+            name="h200", sustained_flops=600e12, bandwidth_bytes_per_s=3.8e12, overhead_s=30e-6
+        )
 
     @classmethod
     def cpu(cls) -> DeviceConstants:
@@ -108,9 +110,13 @@ class CostModel:
         if flops < 0 or bytes_moved < 0:
             raise CostModelError(f"flops={flops} and bytes_moved={bytes_moved} must be >= 0")
         dev = self.device
-        return dev.overhead_s + flops / dev.sustained_flops + bytes_moved / dev.bandwidth_bytes_per_s
+        return (
+            dev.overhead_s + flops / dev.sustained_flops + bytes_moved / dev.bandwidth_bytes_per_s
+        )
 
-    def predict(self, kind: str, shape_sig: str, flops: float = 0.0, bytes_moved: float = 0.0) -> float:
+    def predict(
+        self, kind: str, shape_sig: str, flops: float = 0.0, bytes_moved: float = 0.0
+    ) -> float:
         """Predicted seconds for one plan of ``(kind, shape_sig)``; ``kind`` is a PlanKind value."""
         with self._lock:
             cal = self._calibration.get((_kind_name(kind), shape_sig))

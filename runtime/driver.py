@@ -26,11 +26,8 @@ Failures (all ``LoopFailed`` with ``ctx.loop_id``): an exception inside a loop m
 an ``emit`` sink raising is ``"emit_failed"``. ``Cancelled`` and ``LoopFailed`` from
 ``ctx.execute`` pass through unchanged.
 
-Snapshots: ``snapshot_state`` encodes the state's structure with msgspec msgpack, each tensor
-replaced by a msgpack extension reference, and the tensors themselves as one safetensors blob
-(moved to CPU, made contiguous and cloned; dtype and bits are kept exactly). The same tensor
-object referenced twice is stored once and restored as one object; distinct tensors that
-share storage are restored as independent tensors. torch and safetensors are imported lazily.
+Snapshots are encoded by ``runtime.snapshot`` (msgspec structure + safetensors tensors);
+``snapshot_state`` / ``restore_state`` / ``SnapshotError`` are re-exported here.
 """
 
 from __future__ import annotations
@@ -42,8 +39,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
-
-import msgspec
 
 from runtime.contract import (
     Cancelled,
@@ -59,6 +54,7 @@ from runtime.contract import (
     StepResult,
     WorkPlan,
 )
+from runtime.snapshot import SnapshotError, restore_state, snapshot_state, snapshot_type_name
 
 __all__ = [
     "Driver",
@@ -76,130 +72,21 @@ logger = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=LoopState)
 
-_TENSOR_EXT = 1
-_SNAPSHOT_FORMAT = "dreamrt.loopstate"
-_SNAPSHOT_VERSION = 1
-
-
-class SnapshotError(ValueError):
-    """A snapshot cannot be made (unserializable field) or restored (corrupt, wrong type)."""
-
 
 class DriverPhaseError(RuntimeError):
     """An action was attempted in a phase that does not allow it."""
 
-    def __init__(self, loop_id: str, action: str, phase: DriverPhase, allowed: Iterable[DriverPhase]):
+    def __init__(
+        self, loop_id: str, action: str, phase: DriverPhase, allowed: Iterable[DriverPhase]
+    ):
         names = ", ".join(repr(p.value) for p in allowed)
         super().__init__(
-            f"driver of loop {loop_id!r}: {action} needs phase {names}, current phase is {phase.value!r}"
+            f"driver of loop {loop_id!r}: {action} needs phase {names}, "
+            f"current phase is {phase.value!r}"
         )
         self.loop_id = loop_id
         self.action = action
         self.phase = phase
-
-
-# --------------------------------------------------------------------------------------------
-# Snapshot encoding
-
-
-class _Envelope(msgspec.Struct, frozen=True):
-    format: str
-    version: int
-    state_type: str
-    structure: bytes
-    tensors: bytes
-
-
-def _type_name(tp: type) -> str:
-    return f"{tp.__module__}.{tp.__qualname__}"
-
-
-def snapshot_state(state: LoopState) -> bytes:
-    """Serialize a loop state (msgspec structure + safetensors tensors) to bytes."""
-    import safetensors.torch
-    import torch
-
-    tensors: list[Any] = []
-    index_of: dict[int, int] = {}
-
-    def enc_hook(obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            index = index_of.get(id(obj))
-            if index is None:
-                index = index_of[id(obj)] = len(tensors)
-                tensors.append(obj)
-            return msgspec.msgpack.Ext(_TENSOR_EXT, index.to_bytes(4, "little"))
-        raise NotImplementedError(
-            f"{type(obj).__qualname__} in {type(state).__qualname__} is not snapshottable; "
-            "LoopState fields hold plain data and torch.Tensor only"
-        )
-
-    try:
-        structure = msgspec.msgpack.Encoder(enc_hook=enc_hook).encode(state)
-    except (TypeError, NotImplementedError) as exc:
-        raise SnapshotError(str(exc)) from exc
-    named = {f"t{i}": t.detach().to("cpu").contiguous().clone() for i, t in enumerate(tensors)}
-    envelope = _Envelope(
-        format=_SNAPSHOT_FORMAT,
-        version=_SNAPSHOT_VERSION,
-        state_type=_type_name(type(state)),
-        structure=structure,
-        tensors=safetensors.torch.save(named),
-    )
-    return msgspec.msgpack.encode(envelope)
-
-
-def snapshot_type_name(blob: bytes) -> str:
-    """The ``module.QualName`` of the state type recorded in a snapshot."""
-    return _decode_envelope(blob).state_type
-
-
-def restore_state(blob: bytes, state_type: type[S], *, device: Any = None) -> S:
-    """Rebuild a state from ``snapshot_state`` bytes; tensors land on ``device`` (default CPU)."""
-    import safetensors.torch
-    import torch
-
-    envelope = _decode_envelope(blob)
-    if envelope.state_type != _type_name(state_type):
-        raise SnapshotError(
-            f"snapshot holds a {envelope.state_type}, asked to restore a {_type_name(state_type)}"
-        )
-    try:
-        loaded = safetensors.torch.load(envelope.tensors)
-    except Exception as exc:  # safetensors raises its own SafetensorError
-        raise SnapshotError(f"snapshot tensors are corrupt: {exc}") from exc
-    if device is not None:
-        loaded = {name: t.to(device) for name, t in loaded.items()}
-
-    def ext_hook(code: int, data: memoryview) -> Any:
-        name = f"t{int.from_bytes(data, 'little')}"
-        if code != _TENSOR_EXT or name not in loaded:
-            raise SnapshotError(f"snapshot references unknown tensor {name} (ext code {code})")
-        return loaded[name]
-
-    def dec_hook(tp: type, obj: Any) -> Any:
-        if tp is torch.Tensor and isinstance(obj, torch.Tensor):
-            return obj
-        raise NotImplementedError(f"cannot restore a {tp!r} from {type(obj).__qualname__}")
-
-    decoder = msgspec.msgpack.Decoder(state_type, dec_hook=dec_hook, ext_hook=ext_hook)
-    try:
-        return decoder.decode(envelope.structure)
-    except (msgspec.DecodeError, NotImplementedError) as exc:
-        raise SnapshotError(f"cannot restore {_type_name(state_type)}: {exc}") from exc
-
-
-def _decode_envelope(blob: bytes) -> _Envelope:
-    try:
-        envelope = msgspec.msgpack.decode(blob, type=_Envelope)
-    except msgspec.DecodeError as exc:
-        raise SnapshotError(f"not a loop-state snapshot: {exc}") from exc
-    if envelope.format != _SNAPSHOT_FORMAT or envelope.version != _SNAPSHOT_VERSION:
-        raise SnapshotError(
-            f"snapshot format {envelope.format!r} v{envelope.version}, "
-            f"expected {_SNAPSHOT_FORMAT!r} v{_SNAPSHOT_VERSION}"
-        )
-    return envelope
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,7 +161,9 @@ class Driver(Generic[S]):
         on_boundary: Callable[[Driver[S]], None] | None = None,
     ) -> Driver[S]:
         """A driver standing at the boundary where ``blob`` was taken."""
-        return cls.from_state(loop, ctx, restore_state(blob, state_type, device=device), on_boundary=on_boundary)
+        return cls.from_state(
+            loop, ctx, restore_state(blob, state_type, device=device), on_boundary=on_boundary
+        )
 
     @classmethod
     def from_state(
@@ -299,7 +188,10 @@ class Driver(Generic[S]):
     def state(self) -> S:
         if self._state is None:
             raise DriverPhaseError(
-                self.ctx.loop_id, "state", self._phase, [p for p in DriverPhase if p is not _P.CREATED]
+                self.ctx.loop_id,
+                "state",
+                self._phase,
+                [p for p in DriverPhase if p is not _P.CREATED],
             )
         return self._state
 
@@ -333,8 +225,10 @@ class Driver(Generic[S]):
                 return False
             if not isinstance(plan, WorkPlan):
                 raise LoopFailed(
-                    self.ctx.loop_id, "bad_plan",
-                    f"{self.loop.name}.next returned {type(plan).__qualname__}, not WorkPlan | Done",
+                    self.ctx.loop_id,
+                    "bad_plan",
+                    f"{self.loop.name}.next returned {type(plan).__qualname__}, "
+                    "not WorkPlan | Done",
                 )
             self._transition(_P.EXECUTING)
             result = await self.ctx.execute(plan)
@@ -358,8 +252,10 @@ class Driver(Generic[S]):
             result = self._call("finalize", self.loop.finalize, self._state)
             if not isinstance(result, LoopResult):
                 raise LoopFailed(
-                    self.ctx.loop_id, "bad_result",
-                    f"{self.loop.name}.finalize returned {type(result).__qualname__}, not LoopResult",
+                    self.ctx.loop_id,
+                    "bad_result",
+                    f"{self.loop.name}.finalize returned {type(result).__qualname__}, "
+                    "not LoopResult",
                 )
         except BaseException as exc:
             self._fail(exc)
@@ -406,12 +302,16 @@ class Driver(Generic[S]):
         if absorb is None or getattr(type(self.loop), "absorb", None) is Loop.absorb:
             kinds = sorted({event.kind for event in inputs})
             raise LoopFailed(
-                self.ctx.loop_id, "bad_input", f"loop {self.loop.name!r} takes no live inputs, got {kinds}"
+                self.ctx.loop_id,
+                "bad_input",
+                f"loop {self.loop.name!r} takes no live inputs, got {kinds}",
             )
         try:
             state = absorb(self._state, inputs)
         except ValueError as exc:
-            raise LoopFailed(self.ctx.loop_id, "bad_input", f"{self.loop.name}.absorb: {exc}") from exc
+            raise LoopFailed(
+                self.ctx.loop_id, "bad_input", f"{self.loop.name}.absorb: {exc}"
+            ) from exc
         except (Cancelled, LoopFailed):
             raise
         except Exception as exc:
@@ -428,7 +328,9 @@ class Driver(Generic[S]):
 
     def _wrapped(self, method: str, exc: Exception) -> LoopFailed:
         return LoopFailed(
-            self.ctx.loop_id, "loop_exception", f"{self.loop.name}.{method} raised {type(exc).__name__}: {exc}"
+            self.ctx.loop_id,
+            "loop_exception",
+            f"{self.loop.name}.{method} raised {type(exc).__name__}: {exc}",
         )
 
     def _emit(self, emission: Emission) -> None:
@@ -436,14 +338,16 @@ class Driver(Generic[S]):
             self.ctx.emit(emission)
         except Exception as exc:
             raise LoopFailed(
-                self.ctx.loop_id, "emit_failed",
+                self.ctx.loop_id,
+                "emit_failed",
                 f"sink for stream {emission.spec.stream!r} raised {type(exc).__name__}: {exc}",
             ) from exc
 
     def _checked_state(self, state: Any, where: str) -> S:
         if not isinstance(state, LoopState):
             raise LoopFailed(
-                self.ctx.loop_id, "bad_state",
+                self.ctx.loop_id,
+                "bad_state",
                 f"{self.loop.name}.{where} produced {type(state).__qualname__}, not a LoopState",
             )
         return state  # type: ignore[return-value]
@@ -461,7 +365,9 @@ class Driver(Generic[S]):
     def _transition(self, new: DriverPhase) -> None:
         old = self._phase
         if new not in _ALLOWED[old]:
-            raise DriverPhaseError(self.ctx.loop_id, f"transition to {new.value!r}", old, _ALLOWED[old])
+            raise DriverPhaseError(
+                self.ctx.loop_id, f"transition to {new.value!r}", old, _ALLOWED[old]
+            )
         self._phase = new
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("driver %s: %s -> %s", self.ctx.loop_id, old.value, new.value)
@@ -508,7 +414,11 @@ class InlineContext:
             ) from exc
         wall_s = time.perf_counter() - start_s
         if len(outputs) != 1:
-            raise LoopFailed(self.loop_id, "bad_output", f"{plan.op.name} returned {len(outputs)} outputs for 1 plan")
+            raise LoopFailed(
+                self.loop_id,
+                "bad_output",
+                f"{plan.op.name} returned {len(outputs)} outputs for 1 plan",
+            )
         self.executed.append(plan)
         return StepResult(output=outputs[0], wall_s=wall_s, batch_size=1)
 

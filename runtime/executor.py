@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from runtime.contract import StepOp
+from runtime.contract import StepOp, WorkPlan
 from runtime.observers import BatchInfo, Observer, PlanFault
 
 __all__ = ["ExecJob", "Executor", "JobOutcome", "PlanOutcome"]
@@ -43,6 +43,38 @@ class ExecJob:
     args: tuple[Any, ...]
     plan_flops: tuple[float, ...]
     plan_bytes: tuple[float, ...]
+
+    @classmethod
+    def for_plans(
+        cls,
+        batch_id: int,
+        plan_ids: Sequence[int],
+        loop_ids: Sequence[str],
+        plans: Sequence[WorkPlan],
+        *,
+        deterministic: bool,
+    ) -> ExecJob:
+        """One job for compatible plans (head first); the head's op runs them all."""
+        head = plans[0]
+        info = BatchInfo(
+            batch_id=batch_id,
+            kind=head.kind.value,
+            shape_sig=head.shape_sig,
+            instance_id=head.instance_id,
+            op_name=getattr(head.op, "name", type(head.op).__name__),
+            plan_ids=tuple(plan_ids),
+            loop_ids=tuple(loop_ids),
+            flops=sum(p.flops for p in plans),
+            bytes_moved=sum(p.bytes_moved for p in plans),
+            deterministic=deterministic,
+        )
+        return cls(
+            info=info,
+            op=head.op,
+            args=tuple(p.args for p in plans),
+            plan_flops=tuple(p.flops for p in plans),
+            plan_bytes=tuple(p.bytes_moved for p in plans),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +116,9 @@ class _Attempt:
         size = len(self.outputs)
         fault = self.faults.get(index)
         if fault is not None:
-            return PlanOutcome(failure=(fault.code, fault.message), wall_s=self.wall_s, batch_size=size)
+            return PlanOutcome(
+                failure=(fault.code, fault.message), wall_s=self.wall_s, batch_size=size
+            )
         return PlanOutcome(self.outputs[index], None, self.wall_s, self.device_s, size)
 
 
@@ -161,7 +195,10 @@ class Executor:
         reason = attempt.error[0] if attempt.error else f"{len(attempt.faults)} faulted plans"
         logger.warning(
             "batch %d of %s (%d plans) failed (%s); re-running each plan alone",
-            job.info.batch_id, job.info.op_name, size, reason,
+            job.info.batch_id,
+            job.info.op_name,
+            size,
+            reason,
         )
         plans = []
         for i in range(size):
@@ -190,7 +227,9 @@ class Executor:
         except Exception as exc:
             wall_s = time.perf_counter() - start_s
             if len(args) == 1:
-                logger.warning("op %s failed for loop %s", info.op_name, info.loop_ids[0], exc_info=exc)
+                logger.warning(
+                    "op %s failed for loop %s", info.op_name, info.loop_ids[0], exc_info=exc
+                )
             message = f"{info.op_name} raised {type(exc).__name__}: {exc}"
             return _Attempt(None, ("step_exception", message), {}, wall_s, None)
         wall_s = time.perf_counter() - start_s

@@ -81,7 +81,9 @@ class Observation:
 class Observer(Protocol):
     def before_batch(self, info: BatchInfo) -> None: ...
 
-    def after_batch(self, info: BatchInfo, outputs: Sequence[Any], wall_s: float) -> Observation | None: ...
+    def after_batch(
+        self, info: BatchInfo, outputs: Sequence[Any], wall_s: float
+    ) -> Observation | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +195,9 @@ class NaNWatch:
     def before_batch(self, info: BatchInfo) -> None:
         return None
 
-    def after_batch(self, info: BatchInfo, outputs: Sequence[Any], wall_s: float) -> Observation | None:
+    def after_batch(
+        self, info: BatchInfo, outputs: Sequence[Any], wall_s: float
+    ) -> Observation | None:
         faults = []
         for index, output in enumerate(outputs):
             for path, bad, total in _non_finite(output, f"output[{index}]"):
@@ -201,7 +205,8 @@ class NaNWatch:
                     PlanFault(
                         index,
                         "nan",
-                        f"{info.op_name} ({info.kind}) produced {bad} non-finite of {total} values in {path}",
+                        f"{info.op_name} ({info.kind}) produced {bad} non-finite of {total} "
+                        f"values in {path}",
                     )
                 )
                 break

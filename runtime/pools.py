@@ -106,7 +106,9 @@ class KVSlabPool:
         live = self._live.get(slab.slab_id)
         if live is None:
             if not 0 <= slab.slab_id < self.num_slabs:
-                raise SlabOwnershipError(f"slab {slab.slab_id} is not in a pool of {self.num_slabs}")
+                raise SlabOwnershipError(
+                    f"slab {slab.slab_id} is not in a pool of {self.num_slabs}"
+                )
             return
         if live != slab:
             raise SlabOwnershipError(
@@ -139,7 +141,9 @@ class KVSlabPool:
     def _check_live(self, slab: Slab, action: str) -> None:
         live = self._live.get(slab.slab_id)
         if live != slab:
-            held = "free" if live is None else f"held by {live.owner!r} (generation {live.generation})"
+            held = (
+                "free" if live is None else f"held by {live.owner!r} (generation {live.generation})"
+            )
             raise SlabOwnershipError(
                 f"{action} of slab {slab.slab_id} (owner {slab.owner!r}, generation "
                 f"{slab.generation}) but it is {held}"

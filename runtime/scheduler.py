@@ -50,6 +50,7 @@ __all__ = [
     "EdfOrder",
     "EdfSlack",
     "PickReason",
+    "PlayoutDeadlines",
     "RunningFirstFifo",
     "Scheduler",
     "SchedulerError",
@@ -113,7 +114,9 @@ class Batch:
 class EdfOrder:
     """Urgent-group order: deadline, then running loops first, then FIFO, then plan id."""
 
-    def key(self, deadline_s: float, ticket: Ticket, running: bool) -> tuple[float, bool, float, int]:
+    def key(
+        self, deadline_s: float, ticket: Ticket, running: bool
+    ) -> tuple[float, bool, float, int]:
         return (deadline_s, not running, ticket.enqueued_s, ticket.plan_id)
 
 
@@ -194,6 +197,32 @@ class CompatibleBatching:
         return members
 
 
+class PlayoutDeadlines:
+    """Deadline and lead limit of a realtime plan (ARCHITECTURE.md §4 "Deadlines").
+
+    The media a plan contributes to must be on the wire at ``media_t0_s + due_media_s +
+    playout_buffer_s``; the plan must finish ``followups_s`` (predicted cost of the plans still
+    needed after it) before that, so EDF on this deadline is least-laxity-first inside a chunk.
+    It becomes eligible ``max_lead_s`` before its deadline: a session never runs further ahead
+    of its playout than its drop-oldest media queue can hold.
+    """
+
+    def __init__(self, *, playout_buffer_s: float = 0.25, max_lead_s: float = 1.0) -> None:
+        if not (playout_buffer_s >= 0 and max_lead_s >= 0):
+            raise SchedulerError(
+                f"playout_buffer_s={playout_buffer_s} and max_lead_s={max_lead_s} must be >= 0"
+            )
+        self.playout_buffer_s = playout_buffer_s
+        self.max_lead_s = max_lead_s
+
+    def timing(
+        self, media_t0_s: float, due_media_s: float, followups_s: float
+    ) -> tuple[float, float]:
+        """``(deadline_s, eligible_s)`` on the clock ``media_t0_s`` is expressed in."""
+        deadline_s = media_t0_s + due_media_s + self.playout_buffer_s - followups_s
+        return deadline_s, deadline_s - self.max_lead_s
+
+
 # --------------------------------------------------------------------------------------------
 # Scheduler
 
@@ -233,9 +262,13 @@ class Scheduler:
 
     def submit(self, ticket: Ticket) -> None:
         if ticket.plan_id in self._tickets:
-            raise SchedulerError(f"plan {ticket.plan_id} of loop {ticket.loop_id!r} is already queued")
+            raise SchedulerError(
+                f"plan {ticket.plan_id} of loop {ticket.loop_id!r} is already queued"
+            )
         if not (math.isfinite(ticket.cost_gpu_s) and ticket.cost_gpu_s >= 0):
-            raise SchedulerError(f"plan {ticket.plan_id}: cost_gpu_s={ticket.cost_gpu_s} must be finite, >= 0")
+            raise SchedulerError(
+                f"plan {ticket.plan_id}: cost_gpu_s={ticket.cost_gpu_s} must be finite, >= 0"
+            )
         self._tickets[ticket.plan_id] = ticket
         self._by_loop.setdefault(ticket.loop_id, set()).add(ticket.plan_id)
 

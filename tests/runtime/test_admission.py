@@ -30,8 +30,16 @@ def make_controller(clock: FakeClock | None = None, **overrides: object) -> Admi
     return AdmissionController(AdmissionConfig(**params), clock=clock or FakeClock())  # type: ignore[arg-type]
 
 
-def req(owner: str, share: float = 0.1, kv: int = GIB, peak: int = GIB, duration_s: float | None = None) -> AdmissionRequest:
-    return AdmissionRequest(owner, compute_gpu_s_per_s=share, kv_bytes=kv, peak_bytes=peak, expected_duration_s=duration_s)
+def req(
+    owner: str, share: float = 0.1, kv: int = GIB, peak: int = GIB, duration_s: float | None = None
+) -> AdmissionRequest:
+    return AdmissionRequest(
+        owner,
+        compute_gpu_s_per_s=share,
+        kv_bytes=kv,
+        peak_bytes=peak,
+        expected_duration_s=duration_s,
+    )
 
 
 def test_for_stream_share_is_chunk_cost_over_chunk_duration() -> None:
@@ -118,7 +126,9 @@ def test_retry_after_is_the_earliest_release_that_makes_room() -> None:
     assert isinstance(ctl.admit(req("job12", share=0.3, kv=0, peak=0, duration_s=12.0)), Admit)
     clock.now_s += 2.0
     small = ctl.admit(req("s", share=0.2, kv=0, peak=0))
-    assert isinstance(small, Reject) and small.retry_after_s == pytest.approx(10.0)  # job12 ends at +12
+    assert isinstance(small, Reject) and small.retry_after_s == pytest.approx(
+        10.0
+    )  # job12 ends at +12
     big = ctl.admit(req("b", share=0.5, kv=0, peak=0))
     assert isinstance(big, Reject) and big.retry_after_s == pytest.approx(28.0)  # needs job30 too
     huge = ctl.admit(req("h", share=0.7, kv=0, peak=0))
@@ -132,11 +142,13 @@ def test_request_larger_than_capacity_is_permanent() -> None:
     ctl = make_controller()
     verdict = ctl.admit(req("whale", share=0.1, kv=9 * GIB, peak=0))
     assert isinstance(verdict, Reject)
-    assert verdict.permanent and verdict.reason == "kv_bytes" and "on its own" in verdict.detail
+    assert verdict.permanent and verdict.reason == "kv_bytes" and "alone exceeds" in verdict.detail
 
 
 def test_deadline_misses_tighten_compute_capacity_and_recover() -> None:
-    ctl = make_controller(miss_window=20, min_outcomes=10, miss_ratio_threshold=0.1, tighten_factor=0.5)
+    ctl = make_controller(
+        miss_window=20, min_outcomes=10, miss_ratio_threshold=0.1, tighten_factor=0.5
+    )
     assert ctl.effective_compute_capacity() == pytest.approx(0.9)
     for _ in range(9):
         ctl.record_deadline(missed=True)

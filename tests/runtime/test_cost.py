@@ -10,7 +10,9 @@ import pytest
 from runtime.contract import PlanKind
 from runtime.cost import CostModel, CostModelError, DeviceConstants
 
-DEV = DeviceConstants(name="test", sustained_flops=1e12, bandwidth_bytes_per_s=1e11, overhead_s=1e-4)
+DEV = DeviceConstants(
+    name="test", sustained_flops=1e12, bandwidth_bytes_per_s=1e11, overhead_s=1e-4
+)
 
 
 def test_prior_is_overhead_plus_flops_plus_bytes() -> None:

@@ -71,7 +71,11 @@ def test_snapshot_roundtrip_keeps_dtype_shape_and_bits() -> None:
     back = restore_state(snapshot_state(state), Tensors)
     assert back.step == 3 and back.note == "x"
     assert back.a.dtype == torch.float32 and back.a.shape == (2, 4) and torch.equal(back.a, state.a)
-    assert back.maybe is not None and back.maybe.dtype == torch.bfloat16 and torch.equal(back.maybe, state.maybe)
+    assert (
+        back.maybe is not None
+        and back.maybe.dtype == torch.bfloat16
+        and torch.equal(back.maybe, state.maybe)
+    )
     for name, t in state.named.items():
         got = back.named[name]
         assert got.dtype == t.dtype and got.shape == t.shape
@@ -106,7 +110,9 @@ async def run_uninterrupted(model: ToyModel, request: ToyRequest) -> tuple[LoopR
 
 
 @pytest.mark.parametrize("k", [0, 2, 5])
-async def test_snapshot_at_step_k_then_restore_equals_uninterrupted_run(model: ToyModel, k: int) -> None:
+async def test_snapshot_at_step_k_then_restore_equals_uninterrupted_run(
+    model: ToyModel, k: int
+) -> None:
     request = ToyRequest(seed=11, num_steps=6, churn=0.7)
     ref, ref_emissions = await run_uninterrupted(model, request)
 
@@ -208,8 +214,14 @@ class NoAbsorbLoop:
     def next(self, state: Counter) -> WorkPlan | Done:
         if state.step >= state.limit:
             return Done("limit")
-        return WorkPlan(loop_id="x", kind=PlanKind.HOST, op=_NoOp(), args=state.step, shape_sig="",
-                        emits=(EmitSpec("progress"),))
+        return WorkPlan(
+            loop_id="x",
+            kind=PlanKind.HOST,
+            op=_NoOp(),
+            args=state.step,
+            shape_sig="",
+            emits=(EmitSpec("progress"),),
+        )
 
     def advance(self, state: Counter, result: StepResult) -> Counter:
         return msgspec.structs.replace(state, step=state.step + 1)
@@ -230,7 +242,12 @@ async def test_loop_without_absorb_fails_on_inputs_but_runs_without() -> None:
 
 @pytest.mark.parametrize(
     ("method", "code"),
-    [("next", "loop_exception"), ("advance", "bad_state"), ("finalize", "bad_result"), ("init", "loop_exception")],
+    [
+        ("next", "loop_exception"),
+        ("advance", "bad_state"),
+        ("finalize", "bad_result"),
+        ("init", "loop_exception"),
+    ],
 )
 async def test_loop_method_faults_are_structured(method: str, code: str) -> None:
     class Broken(NoAbsorbLoop):

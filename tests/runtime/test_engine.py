@@ -92,8 +92,14 @@ class CountLoop:
     def next(self, state: Count) -> WorkPlan | Done:
         if state.step >= state.limit:
             return Done()
-        return WorkPlan(loop_id="c", kind=PlanKind.HOST, op=self.op, args=state.step, shape_sig="1",
-                        emits=(EmitSpec("progress"),))
+        return WorkPlan(
+            loop_id="c",
+            kind=PlanKind.HOST,
+            op=self.op,
+            args=state.step,
+            shape_sig="1",
+            emits=(EmitSpec("progress"),),
+        )
 
     def advance(self, state: Count, result: StepResult) -> Count:
         return msgspec.structs.replace(state, step=state.step + 1)
@@ -111,7 +117,9 @@ class AttemptSpy:
     def before_batch(self, info: BatchInfo) -> None:
         self.attempts.append((info.loop_ids, info.solo_retry))
 
-    def after_batch(self, info: BatchInfo, outputs: Sequence[Any], wall_s: float) -> Observation | None:
+    def after_batch(
+        self, info: BatchInfo, outputs: Sequence[Any], wall_s: float
+    ) -> Observation | None:
         return None
 
 
@@ -125,16 +133,31 @@ async def test_one_loop_runs_to_completion_with_stats_and_emissions(model: ToyMo
     await engine.start()
     emitted: list[Emission] = []
     try:
-        handle = engine.spawn(ToyDenoiseLoop(model), ToyRequest(seed=2), model, loop_id="a",
-                              priority=BATCH, on_emit=emitted.append)
+        handle = engine.spawn(
+            ToyDenoiseLoop(model),
+            ToyRequest(seed=2),
+            model,
+            loop_id="a",
+            priority=BATCH,
+            on_emit=emitted.append,
+        )
         result = await handle.result()
         stats = engine.stats()
     finally:
         await engine.close()
     assert torch.equal(result.outputs["x"], want.outputs["x"])
-    assert [e.spec.meta["step"] for e in emitted] == list(range(6)) == [e.spec.meta["step"] for e in want_emissions]
+    assert (
+        [e.spec.meta["step"] for e in emitted]
+        == list(range(6))
+        == [e.spec.meta["step"] for e in want_emissions]
+    )
     assert handle.done and handle.state_name == "succeeded"
-    assert (stats.plans_executed, stats.batches_executed, stats.queue_depth, stats.running_loops) == (6, 6, 0, 0)
+    assert (
+        stats.plans_executed,
+        stats.batches_executed,
+        stats.queue_depth,
+        stats.running_loops,
+    ) == (6, 6, 0, 0)
     assert stats.loops_succeeded == 1 and len(stats.latency_samples_s["diffusion_step"]) == 6
     assert stats.deadline_misses == 0 and stats.deadlines_met == 0  # batch class: no deadlines
 
@@ -148,11 +171,22 @@ async def test_cancellation_frees_every_reservation_and_queued_plan() -> None:
     handles = []
     try:
         for name in ("a", "b", "c"):
-            verdict = admission.admit(AdmissionRequest(name, compute_gpu_s_per_s=0.2, kv_bytes=10, peak_bytes=5))
+            verdict = admission.admit(
+                AdmissionRequest(name, compute_gpu_s_per_s=0.2, kv_bytes=10, peak_bytes=5)
+            )
             assert isinstance(verdict, Admit)
             emitted[name] = []
-            handles.append(engine.spawn(CountLoop(op), 5, None, loop_id=name, priority=BATCH,
-                                        on_emit=emitted[name].append, reservation_id=verdict.reservation_id))
+            handles.append(
+                engine.spawn(
+                    CountLoop(op),
+                    5,
+                    None,
+                    loop_id=name,
+                    priority=BATCH,
+                    on_emit=emitted[name].append,
+                    reservation_id=verdict.reservation_id,
+                )
+            )
         await until(op.entered.is_set)  # a's first plan is executing; b and c are queued
         await until(lambda: engine.stats().queue_depth == 2)
         assert admission.usage().reservations == 3
@@ -171,23 +205,36 @@ async def test_cancellation_frees_every_reservation_and_queued_plan() -> None:
         op.gate.set()
         await engine.close()
     assert [h.state_name for h in handles] == ["cancelled"] * 3
-    assert (stats.queue_depth, stats.running_loops, stats.executing, stats.loops_cancelled) == (0, 0, False, 3)
+    assert (stats.queue_depth, stats.running_loops, stats.executing, stats.loops_cancelled) == (
+        0,
+        0,
+        False,
+        3,
+    )
     assert admission.usage().reservations == 0 and admission.usage().compute_gpu_s_per_s == 0
     assert op.calls == [0]  # only a's first plan ever ran...
     assert emitted == {"a": [], "b": [], "c": []}  # ...and its result was discarded
 
 
 @pytest.mark.parametrize(("poison", "code"), [("raise", "step_exception"), ("nan", "nan")])
-async def test_failure_isolation_one_loop_fails_the_others_finish(model: ToyModel, poison: str, code: str) -> None:
+async def test_failure_isolation_one_loop_fails_the_others_finish(
+    model: ToyModel, poison: str, code: str
+) -> None:
     requests = {
         "ok1": ToyRequest(seed=1),
         "bad": ToyRequest(seed=2, poison_step=2, poison=poison),
         "ok2": ToyRequest(seed=3),
     }
-    want = {k: (await run_inline(ToyDenoiseLoop(model), r, model))[0] for k, r in requests.items() if k != "bad"}
+    want = {
+        k: (await run_inline(ToyDenoiseLoop(model), r, model))[0]
+        for k, r in requests.items()
+        if k != "bad"
+    }
     admission = AdmissionController(AdmissionConfig(kv_capacity_bytes=100, peak_capacity_bytes=100))
     spy = AttemptSpy()
-    engine = make_engine(max_batch=3, deterministic=True, observers=[spy, NaNWatch()], admission=admission)
+    engine = make_engine(
+        max_batch=3, deterministic=True, observers=[spy, NaNWatch()], admission=admission
+    )
     await engine.start()
     emitted: dict[str, list[int]] = {k: [] for k in requests}
     try:
@@ -196,7 +243,11 @@ async def test_failure_isolation_one_loop_fails_the_others_finish(model: ToyMode
             verdict = admission.admit(AdmissionRequest(k, compute_gpu_s_per_s=0.1))
             assert isinstance(verdict, Admit)
             handles[k] = engine.spawn(
-                ToyDenoiseLoop(model), r, model, loop_id=k, priority=BATCH,
+                ToyDenoiseLoop(model),
+                r,
+                model,
+                loop_id=k,
+                priority=BATCH,
                 on_emit=lambda e, k=k: emitted[k].append(e.spec.meta["step"]),
                 reservation_id=verdict.reservation_id,
             )
@@ -244,8 +295,14 @@ async def test_inputs_reach_the_loop_at_a_step_boundary(model: ToyModel) -> None
     engine = make_engine()
     await engine.start()
     try:
-        handle = engine.spawn(ToyDenoiseLoop(model), ToyRequest(seed=4), model, loop_id="i",
-                              priority=BATCH, on_emit=no_emit)
+        handle = engine.spawn(
+            ToyDenoiseLoop(model),
+            ToyRequest(seed=4),
+            model,
+            loop_id="i",
+            priority=BATCH,
+            on_emit=no_emit,
+        )
         handle.push_input(InputEvent("scale", seq=7, payload=0.5))
         result = await handle.result()
         handle.push_input(InputEvent("scale", seq=8, payload=0.1))  # after the end: dropped
@@ -255,7 +312,9 @@ async def test_inputs_reach_the_loop_at_a_step_boundary(model: ToyModel) -> None
 
 
 @pytest.mark.parametrize("where", ["queued", "boundary"])
-async def test_handle_snapshot_and_restore_continue_bit_identically(model: ToyModel, where: str) -> None:
+async def test_handle_snapshot_and_restore_continue_bit_identically(
+    model: ToyModel, where: str
+) -> None:
     request = ToyRequest(seed=6, num_steps=6)
     want, _ = await run_inline(ToyDenoiseLoop(model), request, model)
     engine = make_engine()
@@ -263,8 +322,14 @@ async def test_handle_snapshot_and_restore_continue_bit_identically(model: ToyMo
     first: list[int] = []
     second: list[int] = []
     try:
-        handle = engine.spawn(ToyDenoiseLoop(model), request, model, loop_id="orig", priority=BATCH,
-                              on_emit=lambda e: first.append(e.spec.meta["step"]))
+        handle = engine.spawn(
+            ToyDenoiseLoop(model),
+            request,
+            model,
+            loop_id="orig",
+            priority=BATCH,
+            on_emit=lambda e: first.append(e.spec.meta["step"]),
+        )
         if where == "queued":  # paused with its next plan queued: the snapshot is immediate
             handle.pause()
             await until(lambda: engine.stats().queue_depth == 1)
@@ -274,8 +339,15 @@ async def test_handle_snapshot_and_restore_continue_bit_identically(model: ToyMo
         handle.cancel("migrated")
         with pytest.raises(Cancelled, match="migrated"):
             await handle.result()
-        restored = engine.spawn(ToyDenoiseLoop(model), None, model, loop_id="moved", priority=BATCH,
-                                on_emit=lambda e: second.append(e.spec.meta["step"]), restore_from=blob)
+        restored = engine.spawn(
+            ToyDenoiseLoop(model),
+            None,
+            model,
+            loop_id="moved",
+            priority=BATCH,
+            on_emit=lambda e: second.append(e.spec.meta["step"]),
+            restore_from=blob,
+        )
         result = await restored.result()
     finally:
         await engine.close()
@@ -296,15 +368,24 @@ async def test_lead_limit_keeps_a_realtime_loop_behind_its_playout(model: ToyMod
         def before_batch(self, info: BatchInfo) -> None:
             starts.append(time.monotonic())
 
-        def after_batch(self, info: BatchInfo, outputs: Sequence[Any], wall_s: float) -> Observation | None:
+        def after_batch(
+            self, info: BatchInfo, outputs: Sequence[Any], wall_s: float
+        ) -> Observation | None:
             return None
 
     engine = make_engine(max_lead_s=0.05, playout_buffer_s=0.0, observers=[StartSpy()])
     await engine.start()
     t0_s = time.monotonic()
     try:
-        handle = engine.spawn(ToyDenoiseLoop(model), ToyRequest(seed=1, dt_media_s=0.05), model,
-                              loop_id="rt", priority=RT, on_emit=no_emit, media_t0_s=t0_s)
+        handle = engine.spawn(
+            ToyDenoiseLoop(model),
+            ToyRequest(seed=1, dt_media_s=0.05),
+            model,
+            loop_id="rt",
+            priority=RT,
+            on_emit=no_emit,
+            media_t0_s=t0_s,
+        )
         await handle.result()
     finally:
         await engine.close()
@@ -315,15 +396,31 @@ async def test_lead_limit_keeps_a_realtime_loop_behind_its_playout(model: ToyMod
 
 
 async def test_deadline_misses_are_counted_and_reported_to_admission(model: ToyModel) -> None:
-    admission = AdmissionController(AdmissionConfig(kv_capacity_bytes=1, peak_capacity_bytes=1, min_outcomes=3))
+    admission = AdmissionController(
+        AdmissionConfig(kv_capacity_bytes=1, peak_capacity_bytes=1, min_outcomes=3)
+    )
     engine = make_engine(admission=admission, max_lead_s=1000.0)
     await engine.start()
     try:
-        late = engine.spawn(ToyDenoiseLoop(model), ToyRequest(seed=1), model, loop_id="late",
-                            priority=RT, on_emit=no_emit, media_t0_s=time.monotonic() - 100.0)
+        late = engine.spawn(
+            ToyDenoiseLoop(model),
+            ToyRequest(seed=1),
+            model,
+            loop_id="late",
+            priority=RT,
+            on_emit=no_emit,
+            media_t0_s=time.monotonic() - 100.0,
+        )
         await late.result()
-        ontime = engine.spawn(ToyDenoiseLoop(model), ToyRequest(seed=1, num_steps=2), model, loop_id="ok",
-                              priority=RT, on_emit=no_emit, media_t0_s=time.monotonic() + 100.0)
+        ontime = engine.spawn(
+            ToyDenoiseLoop(model),
+            ToyRequest(seed=1, num_steps=2),
+            model,
+            loop_id="ok",
+            priority=RT,
+            on_emit=no_emit,
+            media_t0_s=time.monotonic() + 100.0,
+        )
         await ontime.result()
         stats = engine.stats()
     finally:
@@ -337,7 +434,9 @@ async def test_close_leaves_nothing_running_and_is_idempotent() -> None:
     await engine.start()
     op = GateOp()
     handle = engine.spawn(CountLoop(op), 100, None, loop_id="long", priority=BATCH, on_emit=no_emit)
-    queued = engine.spawn(CountLoop(op), 100, None, loop_id="queued", priority=BATCH, on_emit=no_emit)
+    queued = engine.spawn(
+        CountLoop(op), 100, None, loop_id="queued", priority=BATCH, on_emit=no_emit
+    )
     await until(op.entered.is_set)
     closing = asyncio.create_task(engine.close())
     await asyncio.sleep(0.01)
@@ -384,8 +483,15 @@ async def test_failed_loop_releases_its_reservation() -> None:
     verdict = admission.admit(AdmissionRequest("f", compute_gpu_s_per_s=0.5))
     assert isinstance(verdict, Admit)
     try:
-        handle = engine.spawn(CountLoop(Boom()), 3, None, loop_id="f", priority=BATCH, on_emit=no_emit,
-                              reservation_id=verdict.reservation_id)
+        handle = engine.spawn(
+            CountLoop(Boom()),
+            3,
+            None,
+            loop_id="f",
+            priority=BATCH,
+            on_emit=no_emit,
+            reservation_id=verdict.reservation_id,
+        )
         with pytest.raises(LoopFailed, match="kernel failed") as info:
             await handle.result()
     finally:

@@ -32,9 +32,19 @@ class Doubler:
 def job(*args: Any) -> ExecJob:
     n = len(args)
     return ExecJob(
-        info=BatchInfo(batch_id=1, kind="host", shape_sig="", instance_id="i", op_name="double",
-                       plan_ids=tuple(range(n)), loop_ids=tuple(f"l{i}" for i in range(n))),
-        op=Doubler(), args=args, plan_flops=(0.0,) * n, plan_bytes=(0.0,) * n,
+        info=BatchInfo(
+            batch_id=1,
+            kind="host",
+            shape_sig="",
+            instance_id="i",
+            op_name="double",
+            plan_ids=tuple(range(n)),
+            loop_ids=tuple(f"l{i}" for i in range(n)),
+        ),
+        op=Doubler(),
+        args=args,
+        plan_flops=(0.0,) * n,
+        plan_bytes=(0.0,) * n,
     )
 
 

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
-PURE = ["runtime.scheduler", "runtime.admission", "runtime.cost", "runtime.pools", "runtime.contract"]
+PURE = [
+    "runtime.scheduler",
+    "runtime.admission",
+    "runtime.cost",
+    "runtime.pools",
+    "runtime.contract",
+]
 
 
 @pytest.mark.parametrize("module", PURE)
@@ -23,16 +29,24 @@ def test_pure_modules_import_without_torch_or_asyncio(module: str) -> None:
         f"import {module}\n"
         "print('ok')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=RUNTIME.parent, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=RUNTIME.parent, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
 
 
 def test_the_probe_would_catch_a_torch_import() -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; sys.modules['torch'] = None; import runtime.observers, torch"],
-        capture_output=True, text=True, cwd=RUNTIME.parent, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.modules['torch'] = None; import runtime.observers, torch",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=RUNTIME.parent,
+        timeout=60,
     )
     assert proc.returncode != 0 and "torch" in proc.stderr
 
@@ -46,6 +60,10 @@ def test_runtime_imports_no_upper_layer() -> None:
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
-            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in {"models", "sessions", "server"}]
+            offenders += [
+                f"{path.name}: {n}"
+                for n in names
+                if n.split(".")[0] in {"models", "sessions", "server"}
+            ]
     assert offenders == []
     assert len(list(RUNTIME.glob("*.py"))) >= 9  # the walk really saw the runtime modules

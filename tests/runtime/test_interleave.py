@@ -44,7 +44,9 @@ class OrderSpy:
     def before_batch(self, info: BatchInfo) -> None:
         self.batches.append(info.loop_ids)
 
-    def after_batch(self, info: BatchInfo, outputs: Sequence[Any], wall_s: float) -> Observation | None:
+    def after_batch(
+        self, info: BatchInfo, outputs: Sequence[Any], wall_s: float
+    ) -> Observation | None:
         return None
 
 
@@ -70,8 +72,11 @@ async def concurrently(
 ) -> tuple[dict[str, tuple[torch.Tensor, list[torch.Tensor]]], OrderSpy, Engine]:
     spy = OrderSpy()
     engine = Engine(
-        cost=CostModel(), max_batch=max_batch, deterministic=deterministic,
-        observers=[spy, NaNWatch()], max_lead_s=10.0,
+        cost=CostModel(),
+        max_batch=max_batch,
+        deterministic=deterministic,
+        observers=[spy, NaNWatch()],
+        max_lead_s=10.0,
     )
     await engine.start()
     t0_s = time.monotonic()
@@ -86,8 +91,13 @@ async def concurrently(
                 sink.append(emission.output.x)
 
             handles[loop_id] = engine.spawn(
-                ToyDenoiseLoop(model), request, model, loop_id=loop_id, priority=Priority.REALTIME,
-                on_emit=on_emit, media_t0_s=t0_s,
+                ToyDenoiseLoop(model),
+                request,
+                model,
+                loop_id=loop_id,
+                priority=Priority.REALTIME,
+                on_emit=on_emit,
+                media_t0_s=t0_s,
             )
         results = {loop_id: await h.result() for loop_id, h in handles.items()}
     finally:

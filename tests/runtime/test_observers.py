@@ -14,8 +14,13 @@ from runtime.observers import BatchInfo, NaNWatch, Profiler, summarize
 
 def info(kind: str = "vae_decode", plan_ids: tuple[int, ...] = (0,)) -> BatchInfo:
     return BatchInfo(
-        batch_id=0, kind=kind, shape_sig="s", instance_id="i", op_name="op",
-        plan_ids=plan_ids, loop_ids=tuple(f"l{p}" for p in plan_ids),
+        batch_id=0,
+        kind=kind,
+        shape_sig="s",
+        instance_id="i",
+        op_name="op",
+        plan_ids=plan_ids,
+        loop_ids=tuple(f"l{p}" for p in plan_ids),
     )
 
 
@@ -58,7 +63,9 @@ def test_nanwatch_finds_non_finite_values_in_nested_outputs() -> None:
     obs = watch.after_batch(info(plan_ids=(0, 1, 2, 3)), [good, bad_inf, bad_dc, bad_struct], 0.0)
     assert obs is not None
     assert [(f.index, f.code) for f in obs.faults] == [(1, "nan"), (2, "nan"), (3, "nan")]
-    assert "output[1][1][0]" in obs.faults[0].message and "1 non-finite of 2" in obs.faults[0].message
+    assert (
+        "output[1][1][0]" in obs.faults[0].message and "1 non-finite of 2" in obs.faults[0].message
+    )
     assert "output[2].meta['feat']" in obs.faults[1].message
     assert "output[3].latents[1]" in obs.faults[2].message
     assert watch.hits == 3

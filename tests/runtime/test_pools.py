@@ -10,8 +10,12 @@ from runtime.pools import FeatureCache, FeatureCacheError, KVSlabPool, SlabOwner
 
 def key(text: str, **overrides: object) -> CacheKey:
     fields: dict[str, object] = {
-        "model_id": "m", "component": "text_encoder", "weights_version": "1",
-        "precision": "bf16", "shape_sig": "512", "input_hash": text,
+        "model_id": "m",
+        "component": "text_encoder",
+        "weights_version": "1",
+        "precision": "bf16",
+        "shape_sig": "512",
+        "input_hash": text,
     }
     fields.update(overrides)
     return CacheKey(**fields)  # type: ignore[arg-type]
@@ -26,7 +30,12 @@ def test_allocate_until_exhausted_then_none_and_free_restores() -> None:
     pool.free(slabs[1])  # type: ignore[arg-type]
     assert pool.free_count == 1 and pool.owner_of(1) is None
     again = pool.allocate("s3")
-    assert again is not None and again.slab_id == 1 and again.generation == 2 and pool.owner_of(1) == "s3"
+    assert (
+        again is not None
+        and again.slab_id == 1
+        and again.generation == 2
+        and pool.owner_of(1) == "s3"
+    )
     assert pool.capacity == 3 and pool.capacity_bytes == 3072
 
 

@@ -82,7 +82,8 @@ class Checked:
     def pick(self, now_s: float) -> Batch | None:
         before = {t.plan_id: t for t in self.s.tickets()}
         slack_before = self.s.slack.slack_s(
-            [t for t in before.values() if t.priority is RT and not self.s.is_paused(t.loop_id)], now_s
+            [t for t in before.values() if t.priority is RT and not self.s.is_paused(t.loop_id)],
+            now_s,
         )
         batch = self.s.pick(now_s)
         after = {t.plan_id for t in self.s.tickets()}
@@ -139,7 +140,11 @@ def test_realtime_without_deadline_ranks_after_deadlines_but_before_batch() -> N
     sched.submit(ticket(1, "free", RT, deadline_s=None))
     sched.submit(ticket(2, "timed", RT, deadline_s=50.0))
     clock = FakeClock()
-    assert [b.loop_ids[0] for b in drain(sched, clock, FakeExecutor(clock))] == ["timed", "free", "job"]
+    assert [b.loop_ids[0] for b in drain(sched, clock, FakeExecutor(clock))] == [
+        "timed",
+        "free",
+        "job",
+    ]
 
 
 def test_running_loop_beats_new_loop_at_equal_deadline() -> None:
@@ -243,7 +248,7 @@ def test_preemption_only_at_step_boundaries() -> None:
     sched.s.complete(batch.batch_id)
     nxt = sched.pick(clock.now_s)
     assert nxt is not None and nxt.loop_ids == ("rt",)
-    (first, start, end), = executor.runs
+    ((first, start, end),) = executor.runs
     assert (first.loop_ids, start, end) == (("job",), 0.0, 2.0)  # ran whole, uninterrupted
     with pytest.raises(SchedulerError, match="complete"):
         sched.s.complete(first.batch_id)
@@ -358,10 +363,23 @@ class SimLoop:
         if self.priority is RT:
             deadline = (self.done_steps + 1) * self.period_s
             return ticket(
-                plan_id, self.loop_id, RT, deadline_s=deadline, cost_gpu_s=self.cost_s,
-                enqueued_s=now_s, eligible_s=deadline - self.max_lead_s, batch_key=self.batch_key,
+                plan_id,
+                self.loop_id,
+                RT,
+                deadline_s=deadline,
+                cost_gpu_s=self.cost_s,
+                enqueued_s=now_s,
+                eligible_s=deadline - self.max_lead_s,
+                batch_key=self.batch_key,
             )
-        return ticket(plan_id, self.loop_id, BATCH, cost_gpu_s=self.cost_s, enqueued_s=now_s, batch_key=self.batch_key)
+        return ticket(
+            plan_id,
+            self.loop_id,
+            BATCH,
+            cost_gpu_s=self.cost_s,
+            enqueued_s=now_s,
+            batch_key=self.batch_key,
+        )
 
 
 @pytest.mark.parametrize("max_batch", [1, 4])
@@ -372,7 +390,10 @@ def test_simulation_postconditions_every_pick_and_no_starvation(max_batch: int) 
     clock = FakeClock()
     executor = FakeExecutor(clock)
     keys = [KEY, ("inst", "chunk_step", "big", "fp32")]
-    loops = [SimLoop(f"rt{i}", RT, steps=40, period_s=0.1, cost_s=0.02, batch_key=keys[i % 2]) for i in range(4)]
+    loops = [
+        SimLoop(f"rt{i}", RT, steps=40, period_s=0.1, cost_s=0.02, batch_key=keys[i % 2])
+        for i in range(4)
+    ]
     loops += [SimLoop(f"job{i}", BATCH, steps=10, period_s=0.0, cost_s=0.05) for i in range(3)]
     by_id = {lp.loop_id: lp for lp in loops}
     next_id = 0
@@ -401,7 +422,9 @@ def test_simulation_postconditions_every_pick_and_no_starvation(max_batch: int) 
                 next_id += 1
             else:
                 lp.finished_s = clock.now_s
-    assert all(lp.done_steps == lp.steps for lp in loops), [(lp.loop_id, lp.done_steps) for lp in loops]
+    assert all(lp.done_steps == lp.steps for lp in loops), [
+        (lp.loop_id, lp.done_steps) for lp in loops
+    ]
     assert sched.s.depth() == 0
     jobs_done = [by_id[f"job{i}"].finished_s for i in range(3)]
     rt_done = max(by_id[f"rt{i}"].finished_s for i in range(4))  # type: ignore[type-var]

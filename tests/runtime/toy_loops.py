@@ -37,7 +37,9 @@ HIDDEN = 32
 
 
 class ToyDenoiser(nn.Module):
-    def __init__(self, seed: int = 0, tokens: int = TOKENS, channels: int = CHANNELS, hidden: int = HIDDEN):
+    def __init__(
+        self, seed: int = 0, tokens: int = TOKENS, channels: int = CHANNELS, hidden: int = HIDDEN
+    ):
         super().__init__()
         self.tokens, self.channels = tokens, channels
         self.qkv = nn.Linear(channels, 3 * channels)
@@ -94,7 +96,9 @@ class EulerStepOp:
 
     def __init__(self, model: ToyDenoiser) -> None:
         self.model = model
-        self.calls: list[int] = []  # batch size of every call (test spy; model-wide, not per request)
+        self.calls: list[
+            int
+        ] = []  # batch size of every call (test spy; model-wide, not per request)
 
     def __call__(self, args: Sequence[EulerArgs], *, deterministic: bool = False) -> list[EulerOut]:
         if deterministic and len(args) > 1:
@@ -112,11 +116,13 @@ class EulerStepOp:
             scale = torch.tensor([a.scale for a in args], dtype=torch.float32)[:, None, None]
             velocity = self.model(x, t) * scale  # [B, T, C]
             gens = [torch.Generator().set_state(a.rng_state) for a in args]
-            noise = torch.stack([torch.randn(a.x.shape, generator=g) for a, g in zip(args, gens)])
+            noise = torch.stack(
+                [torch.randn(a.x.shape, generator=g) for a, g in zip(args, gens, strict=True)]
+            )
             churn = torch.tensor([a.churn for a in args], dtype=torch.float32)[:, None, None]
             x_next = x + dt * velocity + churn * dt.abs().sqrt() * noise  # [B, T, C]
             outs = []
-            for i, (a, g) in enumerate(zip(args, gens)):
+            for i, (a, g) in enumerate(zip(args, gens, strict=True)):
                 xi = x_next[i].clone()
                 if a.poison == "nan":
                     xi[0, 0] = float("nan")
@@ -209,7 +215,15 @@ class ToyDenoiseLoop:
             loop_id="toy",
             kind=PlanKind.DIFFUSION_STEP,
             op=self.model.op,
-            args=EulerArgs(state.x, state.sigmas[k], state.sigmas[k + 1], state.rng_state, state.churn, state.scale, poison),
+            args=EulerArgs(
+                state.x,
+                state.sigmas[k],
+                state.sigmas[k + 1],
+                state.rng_state,
+                state.churn,
+                state.scale,
+                poison,
+            ),
             shape_sig=f"{tuple(state.x.shape)}",
             instance_id=self.model.instance_id,
             flops=2.0 * state.x.numel() * 4 * CHANNELS,
@@ -222,4 +236,6 @@ class ToyDenoiseLoop:
         return msgspec.structs.replace(state, x=out.x, rng_state=out.rng_state, step=state.step + 1)
 
     def finalize(self, state: ToyState) -> LoopResult:
-        return LoopResult(outputs={"x": state.x, "steps": state.step, "applied_seqs": list(state.applied_seqs)})
+        return LoopResult(
+            outputs={"x": state.x, "steps": state.step, "applied_seqs": list(state.applied_seqs)}
+        )
