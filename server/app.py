@@ -63,6 +63,7 @@ class ServerConfig:
     playout_buffer_s: float = 0.25
     max_lead_s: float = 1.0
     max_batch: int = 8
+    deterministic: bool = False  # batched plans bit-identical to solo runs (replay, A/B tests)
     control_rate_per_s: float = 30.0
     web_dir: Path | None = field(default=_WEB_DIR)
 
@@ -174,7 +175,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         peak_capacity_bytes=instance.peak_bytes(profile) * config.max_batch * 4,
         peak_concurrency=config.max_batch,
     ))
-    engine = Engine(cost=cost, admission=admission, max_batch=config.max_batch,
+    engine = Engine(cost=cost, admission=admission, max_batch=config.max_batch, deterministic=config.deterministic,
                     playout_buffer_s=config.playout_buffer_s, max_lead_s=config.max_lead_s)
     await engine.start()
 

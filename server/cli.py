@@ -37,6 +37,8 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--admin-key", default=None, help="admin key for --auth token (or $DREAMRT_ADMIN_KEY)")
     serve.add_argument("--max-sessions", type=int, default=4, help="chunk-KV slabs, i.e. concurrent sessions")
     serve.add_argument("--bitrate", type=int, default=None, metavar="BPS", help="video encoder bitrate cap")
+    serve.add_argument("--deterministic", action="store_true",
+                       help="batched plans give bit-identical results to solo runs (slower batching)")
 
     sub.add_parser("models", help="list the model cards", parents=[common])
 
@@ -80,7 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, model=args.model, device=args.device, data_dir=args.data_dir,
         ice_hosts=tuple(args.ice_host), ice_servers=tuple(args.ice_server), auth=mode.value,
         force_no_auth=args.force_no_auth, admin_key=args.admin_key, max_sessions=args.max_sessions,
-        video_bitrate_bps=args.bitrate,
+        video_bitrate_bps=args.bitrate, deterministic=args.deterministic,
     )
     sys.stdout.write(f"dreamrt: open http://{args.host}:{args.port}/  (auth {mode.value})\n")
     sys.stdout.flush()

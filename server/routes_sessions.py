@@ -118,11 +118,12 @@ async def offer(session_id: str, body: OfferBody, request: Request, grant: Grant
     previous = ctx.peers.get(session_id)
     if previous is not None:
         await previous.close()  # one viewer per session: the new offer replaces the old peer
+    peer = ctx.open_peer(session)  # subscribes to the events first: the viewer sees "negotiating"
     try:
         session.begin_negotiation()
     except SessionStateError as exc:
+        await peer.close()
         raise _conflict(exc) from None
-    peer = ctx.open_peer(session)
     try:
         answer = await peer.answer(body.sdp)
     except OfferError as exc:
@@ -243,12 +244,12 @@ async def delete(session_id: str, request: Request, grant: Grant = Depends(autho
     if not grant.allows_session(session_id):
         raise ApiError(403, "forbidden", f"this token does not grant session {session_id!r}")
     ctx = ctx_of(request)
+    closed = await ctx.host.close_session(session_id)
     peer = ctx.peers.get(session_id)
     if peer is not None:
-        await peer.close()
-    if not await ctx.host.close_session(session_id):
-        if await ctx.store.run(ctx.store.get_session, session_id) is None:
-            raise ApiError(404, "not_found", f"no session {session_id!r}")
+        await peer.close()  # after the session: its viewer receives "closing" and "closed"
+    if not closed and await ctx.store.run(ctx.store.get_session, session_id) is None:
+        raise ApiError(404, "not_found", f"no session {session_id!r}")
     return Response(status_code=204)
 
 

@@ -303,11 +303,25 @@ class ViewerPeer:
     def task_count(self) -> int:
         return len(self._tasks)
 
+    async def _drain_events(self, timeout_s: float = 1.0) -> None:
+        """The session ended: let the last events (``closing``, ``closed``) reach the viewer."""
+        forwarders = [t for t in self._tasks if t.get_name().endswith("-events")]
+        if forwarders:
+            await asyncio.wait(forwarders, timeout=timeout_s)
+        channel = self._channel
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while (channel is not None and channel.readyState == "open" and channel.bufferedAmount > 0
+               and asyncio.get_running_loop().time() < deadline):
+            await asyncio.sleep(0.01)
+
     async def close(self) -> None:
-        """Idempotent: ends tasks, track and peer connection; the session pauses (no viewer)."""
+        """Idempotent: ends tasks, track and peer connection; the session pauses (no viewer).
+        When the session itself ended, its last events are flushed to the viewer first."""
         if self._closed:
             return
         self._closed = True
+        if self.session.events.closed:
+            await self._drain_events()
         self._subscription.close()
         self.track.stop()
         tasks = list(self._tasks)

@@ -47,7 +47,8 @@ class DreamrtClient:
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     async def request(self, method: str, path: str, *, session_id: str | None = None, **kwargs: Any) -> httpx.Response:
-        response = await self._http.request(method, path, headers=self._headers(session_id), **kwargs)
+        headers = {**self._headers(session_id), **kwargs.pop("headers", {})}
+        response = await self._http.request(method, path, headers=headers, **kwargs)
         if response.status_code >= 400:
             try:
                 body = response.json()
