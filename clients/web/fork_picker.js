@@ -3,8 +3,9 @@
  * one (POST /choose: the server records preference pairs and closes the others).
  *
  * Watching a candidate opens a small receive-only preview through `openPreview(id, video)`,
- * which returns {close()} or throws (then the row says the preview is unavailable; choosing
- * still works). After a choice `onChosen(id)` lets the page follow the chosen branch.
+ * which returns {close()} or throws (then the row says the candidate is not streamed: servers
+ * may record forks before they can generate them; choosing still works). After a choice
+ * `onChosen(id)` lets the page follow the chosen branch.
  */
 
 export class ForkPicker {
@@ -105,8 +106,8 @@ export class ForkPicker {
       button.textContent = "Hide";
       button.setAttribute("aria-pressed", "true");
     } catch (err) {
-      button.textContent = "No preview";
-      button.title = err.message;
+      button.textContent = "Not streamed";
+      button.title = `No preview: ${err.message}`;
       this._log("fork.preview_failed", { candidate: id, message: err.message });
       return;
     } finally {

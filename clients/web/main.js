@@ -55,7 +55,6 @@ class App {
     this.fork = new ForkPicker($("fork"), {
       getSession: () => this.session?.rest ?? null,
       openPreview: (id, video) => this._openPreview(id, video),
-      onChosen: (id) => this.log.note("fork_chosen", { candidate: id }),
       log: (type, fields) => this.log.note(type, fields),
     });
     this.machine.subscribe((next, previous, detail) => this._renderState(next, previous, detail));

@@ -19,6 +19,8 @@ export class StatsView {
       bitrate: $("stat-bitrate"),
       video: $("stat-video"),
       jitter: $("stat-jitter"),
+      segment: $("stat-segment"),
+      audio: $("stat-audio"),
       hudFps: $("hud-fps"),
       hudLatency: $("hud-latency"),
     };
@@ -48,6 +50,9 @@ export class StatsView {
     el.bitrate.textContent = sample.bitrateKbps == null ? "–" : `${Math.round(sample.bitrateKbps)} kbps`;
     el.video.textContent = sample.width ? `${sample.width}×${sample.height}${sample.codec ? ` ${sample.codec}` : ""}` : "–";
     el.jitter.textContent = ms(sample.jitterBufferMs);
+    el.segment.textContent = sample.server?.segment == null ? "–" : String(sample.server.segment);
+    const audioS = sample.server?.audio_seconds_in;
+    el.audio.textContent = audioS == null ? "–" : `${audioS.toFixed(1)} s`;
   }
 
   /** Flash the latest input -> applied latency in the HUD. */

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from infra.browser_harness import ChromiumMissingError, ServerProcess, launch_chromium, require_chromium
@@ -151,6 +152,11 @@ def test_microphone_audio_reaches_the_session(live_page: Any, server: ServerProc
     finally:
         live_page.keyboard.up(" ")
     live_page.wait_for_function("document.getElementById('talk').getAttribute('aria-pressed') === 'false'")
+    # The server's own counter (GET /v1/sessions/{id}: audio_seconds_in) saw the microphone too.
+    session_id, token = live_page.evaluate("[window.dreamrt.session.id, window.dreamrt.session.info.token]")
+    snapshot = httpx.get(f"{server.url}/v1/sessions/{session_id}", headers={"Authorization": f"Bearer {token}"},
+                         timeout=5.0).json()
+    assert snapshot["audio_seconds_in"] > 0, snapshot
 
 
 def test_screenshot_shows_the_stream_and_controls(live_page: Any) -> None:
