@@ -41,6 +41,15 @@ ACKED_JS = """([since, kind, applied]) => {
 
 
 @pytest.fixture(scope="module")
+def chromium() -> str:
+    """Checked before the server starts, so a missing browser fails fast with the fix."""
+    try:
+        return require_chromium()
+    except ChromiumMissingError as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("browser-e2e")
     with ServerProcess(root / "data", root / "server.log") as proc:
@@ -48,14 +57,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="module")
-def live_page(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def live_page(chromium: str, server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The page, started through its prompt box, once it shows decoded frames."""
     from playwright.sync_api import sync_playwright
 
     errors: list[str] = []
     with sync_playwright() as playwright:
         try:
-            context = launch_chromium(playwright, tmp_path_factory.mktemp("chromium-profile"))
+            context = launch_chromium(playwright, tmp_path_factory.mktemp("chromium-profile"), executable_path=chromium)
         except ChromiumMissingError as exc:
             pytest.fail(str(exc))
         page = context.pages[0] if context.pages else context.new_page()
