@@ -191,11 +191,20 @@ class ChunkKVCache:
         """Views of one layer's K and V: 2 x [B, (S + W) * T, heads, head_dim]."""
         return self.k[index], self.v[index]
 
-    def attention_mask(self, new_tokens: int) -> torch.Tensor:
+    @property
+    def full(self) -> bool:
+        """Every slot holds a frame (host-side bookkeeping, no device sync)."""
+        return self._frames_written >= self.capacity_frames
+
+    def attention_mask(self, new_tokens: int) -> torch.Tensor | None:
         """Key mask for a chunk of ``new_tokens`` attending to the cache and to itself.
 
-        -> [1, 1, 1, (S + W) * T + new_tokens] bool, True = attend (cached slots first).
+        -> [1, 1, 1, (S + W) * T + new_tokens] bool, True = attend (cached slots first), or
+        ``None`` once the cache is full: a session spends nearly all its life there, and
+        attention without a mask may use the flash / cuDNN kernels.
         """
+        if self.full:
+            return None
         own = torch.ones(new_tokens, dtype=torch.bool, device=self.valid.device)
         return torch.cat((self.valid, own))[None, None, None, :]
 

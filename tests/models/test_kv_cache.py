@@ -225,3 +225,18 @@ def test_restore_rebuilds_a_cache_from_its_snapshot_fields() -> None:
     with pytest.raises(CacheShapeError, match="2 slot positions"):
         ChunkKVCache.restore(twin.k, twin.v, twin.valid, 1, 2, TOKENS, slot_positions=[0, 1],
                              frames_written=2)
+
+
+def test_mask_is_dropped_once_every_slot_is_filled() -> None:
+    cache = ChunkKVCache.allocate(WanDiTConfig.preset("tiny"), batch=1, sink_frames=1,
+                                  window_frames=2, tokens_per_frame=2, device="cpu",
+                                  dtype=torch.float32)
+    mask = cache.attention_mask(4)
+    assert mask is not None and mask.shape == (1, 1, 1, 10)
+    assert mask[0, 0, 0].tolist() == [False] * 6 + [True] * 4
+    cache.commit(cache.plan_write(2), 2, frame_start=0)
+    assert not cache.full and cache.attention_mask(4)[0, 0, 0].tolist() == [True] * 4 + [False] * 2 + [True] * 4
+    cache.commit(cache.plan_write(1), 1, frame_start=2)
+    assert cache.full and cache.attention_mask(4) is None
+    cache.reset()
+    assert not cache.full and cache.attention_mask(4) is not None
