@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 import httpx
 
@@ -85,8 +85,16 @@ class ServerProcess:
     ``timeout_s`` passes first.
     """
 
-    def __init__(self, data_dir: Path, log_path: Path, *, host: str = "127.0.0.1", port: int | None = None,
-                 extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        log_path: Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.log_path = Path(log_path)
         self.host = host
@@ -102,25 +110,40 @@ class ServerProcess:
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "server", "serve",
-            "--host", self.host, "--port", str(self.port),
-            "--ice-host", self.host, "--data-dir", str(self.data_dir),
+            sys.executable,
+            "-m",
+            "server",
+            "serve",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--ice-host",
+            self.host,
+            "--data-dir",
+            str(self.data_dir),
             *self.extra_args,
         ]
 
-    def start(self, timeout_s: float = 90.0) -> ServerProcess:
+    def start(self, timeout_s: float = 90.0) -> Self:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = self.log_path.open("wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(self.env or {})}
         self._proc = subprocess.Popen(
-            self.command(), cwd=REPO_ROOT, stdout=self._log_file, stderr=subprocess.STDOUT, env=env,
+            self.command(),
+            cwd=REPO_ROOT,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
             start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise ServerExitedError(f"server exited with {self._proc.returncode}:\n{self.log_tail()}")
+                raise ServerExitedError(
+                    f"server exited with {self._proc.returncode}:\n{self.log_tail()}"
+                )
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
                     return self
@@ -144,22 +167,30 @@ class ServerProcess:
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                log.warning("server pid %d ignored SIGINT for %.0f s; killing it", proc.pid, timeout_s)
+                log.warning(
+                    "server pid %d ignored SIGINT for %.0f s; killing it", proc.pid, timeout_s
+                )
                 proc.kill()
                 proc.wait()
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-def launch_chromium(playwright: Any, user_data_dir: Path, *, width: int = 1440, height: int = 900,
-                    executable_path: str = CHROMIUM_PATH) -> Any:
+def launch_chromium(
+    playwright: Any,
+    user_data_dir: Path,
+    *,
+    width: int = 1440,
+    height: int = 900,
+    executable_path: str = CHROMIUM_PATH,
+) -> Any:
     """A persistent Chromium context (sync Playwright API) with a fresh ``user_data_dir``.
 
     ``--user-data-dir`` is how Playwright's persistent context passes the profile directory.

@@ -41,7 +41,8 @@ export class AckTracker {
 
   /** Record that an input of `kind` was just sent. */
   noteSent(kind) {
-    if (!KINDS.includes(kind)) throw new RangeError(`unknown input kind ${JSON.stringify(kind)}; expected one of ${KINDS}`);
+    if (!KINDS.includes(kind))
+      throw new RangeError(`unknown input kind ${JSON.stringify(kind)}; expected one of ${KINDS}`);
     this._pending.push({ kind, sentMs: this._now(), seq: null, receivedMs: null });
     if (this._pending.length > MAX_PENDING) this._pending.splice(0, this._pending.length - MAX_PENDING);
   }
@@ -70,16 +71,24 @@ export class AckTracker {
     const now = this._now();
     // By seq when the server names it (an unknown seq is an input this page did not send, e.g.
     // the session's initial prompt, seq 0); by order only for servers that omit seq.
-    const index = event.seq != null
-      ? this._pending.findIndex((p) => p.seq === event.seq)
-      : this._pending.findIndex((p) => p.kind === kind);
+    const index =
+      event.seq != null
+        ? this._pending.findIndex((p) => p.seq === event.seq)
+        : this._pending.findIndex((p) => p.kind === kind);
     if (index < 0) return null;
     const entry = this._pending[index];
     // Drop the match and everything of the same kind sent before it (superseded, never applied).
     this._pending = this._pending.filter((p, i) => i > index || (p.kind !== entry.kind && i !== index));
     const latencyMs = now - entry.sentMs;
     this._push(this.appliedMs[entry.kind], latencyMs);
-    this.lastApplied = { kind: entry.kind, latencyMs, chunk: event.chunk, pts: event.pts, sentMs: entry.sentMs, appliedMs: now };
+    this.lastApplied = {
+      kind: entry.kind,
+      latencyMs,
+      chunk: event.chunk,
+      pts: event.pts,
+      sentMs: entry.sentMs,
+      appliedMs: now,
+    };
     return { kind: entry.kind, latencyMs };
   }
 
@@ -91,7 +100,10 @@ export class AckTracker {
   /** {kind: {received: median ms|null, applied: median ms|null, count}} over the last WINDOW acks. */
   summary() {
     return Object.fromEntries(
-      KINDS.map((k) => [k, { received: median(this.receivedMs[k]), applied: median(this.appliedMs[k]), count: this.appliedMs[k].length }]),
+      KINDS.map((k) => [
+        k,
+        { received: median(this.receivedMs[k]), applied: median(this.appliedMs[k]), count: this.appliedMs[k].length },
+      ]),
     );
   }
 

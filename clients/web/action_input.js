@@ -82,7 +82,8 @@ export class ActionInput {
     this._keyTarget.addEventListener("keyup", h.keyup);
     window.addEventListener("blur", h.blur);
     document.addEventListener("visibilitychange", h.visibilitychange);
-    for (const name of ["pointerdown", "pointermove", "pointerup", "pointercancel"]) this._stage.addEventListener(name, h[name]);
+    for (const name of ["pointerdown", "pointermove", "pointerup", "pointercancel"])
+      this._stage.addEventListener(name, h[name]);
     this._timer = setInterval(() => this._tick(), this._periodMs);
   }
 
@@ -93,7 +94,8 @@ export class ActionInput {
     this._keyTarget.removeEventListener("keyup", h.keyup);
     window.removeEventListener("blur", h.blur);
     document.removeEventListener("visibilitychange", h.visibilitychange);
-    for (const name of ["pointerdown", "pointermove", "pointerup", "pointercancel"]) this._stage.removeEventListener(name, h[name]);
+    for (const name of ["pointerdown", "pointermove", "pointerup", "pointercancel"])
+      this._stage.removeEventListener(name, h[name]);
     clearInterval(this._timer);
     this._timer = null;
   }
@@ -160,7 +162,8 @@ export class ActionInput {
 
   _pointerMove(event) {
     if (!this._dragging || event.pointerId !== this._pointerId) return;
-    const scale = this._video.videoWidth && this._video.clientWidth ? this._video.videoWidth / this._video.clientWidth : 1;
+    const scale =
+      this._video.videoWidth && this._video.clientWidth ? this._video.videoWidth / this._video.clientWidth : 1;
     this._moves.push([performance.now(), event.movementX * scale, event.movementY * scale]);
   }
 

@@ -16,7 +16,7 @@ export class ApiError extends Error {
 
 /** Turn an error body (FastAPI {"detail": str | [{loc, msg}]}, or text) into one line. */
 function describeError(status, body) {
-  const detail = body && typeof body === "object" ? body.detail ?? body.message ?? body.error : body;
+  const detail = body && typeof body === "object" ? (body.detail ?? body.message ?? body.error) : body;
   if (Array.isArray(detail)) {
     return detail
       .map((item) => {

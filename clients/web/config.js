@@ -37,7 +37,11 @@ export function parseIceServers(text) {
     }
     return parsed;
   }
-  return trimmed.split(",").map((url) => url.trim()).filter(Boolean).map((urls) => ({ urls }));
+  return trimmed
+    .split(",")
+    .map((url) => url.trim())
+    .filter(Boolean)
+    .map((urls) => ({ urls }));
 }
 
 function loadStored(storage) {

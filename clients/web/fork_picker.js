@@ -48,7 +48,10 @@ export class ForkPicker {
       const answer = await session.fork(n, this._prompt.value.trim());
       const candidates = Array.isArray(answer?.candidates) ? answer.candidates : [];
       this._log("fork", { n, candidates: candidates.length });
-      this._say(candidates.length ? "watch the candidates, then choose one" : "the server returned no candidates", candidates.length ? "" : "bad");
+      this._say(
+        candidates.length ? "watch the candidates, then choose one" : "the server returned no candidates",
+        candidates.length ? "" : "bad",
+      );
       candidates.forEach((id, index) => this._list.append(this._row(id, index)));
       this._list.querySelector("button")?.focus();
     } catch (err) {

@@ -59,7 +59,13 @@ export class FrameClock {
       const epoch = 2 ** 32;
       rtp90k = delta + Math.round((last - delta) / epoch) * epoch;
     }
-    const frame = { atMs: performance.now(), callbackMs: nowMs, expectedDisplayMs: meta.expectedDisplayTime, rtp90k, presentedFrames: meta.presentedFrames };
+    const frame = {
+      atMs: performance.now(),
+      callbackMs: nowMs,
+      expectedDisplayMs: meta.expectedDisplayTime,
+      rtp90k,
+      presentedFrames: meta.presentedFrames,
+    };
     if (this.firstFrameMs === null) this.firstFrameMs = frame.atMs;
     this.frames.push(frame);
     if (this.frames.length > this._capacity) this.frames.splice(0, this.frames.length - this._capacity);

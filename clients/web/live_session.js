@@ -24,20 +24,41 @@ const POLL_PERIOD_MS = 2000;
 function waitForOpen(channel, timeoutMs) {
   if (channel.readyState === "open") return Promise.resolve();
   return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new NegotiationError(`control channel did not open within ${timeoutMs} ms`)), timeoutMs);
-    channel.addEventListener("open", () => {
-      clearTimeout(timer);
-      resolve();
-    }, { once: true });
-    channel.addEventListener("close", () => {
-      clearTimeout(timer);
-      reject(new NegotiationError("control channel closed while connecting"));
-    }, { once: true });
+    const timer = setTimeout(
+      () => reject(new NegotiationError(`control channel did not open within ${timeoutMs} ms`)),
+      timeoutMs,
+    );
+    channel.addEventListener(
+      "open",
+      () => {
+        clearTimeout(timer);
+        resolve();
+      },
+      { once: true },
+    );
+    channel.addEventListener(
+      "close",
+      () => {
+        clearTimeout(timer);
+        reject(new NegotiationError("control channel closed while connecting"));
+      },
+      { once: true },
+    );
   });
 }
 
 export class LiveSession {
-  constructor(api, { iceServers = [], offerAudio = true, onEvent = () => {}, onTrack = () => {}, onStats = () => {}, onConnectionLost = () => {} } = {}) {
+  constructor(
+    api,
+    {
+      iceServers = [],
+      offerAudio = true,
+      onEvent = () => {},
+      onTrack = () => {},
+      onStats = () => {},
+      onConnectionLost = () => {},
+    } = {},
+  ) {
     this.api = api;
     this.iceServers = iceServers;
     this.offerAudio = offerAudio;
@@ -66,6 +87,11 @@ export class LiveSession {
   async open(body) {
     this.info = await this.api.createSession(body);
     this.rest = this.api.session(this.info.id, this.info.token);
+    if (this.closed) {
+      // close() ran while the session was being created: it had nothing to delete yet.
+      await this.rest.close().catch(() => {});
+      throw new NegotiationError("closed while connecting");
+    }
     try {
       await this.attach();
     } catch (err) {
@@ -87,17 +113,26 @@ export class LiveSession {
   }
 
   async attach() {
-    const { pc, channel, audioSender } = await connectPeer(this.rest, { iceServers: this.iceServers, offerAudio: this.offerAudio });
+    const { pc, channel, audioSender } = await connectPeer(this.rest, {
+      iceServers: this.iceServers,
+      offerAudio: this.offerAudio,
+    });
+    if (this.closed) {
+      pc.close();
+      throw new NegotiationError("closed while connecting");
+    }
     this.pc = pc;
     this.audioSender = audioSender;
     pc.addEventListener("track", (event) => {
       if (event.track.kind === "video") this._onTrack(event.streams[0] || new MediaStream([event.track]));
     });
     for (const receiver of pc.getReceivers()) {
-      if (receiver.track?.kind === "video" && receiver.track.readyState === "live") this._onTrack(new MediaStream([receiver.track]));
+      if (receiver.track?.kind === "video" && receiver.track.readyState === "live")
+        this._onTrack(new MediaStream([receiver.track]));
     }
     pc.addEventListener("connectionstatechange", () => {
-      if (["failed", "closed"].includes(pc.connectionState) && !this.closed) this._onConnectionLost(`peer connection ${pc.connectionState}`);
+      if (["failed", "closed"].includes(pc.connectionState) && !this.closed)
+        this._onConnectionLost(`peer connection ${pc.connectionState}`);
     });
     this.control = new ControlChannel(channel, {
       onEvent: (event) => this._receive(event),

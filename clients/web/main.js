@@ -30,7 +30,12 @@ const OVERLAY = {
 };
 
 /** Server session states (API.md) -> page states; others leave the page state alone. */
-const SERVER_STATE = { live: PageState.LIVE, paused: PageState.PAUSED, closed: PageState.CLOSED, failed: PageState.ERROR };
+const SERVER_STATE = {
+  live: PageState.LIVE,
+  paused: PageState.PAUSED,
+  closed: PageState.CLOSED,
+  failed: PageState.ERROR,
+};
 
 class App {
   constructor(config) {
@@ -94,24 +99,35 @@ class App {
       onConnectionLost: (why) => this._onConnectionLost(session, why),
     });
     this.session = session;
+    const phase = setTimeout(() => {
+      if (session === this.session && this.machine.state === PageState.CONNECTING)
+        this.machine.transition(PageState.CONNECTING, "negotiating WebRTC");
+    }, 150);
     try {
-      const phase = setTimeout(() => session === this.session && this.machine.state === PageState.CONNECTING && this.machine.transition(PageState.CONNECTING, "negotiating WebRTC"), 150);
       await session.open({ prompt: promptText });
-      clearTimeout(phase);
       performance.mark("dreamrt.connected");
     } catch (err) {
-      if (session !== this.session) return;
+      if (session !== this.session) return; // superseded by a newer start() or end()
       this.session = null;
-      this._fail(err.status === 503 ? `server busy${err.retryAfterS ? `, retry in ${err.retryAfterS} s` : ""}: ${err.message}` : err.message);
+      this._fail(
+        err.status === 503
+          ? `server busy${err.retryAfterS ? `, retry in ${err.retryAfterS} s` : ""}: ${err.message}`
+          : err.message,
+      );
       return;
+    } finally {
+      clearTimeout(phase);
     }
     if (session !== this.session) return;
     $("session-id").textContent = session.id;
-    $("session-profile").textContent = session.info.profile ? `${session.info.profile.width}×${session.info.profile.height} @ ${session.info.profile.fps} fps` : "";
+    $("session-profile").textContent = session.info.profile
+      ? `${session.info.profile.width}×${session.info.profile.height} @ ${session.info.profile.fps} fps`
+      : "";
     this.stats.setProfile(session.info.profile);
     this.log.note("connected", { session: session.id, audio: session.audioSender ? "track" : "http" });
     this._setupTalk(session);
-    if (this.machine.state === PageState.CONNECTING) this.machine.transition(PageState.CONNECTING, "waiting for the first frame");
+    if (this.machine.state === PageState.CONNECTING)
+      this.machine.transition(PageState.CONNECTING, "waiting for the first frame");
     this._setControlsEnabled(true);
   }
 
@@ -136,7 +152,10 @@ class App {
   _fail(message) {
     this.log.note("error", { message });
     this.actions.enabled = false;
+    this.actions.releaseAll();
     this._setControlsEnabled(false);
+    this.talk?.close();
+    this.talk = null;
     this.session?.close();
     this.session = null;
     if (this.machine.can(PageState.ERROR)) this.machine.transition(PageState.ERROR, message);
@@ -148,16 +167,18 @@ class App {
     if (session !== this.session) return;
     this.video.srcObject = stream;
     this.video.play().catch(() => {});
-    this.frames.waitFor(() => true, { includePast: true, timeoutMs: 30000 }).then(
-      () => {
-        if (session !== this.session || this.firstFrameSeen) return;
-        this.firstFrameSeen = true;
-        performance.mark("dreamrt.first_frame");
-        this.log.note("first_frame", { ms: Math.round(this.frames.firstFrameMs) });
-        if (this.machine.state === PageState.CONNECTING) this._goLive();
-      },
-      () => session === this.session && this._fail("no video frame arrived within 30 s"),
-    );
+    this.frames
+      .waitFor(() => true, { includePast: true, timeoutMs: 30000 })
+      .then(
+        () => {
+          if (session !== this.session || this.firstFrameSeen) return;
+          this.firstFrameSeen = true;
+          performance.mark("dreamrt.first_frame");
+          this.log.note("first_frame", { ms: Math.round(this.frames.firstFrameMs) });
+          if (this.machine.state === PageState.CONNECTING) this._goLive();
+        },
+        () => session === this.session && this._fail("no video frame arrived within 30 s"),
+      );
   }
 
   _goLive() {
@@ -172,7 +193,10 @@ class App {
       const next = SERVER_STATE[event.state];
       if (next === PageState.LIVE && !this.firstFrameSeen) return; // live once frames show
       if (next === PageState.ERROR) this._fail(event.message || event.reason || "the session failed");
-      else if (next === PageState.CLOSED) this._teardown().then(() => this.machine.can(PageState.CLOSED) && this.machine.transition(PageState.CLOSED, event.reason || ""));
+      else if (next === PageState.CLOSED)
+        this._teardown().then(
+          () => this.machine.can(PageState.CLOSED) && this.machine.transition(PageState.CLOSED, event.reason || ""),
+        );
       else if (this.machine.can(next)) {
         this.machine.transition(next, "");
         this.actions.enabled = next === PageState.LIVE;
@@ -206,9 +230,13 @@ class App {
     let transport = null;
     if (session.audioSender) transport = new TrackTransport(session.audioSender);
     else if (this.config.audioTransport !== "track") {
-      transport = new HttpPcmTransport((bytes) => session.rest.audio(bytes), { onError: (err) => this.log.note("audio_error", { message: err.message }) });
+      transport = new HttpPcmTransport((bytes) => session.rest.audio(bytes), {
+        onError: (err) => this.log.note("audio_error", { message: err.message }),
+      });
     }
-    $("talk-transport").textContent = transport ? `Audio goes ${transport.name === "track" ? "as a WebRTC track" : "as PCM over HTTP"}.` : "The server takes no audio track.";
+    $("talk-transport").textContent = transport
+      ? `Audio goes ${transport.name === "track" ? "as a WebRTC track" : "as PCM over HTTP"}.`
+      : "The server takes no audio track.";
     if (!transport) return;
     this.talk = new PushToTalk(transport, {
       onLevel: (level) => {
@@ -253,7 +281,8 @@ class App {
       this.start(text);
       return;
     }
-    if (this.session.prompt(text, mode)) this.log.note("prompt_sent", { mode, text: text.length > 60 ? `${text.slice(0, 57)}…` : text });
+    if (this.session.prompt(text, mode))
+      this.log.note("prompt_sent", { mode, text: text.length > 60 ? `${text.slice(0, 57)}…` : text });
     else this._toast("prompt not sent: the control channel is not open");
   }
 
@@ -268,7 +297,10 @@ class App {
       }
     });
     $("pause").addEventListener("click", () => this._togglePause());
-    for (const [id, rating] of [["rate-up", 1], ["rate-down", -1]]) {
+    for (const [id, rating] of [
+      ["rate-up", 1],
+      ["rate-down", -1],
+    ]) {
       $(id).addEventListener("click", () => this._rate(rating, $(id)));
     }
     const talk = $("talk");
@@ -278,7 +310,8 @@ class App {
         this.talk?.press();
       }
     });
-    for (const name of ["pointerup", "pointercancel", "lostpointercapture"]) talk.addEventListener(name, () => this.talk?.release());
+    for (const name of ["pointerup", "pointercancel", "lostpointercapture"])
+      talk.addEventListener(name, () => this.talk?.release());
     talk.addEventListener("keydown", (event) => {
       if ((event.key === "Enter" || event.key === " ") && !event.repeat) {
         event.preventDefault();
@@ -408,7 +441,8 @@ class App {
     const active = [PageState.LIVE, PageState.PAUSED, PageState.CONNECTING].includes(state);
     $("prompt-submit").textContent = active ? "Switch" : "Start";
     $("pause").textContent = state === PageState.PAUSED ? "Resume" : "Pause";
-    if (state === PageState.LIVE && previous === PageState.CONNECTING && document.activeElement !== this.prompt) this.stage.focus();
+    if (state === PageState.LIVE && previous === PageState.CONNECTING && document.activeElement !== this.prompt)
+      this.stage.focus();
   }
 
   _showKeys(keys, dragging) {

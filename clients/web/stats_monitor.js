@@ -20,7 +20,8 @@ function selectedPairRtt(report) {
     }
   }
   for (const stat of report.values()) {
-    if (stat.type === "candidate-pair" && stat.nominated && stat.state === "succeeded") return stat.currentRoundTripTime ?? null;
+    if (stat.type === "candidate-pair" && stat.nominated && stat.state === "succeeded")
+      return stat.currentRoundTripTime ?? null;
   }
   return null;
 }
@@ -65,9 +66,10 @@ export class StatsMonitor {
       packetsLost: video?.packetsLost ?? 0,
       width: video?.frameWidth ?? 0,
       height: video?.frameHeight ?? 0,
-      codec: video?.codecId ? report.get(video.codecId)?.mimeType?.split("/")[1] ?? "" : "",
-      jitterBufferMs:
-        video?.jitterBufferEmittedCount ? (1000 * video.jitterBufferDelay) / video.jitterBufferEmittedCount : null,
+      codec: video?.codecId ? (report.get(video.codecId)?.mimeType?.split("/")[1] ?? "") : "",
+      jitterBufferMs: video?.jitterBufferEmittedCount
+        ? (1000 * video.jitterBufferDelay) / video.jitterBufferEmittedCount
+        : null,
       iceRttMs: (() => {
         const rtt = selectedPairRtt(report);
         return rtt == null ? null : rtt * 1000;

@@ -48,7 +48,9 @@ export class StatsView {
     el.actionLatency.textContent = ms(sample.acks.action.applied);
     el.rtt.textContent = ms(sample.pingRttMs ?? sample.iceRttMs);
     el.bitrate.textContent = sample.bitrateKbps == null ? "–" : `${Math.round(sample.bitrateKbps)} kbps`;
-    el.video.textContent = sample.width ? `${sample.width}×${sample.height}${sample.codec ? ` ${sample.codec}` : ""}` : "–";
+    el.video.textContent = sample.width
+      ? `${sample.width}×${sample.height}${sample.codec ? ` ${sample.codec}` : ""}`
+      : "–";
     el.jitter.textContent = ms(sample.jitterBufferMs);
     el.segment.textContent = sample.server?.segment == null ? "–" : String(sample.server.segment);
     const audioS = sample.server?.audio_seconds_in;
@@ -61,7 +63,8 @@ export class StatsView {
   }
 
   clear() {
-    for (const key of Object.keys(this.el)) if (!["hudFps", "hudLatency", "target"].includes(key)) this.el[key].textContent = "–";
+    for (const key of Object.keys(this.el))
+      if (!["hudFps", "hudLatency", "target"].includes(key)) this.el[key].textContent = "–";
     this.el.hudFps.textContent = "– fps";
     this.el.hudLatency.textContent = "";
   }

@@ -36,7 +36,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from infra.browser_harness import ServerProcess, launch_chromium  # noqa: E402
+from infra.browser_harness import ServerProcess, launch_chromium
 
 PROMPT = "a quiet harbour town at dusk, lanterns on the water"
 
@@ -99,7 +99,13 @@ LOSS_JS = """async () => {
 def _summary(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
-    return {"median": statistics.median(ordered), "p90": p90, "min": ordered[0], "max": ordered[-1], "n": len(ordered)}
+    return {
+        "median": statistics.median(ordered),
+        "p90": p90,
+        "min": ordered[0],
+        "max": ordered[-1],
+        "n": len(ordered),
+    }
 
 
 def measure_startup(context: Any, url: str, loads: int) -> list[dict[str, Any]]:
@@ -107,20 +113,28 @@ def measure_startup(context: Any, url: str, loads: int) -> list[dict[str, Any]]:
     for _ in range(loads):
         page = context.new_page()
         page.goto(f"{url}/?prompt={PROMPT.replace(' ', '+')}&autostart=1")
-        page.wait_for_function("performance.getEntriesByName('dreamrt.first_frame').length > 0", timeout=90_000)
+        page.wait_for_function(
+            "performance.getEntriesByName('dreamrt.first_frame').length > 0", timeout=90_000
+        )
         results.append(page.evaluate(STARTUP_JS))
         page.close(run_before_unload=True)
         time.sleep(1.0)  # let the server close the session before the next load
     return results
 
 
-def measure_action_to_photon(context: Any, url: str, trials: int, hold_s: float, settle_s: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def measure_action_to_photon(
+    context: Any, url: str, trials: int, hold_s: float, settle_s: float
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     page = context.new_page()
     page.goto(f"{url}/?prompt={PROMPT.replace(' ', '+')}&autostart=1")
     page.wait_for_function("window.dreamrt.state === 'live'", timeout=90_000)
     page.wait_for_timeout(2000)  # past start-up transients
-    calibration = {"firstPresentedFrames": page.evaluate("window.dreamrt.frames.frames[0]?.presentedFrames ?? null"),
-                   "rtpTimestampSeen": page.evaluate("window.dreamrt.frames.firstRtpTimestamp !== null")}
+    calibration = {
+        "firstPresentedFrames": page.evaluate(
+            "window.dreamrt.frames.frames[0]?.presentedFrames ?? null"
+        ),
+        "rtpTimestampSeen": page.evaluate("window.dreamrt.frames.firstRtpTimestamp !== null"),
+    }
     page.focus("#stage")
     results = []
     for _ in range(trials):
@@ -141,18 +155,26 @@ def _table(rows: list[tuple[str, dict[str, float]]]) -> str:
     head = f"{'metric':<48}{'median':>10}{'p90':>10}{'min':>10}{'max':>10}{'n':>5}"
     lines = [head, "-" * len(head)]
     for name, s in rows:
-        lines.append(f"{name:<48}{s['median']:>10.1f}{s['p90']:>10.1f}{s['min']:>10.1f}{s['max']:>10.1f}{s['n']:>5}")
+        lines.append(
+            f"{name:<48}{s['median']:>10.1f}{s['p90']:>10.1f}{s['min']:>10.1f}{s['max']:>10.1f}{s['n']:>5}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", help="a running server (default: start one on a free loopback port)")
+    parser.add_argument(
+        "--url", help="a running server (default: start one on a free loopback port)"
+    )
     parser.add_argument("--loads", type=int, default=3, help="page loads to time")
     parser.add_argument("--trials", type=int, default=10, help="action-to-photon keypresses")
-    parser.add_argument("--hold-s", type=float, default=0.3, help="how long each key stays down after its photon")
+    parser.add_argument(
+        "--hold-s", type=float, default=0.3, help="how long each key stays down after its photon"
+    )
     parser.add_argument("--settle-s", type=float, default=1.0, help="pause between keypresses")
-    parser.add_argument("--server-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
+    parser.add_argument(
+        "--server-arg", action="append", default=[], help="extra `serve` argument (repeatable)"
+    )
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     args = parser.parse_args(argv)
 
@@ -162,30 +184,57 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="browser-latency-")))
         url = args.url
         if url is None:
-            server = stack.enter_context(ServerProcess(tmp / "data", tmp / "server.log", extra_args=tuple(args.server_arg)))
+            server = stack.enter_context(
+                ServerProcess(tmp / "data", tmp / "server.log", extra_args=tuple(args.server_arg))
+            )
             url = server.url
         playwright = stack.enter_context(sync_playwright())
         context = launch_chromium(playwright, tmp / "profile")
         stack.callback(context.close)
         startup = measure_startup(context, url, args.loads)
-        a2p, calibration = measure_action_to_photon(context, url, args.trials, args.hold_s, args.settle_s)
+        a2p, calibration = measure_action_to_photon(
+            context, url, args.trials, args.hold_s, args.settle_s
+        )
 
     rows = [
-        ("page load -> first frame presented (ms)", _summary([r["firstPresentedMs"] for r in startup])),
-        ("  page load -> DOMContentLoaded (ms)", _summary([r["domContentLoadedMs"] for r in startup])),
+        (
+            "page load -> first frame presented (ms)",
+            _summary([r["firstPresentedMs"] for r in startup]),
+        ),
+        (
+            "  page load -> DOMContentLoaded (ms)",
+            _summary([r["domContentLoadedMs"] for r in startup]),
+        ),
         ("  page load -> control channel open (ms)", _summary([r["connectedMs"] for r in startup])),
         ("keydown -> input.received at page (ms)", _summary([r["receivedMs"] for r in a2p])),
         ("keydown -> action.applied at page (ms)", _summary([r["appliedMs"] for r in a2p])),
         ("keydown -> photon (rVFC expectedDisplay) (ms)", _summary([r["photonMs"] for r in a2p])),
     ]
-    print(f"browser latency: {url}, {args.loads} loads, {args.trials} keypresses, Chromium headless")
+    print(
+        f"browser latency: {url}, {args.loads} loads, {args.trials} keypresses, Chromium headless"
+    )
     print(_table(rows))
-    calibrated = calibration["firstPresentedFrames"] == 1 and calibration["packetsLost"] in (0, None)
-    print(f"RTP->PTS calibration: first presented frame #{calibration['firstPresentedFrames']}, "
-          f"packets lost {calibration['packetsLost']}: {'valid' if calibrated else 'SUSPECT (photon figures may be off)'}")
+    calibrated = calibration["firstPresentedFrames"] == 1 and calibration["packetsLost"] in (
+        0,
+        None,
+    )
+    print(
+        f"RTP->PTS calibration: first presented frame #{calibration['firstPresentedFrames']}, "
+        f"packets lost {calibration['packetsLost']}: {'valid' if calibrated else 'SUSPECT (photon figures may be off)'}"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"url": url, "startup": startup, "action_to_photon": a2p,
-                                         "calibration": calibration, "summary": dict(rows)}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "url": url,
+                    "startup": startup,
+                    "action_to_photon": a2p,
+                    "calibration": calibration,
+                    "summary": dict(rows),
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

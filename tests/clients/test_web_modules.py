@@ -24,7 +24,7 @@ WEB_ROOT = Path(__file__).resolve().parents[2] / "clients" / "web"
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
@@ -62,7 +62,11 @@ def test_idle_page_renders_start_state(page: Any) -> None:
     assert page.evaluate("window.dreamrt.state") == "idle"
     assert page.text_content("#prompt-submit") == "Start"
     assert page.get_attribute("body", "data-state") == "idle"
-    assert page.is_disabled("#talk") and page.is_disabled("#rate-up") and page.is_disabled("#prompt-cut")
+    assert (
+        page.is_disabled("#talk")
+        and page.is_disabled("#rate-up")
+        and page.is_disabled("#prompt-cut")
+    )
 
 
 def test_ack_tracker_matches_received_and_applied_by_seq(page: Any) -> None:
@@ -139,13 +143,24 @@ def test_config_parses_ice_servers_and_rejects_bad_values(page: Any) -> None:
     assert result["json"] == [{"urls": "turn:t", "username": "u", "credential": "c"}]
     assert result["badJson"][:2] == ["ConfigError", "ice"]
     assert result["badShape"][:2] == ["ConfigError", "ice"]
-    assert result["badAudio"][:2] == ["ConfigError", "audio"] and "carrier-pigeon" in result["badAudio"][2]
+    assert (
+        result["badAudio"][:2] == ["ConfigError", "audio"]
+        and "carrier-pigeon" in result["badAudio"][2]
+    )
     stored = result["stored"]
     assert (stored["prompt"], stored["autostart"], stored["iceServers"], stored["apiKey"]) == (
-        "hi", True, [{"urls": "stun:stored"}], "k1")
+        "hi",
+        True,
+        [{"urls": "stun:stored"}],
+        "k1",
+    )
     query = result["query"]
     assert (query["iceServers"], query["apiKey"], query["audioTransport"], query["apiBase"]) == (
-        [], "k2", "http", "http://h:1")
+        [],
+        "k2",
+        "http",
+        "http://h:1",
+    )
 
 
 def test_answer_audio_acceptance_reads_the_audio_section(page: Any) -> None:
@@ -277,8 +292,13 @@ def test_page_state_machine_allows_the_table_and_names_illegal_moves(page: Any) 
     }"""
     )
     assert result["seen"] == [
-        "idle->connecting", "connecting->live", "live->paused", "paused->live", "live->error",
-        "error->connecting", "connecting->closed",
+        "idle->connecting",
+        "connecting->live",
+        "live->paused",
+        "paused->live",
+        "live->error",
+        "error->connecting",
+        "connecting->closed",
     ]
     assert result["message"] == "StateError: illegal page transition: closed -> paused"
     assert result["state"] == "closed"

@@ -15,8 +15,15 @@ from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+from playwright.sync_api import sync_playwright
 
-from infra.browser_harness import ChromiumMissingError, ServerProcess, launch_chromium, require_chromium
+from infra.browser_harness import (
+    ChromiumMissingError,
+    ServerProcess,
+    launch_chromium,
+    require_chromium,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -57,14 +64,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="module")
-def live_page(chromium: str, server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def live_page(
+    chromium: str, server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
     """The page, started through its prompt box, once it shows decoded frames."""
-    from playwright.sync_api import sync_playwright
 
     errors: list[str] = []
     with sync_playwright() as playwright:
         try:
-            context = launch_chromium(playwright, tmp_path_factory.mktemp("chromium-profile"), executable_path=chromium)
+            context = launch_chromium(
+                playwright, tmp_path_factory.mktemp("chromium-profile"), executable_path=chromium
+            )
         except ChromiumMissingError as exc:
             pytest.fail(str(exc))
         page = context.pages[0] if context.pages else context.new_page()
@@ -75,8 +85,10 @@ def live_page(chromium: str, server: ServerProcess, tmp_path_factory: pytest.Tem
         page.click("#prompt-submit")
         try:
             page.wait_for_function("window.dreamrt.state === 'live'", timeout=60_000)
-        except Exception:
-            state = page.evaluate("[window.dreamrt.state, document.getElementById('state-detail').textContent]")
+        except PlaywrightTimeoutError:
+            state = page.evaluate(
+                "[window.dreamrt.state, document.getElementById('state-detail').textContent]"
+            )
             pytest.fail(f"the page did not go live: {state}\nserver log:\n{server.log_tail()}")
         yield page
         context.close()
@@ -87,13 +99,19 @@ def _new_events_since(page: Any) -> int:
     return int(page.evaluate("window.dreamrt.events.length"))
 
 
-def _wait_acked(page: Any, since: int, kind: str, applied: str, server: ServerProcess, timeout_ms: int = 20_000) -> None:
+def _wait_acked(
+    page: Any, since: int, kind: str, applied: str, server: ServerProcess, timeout_ms: int = 20_000
+) -> None:
     try:
         page.wait_for_function(ACKED_JS, arg=[since, kind, applied], timeout=timeout_ms)
-    except Exception:
-        types = page.evaluate(f"window.dreamrt.events.slice({since}).map((e) => e.type + (e.kind ? ':' + e.kind : ''))")
-        pytest.fail(f"no {applied} for a {kind} input within {timeout_ms} ms; events: {types[-40:]}\n"
-                    f"server log:\n{server.log_tail()}")
+    except PlaywrightTimeoutError:
+        types = page.evaluate(
+            f"window.dreamrt.events.slice({since}).map((e) => e.type + (e.kind ? ':' + e.kind : ''))"
+        )
+        pytest.fail(
+            f"no {applied} for a {kind} input within {timeout_ms} ms; events: {types[-40:]}\n"
+            f"server log:\n{server.log_tail()}"
+        )
 
 
 def test_debian_chromium_is_installed() -> None:
@@ -111,7 +129,9 @@ def test_stream_decodes_at_the_session_fps(live_page: Any) -> None:
     live_page.wait_for_timeout(WATCH_S * 1000)
     frames = live_page.evaluate(FRAMES_DECODED_JS) - start_frames
     watched_s = time.monotonic() - start_s
-    assert frames >= 0.8 * fps * watched_s, f"{frames} frames decoded in {watched_s:.2f} s at {fps} fps"
+    assert frames >= 0.8 * fps * watched_s, (
+        f"{frames} frames decoded in {watched_s:.2f} s at {fps} fps"
+    )
     assert live_page.text_content("#stat-fps") != "–"
 
 
@@ -120,9 +140,13 @@ def test_typed_prompt_is_applied(live_page: Any, server: ServerProcess) -> None:
     live_page.fill("#prompt", "the same harbour under falling snow")
     live_page.press("#prompt", "Enter")
     _wait_acked(live_page, since, "prompt", "prompt.applied", server)
-    live_page.wait_for_function("document.getElementById('event-log').textContent.includes('prompt.applied')")
+    live_page.wait_for_function(
+        "document.getElementById('event-log').textContent.includes('prompt.applied')"
+    )
     # The stats card shows the measured prompt -> applied latency at its next refresh (1 s).
-    live_page.wait_for_function("document.getElementById('stat-prompt-latency').textContent.endsWith('ms')")
+    live_page.wait_for_function(
+        "document.getElementById('stat-prompt-latency').textContent.endsWith('ms')"
+    )
 
 
 def test_held_key_is_applied(live_page: Any, server: ServerProcess) -> None:
@@ -139,32 +163,53 @@ def test_held_key_is_applied(live_page: Any, server: ServerProcess) -> None:
     finally:
         live_page.keyboard.up("d")
     assert sent >= 10 * held_s * 0.8, f"{sent} action messages in {held_s:.2f} s (want >= 10 Hz)"
-    live_page.wait_for_function("document.getElementById('stat-action-latency').textContent.endsWith('ms')")
+    live_page.wait_for_function(
+        "document.getElementById('stat-action-latency').textContent.endsWith('ms')"
+    )
 
 
 def test_microphone_audio_reaches_the_session(live_page: Any, server: ServerProcess) -> None:
     """Chromium's fake microphone, held on push-to-talk, arrives as session audio input."""
-    transport = live_page.evaluate("window.dreamrt.app.talk ? window.dreamrt.app.talk.transport.name : null")
-    assert transport in ("track", "http"), f"push-to-talk has no transport: {live_page.text_content('#talk-transport')}"
+    transport = live_page.evaluate(
+        "window.dreamrt.app.talk ? window.dreamrt.app.talk.transport.name : null"
+    )
+    assert transport in ("track", "http"), (
+        f"push-to-talk has no transport: {live_page.text_content('#talk-transport')}"
+    )
     since = _new_events_since(live_page)
     live_page.focus("#stage")
     live_page.keyboard.down(" ")
     try:
-        live_page.wait_for_function("document.getElementById('talk').getAttribute('aria-pressed') === 'true'")
+        live_page.wait_for_function(
+            "document.getElementById('talk').getAttribute('aria-pressed') === 'true'"
+        )
         live_page.wait_for_function(
             """(since) => window.dreamrt.events.slice(since).some((e) => e.type === 'input.received' && e.kind === 'audio')""",
-            arg=since, timeout=20_000)
-    except Exception:
-        types = live_page.evaluate(f"window.dreamrt.events.slice({since}).map((e) => e.type + (e.kind ? ':' + e.kind : ''))")
-        pytest.fail(f"no audio input reached the session over {transport}; events: {types[-40:]}\n"
-                    f"server log:\n{server.log_tail()}")
+            arg=since,
+            timeout=20_000,
+        )
+    except PlaywrightTimeoutError:
+        types = live_page.evaluate(
+            f"window.dreamrt.events.slice({since}).map((e) => e.type + (e.kind ? ':' + e.kind : ''))"
+        )
+        pytest.fail(
+            f"no audio input reached the session over {transport}; events: {types[-40:]}\n"
+            f"server log:\n{server.log_tail()}"
+        )
     finally:
         live_page.keyboard.up(" ")
-    live_page.wait_for_function("document.getElementById('talk').getAttribute('aria-pressed') === 'false'")
+    live_page.wait_for_function(
+        "document.getElementById('talk').getAttribute('aria-pressed') === 'false'"
+    )
     # The server's own counter (GET /v1/sessions/{id}: audio_seconds_in) saw the microphone too.
-    session_id, token = live_page.evaluate("[window.dreamrt.session.id, window.dreamrt.session.info.token]")
-    snapshot = httpx.get(f"{server.url}/v1/sessions/{session_id}", headers={"Authorization": f"Bearer {token}"},
-                         timeout=5.0).json()
+    session_id, token = live_page.evaluate(
+        "[window.dreamrt.session.id, window.dreamrt.session.info.token]"
+    )
+    snapshot = httpx.get(
+        f"{server.url}/v1/sessions/{session_id}",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=5.0,
+    ).json()
     assert snapshot["audio_seconds_in"] > 0, snapshot
 
 
@@ -181,5 +226,13 @@ def test_screenshot_shows_the_stream_and_controls(live_page: Any) -> None:
     assert path.stat().st_size > 20_000
     assert live_page.evaluate("document.getElementById('video').videoWidth") > 0
     assert live_page.get_attribute("body", "data-state") == "live"
-    for control in ("#prompt", "#prompt-submit", "#talk", "#rate-up", "#rate-down", "#fork", "#event-log"):
+    for control in (
+        "#prompt",
+        "#prompt-submit",
+        "#talk",
+        "#rate-up",
+        "#rate-down",
+        "#fork",
+        "#event-log",
+    ):
         assert live_page.is_visible(control), control
