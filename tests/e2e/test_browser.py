@@ -220,7 +220,7 @@ def test_screenshot_shows_the_stream_and_controls(live_page: Any) -> None:
     live_page.wait_for_timeout(600)
     path = ARTIFACTS / "browser-live.png"
     try:
-        live_page.screenshot(path=str(path))
+        live_page.screenshot(path=str(path), full_page=True)
     finally:
         live_page.keyboard.up("w")
     assert path.stat().st_size > 20_000
