@@ -47,7 +47,8 @@ export class ApiClient {
     this.apiKey = apiKey;
   }
 
-  async request(method, path, { body, token, contentType, keepalive = false } = {}) {
+  /** One call; `timeoutMs` (0 = none) aborts it with an ApiError of status 0. */
+  async request(method, path, { body, token, contentType, keepalive = false, timeoutMs = 0 } = {}) {
     const headers = {};
     const bearer = token || this.apiKey;
     if (bearer) headers.Authorization = `Bearer ${bearer}`;
@@ -61,9 +62,12 @@ export class ApiClient {
     }
     let response;
     try {
-      response = await fetch(`${this.baseUrl}${path}`, { method, headers, body: payload, keepalive });
+      const signal = timeoutMs > 0 ? AbortSignal.timeout(timeoutMs) : undefined;
+      response = await fetch(`${this.baseUrl}${path}`, { method, headers, body: payload, keepalive, signal });
     } catch (err) {
-      throw new ApiError(0, `cannot reach the server (${err.message})`, { route: path });
+      const why =
+        err.name === "TimeoutError" ? `no answer within ${timeoutMs} ms` : `cannot reach the server (${err.message})`;
+      throw new ApiError(0, why, { route: path });
     }
     const parsed = await readBody(response);
     if (!response.ok) {
@@ -146,7 +150,7 @@ export class SessionApi {
   }
 
   /** DELETE the session; `keepalive` lets it outlive a closing page. */
-  close({ keepalive = false } = {}) {
-    return this._call("DELETE", "", undefined, { keepalive });
+  close({ keepalive = false, timeoutMs = 0 } = {}) {
+    return this._call("DELETE", "", undefined, { keepalive, timeoutMs });
   }
 }

@@ -20,6 +20,7 @@ import { StatsMonitor } from "./stats_monitor.js";
 const CHANNEL_OPEN_TIMEOUT_MS = 15000;
 const PING_PERIOD_MS = 1000;
 const POLL_PERIOD_MS = 2000;
+const DELETE_TIMEOUT_MS = 3000;
 
 function waitForOpen(channel, timeoutMs) {
   if (channel.readyState === "open") return Promise.resolve();
@@ -191,17 +192,24 @@ export class LiveSession {
     return this.control.send({ type: "resume" });
   }
 
-  /** Stop timers, close the peer and (by default) DELETE the session; idempotent. */
+  /**
+   * Stop timers, (by default) DELETE the session, then close the peer; idempotent. The DELETE
+   * goes first so the server ends a session that still has its viewer (closing the peer first
+   * would pause it on the way); it is awaited at most DELETE_TIMEOUT_MS, so a slow server never
+   * holds the page.
+   */
   async close({ deleteSession = true, keepalive = false } = {}) {
     if (this.closed) return;
     this.closed = true;
     for (const timer of this._timers) clearInterval(timer);
     this._timers = [];
     this._stats?.stop();
+    if (deleteSession && this.rest) {
+      await this.rest
+        .close({ keepalive, timeoutMs: DELETE_TIMEOUT_MS })
+        .catch((err) => console.warn(`DELETE session ${this.id}: ${err.message}`));
+    }
     this.control?.close();
     this.pc?.close();
-    if (deleteSession && this.rest) {
-      await this.rest.close({ keepalive }).catch((err) => console.warn(`DELETE session failed: ${err.message}`));
-    }
   }
 }

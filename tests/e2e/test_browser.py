@@ -91,8 +91,20 @@ def live_page(
             )
             pytest.fail(f"the page did not go live: {state}\nserver log:\n{server.log_tail()}")
         yield page
+        # End the session through the page, as a user would; the server must see the DELETE.
+        session_id, token = page.evaluate(
+            "[window.dreamrt.session.id, window.dreamrt.session.info.token]"
+        )
+        page.click("#end-session")
+        page.wait_for_function("window.dreamrt.state === 'closed'")
         context.close()
     assert errors == [], f"uncaught errors in the page: {errors}"
+    answer = httpx.get(
+        f"{server.url}/v1/sessions/{session_id}",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=5.0,
+    )
+    assert answer.status_code == 404 or answer.json()["state"] in ("closing", "closed"), answer.text
 
 
 def _new_events_since(page: Any) -> int:
