@@ -117,7 +117,8 @@ def measure_startup(context: Any, url: str, loads: int) -> list[dict[str, Any]]:
             "performance.getEntriesByName('dreamrt.first_frame').length > 0", timeout=90_000
         )
         results.append(page.evaluate(STARTUP_JS))
-        page.close(run_before_unload=True)
+        page.evaluate("window.dreamrt.app.end()")  # DELETE, as the End button does
+        page.close()
         time.sleep(1.0)  # let the server close the session before the next load
     return results
 
@@ -147,7 +148,8 @@ def measure_action_to_photon(
             page.keyboard.up("d")
         page.wait_for_timeout(settle_s * 1000)
     calibration["packetsLost"] = page.evaluate(LOSS_JS)
-    page.close(run_before_unload=True)
+    page.evaluate("window.dreamrt.app.end()")  # DELETE, as the End button does
+    page.close()
     return results, calibration
 
 
