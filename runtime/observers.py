@@ -153,6 +153,11 @@ class Profiler:
         with self._lock:
             return list(self._wall.get(kind, ()))
 
+    def device_samples(self, kind: str) -> list[float]:
+        """CUDA-event times of ``kind``'s batches (empty without CUDA event timing)."""
+        with self._lock:
+            return list(self._device.get(kind, ()))
+
     def summary(self) -> dict[str, LatencySummary]:
         """Per kind: count, median and p95 of batch wall time in seconds."""
         with self._lock:
