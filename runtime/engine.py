@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import functools
 import logging
 import time
 from collections import Counter, deque
@@ -53,9 +52,9 @@ from runtime.contract import (
     WorkPlan,
 )
 from runtime.cost import CostModel
-from runtime.driver import Driver, DriverPhase
+from runtime.driver import Driver
 from runtime.executor import ExecJob, Executor, JobOutcome
-from runtime.loop_handle import EngineContext, LoopHandle, LoopRecord, LoopStatus
+from runtime.loop_handle import EngineContext, LoopHandle, LoopRecord, LoopStatus, LoopStatusError
 from runtime.observers import Observer
 from runtime.scheduler import Batch, PlayoutDeadlines, Scheduler, Ticket
 from runtime.snapshot import resolve_state_type
@@ -66,7 +65,7 @@ logger = logging.getLogger(__name__)
 
 
 class EngineError(RuntimeError):
-    """Misuse: spawn before start / after close, duplicate loop ids, snapshot of a finished loop."""
+    """Misuse: spawn before start or after close, duplicate loop ids."""
 
 
 class EngineState(str, enum.Enum):
@@ -163,9 +162,10 @@ class Engine:
         self.executor.start(self._deliver)
         self._scheduler_task = asyncio.create_task(self._run_scheduler(), name="dreamrt-scheduler")
 
-    async def close(self) -> None:
+    async def close(self, *, timeout_s: float = 30.0) -> None:
         """Cancel every loop, wait for them, stop the scheduler task and join the executor
-        thread. Idempotent; nothing of the engine is left running afterwards."""
+        thread. Idempotent. An op still running after ``timeout_s`` is abandoned (logged; its
+        daemon thread cannot be interrupted); otherwise nothing of the engine is left running."""
         if self._state is EngineState.CREATED:
             self._transition(EngineState.CLOSED)
             return
@@ -177,15 +177,22 @@ class Engine:
         records = list(self._loops.values())
         for record in records:
             self.cancel_loop(record, "engine_closed")
+            self._drop_queued(record, Cancelled(record.loop_id, "engine_closed"))
         tasks = [r.task for r in records if r.task is not None]
         if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=timeout_s)
+            for task in stuck:
+                task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         self._poke()
         if self._scheduler_task is not None:
             await asyncio.gather(self._scheduler_task, return_exceptions=True)
         self.executor.stop()
-        while self.executor.is_alive():
+        give_up_s = time.monotonic() + timeout_s
+        while self.executor.is_alive() and time.monotonic() < give_up_s:
             await asyncio.sleep(0.005)
+        if self.executor.is_alive():
+            logger.error("engine close: an op is still running after %.1f s; abandoned", timeout_s)
         await asyncio.sleep(0)  # run a completion callback the executor posted last
         self._transition(EngineState.CLOSED)
 
@@ -224,7 +231,7 @@ class Engine:
             reservation_id=reservation_id,
         )
         ctx = EngineContext(self, record)
-        hook = functools.partial(self._on_boundary, record)
+        hook = record.on_boundary
         if restore_from is None:
             record.driver = Driver(loop, ctx, on_boundary=hook)
         else:
@@ -288,31 +295,13 @@ class Engine:
         record.transition(status)
         self._counts[status.value] += 1
         record.fail_snapshots(
-            EngineError(f"loop {record.loop_id!r} ended ({status.value}) before a step boundary")
+            LoopStatusError(
+                f"loop {record.loop_id!r} ended ({status.value}) before a step boundary"
+            )
         )
         if self._loops.get(record.loop_id) is record:
             del self._loops[record.loop_id]
         record.finished.set()
-
-    def _on_boundary(self, record: LoopRecord, driver: Driver[Any]) -> None:
-        if record.cancel_reason is not None:
-            raise Cancelled(record.loop_id, record.cancel_reason)
-        if record.snapshot_waiters:
-            record.serve_snapshots(driver.snapshot)
-
-    async def snapshot_loop(self, record: LoopRecord) -> bytes:
-        if record.done or record.driver is None:
-            raise EngineError(
-                f"snapshot of loop {record.loop_id!r}, which is {record.status.value}"
-            )
-        driver = record.driver
-        if driver.phase is DriverPhase.BOUNDARY:
-            return driver.snapshot()
-        if record.queued_plan is not None and driver.phase is DriverPhase.EXECUTING:
-            return driver.snapshot_pending()
-        waiter: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        record.snapshot_waiters.append(waiter)
-        return await waiter
 
     # -- plans ------------------------------------------------------------------------------
 

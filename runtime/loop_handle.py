@@ -17,9 +17,10 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from runtime.contract import (
+    Cancelled,
     Emission,
     InputEvent,
     LoopFailed,
@@ -29,10 +30,16 @@ from runtime.contract import (
     WorkPlan,
 )
 
-if TYPE_CHECKING:
-    from runtime.driver import Driver
+from runtime.driver import Driver, DriverPhase
 
-__all__ = ["EngineContext", "LoopControl", "LoopHandle", "LoopRecord", "LoopStatus"]
+__all__ = [
+    "EngineContext",
+    "LoopControl",
+    "LoopHandle",
+    "LoopRecord",
+    "LoopStatus",
+    "LoopStatusError",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +61,7 @@ _ALLOWED = {
 
 
 class LoopStatusError(RuntimeError):
-    """An illegal loop status transition (an engine bug)."""
+    """An action the loop's status does not allow (e.g. a snapshot of a finished loop)."""
 
 
 @dataclass(slots=True)
@@ -82,6 +89,28 @@ class LoopRecord:
     @property
     def done(self) -> bool:
         return self.status in TERMINAL
+
+    def on_boundary(self, driver: Driver[Any]) -> None:
+        """The driver's step-boundary hook: cancellation lands here, pending snapshots are taken."""
+        if self.cancel_reason is not None:
+            raise Cancelled(self.loop_id, self.cancel_reason)
+        if self.snapshot_waiters:
+            self.serve_snapshots(driver.snapshot)
+
+    async def snapshot(self) -> bytes:
+        """At once if the driver stands at a boundary or its plan is still queued (not run,
+        so the state is the one that plan was described from); else at the next boundary."""
+        if self.done or self.driver is None:
+            raise LoopStatusError(
+                f"snapshot of loop {self.loop_id!r}, which is {self.status.value}"
+            )
+        if self.driver.phase is DriverPhase.BOUNDARY:
+            return self.driver.snapshot()
+        if self.queued_plan is not None and self.driver.phase is DriverPhase.EXECUTING:
+            return self.driver.snapshot_pending()
+        waiter: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.snapshot_waiters.append(waiter)
+        return await waiter
 
     def serve_snapshots(self, take: Callable[[], bytes]) -> None:
         """Resolve every pending ``snapshot()`` with ``take()`` (or the error it raised)."""
@@ -120,8 +149,6 @@ class LoopControl(Protocol):
     def set_loop_paused(self, record: LoopRecord, paused: bool) -> None: ...
 
     def set_loop_media_t0(self, record: LoopRecord, t0_s: float) -> None: ...
-
-    async def snapshot_loop(self, record: LoopRecord) -> bytes: ...
 
 
 class EngineContext:
@@ -210,5 +237,5 @@ class LoopHandle:
     async def snapshot(self) -> bytes:
         """The loop state at a step boundary: at once if its next plan is still queued (it
         has not run, so the state is the one that plan was described from), else at the next
-        boundary. Raises ``EngineError`` if the loop ends first."""
-        return await self._control.snapshot_loop(self._record)
+        boundary. Raises ``LoopStatusError`` if the loop has ended or ends first."""
+        return await self._record.snapshot()

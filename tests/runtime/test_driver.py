@@ -92,6 +92,15 @@ def test_snapshot_is_a_copy_not_a_view() -> None:
     assert torch.equal(restore_state(blob, Tensors).a, torch.zeros(3))
 
 
+def test_tensors_sharing_storage_are_restored_independently() -> None:
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    state = Tensors(a=base[0], named={"row1": base[1], "all": base})  # three views, one storage
+    back = restore_state(snapshot_state(state), Tensors)
+    assert torch.equal(back.a, base[0]) and torch.equal(back.named["row1"], base[1])
+    back.named["all"].zero_()
+    assert torch.equal(back.a, base[0])  # no longer aliased after the round trip
+
+
 def test_snapshot_rejects_unserializable_fields_and_wrong_types() -> None:
     class Bad(LoopState, kw_only=True):
         thing: Any

@@ -42,6 +42,11 @@ def model() -> ToyModel:
     return ToyModel(ToyDenoiser(seed=9))
 
 
+async def within(awaitable: Any, timeout_s: float = 20.0) -> Any:
+    """Await with a bound, so a runtime bug fails the test instead of hanging the suite."""
+    return await asyncio.wait_for(awaitable, timeout_s)
+
+
 def make_engine(**overrides: Any) -> Engine:
     params: dict[str, Any] = {"cost": CostModel(), "max_lead_s": 10.0}
     params.update(overrides)
@@ -141,7 +146,7 @@ async def test_one_loop_runs_to_completion_with_stats_and_emissions(model: ToyMo
             priority=BATCH,
             on_emit=emitted.append,
         )
-        result = await handle.result()
+        result = await within(handle.result())
         stats = engine.stats()
     finally:
         await engine.close()
@@ -195,11 +200,11 @@ async def test_cancellation_frees_every_reservation_and_queued_plan() -> None:
         assert engine.stats().queue_depth == 0  # queued plans dropped at once
         for handle in handles[1:]:
             with pytest.raises(Cancelled, match="user_left"):
-                await handle.result()
+                await within(handle.result())
         assert not handles[0].done  # a's plan is still executing: cancel lands when it ends
         op.gate.set()
         with pytest.raises(Cancelled):
-            await handles[0].result()
+            await within(handles[0].result())
         stats = engine.stats()
     finally:
         op.gate.set()
@@ -252,8 +257,8 @@ async def test_failure_isolation_one_loop_fails_the_others_finish(
                 reservation_id=verdict.reservation_id,
             )
         with pytest.raises(LoopFailed) as info:
-            await handles["bad"].result()
-        results = {k: await handles[k].result() for k in want}
+            await within(handles["bad"].result())
+        results = {k: await within(handles[k].result()) for k in want}
         stats = engine.stats()
     finally:
         await engine.close()
@@ -280,12 +285,12 @@ async def test_paused_loop_waits_while_others_run(model: ToyModel) -> None:
         paused = engine.spawn(CountLoop(op), 3, None, loop_id="p", priority=BATCH, on_emit=no_emit)
         paused.pause()
         other = engine.spawn(CountLoop(op), 4, None, loop_id="o", priority=BATCH, on_emit=no_emit)
-        assert (await other.result()).outputs == {"steps": 4}
+        assert (await within(other.result())).outputs == {"steps": 4}
         stats = engine.stats()
         assert (stats.paused_loops, stats.queue_depth, stats.running_loops) == (1, 1, 1)
         assert not paused.done and paused.paused
         paused.resume()
-        assert (await paused.result()).outputs == {"steps": 3}
+        assert (await within(paused.result())).outputs == {"steps": 3}
     finally:
         await engine.close()
     assert op.calls == [0, 1, 2, 3, 0, 1, 2]
@@ -304,7 +309,7 @@ async def test_inputs_reach_the_loop_at_a_step_boundary(model: ToyModel) -> None
             on_emit=no_emit,
         )
         handle.push_input(InputEvent("scale", seq=7, payload=0.5))
-        result = await handle.result()
+        result = await within(handle.result())
         handle.push_input(InputEvent("scale", seq=8, payload=0.1))  # after the end: dropped
     finally:
         await engine.close()
@@ -338,7 +343,7 @@ async def test_handle_snapshot_and_restore_continue_bit_identically(
         blob = await handle.snapshot()
         handle.cancel("migrated")
         with pytest.raises(Cancelled, match="migrated"):
-            await handle.result()
+            await within(handle.result())
         restored = engine.spawn(
             ToyDenoiseLoop(model),
             None,
@@ -348,7 +353,7 @@ async def test_handle_snapshot_and_restore_continue_bit_identically(
             on_emit=lambda e: second.append(e.spec.meta["step"]),
             restore_from=blob,
         )
-        result = await restored.result()
+        result = await within(restored.result())
     finally:
         await engine.close()
     at_step = restore_state(blob, ToyState).step
@@ -386,7 +391,7 @@ async def test_lead_limit_keeps_a_realtime_loop_behind_its_playout(model: ToyMod
             on_emit=no_emit,
             media_t0_s=t0_s,
         )
-        await handle.result()
+        await within(handle.result())
     finally:
         await engine.close()
     # Step k is due at t0 + 0.05 k; it may start at most max_lead_s = 0.05 s before that.
@@ -411,7 +416,7 @@ async def test_deadline_misses_are_counted_and_reported_to_admission(model: ToyM
             on_emit=no_emit,
             media_t0_s=time.monotonic() - 100.0,
         )
-        await late.result()
+        await within(late.result())
         ontime = engine.spawn(
             ToyDenoiseLoop(model),
             ToyRequest(seed=1, num_steps=2),
@@ -421,7 +426,7 @@ async def test_deadline_misses_are_counted_and_reported_to_admission(model: ToyM
             on_emit=no_emit,
             media_t0_s=time.monotonic() + 100.0,
         )
-        await ontime.result()
+        await within(ontime.result())
         stats = engine.stats()
     finally:
         await engine.close()
@@ -444,9 +449,9 @@ async def test_close_leaves_nothing_running_and_is_idempotent() -> None:
     await closing
     await engine.close()
     with pytest.raises(Cancelled, match="engine_closed"):
-        await handle.result()
+        await within(handle.result())
     with pytest.raises(Cancelled, match="engine_closed"):
-        await queued.result()
+        await within(queued.result())
     assert not engine.executor.is_alive()
     assert engine.state.value == "closed"
     others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -493,7 +498,7 @@ async def test_failed_loop_releases_its_reservation() -> None:
             reservation_id=verdict.reservation_id,
         )
         with pytest.raises(LoopFailed, match="kernel failed") as info:
-            await handle.result()
+            await within(handle.result())
     finally:
         await engine.close()
     assert info.value.code == "step_exception"

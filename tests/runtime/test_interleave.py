@@ -11,6 +11,7 @@ batches really held 3 plans), otherwise the gate could pass without interleaving
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +34,11 @@ BATCHED_ATOL = 1e-6
 
 SEEDS = (3, 5, 8)
 STEPS = 6
+
+
+async def within(awaitable: Any, timeout_s: float = 20.0) -> Any:
+    """Await with a bound, so a runtime bug fails the test instead of hanging the suite."""
+    return await asyncio.wait_for(awaitable, timeout_s)
 
 
 class OrderSpy:
@@ -99,7 +105,7 @@ async def concurrently(
                 on_emit=on_emit,
                 media_t0_s=t0_s,
             )
-        results = {loop_id: await h.result() for loop_id, h in handles.items()}
+        results = {loop_id: await within(h.result()) for loop_id, h in handles.items()}
     finally:
         await engine.close()
     return {k: (results[k].outputs["x"], emitted[k]) for k in handles}, spy, engine
