@@ -24,6 +24,10 @@
   admission reservation (if ``spawn`` got one) and forgets its queued plans.
 - **Failure isolation** is the executor's (see ``runtime.executor``): one failing plan fails
   only its own loop with ``LoopFailed(code, message)``; other loops continue.
+- **Deterministic mode** calls every op with ``deterministic=True``: the op must then return,
+  for each entry of a batch, the bits it returns for that entry alone (run entries one by one
+  or use batch-invariant kernels). Otherwise batched results match solo runs only within the
+  op's numerical tolerance (the interleave gate states the one it checks).
 - ``plan.loop_id`` is informational: the context a plan was executed through decides which
   loop it belongs to (a restored or forked state may carry its origin's id).
 """

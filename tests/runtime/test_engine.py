@@ -71,8 +71,10 @@ class GateOp:
         self.gate = threading.Event()
         self.entered = threading.Event()
         self.calls: list[Any] = []
+        self.threads: set[str] = set()
 
     def __call__(self, args: Sequence[Any], *, deterministic: bool = False) -> list[Any]:
+        self.threads.add(threading.current_thread().name)
         self.entered.set()
         self.gate.wait(10.0)
         self.calls.extend(args)
@@ -294,6 +296,8 @@ async def test_paused_loop_waits_while_others_run(model: ToyModel) -> None:
     finally:
         await engine.close()
     assert op.calls == [0, 1, 2, 3, 0, 1, 2]
+    # Ops ran on the one executor thread, never on the event loop's thread.
+    assert op.threads == {"dreamrt-executor"} != {threading.current_thread().name}
 
 
 async def test_inputs_reach_the_loop_at_a_step_boundary(model: ToyModel) -> None:

@@ -54,7 +54,8 @@ class ToyDenoiser(nn.Module):
     def time_embedding(self, t: torch.Tensor) -> torch.Tensor:
         # t: [B] -> [B, C]
         half = self.channels // 2
-        freqs = torch.exp(-math.log(1000.0) * torch.arange(half, dtype=torch.float32) / half)
+        steps = torch.arange(half, dtype=torch.float32, device=t.device)
+        freqs = torch.exp(-math.log(1000.0) * steps / half)
         angles = t[:, None] * freqs[None, :] * 1000.0
         return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
@@ -109,17 +110,19 @@ class EulerStepOp:
         self.calls.append(len(args))
         if any(a.poison == "raise" for a in args):
             raise RuntimeError("poisoned step")
+        device = next(self.model.parameters()).device
         with torch.no_grad():
             x = torch.stack([a.x for a in args])  # [B, T, C]
-            t = torch.tensor([a.t for a in args], dtype=torch.float32)  # [B]
-            dt = torch.tensor([a.t_next - a.t for a in args], dtype=torch.float32)[:, None, None]
-            scale = torch.tensor([a.scale for a in args], dtype=torch.float32)[:, None, None]
+            t = torch.tensor([a.t for a in args], dtype=torch.float32, device=device)  # [B]
+            dt = _column([a.t_next - a.t for a in args], device)  # [B, 1, 1]
+            scale = _column([a.scale for a in args], device)
             velocity = self.model(x, t) * scale  # [B, T, C]
             gens = [torch.Generator().set_state(a.rng_state) for a in args]
+            # CPU generators (their state lives in the loop state), noise moved to the device
             noise = torch.stack(
                 [torch.randn(a.x.shape, generator=g) for a, g in zip(args, gens, strict=True)]
-            )
-            churn = torch.tensor([a.churn for a in args], dtype=torch.float32)[:, None, None]
+            ).to(device)
+            churn = _column([a.churn for a in args], device)
             x_next = x + dt * velocity + churn * dt.abs().sqrt() * noise  # [B, T, C]
             outs = []
             for i, (a, g) in enumerate(zip(args, gens, strict=True)):
@@ -128,6 +131,11 @@ class EulerStepOp:
                     xi[0, 0] = float("nan")
                 outs.append(EulerOut(xi, g.get_state()))
             return outs
+
+
+def _column(values: list[float], device: torch.device) -> torch.Tensor:
+    # -> [B, 1, 1] float32 on ``device``
+    return torch.tensor(values, dtype=torch.float32, device=device)[:, None, None]
 
 
 @dataclass
@@ -141,6 +149,7 @@ class ToyModel:
     op: EulerStepOp = field(init=False)
 
     def __post_init__(self) -> None:
+        self.denoiser.to(self.device)
         self.op = EulerStepOp(self.denoiser)
 
     @property
@@ -184,6 +193,7 @@ class ToyDenoiseLoop:
     def init(self, request: ToyRequest, model: ToyModel, ctx: LoopContext) -> ToyState:
         gen = torch.Generator().manual_seed(request.seed)
         x = torch.randn(model.denoiser.tokens, model.denoiser.channels, generator=gen)
+        x = x.to(model.device)
         sigmas = torch.linspace(1.0, 0.0, request.num_steps + 1).tolist()
         return ToyState(
             x=x,
