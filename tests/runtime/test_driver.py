@@ -38,6 +38,7 @@ class Tensors(LoopState, kw_only=True):
     maybe: torch.Tensor | None = None
     named: dict[str, torch.Tensor] = {}
     listed: list[torch.Tensor] = []
+    loose: Any = None
     note: str = ""
 
 
@@ -66,6 +67,7 @@ def test_snapshot_roundtrip_keeps_dtype_shape_and_bits() -> None:
             "shared": shared,
         },
         listed=[shared, torch.empty(0, 3)],
+        loose={"feat": [torch.ones(2, dtype=torch.int8)], "n": 3},
         note="x",
     )
     back = restore_state(snapshot_state(state), Tensors)
@@ -82,6 +84,8 @@ def test_snapshot_roundtrip_keeps_dtype_shape_and_bits() -> None:
         assert torch.equal(bits(got), bits(t))  # exact bits, NaN included
     assert back.listed[0] is back.named["shared"]  # one object stays one object
     assert back.listed[1].shape == (0, 3)
+    assert back.loose["n"] == 3 and back.loose["feat"][0].dtype == torch.int8
+    assert torch.equal(back.loose["feat"][0], torch.ones(2, dtype=torch.int8))
     assert restore_state(snapshot_state(Tensors(a=torch.zeros(1))), Tensors).maybe is None
 
 
