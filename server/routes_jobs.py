@@ -36,7 +36,7 @@ async def submit(body: JobBody, request: Request, grant: Grant = Depends(authori
     except ProfileError as exc:
         raise field_error(exc.field, str(exc)) from None
     except UnsupportedTaskError as exc:
-        raise field_error("task", str(exc)) from None
+        raise field_error(exc.field, str(exc)) from None
     return JobCreated(id=job.id)
 
 

@@ -83,7 +83,7 @@ async def create_session(body: SessionBody, request: Request, grant: Grant = Dep
     except ProfileError as exc:
         raise field_error(exc.field, str(exc)) from None
     except UnsupportedTaskError as exc:
-        raise field_error("model", str(exc)) from None
+        raise field_error(exc.field, str(exc)) from None
     if isinstance(answer, Reject):
         retry = max(1, math.ceil(answer.retry_after_s))
         raise ApiError(503, "capacity", f"no capacity for another session: {answer.reason} ({answer.detail})",

@@ -54,7 +54,12 @@ class HostError(RuntimeError):
 
 
 class UnsupportedTaskError(ValueError):
-    """The model card cannot serve this request (capability or recipe); names both."""
+    """The model card cannot serve this request (capability or recipe); ``field`` names the
+    request field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ServedModel(Protocol):
@@ -163,7 +168,7 @@ class SessionHost:
         served = self.model(model)
         card = served.card
         if "session.realtime" not in card.capabilities:
-            raise UnsupportedTaskError(f"model {card.model_id!r} cannot stream sessions (no 'session.realtime')")
+            raise UnsupportedTaskError("model", f"model {card.model_id!r} cannot stream sessions (no 'session.realtime')")
         profile = card.resolve_profile(fps=fps, width=width, height=height)
         session_id = _new_id("ses")
         slab = None
@@ -287,7 +292,7 @@ class SessionHost:
         capability = _TASK_CAPABILITY.get(task)
         if capability is None or capability not in card.capabilities:
             raise UnsupportedTaskError(
-                f"model {card.model_id!r} cannot run task {task!r} (needs {capability!r}; "
+                "task", f"model {card.model_id!r} cannot run task {task!r} (needs {capability!r}; "
                 f"it has {sorted(card.capabilities)})"
             )
         profile = card.resolve_profile(width=width, height=height)
@@ -295,11 +300,11 @@ class SessionHost:
         assumed_steps = spec.schedule.steps if spec is not None and spec.schedule is not None else profile.steps
         if steps is not None and steps != assumed_steps:
             raise UnsupportedTaskError(
-                f"model {card.model_id!r} samples with {assumed_steps} steps (recipe "
+                "steps", f"model {card.model_id!r} samples with {assumed_steps} steps (recipe "
                 f"{card.recipe.method!r}); {steps} steps were requested"
             )
         if task == "t2i" and num_frames not in (None, 1):
-            raise UnsupportedTaskError(f"t2i makes one frame; num_frames={num_frames} was requested")
+            raise UnsupportedTaskError("num_frames", f"t2i makes one frame; num_frames={num_frames} was requested")
         job_id = job_id or _new_id("job")
         seed = seed if seed is not None else secrets.randbelow(2**31)
         params = {"num_frames": num_frames, "width": profile.width, "height": profile.height,

@@ -1,0 +1,103 @@
+"""SessionHost with the real engine and the real tiny model (no viewer: loops stay paused)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from models import registry
+from models.card import ProfileError
+from models.instance import load_instance
+from runtime.admission import AdmissionConfig, AdmissionController, Reject
+from runtime.cost import CostModel, DeviceConstants
+from runtime.engine import Engine
+from runtime.pools import KVSlabPool
+from sessions.host import HostError, SessionHost, UnsupportedTaskError
+from sessions.store import Store
+
+MODEL = "wan-tiny-random"
+
+
+@pytest.fixture(scope="module")
+def instance():
+    return load_instance(registry.get(MODEL), device="cpu")
+
+
+@pytest.fixture
+async def host(instance, tmp_path):
+    profile = instance.card.default_profile
+    slab = instance.kv_slab_bytes(profile)
+    admission = AdmissionController(AdmissionConfig(kv_capacity_bytes=slab * 3, peak_capacity_bytes=1 << 40))
+    engine = Engine(cost=CostModel(DeviceConstants.cpu()), admission=admission)
+    await engine.start()
+    store = Store(tmp_path / "db.sqlite3")
+    session_host = SessionHost(engine=engine, models={MODEL: instance}, default_model=MODEL, store=store,
+                               artifact_dir=tmp_path / "artifacts", kv_pool=KVSlabPool(2, slab))
+    yield session_host
+    await session_host.close()
+    await engine.close()
+    store.close()
+    assert engine.stats().running_loops == 0
+
+
+async def test_sessions_take_a_slab_and_a_reservation_and_give_both_back(host: SessionHost) -> None:
+    first = host.create_session(prompt="a", seed=1)
+    second = host.create_session(prompt="b", seed=2, priority_class="batch")
+    refused = host.create_session(prompt="c")
+    assert isinstance(refused, Reject) and refused.reason == "kv_slabs"
+    assert host.kv_pool.free_count == 0 and host.engine.admission.usage().reservations == 2
+    assert host.counts()["rejections"] == {"kv_slabs": 1}
+    assert first.config.record_template["timesteps"] == [1000, 750, 500, 250]
+    assert first.config.record_template["loop_id"] == "chunk_rollout"
+    assert {s.id for s in host.sessions()} == {first.id, second.id}
+    assert await host.close_session(first.id)
+    assert not await host.close_session(first.id)
+    assert host.session(first.id) is None and first.state.value == "closed"
+    assert host.kv_pool.free_count == 1 and host.engine.admission.usage().reservations == 1
+    third = host.create_session(prompt="c")
+    assert not isinstance(third, Reject)
+
+
+async def test_admission_reject_frees_the_slab_it_took(host: SessionHost) -> None:
+    host.engine.admission.config = AdmissionConfig(kv_capacity_bytes=1, peak_capacity_bytes=1 << 40)
+    refused = host.create_session(prompt="a")
+    assert isinstance(refused, Reject) and refused.reason == "kv_bytes" and refused.permanent
+    assert host.kv_pool.free_count == host.kv_pool.capacity
+
+
+async def test_requests_the_model_cannot_serve_are_typed_errors(host: SessionHost) -> None:
+    with pytest.raises(KeyError, match="not served"):
+        host.create_session(prompt="a", model="wan2.1-1.3b-causal")
+    with pytest.raises(ProfileError) as info:
+        host.create_session(prompt="a", width=70)
+    assert info.value.field == "width"
+    with pytest.raises(UnsupportedTaskError) as steps:
+        host.submit_job(task="t2v", prompt="a", steps=7)
+    assert steps.value.field == "steps"
+    with pytest.raises(UnsupportedTaskError) as frames:
+        host.submit_job(task="t2i", prompt="a", num_frames=2)
+    assert frames.value.field == "num_frames"
+    assert host.kv_pool.free_count == host.kv_pool.capacity
+
+
+async def test_jobs_run_without_a_viewer_and_resume_after_a_restart(host: SessionHost) -> None:
+    job = host.submit_job(task="t2i", prompt="a cat", seed=4)
+    await asyncio.wait_for(job.wait_finished(), 60)
+    assert job.state.value == "succeeded" and job.artifact.path.exists()
+    row = await host.store.run(host.store.get_job, job.id)
+    assert row["state"] == "succeeded" and row["params"]["seed"] == 4
+    resumed = host.resume_jobs([{"id": "job_old", "task": "t2i", "prompt": "p", "model_id": MODEL,
+                                 "params": {"seed": 1}}, {"id": "job_gone", "task": "t2i", "prompt": "p",
+                                                          "model_id": "no-such", "params": {}}])
+    assert [j.id for j in resumed] == ["job_old"]
+    await asyncio.wait_for(resumed[0].wait_finished(), 60)
+    assert resumed[0].state.value == "succeeded"
+    await host.store.run(lambda: None)
+    assert host.store.get_job("job_gone") is None  # never stored: it had no row to mark
+
+
+async def test_a_closed_host_refuses_new_work(host: SessionHost) -> None:
+    await host.close()
+    with pytest.raises(HostError, match="closed"):
+        host.create_session(prompt="a")
