@@ -226,6 +226,40 @@ async def test_audio_through_rest_reaches_the_loop_and_changes_frames(api: Dream
     assert_changed_from(baseline, variant, applied)
 
 
+async def test_sse_follows_the_same_ordered_stream_as_the_data_channel(api: DreamrtClient, server: ServerProcess) -> None:
+    viewer = Viewer(api)
+    sse_events: list[tuple[int, str]] = []
+
+    async def follow_sse(session_id: str) -> None:
+        async with httpx.AsyncClient(base_url=server.url, timeout=None) as http:
+            async with http.stream("GET", f"/v1/sessions/{session_id}/events") as response:
+                assert response.headers["content-type"].startswith("text/event-stream")
+                event_id = None
+                async for line in response.aiter_lines():
+                    if line.startswith("id: "):
+                        event_id = int(line[4:])
+                    elif line.startswith("event: "):
+                        sse_events.append((event_id, line[7:]))
+
+    try:
+        await viewer.connect("a glacier", seed=8)
+        reader = asyncio.create_task(follow_sse(viewer.session_id))
+        await viewer.wait_first_frame()
+        viewer.send({"type": "prompt", "text": "a glacier at night"})
+        await viewer.wait_event(lambda e: e["type"] == "prompt.applied")
+        await api.delete_session(viewer.session_id)
+        await asyncio.wait_for(reader, 10)  # the stream ends when the session ends
+    finally:
+        await viewer.close(delete=False)
+    over_channel = [(e["event_id"], e["type"]) for e in viewer.events]
+    assert [i for i, _ in sse_events] == list(range(1, len(sse_events) + 1))
+    assert sse_events[-1] == (sse_events[-1][0], "session.state")
+    # the data channel subscribed when the offer arrived: it carries the same events from there on
+    assert over_channel == sse_events[len(sse_events) - len(over_channel):]
+    types = [t for _, t in sse_events]
+    assert types.index("input.received") < types.index("prompt.applied") and "media.chunk" in types
+
+
 # ---------------------------------------------------------------------------------------------
 # errors
 

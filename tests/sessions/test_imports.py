@@ -1,0 +1,25 @@
+"""ARCHITECTURE.md §2: sessions/ imports runtime/ and the model registry's card types, never
+server/, clients/ or model code (no torch); server/ is reached only from the composition root."""
+
+import subprocess
+import sys
+
+PROBE = """
+import sys
+import sessions.host, sessions.session, sessions.job, sessions.store, sessions.events, sessions.audio
+import sessions.artifacts, sessions.media_queue, sessions.prompt_memory, sessions.states
+loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('server', 'clients', 'models', 'torch'))
+print(','.join(loaded))
+"""
+
+
+def test_sessions_import_no_server_client_or_model_code() -> None:
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout.strip()
+    assert out.split(",") == ["models", "models.card", "models.loops", "models.loops.requests"]
+
+
+def test_clients_share_only_the_wire_format() -> None:
+    probe = "import sys, clients.python.watch, clients.python.job; " \
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('server', 'sessions', 'models', 'runtime')))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
