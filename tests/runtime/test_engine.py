@@ -300,6 +300,28 @@ async def test_paused_loop_waits_while_others_run(model: ToyModel) -> None:
     assert op.threads == {"dreamrt-executor"} != {threading.current_thread().name}
 
 
+async def test_cancelling_a_paused_loop_ends_it_at_once(model: ToyModel) -> None:
+    # A paused loop's next plan sits queued and is never picked: cancel must still end it
+    # (a viewer that left pauses its session; DELETE and shutdown then cancel it).
+    engine = make_engine()
+    await engine.start()
+    op = GateOp()
+    op.gate.set()
+    try:
+        handle = engine.spawn(CountLoop(op), 5, None, loop_id="p", priority=BATCH,
+                              on_emit=no_emit)
+        handle.pause()
+        await until(lambda: engine.stats().queue_depth == 1)
+        handle.cancel("viewer left")
+        with pytest.raises(Cancelled, match="viewer left"):
+            await within(handle.result(), timeout_s=5.0)
+        assert handle.state_name == "cancelled"
+        stats = engine.stats()
+        assert (stats.queue_depth, stats.running_loops, stats.paused_loops) == (0, 0, 0)
+    finally:
+        await within(engine.close(), timeout_s=10.0)
+
+
 async def test_inputs_reach_the_loop_at_a_step_boundary(model: ToyModel) -> None:
     engine = make_engine()
     await engine.start()
