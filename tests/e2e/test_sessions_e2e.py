@@ -338,6 +338,34 @@ async def test_delete_during_a_step_returns_the_kv_slab_and_leaves_no_task(api: 
     assert states[-2:] == ["closing", "closed"]
 
 
+async def test_a_viewer_that_leaves_pauses_the_session_and_a_new_offer_resumes_it(api: DreamrtClient) -> None:
+    first = Viewer(api)
+    await first.connect("a harbour", seed=12)
+    session_id = first.session_id
+    try:
+        await wait_chunk(first, 1)
+        await first.close(delete=False)
+        await asyncio.sleep(0.3)
+        paused = await api.session(session_id)
+        second = Viewer(api)
+        try:
+            await second.connect(session_id=session_id)
+            await second.wait_first_frame()
+            chunks_before = paused["chunks"]
+            await wait_chunk(second, chunks_before + 1)
+            resumed = await api.session(session_id)
+        finally:
+            await second.close(delete=False)
+    finally:
+        await api.delete_session(session_id)
+    assert paused["state"] == "paused"
+    assert resumed["state"] == "live" and resumed["chunks"] > chunks_before
+    states = [e["state"] for e in second.events if e["type"] == "session.state"]
+    assert states[:2] == ["negotiating", "live"]
+    digests = chunk_digests(first) | chunk_digests(second)
+    assert sorted(digests) == list(range(len(digests))), "generation continued where it paused"
+
+
 async def test_two_sessions_keep_their_fps_while_a_t2v_job_completes(api: DreamrtClient, tmp_path: Path) -> None:
     viewers = [Viewer(api), Viewer(api)]
     try:
