@@ -26,7 +26,7 @@ import numpy as np
 from runtime.contract import Cancelled, Emission, LoopFailed, LoopResult
 from sessions.artifacts import Artifact, write_task_artifact
 from sessions.events import EventStream, JobArtifact, JobProgress, JobStateChanged, encode_event
-from sessions.session import LoopHandleLike
+from sessions.loop_handle import LoopHandleLike
 from sessions.states import JOB_TERMINAL, JobState, check_job_transition
 from sessions.store import Store
 

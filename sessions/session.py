@@ -9,40 +9,35 @@ logged ``old -> new``, published as ``session.state``, persisted).
 Wiring (decided, see README "API"):
 
 - The loop is spawned at admission and **paused until a viewer pulls the track**: no GPU time is
-  spent on frames nobody will see, and the deadline anchor ``media_t0_s`` is set when the track
-  is first pulled (``viewer_started``). While live, the anchor follows the actual playout:
-  whenever a fresh frame is shown more than half a frame away from where the anchor says
-  (after a stall, a flush, a resume), the engine is re-anchored to ``shown_s - pts``.
+  spent on frames nobody will see. The deadline anchor is set at that first pull and then
+  follows the actual playout (``sessions.playout``); every move is forwarded to the engine.
 - Inputs get the session's next sequence number (``0`` is the initial prompt), an
   ``input.received`` event at once, and reach the loop as ``InputEvent``s. The loop's
   ``"applied"`` emissions become ``prompt.applied`` / ``action.applied`` / ``audio.applied``
   with the chunk and PTS; older pending inputs of the same latched kind that the loop skipped
   (latest wins) get ``input.superseded``. An applied switch or cut flushes the media queue's
   backlog older than the applied PTS.
-- ``"media"`` emissions enter the bounded drop-oldest ``MediaQueue``, publish ``media.chunk``
-  (with a content digest of the frames) and write one behaviour record per chunk.
+- ``"media"`` emissions enter the bounded drop-oldest ``MediaQueue`` and publish
+  ``media.chunk`` (with a content digest); ``sessions.records`` keeps one record per chunk.
 
-Threading: every method runs on the asyncio loop that owns the session (the engine calls
-``on_emission`` there). Failure behaviour: a failed loop publishes an ``error`` event and moves
-the session to ``failed``; an exception inside ``on_emission`` is logged and reported as an
-``error`` event without touching the loop.
+Event-loop thread only (the engine calls ``on_emission`` there). A failed loop publishes an
+``error`` event and the session becomes ``failed``; an exception inside ``on_emission`` is
+logged and reported as an ``error`` event without touching the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 
 from models.loops.requests import PTS_HZ
-from runtime.contract import Cancelled, Emission, InputEvent, LoopFailed, LoopResult
+from runtime.contract import Cancelled, Emission, InputEvent, LoopFailed
 from sessions.audio import AudioClip
 from sessions.events import (
     ActionApplied,
@@ -57,20 +52,21 @@ from sessions.events import (
     SessionStateChanged,
     encode_event,
 )
+from sessions.loop_handle import LoopHandleLike
 from sessions.media_queue import MediaFrame, MediaQueue
+from sessions.playout import Playout
 from sessions.prompt_memory import PromptMemory
+from sessions.records import ChunkRecorder, frames_digest
 from sessions.states import SESSION_TERMINAL, SessionState, check_session_transition
 from sessions.store import Store
 
 __all__ = [
-    "LoopHandleLike",
+    "InvalidInputError",
     "Session",
     "SessionClosedError",
     "SessionConfig",
-    "InvalidInputError",
     "SessionStateError",
     "UnsupportedInputError",
-    "frames_digest",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,28 +76,6 @@ _PERSISTED = frozenset(
     {"session.state", "input.received", "input.superseded", "prompt.applied", "action.applied",
      "audio.applied", "error", "feedback.recorded"}
 )
-_FPS_WINDOW_S = 2.0
-
-
-class LoopHandleLike(Protocol):
-    """What a session needs from ``runtime.engine.LoopHandle``."""
-
-    loop_id: str
-
-    @property
-    def done(self) -> bool: ...
-
-    def push_input(self, event: InputEvent) -> None: ...
-
-    def cancel(self, reason: str = "cancelled") -> None: ...
-
-    def pause(self) -> None: ...
-
-    def resume(self) -> None: ...
-
-    def set_media_t0(self, t0_s: float) -> None: ...
-
-    async def result(self) -> LoopResult: ...
 
 
 class SessionStateError(RuntimeError):
@@ -118,11 +92,6 @@ class UnsupportedInputError(ValueError):
 
 class InvalidInputError(ValueError):
     """The input's payload is not one the model accepts (e.g. an unknown action key)."""
-
-
-def frames_digest(frames: np.ndarray) -> str:
-    """First 16 hex chars of sha256 over uint8 ``[n, H, W, 3]`` frames in C order."""
-    return hashlib.sha256(np.ascontiguousarray(frames).tobytes()).hexdigest()[:16]
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,21 +136,19 @@ class Session:
         self.prompts = PromptMemory(config.prompt, received_s=self.created_at)
         self._state = SessionState.CREATED
         self._next_seq = 1
-        self._pending: dict[int, str] = {}  # seq -> latched family ("prompt" | "action"), not yet applied
-        self._latched_action: dict[str, Any] = {}
+        self._pending: dict[int, tuple[str, Any]] = {}  # seq -> (kind, payload) until applied
+        self.records = ChunkRecorder(store, session_id=config.session_id, model_id=config.model_id,
+                                     seed=config.seed, template=config.record_template)
         self._handle: LoopHandleLike | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._finished = asyncio.Event()
         self._on_finished: list[Callable[[Session], None]] = []
         self._viewer_attached = False
-        self._media_t0_s: float | None = None
+        self.playout = Playout(config.fps, clock=clock)
         self._playing = asyncio.Event()  # set while live or terminal: wakes the track
         self.last_chunk = -1
         self.chunks_generated = 0
-        self.frames_sent = 0
-        self.stalls = 0
         self.audio_samples_in = 0
-        self._fresh_times: collections.deque[float] = collections.deque()
         self.error: str | None = None
         self.events.publish(SessionStateChanged(state=self._state.value))
 
@@ -253,6 +220,7 @@ class Session:
         self._transition(SessionState.FAILED, code)
 
     def _shutdown_streams(self) -> None:
+        self.records.flush()
         self.media.close()
         if self._store is not None:
             self._store.defer(
@@ -298,8 +266,7 @@ class Session:
             log.debug("session %s: viewer started in state %s", self.id, self._state.value)
             return
         self._viewer_attached = True
-        now = self._clock()
-        self._set_media_t0(now - self._next_pts_s())
+        self._anchor_now()
         if self._handle is not None:
             self._handle.resume()
         self._transition(SessionState.LIVE, "viewer connected")
@@ -328,7 +295,7 @@ class Session:
             raise SessionStateError(f"session {self.id} is {self._state.value}; only a paused session can resume")
         if not self._viewer_attached:
             raise SessionStateError(f"session {self.id} has no viewer; send a new offer to resume")
-        self._set_media_t0(self._clock() - self._next_pts_s())
+        self._anchor_now()
         if self._handle is not None:
             self._handle.resume()
         self._transition(SessionState.LIVE, "requested")
@@ -345,41 +312,38 @@ class Session:
     @property
     def playout_anchor_s(self) -> float | None:
         """Monotonic time at which media PTS 0 is (or would have been) on the wire."""
-        return self._media_t0_s
+        return self.playout.anchor_s
+
+    @property
+    def frames_sent(self) -> int:
+        return self.playout.frames_sent
+
+    @property
+    def stalls(self) -> int:
+        return self.playout.stalls
+
+    def fps_measured(self) -> float:
+        return self.playout.fps_measured()
 
     def frame_shown(self, frame: MediaFrame | None, shown_s: float) -> None:
         """The track put a frame on the wire: ``frame`` is fresh, None a repeat (a stall)."""
-        self.frames_sent += 1
-        if frame is None:
-            self.stalls += 1
-            return
-        self._fresh_times.append(shown_s)
-        while self._fresh_times and self._fresh_times[0] < shown_s - _FPS_WINDOW_S:
-            self._fresh_times.popleft()
-        anchor = shown_s - frame.pts_90k / PTS_HZ
-        if self._media_t0_s is None or abs(anchor - self._media_t0_s) > 0.5 / self.config.fps:
-            self._set_media_t0(anchor)
+        moved = self.playout.shown(None if frame is None else frame.pts_90k, shown_s)
+        if moved is not None and self._handle is not None:
+            self._handle.set_media_t0(moved)
 
-    def fps_measured(self) -> float:
-        """Fresh (generated, not repeated) frames per second shown over the last 2 s."""
-        times = self._fresh_times
-        if len(times) < 2:
-            return 0.0
-        now = self._clock()
-        span = max(now - times[0], times[-1] - times[0])
-        return (len(times) - 1) / span if span > 0 else 0.0
-
-    def _next_pts_s(self) -> float:
+    def _anchor_now(self) -> None:
+        """Deadlines restart from now at the next frame to show (first pull, resume)."""
         nxt = self.media.peek()
-        if nxt is not None:
-            return nxt.pts_90k / PTS_HZ
         last = self.media.last_pts
-        return 0.0 if last is None else last / PTS_HZ + 1.0 / self.config.fps
-
-    def _set_media_t0(self, t0_s: float) -> None:
-        self._media_t0_s = t0_s
+        if nxt is not None:
+            next_pts = nxt.pts_90k
+        elif last is not None:
+            next_pts = last + PTS_HZ // self.config.fps
+        else:
+            next_pts = 0
+        anchor = self.playout.anchor_at(next_pts)
         if self._handle is not None:
-            self._handle.set_media_t0(t0_s)
+            self._handle.set_media_t0(anchor)
 
     # ---------------------------------------------------------------- inputs
 
@@ -387,14 +351,14 @@ class Session:
         if not self.accepts_inputs:
             raise SessionClosedError(f"session {self.id} is {self._state.value}; it accepts no inputs")
 
-    def _push(self, kind: str, payload: Any, family: str | None) -> int:
+    def _push(self, kind: str, payload: Any, recorded: Any) -> int:
+        """Sends an input to the loop; ``recorded`` is what the behaviour record keeps of it."""
         self._require_open()
         seq = self._next_seq
         self._next_seq += 1
         if self._handle is not None:
             self._handle.push_input(InputEvent(kind=kind, seq=seq, payload=payload, received_s=self._clock()))
-        if family is not None:
-            self._pending[seq] = family
+        self._pending[seq] = (kind, recorded)
         self.events.publish(InputReceived(seq=seq, kind=kind))
         return seq
 
@@ -409,7 +373,7 @@ class Session:
         self._require_open()
         seq = self._next_seq
         self.prompts.receive(seq, text, mode, received_s=self._wall())
-        self._push("cut" if mode == "cut" else "prompt", {"text": text}, "prompt")
+        self._push("cut" if mode == "cut" else "prompt", {"text": text}, {"text": text})
         in_flight = self.last_chunk + 1
         return seq, in_flight if mode == "cut" else in_flight + 1
 
@@ -422,13 +386,14 @@ class Session:
                 keys = self.config.action_validator(keys, (float(dx), float(dy)))
             except ValueError as exc:
                 raise InvalidInputError(str(exc)) from None
-        return self._push("action", {"keys": keys, "mouse": [float(dx), float(dy)]}, "action")
+        payload = {"keys": keys, "mouse": [float(dx), float(dy)]}
+        return self._push("action", payload, payload)
 
     def push_audio(self, clip: AudioClip) -> int:
         """Queues 16 kHz mono audio (``models.loops.requests``: ``{"samples": [...]}``)."""
         self._require_capability("input.audio", "audio")
         self.audio_samples_in += clip.samples.shape[0]
-        return self._push("audio", {"samples": clip.samples.tolist()}, None)
+        return self._push("audio", {"samples": clip.samples.tolist()}, {"seconds": clip.duration_s})
 
     def _require_capability(self, capability: str, what: str) -> None:
         if capability not in self.config.capabilities:
@@ -475,17 +440,9 @@ class Session:
         self.events.publish(
             MediaChunk(chunk=chunk, pts_start=pts_start, frames=n, segment=segment, fps=fps, digest=digest)
         )
-        if self._store is not None:
-            active = self.prompts.active
-            record = {
-                **self.config.record_template,
-                "session_id": self.id, "segment": segment, "chunk": chunk, "seed": self.config.seed,
-                "model_id": self.config.model_id, "prompt": active.text, "prompt_seq": active.seq,
-                "actions": dict(self._latched_action), "pts_start": pts_start,
-                "pts_end": pts[-1] if pts else pts_start, "num_frames": n, "digest": digest,
-                "replay_key": f"{self.id}/{segment}/{chunk}/{self.config.seed}",
-            }
-            self._store.defer(self._store.add_record, record)
+        active = self.prompts.active
+        self.records.media(chunk=chunk, segment=segment, pts_start=pts_start, pts_end=pts[-1] if pts else pts_start,
+                           num_frames=n, digest=digest, prompt=active.text, prompt_seq=active.seq)
 
     def _on_applied(self, meta: Mapping[str, Any]) -> None:
         kind, seq = str(meta["kind"]), int(meta["seq"])
@@ -499,14 +456,15 @@ class Session:
                               segment=entry.segment or 0, text=entry.text)
             )
         elif kind == "action":
-            self._supersede(seq, "action", [s for s, f in self._pending.items() if f == "action" and s < seq])
-            self._latched_action = {"seq": seq, "chunk": chunk}
+            older = [s for s, (k, _) in self._pending.items() if k == "action" and s < seq]
+            self._supersede(seq, "action", older)
             self.events.publish(ActionApplied(seq=seq, chunk=chunk, pts=pts))
         elif kind == "audio":
             self.events.publish(AudioApplied(seq=seq, chunk=chunk, pts=pts))
         else:
             log.warning("session %s: applied emission of unknown kind %r", self.id, kind)
-        self._pending.pop(seq, None)
+        _, recorded = self._pending.pop(seq, (kind, None))
+        self.records.applied(kind, seq, chunk, recorded)
 
     def _supersede(self, by_seq: int, family: str, seqs: list[int]) -> None:
         for older in sorted(seqs):

@@ -12,8 +12,8 @@ from sessions.session import (
     SessionConfig,
     SessionStateError,
     UnsupportedInputError,
-    frames_digest,
 )
+from sessions.records import frames_digest
 from sessions.store import Store
 from tests.sessions.fakes import FakeHandle
 

@@ -1,0 +1,32 @@
+"""What sessions and jobs need from the engine's ``runtime.loop_handle.LoopHandle``.
+
+A structural type, so the session logic is unit-testable with a hand-driven stand-in; the real
+handle satisfies it. Call every method on the event loop that owns the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from runtime.contract import InputEvent, LoopResult
+
+__all__ = ["LoopHandleLike"]
+
+
+class LoopHandleLike(Protocol):
+    loop_id: str
+
+    @property
+    def done(self) -> bool: ...
+
+    def push_input(self, event: InputEvent) -> None: ...
+
+    def cancel(self, reason: str = "cancelled") -> None: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def set_media_t0(self, t0_s: float) -> None: ...
+
+    async def result(self) -> LoopResult: ...
