@@ -109,6 +109,7 @@ class SessionHost:
         kv_pool: KVSlabPool | None = None,
         action_validator: Callable[[list[str], tuple[float, float]], list[str]] | None = None,
         media_seconds: float = 4.0,
+        max_finished_jobs: int = 256,
     ) -> None:
         if default_model not in models:
             raise HostError(f"default model {default_model!r} is not among the served {sorted(models)}")
@@ -120,6 +121,7 @@ class SessionHost:
         self.kv_pool = kv_pool
         self._action_validator = action_validator
         self._media_seconds = media_seconds
+        self._max_finished_jobs = max_finished_jobs
         self._sessions: dict[str, _Live] = {}
         self._jobs: dict[str, Job] = {}
         self._closed = False
@@ -318,9 +320,16 @@ class SessionHost:
         handle = self.engine.spawn(served.loop(JOB_LOOP), request, served, loop_id=job_id,
                                    priority=Priority.BATCH, on_emit=job.on_emission)
         self._jobs[job_id] = job
-        job.attach(handle)
+        job.attach(handle, on_finished=self._job_finished)
         log.info("job %s queued: %s %s %dx%d", job_id, task, card.model_id, profile.width, profile.height)
         return job
+
+    def _job_finished(self, job: Job) -> None:
+        """Keeps the newest ``max_finished_jobs`` finished jobs in memory; older ones are read
+        back from the store (their rows hold state, progress, error and the artifact path)."""
+        finished = [j for j in self._jobs.values() if j.terminal]
+        for old in finished[: max(0, len(finished) - self._max_finished_jobs)]:
+            del self._jobs[old.id]
 
     def _upsert_job(self, job_id: str, task: str, model_id: str, prompt: str, params: dict[str, Any]) -> None:
         if self.store.get_job(job_id) is None:

@@ -1,7 +1,7 @@
 """A WebRTC viewer of one dreamrt session (aiortc): receives the video, talks on ``control``.
 
 ``Viewer.connect()`` creates the session (or joins ``session_id``), offers a recvonly video
-m-line and a ``control`` data channel, and starts two background tasks: one receives decoded
+m-line, a ``control`` data channel and, with ``audio_track``, a sendonly audio m-line, and starts two background tasks: one receives decoded
 frames (``frames``: PTS, receive time, and the RGB array when ``keep_rgb``), one is the data
 channel's event log (``events``: every server event as a dict, in order). ``close()`` is
 idempotent: it ends both tasks, closes the peer connection and deletes the session it created.
@@ -69,6 +69,7 @@ class Viewer:
         keep_rgb: bool = False,
         ice_servers: Sequence[str] = (),
         on_frame: Callable[[ReceivedFrame], None] | None = None,
+        audio_track: Any = None,
     ) -> None:
         self.api = api
         self.keep_rgb = keep_rgb
@@ -77,6 +78,7 @@ class Viewer:
         self.frames: list[ReceivedFrame] = []
         self.events: list[dict[str, Any]] = []
         self._on_frame = on_frame
+        self._audio_track = audio_track  # an aiortc audio MediaStreamTrack sent to the session (microphone)
         self._owns_session = False
         self._pc = RTCPeerConnection(RTCConfiguration(iceServers=[RTCIceServer(urls=u) for u in ice_servers]))
         self._channel = self._pc.createDataChannel("control")
@@ -118,6 +120,8 @@ class Viewer:
             self.profile = created["profile"]
         self.session_id = session_id
         self._pc.addTransceiver("video", direction="recvonly")
+        if self._audio_track is not None:
+            self._pc.addTransceiver(self._audio_track, direction="sendonly")
         await self._pc.setLocalDescription(await self._pc.createOffer())
         answer = await self.api.offer(session_id, self._pc.localDescription.sdp)
         await self._pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))

@@ -18,6 +18,7 @@ is stopped at the end of its module and must shut down cleanly.
 from __future__ import annotations
 
 import asyncio
+import fractions
 import io
 import re
 import subprocess
@@ -33,6 +34,7 @@ import av
 import httpx
 import numpy as np
 import pytest
+from aiortc.mediastreams import MediaStreamTrack
 
 from clients.python.api import ApiCallError, DreamrtClient
 from clients.python.viewer import Viewer
@@ -258,6 +260,43 @@ async def test_sse_follows_the_same_ordered_stream_as_the_data_channel(api: Drea
     assert over_channel == sse_events[len(sse_events) - len(over_channel):]
     types = [t for _, t in sse_events]
     assert types.index("input.received") < types.index("prompt.applied") and "media.chunk" in types
+
+
+class ToneTrack(MediaStreamTrack):
+    """A 48 kHz stereo 440 Hz tone in 20 ms frames, paced in real time (a stand-in microphone)."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sent = 0
+        self._start: float | None = None
+
+    async def recv(self) -> av.AudioFrame:
+        samples = 960
+        if self._start is None:
+            self._start = time.monotonic()
+        await asyncio.sleep(max(0.0, self._start + self._sent / 48_000 - time.monotonic()))
+        t = (self._sent + np.arange(samples)) / 48_000
+        tone = (0.5 * np.sin(2 * np.pi * 440 * t) * 32767).astype("<i2")
+        frame = av.AudioFrame.from_ndarray(np.repeat(tone, 2)[None, :], format="s16", layout="stereo")
+        frame.sample_rate, frame.pts, frame.time_base = 48_000, self._sent, fractions.Fraction(1, 48_000)
+        self._sent += samples
+        return frame
+
+
+async def test_audio_sent_on_the_peer_connection_reaches_the_loop(api: DreamrtClient) -> None:
+    microphone = ToneTrack()
+    viewer = Viewer(api, audio_track=microphone)
+    try:
+        await viewer.connect("a drum circle", seed=31)
+        received = await viewer.wait_event(lambda e: e["type"] == "input.received" and e["kind"] == "audio")
+        applied = await viewer.wait_event(lambda e: e["type"] == "audio.applied" and e["seq"] == received["seq"])
+        status = await api.session(viewer.session_id)
+    finally:
+        microphone.stop()
+        await viewer.close()
+    assert applied["chunk"] >= 1 and status["audio_seconds_in"] >= 0.5
 
 
 # ---------------------------------------------------------------------------------------------

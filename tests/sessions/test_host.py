@@ -101,3 +101,14 @@ async def test_a_closed_host_refuses_new_work(host: SessionHost) -> None:
     await host.close()
     with pytest.raises(HostError, match="closed"):
         host.create_session(prompt="a")
+
+
+async def test_finished_jobs_beyond_the_memory_bound_are_read_from_the_store(host: SessionHost) -> None:
+    host._max_finished_jobs = 1
+    first = host.submit_job(task="t2i", prompt="a", seed=1)
+    await asyncio.wait_for(first.wait_finished(), 60)
+    second = host.submit_job(task="t2i", prompt="b", seed=2)
+    await asyncio.wait_for(second.wait_finished(), 60)
+    assert host.job(first.id) is None and host.job(second.id) is second
+    row = await host.store.run(host.store.get_job, first.id)
+    assert row["state"] == "succeeded" and row["artifact_path"] == str(first.artifact.path)
