@@ -341,12 +341,20 @@ async def test_malformed_offer_is_400_and_malformed_control_messages_are_error_e
         ok = await viewer.wait_event(lambda e: e["type"] == "input.received", start=mark)
         viewer.send({"type": "ping", "t": 123.5})
         pong = await viewer.wait_event(lambda e: e["type"] == "pong", start=mark)
+        viewer.send({"type": "feedback", "rating": 1, "note": "pretty"})
+        recorded = await viewer.wait_event(lambda e: e["type"] == "feedback.recorded", start=mark)
+        flood = len(viewer.events)
+        for i in range(100):  # beyond the 30/s rate with a burst of 60
+            viewer.send({"type": "ping", "t": i})
+        limited = await viewer.wait_event(lambda e: e["type"] == "error" and e["code"] == "rate_limited", start=flood)
         await asyncio.sleep(1.0)
         status = await api.session(session_id)
     finally:
         await viewer.close(delete=False)
         await api.delete_session(session_id)
     assert ok["kind"] == "prompt" and pong["t"] == 123.5
+    assert recorded["rating"] == 1 and recorded["feedback_id"] >= 1
+    assert "per second" in limited["message"]
     assert status["state"] == "live" and len(viewer.frames) > frames_before, "the session must keep streaming"
 
 
