@@ -28,7 +28,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from server.auth import AuthMode, Authenticator, resolve_auth_mode
+from server.auth import Authenticator, AuthMode, resolve_auth_mode
 from server.metrics import MetricsSnapshot, ServerMetrics
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
 from sessions.host import SessionHost
@@ -86,9 +86,12 @@ class ServerContext:
     def open_peer(self, session: Any) -> ViewerPeer:
         """A new viewer peer for ``session`` (the caller closes any previous one first)."""
         peer = ViewerPeer(
-            session, store=self.store, ice_servers=self.config.ice_servers,
+            session,
+            store=self.store,
+            ice_servers=self.config.ice_servers,
             control_rate_per_s=self.config.control_rate_per_s,
-            control_burst=int(2 * self.config.control_rate_per_s), on_closed=self._peer_closed,
+            control_burst=int(2 * self.config.control_rate_per_s),
+            on_closed=self._peer_closed,
         )
         self.peers[session.id] = peer
         return peer
@@ -170,13 +173,21 @@ async def _build(config: ServerConfig) -> ServerContext:
     slab_bytes = instance.kv_slab_bytes(profile)
     on_gpu = device.startswith("cuda")
     cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
-    admission = AdmissionController(AdmissionConfig(
-        kv_capacity_bytes=slab_bytes * config.max_sessions,
-        peak_capacity_bytes=instance.peak_bytes(profile) * config.max_batch * 4,
-        peak_concurrency=config.max_batch,
-    ))
-    engine = Engine(cost=cost, admission=admission, max_batch=config.max_batch, deterministic=config.deterministic,
-                    playout_buffer_s=config.playout_buffer_s, max_lead_s=config.max_lead_s)
+    admission = AdmissionController(
+        AdmissionConfig(
+            kv_capacity_bytes=slab_bytes * config.max_sessions,
+            peak_capacity_bytes=instance.peak_bytes(profile) * config.max_batch * 4,
+            peak_concurrency=config.max_batch,
+        )
+    )
+    engine = Engine(
+        cost=cost,
+        admission=admission,
+        max_batch=config.max_batch,
+        deterministic=config.deterministic,
+        playout_buffer_s=config.playout_buffer_s,
+        max_lead_s=config.max_lead_s,
+    )
     await engine.start()
 
     def validate_action(keys: list[str], mouse: tuple[float, float]) -> list[str]:
@@ -184,21 +195,37 @@ async def _build(config: ServerConfig) -> ServerContext:
         return normalize_keys(keys)
 
     host = SessionHost(
-        engine=engine, models={model_id: instance}, default_model=model_id, store=store,
-        artifact_dir=config.data_dir / "artifacts", kv_pool=KVSlabPool(config.max_sessions, slab_bytes),
+        engine=engine,
+        models={model_id: instance},
+        default_model=model_id,
+        store=store,
+        artifact_dir=config.data_dir / "artifacts",
+        kv_pool=KVSlabPool(config.max_sessions, slab_bytes),
         action_validator=validate_action,
     )
     auth = Authenticator(mode, store=store, admin_key=_admin_key(config, mode))
-    ctx = ServerContext(config=config, store=store, engine=engine, host=host, auth=auth,
-                        metrics=ServerMetrics(lambda: ctx.metrics_snapshot()), device=device,
-                        model_id=model_id)
+    ctx = ServerContext(
+        config=config,
+        store=store,
+        engine=engine,
+        host=host,
+        auth=auth,
+        metrics=ServerMetrics(lambda: ctx.metrics_snapshot()),
+        device=device,
+        model_id=model_id,
+    )
     if config.ice_hosts:
         ctx.undo.append(restrict_host_candidates(config.ice_hosts))
     if config.video_bitrate_bps is not None:
         ctx.undo.append(configure_video_bitrate(config.video_bitrate_bps))
     host.resume_jobs(unfinished_jobs)
-    log.info("dreamrt ready: model %s on %s, auth %s, up to %d sessions", model_id, device, mode.value,
-             config.max_sessions)
+    log.info(
+        "dreamrt ready: model %s on %s, auth %s, up to %d sessions",
+        model_id,
+        device,
+        mode.value,
+        config.max_sessions,
+    )
     return ctx
 
 

@@ -133,7 +133,9 @@ class Authenticator:
         digest = _digest(token)
         self._cache[digest] = (scope, expires_at)
         if self._store is not None:
-            self._store.defer(self._store.add_token, token_hash=digest, scope=scope, expires_at=expires_at)
+            self._store.defer(
+                self._store.add_token, token_hash=digest, scope=scope, expires_at=expires_at
+            )
         return token, expires_at
 
     def issue_session_token(self, session_id: str) -> str:
@@ -145,7 +147,7 @@ class Authenticator:
             return Grant("admin")
         if not authorization or not authorization.startswith("Bearer "):
             raise AuthError(401, "missing 'Authorization: Bearer <token>' header")
-        token = authorization[len("Bearer "):].strip()
+        token = authorization[len("Bearer ") :].strip()
         if self._admin_key and hmac.compare_digest(token.encode(), self._admin_key.encode()):
             return Grant("admin")
         digest = _digest(token)

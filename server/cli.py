@@ -17,7 +17,9 @@ __all__ = ["main"]
 
 def _build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    common.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
     parser = argparse.ArgumentParser(prog="dreamrt", description="realtime generative video server")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -27,18 +29,43 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model", default=None, help="model card id (default: the embedded card)")
     serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     serve.add_argument("--data-dir", default="data", type=Path)
-    serve.add_argument("--ice-host", action="append", default=[], metavar="IP",
-                       help="offer ICE host candidates only on this address (repeatable)")
-    serve.add_argument("--ice-server", action="append", default=[], metavar="URL",
-                       help="STUN/TURN server URL for the server's peers (default: none)")
-    serve.add_argument("--auth", choices=["none", "token"], default=None,
-                       help="default: none on a loopback address, token elsewhere")
-    serve.add_argument("--force-no-auth", action="store_true", help="allow --auth none on a non-loopback address")
-    serve.add_argument("--admin-key", default=None, help="admin key for --auth token (or $DREAMRT_ADMIN_KEY)")
-    serve.add_argument("--max-sessions", type=int, default=4, help="chunk-KV slabs, i.e. concurrent sessions")
-    serve.add_argument("--bitrate", type=int, default=None, metavar="BPS", help="video encoder bitrate cap")
-    serve.add_argument("--deterministic", action="store_true",
-                       help="batched plans give bit-identical results to solo runs (slower batching)")
+    serve.add_argument(
+        "--ice-host",
+        action="append",
+        default=[],
+        metavar="IP",
+        help="offer ICE host candidates only on this address (repeatable)",
+    )
+    serve.add_argument(
+        "--ice-server",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="STUN/TURN server URL for the server's peers (default: none)",
+    )
+    serve.add_argument(
+        "--auth",
+        choices=["none", "token"],
+        default=None,
+        help="default: none on a loopback address, token elsewhere",
+    )
+    serve.add_argument(
+        "--force-no-auth", action="store_true", help="allow --auth none on a non-loopback address"
+    )
+    serve.add_argument(
+        "--admin-key", default=None, help="admin key for --auth token (or $DREAMRT_ADMIN_KEY)"
+    )
+    serve.add_argument(
+        "--max-sessions", type=int, default=4, help="chunk-KV slabs, i.e. concurrent sessions"
+    )
+    serve.add_argument(
+        "--bitrate", type=int, default=None, metavar="BPS", help="video encoder bitrate cap"
+    )
+    serve.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="batched plans give bit-identical results to solo runs (slower batching)",
+    )
 
     sub.add_parser("models", help="list the model cards", parents=[common])
 
@@ -47,12 +74,16 @@ def _build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--prompt", default="a quiet forest at dawn")
     watch.add_argument("--seconds", type=float, default=5.0)
     watch.add_argument("--out", type=Path, default=None, metavar="FILE.mp4")
-    watch.add_argument("--action", nargs="+", default=None, metavar="KEYS", help="keys to hold, e.g. w a")
+    watch.add_argument(
+        "--action", nargs="+", default=None, metavar="KEYS", help="keys to hold, e.g. w a"
+    )
     watch.add_argument("--model", default=None)
     watch.add_argument("--token", default=None)
     watch.add_argument("--ice-host", action="append", default=[], metavar="IP")
 
-    job = sub.add_parser("job", help="submit an offline job and download its artifact", parents=[common])
+    job = sub.add_parser(
+        "job", help="submit an offline job and download its artifact", parents=[common]
+    )
     job.add_argument("url")
     job.add_argument("--task", required=True, choices=["t2v", "t2i"])
     job.add_argument("--prompt", required=True)
@@ -79,10 +110,19 @@ def _serve(args: argparse.Namespace) -> int:
         sys.stderr.write(f"dreamrt: {exc}\n")
         return 2
     config = ServerConfig(
-        host=args.host, port=args.port, model=args.model, device=args.device, data_dir=args.data_dir,
-        ice_hosts=tuple(args.ice_host), ice_servers=tuple(args.ice_server), auth=mode.value,
-        force_no_auth=args.force_no_auth, admin_key=args.admin_key, max_sessions=args.max_sessions,
-        video_bitrate_bps=args.bitrate, deterministic=args.deterministic,
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        device=args.device,
+        data_dir=args.data_dir,
+        ice_hosts=tuple(args.ice_host),
+        ice_servers=tuple(args.ice_server),
+        auth=mode.value,
+        force_no_auth=args.force_no_auth,
+        admin_key=args.admin_key,
+        max_sessions=args.max_sessions,
+        video_bitrate_bps=args.bitrate,
+        deterministic=args.deterministic,
     )
     sys.stdout.write(f"dreamrt: open http://{args.host}:{args.port}/  (auth {mode.value})\n")
     sys.stdout.flush()
@@ -104,8 +144,18 @@ def _watch(args: argparse.Namespace) -> int:
     from clients.python.watch import watch
 
     try:
-        asyncio.run(watch(args.url, prompt=args.prompt, seconds=args.seconds, out=args.out, actions=args.action,
-                          token=args.token, ice_hosts=args.ice_host or None, model=args.model))
+        asyncio.run(
+            watch(
+                args.url,
+                prompt=args.prompt,
+                seconds=args.seconds,
+                out=args.out,
+                actions=args.action,
+                token=args.token,
+                ice_hosts=args.ice_host or None,
+                model=args.model,
+            )
+        )
     except (ApiCallError, TimeoutError, OSError) as exc:
         sys.stderr.write(f"dreamrt watch: {exc}\n")
         return 1
@@ -117,9 +167,21 @@ def _job(args: argparse.Namespace) -> int:
     from clients.python.job import JobFailed, run_job
 
     try:
-        asyncio.run(run_job(args.url, task=args.task, prompt=args.prompt, out=args.out, token=args.token,
-                            model=args.model, num_frames=args.num_frames, width=args.width, height=args.height,
-                            steps=args.steps, seed=args.seed))
+        asyncio.run(
+            run_job(
+                args.url,
+                task=args.task,
+                prompt=args.prompt,
+                out=args.out,
+                token=args.token,
+                model=args.model,
+                num_frames=args.num_frames,
+                width=args.width,
+                height=args.height,
+                steps=args.steps,
+                seed=args.seed,
+            )
+        )
     except (ApiCallError, JobFailed, TimeoutError, OSError) as exc:
         sys.stderr.write(f"dreamrt job: {exc}\n")
         return 1
@@ -128,7 +190,9 @@ def _job(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if args.command in ("watch", "job") and args.log_level != "debug":
         # The clients print their own progress; per-request HTTP and ICE chatter would drown it.
         for noisy in ("httpx", "aioice", "aiortc"):

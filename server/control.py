@@ -73,7 +73,9 @@ class PingMessage(_Message, tag="ping"):
     t: float
 
 
-ControlMessage = PromptMessage | ActionMessage | FeedbackMessage | PauseMessage | ResumeMessage | PingMessage
+ControlMessage = (
+    PromptMessage | ActionMessage | FeedbackMessage | PauseMessage | ResumeMessage | PingMessage
+)
 
 _decoder = msgspec.json.Decoder(ControlMessage)
 
@@ -91,7 +93,9 @@ def decode_control(data: str | bytes) -> ControlMessage:
     """Validates one data-channel message; raises ``ControlError`` naming the problem."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
     if len(raw) > MAX_MESSAGE_BYTES:
-        raise ControlError("message_too_large", f"message is {len(raw)} bytes; the limit is {MAX_MESSAGE_BYTES}")
+        raise ControlError(
+            "message_too_large", f"message is {len(raw)} bytes; the limit is {MAX_MESSAGE_BYTES}"
+        )
     try:
         return _decoder.decode(raw)
     except msgspec.ValidationError as exc:
@@ -103,7 +107,9 @@ def decode_control(data: str | bytes) -> ControlMessage:
 class TokenBucket:
     """``rate_per_s`` tokens per second up to ``burst``; ``take()`` is False when empty."""
 
-    def __init__(self, rate_per_s: float, burst: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, rate_per_s: float, burst: int, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if rate_per_s <= 0 or burst < 1:
             raise ValueError(f"rate_per_s={rate_per_s} must be > 0 and burst={burst} >= 1")
         self.rate_per_s = rate_per_s

@@ -39,7 +39,9 @@ class MetricsSnapshot:
     executing: bool = False
     plans_executed: int = 0
     deadline_misses: int = 0
-    step_latency_s: Mapping[str, Sequence[float]] = field(default_factory=dict)  # kind -> recent samples
+    step_latency_s: Mapping[str, Sequence[float]] = field(
+        default_factory=dict
+    )  # kind -> recent samples
     steps_by_kind: Mapping[str, int] = field(default_factory=dict)
     kv_slabs_free: int | None = None
     kv_slabs_capacity: int | None = None
@@ -58,7 +60,9 @@ class _SnapshotCollector:
 
     def collect(self) -> Iterator[Metric]:
         s = self._snapshot_fn()
-        sessions = GaugeMetricFamily("dreamrt_sessions", "Sessions by lifecycle state", labels=["state"])
+        sessions = GaugeMetricFamily(
+            "dreamrt_sessions", "Sessions by lifecycle state", labels=["state"]
+        )
         for state, count in sorted(s.sessions_by_state.items()):
             sessions.add_metric([state], count)
         yield sessions
@@ -66,25 +70,49 @@ class _SnapshotCollector:
         for state, count in sorted(s.jobs_by_state.items()):
             jobs.add_metric([state], count)
         yield jobs
-        yield CounterMetricFamily("dreamrt_frames_sent", "Video frames put on the wire (fresh and repeated)",
-                                  value=s.frames_sent)
-        yield CounterMetricFamily("dreamrt_stalls", "Frames repeated because generation was late", value=s.stalls)
-        yield CounterMetricFamily("dreamrt_media_dropped_frames", "Frames dropped by full media queues",
-                                  value=s.media_dropped)
-        rejections = CounterMetricFamily("dreamrt_admission_rejections", "Sessions refused by admission",
-                                         labels=["reason"])
+        yield CounterMetricFamily(
+            "dreamrt_frames_sent",
+            "Video frames put on the wire (fresh and repeated)",
+            value=s.frames_sent,
+        )
+        yield CounterMetricFamily(
+            "dreamrt_stalls", "Frames repeated because generation was late", value=s.stalls
+        )
+        yield CounterMetricFamily(
+            "dreamrt_media_dropped_frames",
+            "Frames dropped by full media queues",
+            value=s.media_dropped,
+        )
+        rejections = CounterMetricFamily(
+            "dreamrt_admission_rejections", "Sessions refused by admission", labels=["reason"]
+        )
         for reason, count in sorted(s.admission_rejections.items()):
             rejections.add_metric([reason], count)
         yield rejections
-        yield GaugeMetricFamily("dreamrt_scheduler_queue_depth", "Plans waiting in the scheduler", value=s.queue_depth)
-        yield GaugeMetricFamily("dreamrt_engine_running_loops", "Loops the engine is driving", value=s.running_loops)
-        yield GaugeMetricFamily("dreamrt_engine_executing", "1 while a batch runs on the executor",
-                                value=int(s.executing))
-        yield CounterMetricFamily("dreamrt_engine_plans_executed", "Plans executed", value=s.plans_executed)
-        yield CounterMetricFamily("dreamrt_engine_deadline_misses", "Realtime plans that finished late",
-                                  value=s.deadline_misses)
-        latency = GaugeMetricFamily("dreamrt_step_latency_seconds", "Step latency of recent plans",
-                                    labels=["kind", "quantile"])
+        yield GaugeMetricFamily(
+            "dreamrt_scheduler_queue_depth", "Plans waiting in the scheduler", value=s.queue_depth
+        )
+        yield GaugeMetricFamily(
+            "dreamrt_engine_running_loops", "Loops the engine is driving", value=s.running_loops
+        )
+        yield GaugeMetricFamily(
+            "dreamrt_engine_executing",
+            "1 while a batch runs on the executor",
+            value=int(s.executing),
+        )
+        yield CounterMetricFamily(
+            "dreamrt_engine_plans_executed", "Plans executed", value=s.plans_executed
+        )
+        yield CounterMetricFamily(
+            "dreamrt_engine_deadline_misses",
+            "Realtime plans that finished late",
+            value=s.deadline_misses,
+        )
+        latency = GaugeMetricFamily(
+            "dreamrt_step_latency_seconds",
+            "Step latency of recent plans",
+            labels=["kind", "quantile"],
+        )
         for kind, samples in sorted(s.step_latency_s.items()):
             if samples:
                 latency.add_metric([kind, "0.5"], _quantile(samples, 0.5))
@@ -95,9 +123,15 @@ class _SnapshotCollector:
             steps.add_metric([kind], count)
         yield steps
         if s.kv_slabs_capacity is not None:
-            yield GaugeMetricFamily("dreamrt_kv_slabs_capacity", "Chunk-KV slabs in the pool", value=s.kv_slabs_capacity)
-            yield GaugeMetricFamily("dreamrt_kv_slabs_free", "Free chunk-KV slabs", value=s.kv_slabs_free or 0)
-        yield GaugeMetricFamily("dreamrt_server_tasks", "Background tasks owned by the server", value=s.server_tasks)
+            yield GaugeMetricFamily(
+                "dreamrt_kv_slabs_capacity", "Chunk-KV slabs in the pool", value=s.kv_slabs_capacity
+            )
+            yield GaugeMetricFamily(
+                "dreamrt_kv_slabs_free", "Free chunk-KV slabs", value=s.kv_slabs_free or 0
+            )
+        yield GaugeMetricFamily(
+            "dreamrt_server_tasks", "Background tasks owned by the server", value=s.server_tasks
+        )
 
 
 class ServerMetrics:

@@ -10,12 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse
 
 from models.card import ProfileError
-from server.auth import Grant
-from server.routes_system import ApiError, authorize, ctx_of, field_error, require_general
+from server.routes_system import ApiError, AuthGrant, ctx_of, field_error, require_general
 from server.schemas import JobBody, JobCreated
 from sessions.host import UnsupportedTaskError
 
@@ -25,12 +24,20 @@ router = APIRouter(prefix="/v1/jobs")
 
 
 @router.post("", status_code=202)
-async def submit(body: JobBody, request: Request, grant: Grant = Depends(authorize)) -> JobCreated:
+async def submit(body: JobBody, request: Request, grant: AuthGrant) -> JobCreated:
     require_general(grant)
     host = ctx_of(request).host
     try:
-        job = host.submit_job(task=body.task, prompt=body.prompt, model=body.model, num_frames=body.num_frames,
-                              width=body.width, height=body.height, steps=body.steps, seed=body.seed)
+        job = host.submit_job(
+            task=body.task,
+            prompt=body.prompt,
+            model=body.model,
+            num_frames=body.num_frames,
+            width=body.width,
+            height=body.height,
+            steps=body.steps,
+            seed=body.seed,
+        )
     except KeyError as exc:
         raise field_error("model", str(exc.args[0])) from None
     except ProfileError as exc:
@@ -51,27 +58,38 @@ async def _job_view(request: Request, job_id: str) -> dict[str, Any]:
     row = await ctx.store.run(ctx.store.get_job, job_id)
     if row is None:
         raise ApiError(404, "not_found", f"no job {job_id!r}")
-    view = {"id": row["id"], "state": row["state"], "progress": row["progress"], "task": row["task"],
-            "model": row["model_id"], "created_at": row["created_at"],
-            "_artifact_path": row["artifact_path"], "_media_type": row["media_type"]}
+    view = {
+        "id": row["id"],
+        "state": row["state"],
+        "progress": row["progress"],
+        "task": row["task"],
+        "model": row["model_id"],
+        "created_at": row["created_at"],
+        "_artifact_path": row["artifact_path"],
+        "_media_type": row["media_type"],
+    }
     if row["error"]:
         view["error"] = row["error"]
     return view
 
 
 @router.get("/{job_id}")
-async def get_job(job_id: str, request: Request, grant: Grant = Depends(authorize)) -> dict[str, Any]:
+async def get_job(job_id: str, request: Request, grant: AuthGrant) -> dict[str, Any]:
     require_general(grant)
     view = await _job_view(request, job_id)
     return {k: v for k, v in view.items() if not k.startswith("_")}
 
 
 @router.get("/{job_id}/artifact")
-async def artifact(job_id: str, request: Request, grant: Grant = Depends(authorize)) -> FileResponse:
+async def artifact(job_id: str, request: Request, grant: AuthGrant) -> FileResponse:
     require_general(grant)
     view = await _job_view(request, job_id)
     if view["state"] != "succeeded" or not view["_artifact_path"]:
-        raise ApiError(409, "not_ready", f"job {job_id!r} is {view['state']}; its artifact exists once it succeeded")
+        raise ApiError(
+            409,
+            "not_ready",
+            f"job {job_id!r} is {view['state']}; its artifact exists once it succeeded",
+        )
     path = Path(view["_artifact_path"])
     if not path.exists():
         raise ApiError(410, "gone", f"the artifact of job {job_id!r} is no longer on disk")
@@ -79,9 +97,12 @@ async def artifact(job_id: str, request: Request, grant: Grant = Depends(authori
 
 
 @router.delete("/{job_id}", status_code=204)
-async def cancel(job_id: str, request: Request, grant: Grant = Depends(authorize)) -> Response:
+async def cancel(job_id: str, request: Request, grant: AuthGrant) -> Response:
     require_general(grant)
     ctx = ctx_of(request)
-    if not await ctx.host.cancel_job(job_id) and await ctx.store.run(ctx.store.get_job, job_id) is None:
+    if (
+        not await ctx.host.cancel_job(job_id)
+        and await ctx.store.run(ctx.store.get_job, job_id) is None
+    ):
         raise ApiError(404, "not_found", f"no job {job_id!r}")
     return Response(status_code=204)

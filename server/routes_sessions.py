@@ -15,13 +15,13 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
 from models.card import ProfileError
 from runtime.admission import Reject
 from server.auth import Grant
-from server.routes_system import ApiError, authorize, ctx_of, field_error, require_general
+from server.routes_system import ApiError, AuthGrant, ctx_of, field_error, require_general
 from server.schemas import (
     ActionsBody,
     ChooseBody,
@@ -68,15 +68,22 @@ def _conflict(exc: Exception) -> ApiError:
 
 
 @router.post("", status_code=201)
-async def create_session(body: SessionBody, request: Request, grant: Grant = Depends(authorize)) -> SessionCreated:
+async def create_session(body: SessionBody, request: Request, grant: AuthGrant) -> SessionCreated:
     require_general(grant)
     ctx = ctx_of(request)
     if body.livekit is not None:
-        raise ApiError(501, "livekit_unavailable", "this build has no LiveKit participant; connect over WebRTC")
+        raise ApiError(
+            501, "livekit_unavailable", "this build has no LiveKit participant; connect over WebRTC"
+        )
     try:
         answer = ctx.host.create_session(
-            prompt=body.prompt, model=body.model, fps=body.fps, width=body.width, height=body.height,
-            seed=body.seed, priority_class=body.priority_class,
+            prompt=body.prompt,
+            model=body.model,
+            fps=body.fps,
+            width=body.width,
+            height=body.height,
+            seed=body.seed,
+            priority_class=body.priority_class,
         )
     except KeyError as exc:
         raise field_error("model", str(exc.args[0])) from None
@@ -86,18 +93,28 @@ async def create_session(body: SessionBody, request: Request, grant: Grant = Dep
         raise field_error(exc.field, str(exc)) from None
     if isinstance(answer, Reject):
         retry = max(1, math.ceil(answer.retry_after_s))
-        raise ApiError(503, "capacity", f"no capacity for another session: {answer.reason} ({answer.detail})",
-                       headers={"Retry-After": str(retry)}, reason=answer.reason, retry_after_s=retry,
-                       permanent=answer.permanent)
+        raise ApiError(
+            503,
+            "capacity",
+            f"no capacity for another session: {answer.reason} ({answer.detail})",
+            headers={"Retry-After": str(retry)},
+            reason=answer.reason,
+            retry_after_s=retry,
+            permanent=answer.permanent,
+        )
     session = answer
     token = ctx.auth.issue_session_token(session.id)
     config = session.config
-    return SessionCreated(id=session.id, token=token, state=session.state.value,
-                          profile={"fps": config.fps, "width": config.width, "height": config.height})
+    return SessionCreated(
+        id=session.id,
+        token=token,
+        state=session.state.value,
+        profile={"fps": config.fps, "width": config.width, "height": config.height},
+    )
 
 
 @router.get("/{session_id}")
-async def get_session(session_id: str, request: Request, grant: Grant = Depends(authorize)) -> dict[str, Any]:
+async def get_session(session_id: str, request: Request, grant: AuthGrant) -> dict[str, Any]:
     if not grant.allows_session(session_id):
         raise ApiError(403, "forbidden", f"this token does not grant session {session_id!r}")
     ctx = ctx_of(request)
@@ -107,12 +124,24 @@ async def get_session(session_id: str, request: Request, grant: Grant = Depends(
     row = await ctx.store.run(ctx.store.get_session, session_id)
     if row is None:
         raise ApiError(404, "not_found", f"no session {session_id!r}")
-    return {key: row[key] for key in ("id", "state", "prompt", "segment", "frames_sent", "stalls",
-                                      "fps_measured", "created_at", "error")} | {"model": row["model_id"]}
+    return {
+        key: row[key]
+        for key in (
+            "id",
+            "state",
+            "prompt",
+            "segment",
+            "frames_sent",
+            "stalls",
+            "fps_measured",
+            "created_at",
+            "error",
+        )
+    } | {"model": row["model_id"]}
 
 
 @router.post("/{session_id}/offer")
-async def offer(session_id: str, body: OfferBody, request: Request, grant: Grant = Depends(authorize)) -> SdpAnswer:
+async def offer(session_id: str, body: OfferBody, request: Request, grant: AuthGrant) -> SdpAnswer:
     session = _live(request, session_id, grant)
     ctx = ctx_of(request)
     previous = ctx.peers.get(session_id)
@@ -134,7 +163,9 @@ async def offer(session_id: str, body: OfferBody, request: Request, grant: Grant
 
 
 @router.post("/{session_id}/prompt", status_code=202)
-async def prompt(session_id: str, body: PromptBody, request: Request, grant: Grant = Depends(authorize)) -> PromptAccepted:
+async def prompt(
+    session_id: str, body: PromptBody, request: Request, grant: AuthGrant
+) -> PromptAccepted:
     session = _live(request, session_id, grant)
     try:
         seq, applies_at = session.push_prompt(body.text, body.mode)
@@ -146,7 +177,9 @@ async def prompt(session_id: str, body: PromptBody, request: Request, grant: Gra
 
 
 @router.post("/{session_id}/actions", status_code=202)
-async def actions(session_id: str, body: ActionsBody, request: Request, grant: Grant = Depends(authorize)) -> dict[str, int]:
+async def actions(
+    session_id: str, body: ActionsBody, request: Request, grant: AuthGrant
+) -> dict[str, int]:
     session = _live(request, session_id, grant)
     try:
         seq = session.push_action(body.keys, body.mouse)
@@ -160,21 +193,28 @@ async def actions(session_id: str, body: ActionsBody, request: Request, grant: G
 
 
 @router.post("/{session_id}/audio", status_code=202)
-async def audio(session_id: str, request: Request, grant: Grant = Depends(authorize)) -> dict[str, Any]:
+async def audio(session_id: str, request: Request, grant: AuthGrant) -> dict[str, Any]:
     session = _live(request, session_id, grant)
     if "input.audio" not in session.config.capabilities:
-        raise ApiError(422, "unsupported_input",
-                       f"model {session.config.model_id!r} does not accept audio (no 'input.audio' capability)")
+        raise ApiError(
+            422,
+            "unsupported_input",
+            f"model {session.config.model_id!r} does not accept audio (no 'input.audio' capability)",
+        )
     declared = int(request.headers.get("content-length") or 0)
     if declared > MAX_AUDIO_BYTES:
-        raise ApiError(413, "too_large", f"audio body is {declared} bytes; the limit is {MAX_AUDIO_BYTES}")
+        raise ApiError(
+            413, "too_large", f"audio body is {declared} bytes; the limit is {MAX_AUDIO_BYTES}"
+        )
     body = bytearray()
     async for part in request.stream():
         body += part
         if len(body) > MAX_AUDIO_BYTES:
             raise ApiError(413, "too_large", f"audio body exceeds {MAX_AUDIO_BYTES} bytes")
     try:
-        clip = await asyncio.to_thread(decode_audio, bytes(body), content_type=request.headers.get("content-type", ""))
+        clip = await asyncio.to_thread(
+            decode_audio, bytes(body), content_type=request.headers.get("content-type", "")
+        )
     except AudioFormatError as exc:
         raise ApiError(400, "bad_audio", str(exc)) from None
     try:
@@ -185,34 +225,46 @@ async def audio(session_id: str, request: Request, grant: Grant = Depends(author
 
 
 @router.post("/{session_id}/feedback", status_code=201)
-async def feedback(session_id: str, body: FeedbackBody, request: Request, grant: Grant = Depends(authorize)) -> dict[str, int]:
+async def feedback(
+    session_id: str, body: FeedbackBody, request: Request, grant: AuthGrant
+) -> dict[str, int]:
     session = _live(request, session_id, grant)
     store = ctx_of(request).store
     chunk = body.chunk if body.chunk is not None else max(session.last_chunk, 0)
-    feedback_id = await store.run(store.add_feedback, session_id=session_id, rating=body.rating, chunk=chunk,
-                                  note=body.note)
+    feedback_id = await store.run(
+        store.add_feedback, session_id=session_id, rating=body.rating, chunk=chunk, note=body.note
+    )
     session.publish(FeedbackRecorded(feedback_id=feedback_id, rating=body.rating, chunk=chunk))
     return {"id": feedback_id}
 
 
 @router.post("/{session_id}/fork", status_code=201)
-async def fork(session_id: str, body: ForkBody, request: Request, grant: Grant = Depends(authorize)) -> dict[str, list[str]]:
+async def fork(
+    session_id: str, body: ForkBody, request: Request, grant: AuthGrant
+) -> dict[str, list[str]]:
     """Records the fork (candidate ids, n, prompt). Generating the candidates from the session's
     KV state is the RL issue's work; until then they are recorded, not streamed."""
     session = _live(request, session_id, grant)
     store = ctx_of(request).store
     candidates = [f"{session.id}.f{session.last_chunk + 1}.{i}" for i in range(body.n)]
-    await store.run(store.add_fork, session_id=session.id, n=body.n, prompt=body.prompt, candidates=candidates)
+    await store.run(
+        store.add_fork, session_id=session.id, n=body.n, prompt=body.prompt, candidates=candidates
+    )
     return {"candidates": candidates}
 
 
 @router.post("/{session_id}/choose", status_code=201)
-async def choose(session_id: str, body: ChooseBody, request: Request, grant: Grant = Depends(authorize)) -> dict[str, Any]:
+async def choose(
+    session_id: str, body: ChooseBody, request: Request, grant: AuthGrant
+) -> dict[str, Any]:
     session = _live(request, session_id, grant)
     store = ctx_of(request).store
     fork_row = await store.run(store.find_fork, session.id, body.candidate)
     if fork_row is None:
-        raise field_error("candidate", f"{body.candidate!r} is not a candidate of a fork of session {session.id!r}")
+        raise field_error(
+            "candidate",
+            f"{body.candidate!r} is not a candidate of a fork of session {session.id!r}",
+        )
     rejected = [c for c in fork_row["candidates"] if c != body.candidate]
     context_ref = f"{session.id}@chunk{session.last_chunk}"
     await store.run(store.choose_fork, fork_row["id"], body.candidate, context_ref, rejected)
@@ -220,7 +272,7 @@ async def choose(session_id: str, body: ChooseBody, request: Request, grant: Gra
 
 
 @router.post("/{session_id}/pause", status_code=202)
-async def pause(session_id: str, request: Request, grant: Grant = Depends(authorize)) -> dict[str, str]:
+async def pause(session_id: str, request: Request, grant: AuthGrant) -> dict[str, str]:
     session = _live(request, session_id, grant)
     try:
         session.pause()
@@ -230,7 +282,7 @@ async def pause(session_id: str, request: Request, grant: Grant = Depends(author
 
 
 @router.post("/{session_id}/resume", status_code=202)
-async def resume(session_id: str, request: Request, grant: Grant = Depends(authorize)) -> dict[str, str]:
+async def resume(session_id: str, request: Request, grant: AuthGrant) -> dict[str, str]:
     session = _live(request, session_id, grant)
     try:
         session.resume()
@@ -240,7 +292,7 @@ async def resume(session_id: str, request: Request, grant: Grant = Depends(autho
 
 
 @router.delete("/{session_id}", status_code=204)
-async def delete(session_id: str, request: Request, grant: Grant = Depends(authorize)) -> Response:
+async def delete(session_id: str, request: Request, grant: AuthGrant) -> Response:
     if not grant.allows_session(session_id):
         raise ApiError(403, "forbidden", f"this token does not grant session {session_id!r}")
     ctx = ctx_of(request)
@@ -254,7 +306,7 @@ async def delete(session_id: str, request: Request, grant: Grant = Depends(autho
 
 
 @router.get("/{session_id}/events")
-async def events(session_id: str, request: Request, grant: Grant = Depends(authorize)) -> StreamingResponse:
+async def events(session_id: str, request: Request, grant: AuthGrant) -> StreamingResponse:
     """Server-Sent Events: ``id`` = event id, ``event`` = type, ``data`` = the event's JSON.
 
     Replays what the stream retains after ``Last-Event-ID`` (or ``?after=``; default: from the
@@ -266,7 +318,9 @@ async def events(session_id: str, request: Request, grant: Grant = Depends(autho
     ctx = ctx_of(request)
     after = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
     if not after.isdigit():
-        raise ApiError(400, "bad_request", f"Last-Event-ID/after must be an event id, got {after!r}")
+        raise ApiError(
+            400, "bad_request", f"Last-Event-ID/after must be an event id, got {after!r}"
+        )
     session = ctx.host.session(session_id)
     if session is None:
         rows = await ctx.store.run(ctx.store.events, session_id)

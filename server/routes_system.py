@@ -7,7 +7,7 @@ Also the shared edge helpers: ``ApiError`` (an error answer with a machine-reada
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.staticfiles import StaticFiles
@@ -16,7 +16,7 @@ from server.auth import AuthError, Grant, is_loopback
 from server.metrics import CONTENT_TYPE
 from server.schemas import TokenBody, TokenIssued
 
-__all__ = ["ApiError", "authorize", "ctx_of", "field_error", "mount_web", "router"]
+__all__ = ["ApiError", "AuthGrant", "authorize", "ctx_of", "field_error", "mount_web", "router"]
 
 router = APIRouter()
 
@@ -24,8 +24,16 @@ router = APIRouter()
 class ApiError(Exception):
     """An error answer: ``status``, a ``code`` and a human message (plus optional headers)."""
 
-    def __init__(self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None,
-                 detail: Any = None, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        detail: Any = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
@@ -35,13 +43,18 @@ class ApiError(Exception):
         self.extra = extra
 
     def body(self) -> dict[str, Any]:
-        return {"detail": self._detail if self._detail is not None else self.message, "code": self.code,
-                **self.extra}
+        return {
+            "detail": self._detail if self._detail is not None else self.message,
+            "code": self.code,
+            **self.extra,
+        }
 
 
 def field_error(field: str, message: str, *, code: str = "invalid_field") -> ApiError:
     """A 422 whose ``detail`` names ``field`` exactly like FastAPI's validation errors do."""
-    return ApiError(422, code, message, detail=[{"loc": ["body", field], "msg": message, "type": code}])
+    return ApiError(
+        422, code, message, detail=[{"loc": ["body", field], "msg": message, "type": code}]
+    )
 
 
 def ctx_of(request: Request) -> Any:
@@ -56,7 +69,12 @@ def authorize(request: Request) -> Grant:
     try:
         return ctx_of(request).auth.authenticate(request.headers.get("authorization"))
     except AuthError as exc:
-        raise ApiError(exc.status, "unauthorized", exc.message, headers={"WWW-Authenticate": "Bearer"}) from None
+        raise ApiError(
+            exc.status, "unauthorized", exc.message, headers={"WWW-Authenticate": "Bearer"}
+        ) from None
+
+
+AuthGrant = Annotated[Grant, Depends(authorize)]
 
 
 def require_general(grant: Grant) -> None:
@@ -83,7 +101,7 @@ def metrics(request: Request) -> Response:
 
 
 @router.get("/v1/models")
-def list_models(request: Request, grant: Grant = Depends(authorize)) -> list[dict[str, Any]]:
+def list_models(request: Request, grant: AuthGrant) -> list[dict[str, Any]]:
     require_general(grant)
     from models import registry
 
@@ -100,7 +118,7 @@ def list_models(request: Request, grant: Grant = Depends(authorize)) -> list[dic
 
 
 @router.post("/v1/tokens", status_code=201)
-def issue_token(body: TokenBody, request: Request, grant: Grant = Depends(authorize)) -> TokenIssued:
+def issue_token(body: TokenBody, request: Request, grant: AuthGrant) -> TokenIssued:
     if not grant.is_admin:
         raise ApiError(403, "forbidden", "issuing tokens needs the admin key or an admin token")
     token, expires_at = ctx_of(request).auth.issue(body.scope, body.ttl_s)

@@ -89,7 +89,13 @@ class PromptAccepted(BaseModel):
 
 class ActionsBody(_Body):
     keys: Annotated[list[Annotated[str, Field(min_length=1, max_length=32)]], Field(max_length=16)]
-    mouse: tuple[Annotated[float, Field(ge=-10_000, le=10_000)], Annotated[float, Field(ge=-10_000, le=10_000)]] | None = None
+    mouse: (
+        tuple[
+            Annotated[float, Field(ge=-10_000, le=10_000)],
+            Annotated[float, Field(ge=-10_000, le=10_000)],
+        ]
+        | None
+    ) = None
 
 
 class FeedbackBody(_Body):

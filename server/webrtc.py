@@ -98,8 +98,11 @@ def configure_video_bitrate(bitrate_bps: int) -> Callable[[], None]:
 
     if bitrate_bps <= 0:
         raise ValueError(f"bitrate_bps must be > 0, got {bitrate_bps}")
-    saved = [(module, name, getattr(module, name)) for module in (vpx, h264)
-             for name in ("DEFAULT_BITRATE", "MIN_BITRATE", "MAX_BITRATE")]
+    saved = [
+        (module, name, getattr(module, name))
+        for module in (vpx, h264)
+        for name in ("DEFAULT_BITRATE", "MIN_BITRATE", "MAX_BITRATE")
+    ]
     for module in (vpx, h264):
         module.DEFAULT_BITRATE = bitrate_bps
         module.MAX_BITRATE = bitrate_bps
@@ -186,11 +189,13 @@ class ViewerPeer:
         video = self.pc.addTransceiver(self.track, direction="sendonly")
         video.setCodecPreferences(video_codec_preferences())
         if "m=audio" in sdp:
-            self.pc.addTransceiver("audio", direction="recvonly" if self._audio_wanted else "inactive")
+            self.pc.addTransceiver(
+                "audio", direction="recvonly" if self._audio_wanted else "inactive"
+            )
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
             await self.pc.setLocalDescription(await self.pc.createAnswer())
-        except Exception as exc:  # aiortc raises assorted types on malformed SDP
+        except Exception as exc:  # noqa: BLE001 - aiortc raises assorted types on malformed SDP
             raise OfferError(f"cannot answer the offer: {type(exc).__name__}: {exc}") from None
         if video.currentDirection not in ("sendonly", "sendrecv"):
             raise OfferError(
@@ -225,7 +230,9 @@ class ViewerPeer:
     def _on_message(self, message: str | bytes) -> None:
         session = self.session
         if not self._bucket.take():
-            session.report_error("rate_limited", f"more than {self._bucket.rate_per_s:g} control messages per second")
+            session.report_error(
+                "rate_limited", f"more than {self._bucket.rate_per_s:g} control messages per second"
+            )
             return
         try:
             msg = decode_control(message)
@@ -256,9 +263,16 @@ class ViewerPeer:
         if self._store is None:
             return
         chunk = msg.chunk if msg.chunk is not None else max(self.session.last_chunk, 0)
-        feedback_id = await self._store.run(self._store.add_feedback, session_id=self.session.id,
-                                            rating=msg.rating, chunk=chunk, note=msg.note)
-        self.session.publish(FeedbackRecorded(feedback_id=feedback_id, rating=msg.rating, chunk=chunk))
+        feedback_id = await self._store.run(
+            self._store.add_feedback,
+            session_id=self.session.id,
+            rating=msg.rating,
+            chunk=chunk,
+            note=msg.note,
+        )
+        self.session.publish(
+            FeedbackRecorded(feedback_id=feedback_id, rating=msg.rating, chunk=chunk)
+        )
 
     # ---------------------------------------------------------------- audio from the viewer
 
@@ -276,8 +290,11 @@ class ViewerPeer:
                     pending.append(samples)
                     pending_n += samples.shape[0]
                 if pending_n >= push_n and self.session.accepts_inputs:
-                    clip = AudioClip(np.clip(np.concatenate(pending), -1.0, 1.0), frame.sample_rate,
-                                     len(frame.layout.channels))
+                    clip = AudioClip(
+                        np.clip(np.concatenate(pending), -1.0, 1.0),
+                        frame.sample_rate,
+                        len(frame.layout.channels),
+                    )
                     pending, pending_n = [], 0
                     self.session.push_audio(clip)
         except MediaStreamError:
@@ -293,7 +310,9 @@ class ViewerPeer:
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("session %s: %s failed", self.session.id, task.get_name(), exc_info=task.exception())
+            log.error(
+                "session %s: %s failed", self.session.id, task.get_name(), exc_info=task.exception()
+            )
 
     @property
     def closed(self) -> bool:
@@ -310,8 +329,12 @@ class ViewerPeer:
             await asyncio.wait(forwarders, timeout=timeout_s)
         channel = self._channel
         deadline = asyncio.get_running_loop().time() + timeout_s
-        while (channel is not None and channel.readyState == "open" and channel.bufferedAmount > 0
-               and asyncio.get_running_loop().time() < deadline):
+        while (
+            channel is not None
+            and channel.readyState == "open"
+            and channel.bufferedAmount > 0
+            and asyncio.get_running_loop().time() < deadline
+        ):
             await asyncio.sleep(0.01)
 
     async def close(self) -> None:
@@ -335,4 +358,3 @@ class ViewerPeer:
             self.session.viewer_left()
         if self._on_closed is not None:
             self._on_closed(self)
-

@@ -17,7 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Artifact", "ArtifactError", "preferred_video_codec", "write_mp4", "write_png", "write_task_artifact"]
+__all__ = [
+    "Artifact",
+    "ArtifactError",
+    "preferred_video_codec",
+    "write_mp4",
+    "write_png",
+    "write_task_artifact",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +54,17 @@ def _check_frames(frames: np.ndarray) -> np.ndarray:
     if frames.ndim == 3:
         frames = frames[None]
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
-        raise ArtifactError(f"frames must be uint8 [F, H, W, 3], got {frames.dtype} {tuple(frames.shape)}")
+        raise ArtifactError(
+            f"frames must be uint8 [F, H, W, 3], got {frames.dtype} {tuple(frames.shape)}"
+        )
     if frames.shape[0] == 0:
         raise ArtifactError("no frames to write")
     return np.ascontiguousarray(frames)
 
 
-def write_mp4(frames: np.ndarray, path: str | Path, *, fps: int, codec: str | None = None) -> Artifact:
+def write_mp4(
+    frames: np.ndarray, path: str | Path, *, fps: int, codec: str | None = None
+) -> Artifact:
     """Encodes ``frames`` (uint8 [F, H, W, 3]) at ``fps`` into an MP4 file."""
     import av
 
@@ -96,7 +107,9 @@ def write_png(frames: np.ndarray, path: str | Path) -> Artifact:
     return Artifact(path, "image/png", path.stat().st_size, 1, "png")
 
 
-def write_task_artifact(task: str, frames: np.ndarray, directory: str | Path, stem: str, *, fps: int) -> Artifact:
+def write_task_artifact(
+    task: str, frames: np.ndarray, directory: str | Path, stem: str, *, fps: int
+) -> Artifact:
     """The sink for a job's task: ``t2v`` -> ``<stem>.mp4``, ``t2i`` -> ``<stem>.png``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

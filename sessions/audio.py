@@ -64,7 +64,9 @@ def decode_audio(body: bytes, *, content_type: str = "") -> AudioClip:
         samples = samples[:, None]
         rate, channels = TARGET_RATE_HZ, 1
     if samples.shape[0] / rate > MAX_SECONDS:
-        raise AudioFormatError(f"audio is {samples.shape[0] / rate:.1f} s long; at most {MAX_SECONDS} s per upload")
+        raise AudioFormatError(
+            f"audio is {samples.shape[0] / rate:.1f} s long; at most {MAX_SECONDS} s per upload"
+        )
     mono = samples.mean(axis=1).astype(np.float32)
     out = resample(mono, rate, TARGET_RATE_HZ)
     return AudioClip(np.clip(out, -1.0, 1.0).astype(np.float32), rate, channels)
@@ -112,11 +114,15 @@ def _decode_wav(body: bytes) -> tuple[np.ndarray, int, int]:
     elif tag == _FLOAT and bits in (32, 64):
         x = np.frombuffer(data, "<f4" if bits == 32 else "<f8").astype(np.float32)
     else:
-        raise AudioFormatError(f"WAV format tag {tag} with {bits} bits is unsupported (PCM int or float only)")
+        raise AudioFormatError(
+            f"WAV format tag {tag} with {bits} bits is unsupported (PCM int or float only)"
+        )
     return x.reshape(-1, channels), rate, channels
 
 
-def resample(x: np.ndarray, from_hz: int, to_hz: int, *, half_taps: int = 16, beta: float = 8.6) -> np.ndarray:
+def resample(
+    x: np.ndarray, from_hz: int, to_hz: int, *, half_taps: int = 16, beta: float = 8.6
+) -> np.ndarray:
     """Band-limited resampling with a Kaiser-windowed sinc kernel.
 
     # x: [n] float32 -> [ceil(n * to_hz / from_hz)] float32
@@ -129,7 +135,9 @@ def resample(x: np.ndarray, from_hz: int, to_hz: int, *, half_taps: int = 16, be
     out = np.empty(n_out, dtype=np.float32)
     span = math.ceil(half_taps / cutoff)
     offsets = np.arange(-span + 1, span + 1)  # [taps]
-    padded = np.concatenate([np.zeros(span, np.float32), x.astype(np.float32), np.zeros(span + 1, np.float32)])
+    padded = np.concatenate(
+        [np.zeros(span, np.float32), x.astype(np.float32), np.zeros(span + 1, np.float32)]
+    )
     block = 4096
     for start in range(0, n_out, block):
         t = np.arange(start, min(start + block, n_out)) / ratio  # [b] input-time of each output

@@ -112,7 +112,9 @@ class SessionHost:
         max_finished_jobs: int = 256,
     ) -> None:
         if default_model not in models:
-            raise HostError(f"default model {default_model!r} is not among the served {sorted(models)}")
+            raise HostError(
+                f"default model {default_model!r} is not among the served {sorted(models)}"
+            )
         self.engine = engine
         self.models = dict(models)
         self.default_model = default_model
@@ -126,7 +128,9 @@ class SessionHost:
         self._jobs: dict[str, Job] = {}
         self._closed = False
         self.rejections: Counter[str] = Counter()
-        self.finished_totals: Counter[str] = Counter()  # frames_sent / stalls / media_dropped of ended sessions
+        self.finished_totals: Counter[str] = (
+            Counter()
+        )  # frames_sent / stalls / media_dropped of ended sessions
         self.finished_states: Counter[str] = Counter()
 
     # ---------------------------------------------------------------- lookup
@@ -170,45 +174,77 @@ class SessionHost:
         served = self.model(model)
         card = served.card
         if "session.realtime" not in card.capabilities:
-            raise UnsupportedTaskError("model", f"model {card.model_id!r} cannot stream sessions (no 'session.realtime')")
+            raise UnsupportedTaskError(
+                "model", f"model {card.model_id!r} cannot stream sessions (no 'session.realtime')"
+            )
         profile = card.resolve_profile(fps=fps, width=width, height=height)
         session_id = _new_id("ses")
         slab = None
         if self.kv_pool is not None:
             slab = self.kv_pool.allocate(session_id)
             if slab is None:
-                return self._reject(Reject(reason="kv_slabs", retry_after_s=5.0, short=("kv_slabs",),
-                                           detail=f"all {self.kv_pool.capacity} chunk-KV slabs are in use"))
+                return self._reject(
+                    Reject(
+                        reason="kv_slabs",
+                        retry_after_s=5.0,
+                        short=("kv_slabs",),
+                        detail=f"all {self.kv_pool.capacity} chunk-KV slabs are in use",
+                    )
+                )
         reservation_id = None
         if self.engine.admission is not None:
-            answer = self.engine.admission.admit(self._admission_request(session_id, served, profile))
+            answer = self.engine.admission.admit(
+                self._admission_request(session_id, served, profile)
+            )
             if isinstance(answer, Reject):
                 if slab is not None and self.kv_pool is not None:
                     self.kv_pool.free(slab)
                 return self._reject(answer)
             reservation_id = answer.reservation_id if isinstance(answer, Admit) else None
         config = SessionConfig(
-            session_id=session_id, model_id=card.model_id, prompt=prompt,
-            seed=seed if seed is not None else secrets.randbelow(2**31), fps=profile.fps,
-            width=profile.width, height=profile.height, priority_class=priority_class,
-            capabilities=card.capabilities, record_template=self._record_template(served, profile),
+            session_id=session_id,
+            model_id=card.model_id,
+            prompt=prompt,
+            seed=seed if seed is not None else secrets.randbelow(2**31),
+            fps=profile.fps,
+            width=profile.width,
+            height=profile.height,
+            priority_class=priority_class,
+            capabilities=card.capabilities,
+            record_template=self._record_template(served, profile),
             action_validator=self._action_validator,
         )
         frames_per_chunk = max(1, round(served.chunk_seconds(profile) * profile.fps))
         capacity = max(3 * frames_per_chunk, round(self._media_seconds * profile.fps))
         session = Session(config, media_capacity_frames=capacity, store=self.store)
         self.store.defer(
-            self.store.add_session, session_id=session_id, model_id=card.model_id, prompt=prompt,
-            seed=config.seed, fps=profile.fps, width=profile.width, height=profile.height,
-            priority_class=priority_class, state=session.state.value,
+            self.store.add_session,
+            session_id=session_id,
+            model_id=card.model_id,
+            prompt=prompt,
+            seed=config.seed,
+            fps=profile.fps,
+            width=profile.width,
+            height=profile.height,
+            priority_class=priority_class,
+            state=session.state.value,
         )
-        request = SessionRequest(prompt=prompt, seed=config.seed, width=profile.width, height=profile.height,
-                                 fps=profile.fps)
+        request = SessionRequest(
+            prompt=prompt,
+            seed=config.seed,
+            width=profile.width,
+            height=profile.height,
+            fps=profile.fps,
+        )
         try:
             handle = self.engine.spawn(
-                served.loop(SESSION_LOOP), request, served, loop_id=session_id,
+                served.loop(SESSION_LOOP),
+                request,
+                served,
+                loop_id=session_id,
                 priority=Priority.REALTIME if priority_class == "realtime" else Priority.BATCH,
-                on_emit=session.on_emission, reservation_id=reservation_id,
+                on_emit=session.on_emission,
+                reservation_id=reservation_id,
             )
         except Exception:
             if reservation_id is not None:
@@ -219,11 +255,20 @@ class SessionHost:
         handle.pause()  # until a viewer pulls the track
         self._sessions[session_id] = _Live(session, slab)
         session.attach(handle, on_finished=self._session_finished)
-        log.info("session %s admitted: %s %dx%d@%dfps (%s)", session_id, card.model_id, profile.width,
-                 profile.height, profile.fps, priority_class)
+        log.info(
+            "session %s admitted: %s %dx%d@%dfps (%s)",
+            session_id,
+            card.model_id,
+            profile.width,
+            profile.height,
+            profile.fps,
+            priority_class,
+        )
         return session
 
-    def _admission_request(self, owner: str, served: ServedModel, profile: Profile) -> AdmissionRequest:
+    def _admission_request(
+        self, owner: str, served: ServedModel, profile: Profile
+    ) -> AdmissionRequest:
         chunk_s = served.chunk_seconds(profile)
         chunk_cost_s = self.engine.cost.prior(served.chunk_flops(profile), 0.0)
         return AdmissionRequest(
@@ -294,34 +339,66 @@ class SessionHost:
         capability = _TASK_CAPABILITY.get(task)
         if capability is None or capability not in card.capabilities:
             raise UnsupportedTaskError(
-                "task", f"model {card.model_id!r} cannot run task {task!r} (needs {capability!r}; "
-                f"it has {sorted(card.capabilities)})"
+                "task",
+                f"model {card.model_id!r} cannot run task {task!r} (needs {capability!r}; "
+                f"it has {sorted(card.capabilities)})",
             )
         profile = card.resolve_profile(width=width, height=height)
         spec = card.loop_for(capability)
-        assumed_steps = spec.schedule.steps if spec is not None and spec.schedule is not None else profile.steps
+        assumed_steps = (
+            spec.schedule.steps if spec is not None and spec.schedule is not None else profile.steps
+        )
         if steps is not None and steps != assumed_steps:
             raise UnsupportedTaskError(
-                "steps", f"model {card.model_id!r} samples with {assumed_steps} steps (recipe "
-                f"{card.recipe.method!r}); {steps} steps were requested"
+                "steps",
+                f"model {card.model_id!r} samples with {assumed_steps} steps (recipe "
+                f"{card.recipe.method!r}); {steps} steps were requested",
             )
         if task == "t2i" and num_frames not in (None, 1):
-            raise UnsupportedTaskError("num_frames", f"t2i makes one frame; num_frames={num_frames} was requested")
+            raise UnsupportedTaskError(
+                "num_frames", f"t2i makes one frame; num_frames={num_frames} was requested"
+            )
         job_id = job_id or _new_id("job")
         seed = seed if seed is not None else secrets.randbelow(2**31)
-        params = {"num_frames": num_frames, "width": profile.width, "height": profile.height,
-                  "steps": assumed_steps, "seed": seed}
-        config = JobConfig(job_id=job_id, task=task, model_id=card.model_id, prompt=prompt,
-                           fps=profile.fps, params=params)
+        params = {
+            "num_frames": num_frames,
+            "width": profile.width,
+            "height": profile.height,
+            "steps": assumed_steps,
+            "seed": seed,
+        }
+        config = JobConfig(
+            job_id=job_id,
+            task=task,
+            model_id=card.model_id,
+            prompt=prompt,
+            fps=profile.fps,
+            params=params,
+        )
         job = Job(config, artifact_dir=self.artifact_dir, store=self.store)
         self.store.defer(self._upsert_job, job_id, task, card.model_id, prompt, params)
-        request = JobRequest(task=task, prompt=prompt, num_frames=num_frames, width=profile.width,
-                             height=profile.height, steps=assumed_steps, seed=seed)
-        handle = self.engine.spawn(served.loop(JOB_LOOP), request, served, loop_id=job_id,
-                                   priority=Priority.BATCH, on_emit=job.on_emission)
+        request = JobRequest(
+            task=task,
+            prompt=prompt,
+            num_frames=num_frames,
+            width=profile.width,
+            height=profile.height,
+            steps=assumed_steps,
+            seed=seed,
+        )
+        handle = self.engine.spawn(
+            served.loop(JOB_LOOP),
+            request,
+            served,
+            loop_id=job_id,
+            priority=Priority.BATCH,
+            on_emit=job.on_emission,
+        )
         self._jobs[job_id] = job
         job.attach(handle, on_finished=self._job_finished)
-        log.info("job %s queued: %s %s %dx%d", job_id, task, card.model_id, profile.width, profile.height)
+        log.info(
+            "job %s queued: %s %s %dx%d", job_id, task, card.model_id, profile.width, profile.height
+        )
         return job
 
     def _job_finished(self, job: Job) -> None:
@@ -331,10 +408,18 @@ class SessionHost:
         for old in finished[: max(0, len(finished) - self._max_finished_jobs)]:
             del self._jobs[old.id]
 
-    def _upsert_job(self, job_id: str, task: str, model_id: str, prompt: str, params: dict[str, Any]) -> None:
+    def _upsert_job(
+        self, job_id: str, task: str, model_id: str, prompt: str, params: dict[str, Any]
+    ) -> None:
         if self.store.get_job(job_id) is None:
-            self.store.add_job(job_id=job_id, task=task, model_id=model_id, prompt=prompt, params=params,
-                               state=JobState.QUEUED.value)
+            self.store.add_job(
+                job_id=job_id,
+                task=task,
+                model_id=model_id,
+                prompt=prompt,
+                params=params,
+                state=JobState.QUEUED.value,
+            )
         else:
             self.store.update_job(job_id, state=JobState.QUEUED.value, progress=0.0, error=None)
 
@@ -344,15 +429,26 @@ class SessionHost:
         for row in rows:
             params = row["params"]
             try:
-                resumed.append(self.submit_job(
-                    task=row["task"], prompt=row["prompt"], model=row["model_id"],
-                    num_frames=params.get("num_frames"), width=params.get("width"),
-                    height=params.get("height"), seed=params.get("seed"), job_id=row["id"],
-                ))
+                resumed.append(
+                    self.submit_job(
+                        task=row["task"],
+                        prompt=row["prompt"],
+                        model=row["model_id"],
+                        num_frames=params.get("num_frames"),
+                        width=params.get("width"),
+                        height=params.get("height"),
+                        seed=params.get("seed"),
+                        job_id=row["id"],
+                    )
+                )
             except (KeyError, ValueError) as exc:
                 log.warning("job %s cannot be resumed: %s", row["id"], exc)
-                self.store.defer(self.store.update_job, row["id"], state=JobState.FAILED.value,
-                                 error=f"not resumable after restart: {exc}")
+                self.store.defer(
+                    self.store.update_job,
+                    row["id"],
+                    state=JobState.FAILED.value,
+                    error=f"not resumable after restart: {exc}",
+                )
         return resumed
 
     async def cancel_job(self, job_id: str) -> bool:
@@ -384,8 +480,10 @@ class SessionHost:
         return {
             "sessions_by_state": dict(states),
             "jobs_by_state": dict(Counter(j.state.value for j in self._jobs.values())),
-            "frames_sent": self.finished_totals["frames_sent"] + sum(s.frames_sent for s in sessions),
+            "frames_sent": self.finished_totals["frames_sent"]
+            + sum(s.frames_sent for s in sessions),
             "stalls": self.finished_totals["stalls"] + sum(s.stalls for s in sessions),
-            "media_dropped": self.finished_totals["media_dropped"] + sum(s.media.dropped_overflow for s in sessions),
+            "media_dropped": self.finished_totals["media_dropped"]
+            + sum(s.media.dropped_overflow for s in sessions),
             "rejections": dict(self.rejections),
         }

@@ -87,19 +87,30 @@ class Job:
         check_job_transition(f"job {self.id}", old, target)
         self._state = target
         self.error = error or self.error
-        log.info("job %s: %s -> %s%s", self.id, old.value, target.value, f" ({error})" if error else "")
+        log.info(
+            "job %s: %s -> %s%s", self.id, old.value, target.value, f" ({error})" if error else ""
+        )
         self.events.publish(JobStateChanged(state=target.value, previous=old.value, error=error))
         if self._store is not None:
-            self._store.defer(self._store.update_job, self.id, state=target.value, progress=self.progress,
-                              error=self.error)
+            self._store.defer(
+                self._store.update_job,
+                self.id,
+                state=target.value,
+                progress=self.progress,
+                error=self.error,
+            )
 
-    def attach(self, handle: LoopHandleLike, *, on_finished: Callable[[Job], None] | None = None) -> None:
+    def attach(
+        self, handle: LoopHandleLike, *, on_finished: Callable[[Job], None] | None = None
+    ) -> None:
         if self._handle is not None:
             raise RuntimeError(f"job {self.id} already has loop {self._handle.loop_id!r}")
         self._handle = handle
         if on_finished is not None:
             self._on_finished.append(on_finished)
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(handle), name=f"job-{self.id}")
+        self._watcher = asyncio.get_running_loop().create_task(
+            self._watch(handle), name=f"job-{self.id}"
+        )
 
     def on_emission(self, emission: Emission) -> None:
         """The engine's ``on_emit`` callback. Never raises."""
@@ -147,17 +158,28 @@ class Job:
         if self._state is JobState.QUEUED:
             self._transition(JobState.RUNNING)
         artifact = await asyncio.to_thread(
-            write_task_artifact, self.config.task, frames, self._artifact_dir, self.id, fps=self.config.fps
+            write_task_artifact,
+            self.config.task,
+            frames,
+            self._artifact_dir,
+            self.id,
+            fps=self.config.fps,
         )
         if self.terminal:  # cancelled while the file was being written
             artifact.path.unlink(missing_ok=True)
             return
         self.artifact = artifact
         self.progress = 1.0
-        self.events.publish(JobArtifact(media_type=artifact.media_type, size_bytes=artifact.size_bytes))
+        self.events.publish(
+            JobArtifact(media_type=artifact.media_type, size_bytes=artifact.size_bytes)
+        )
         if self._store is not None:
-            self._store.defer(self._store.update_job, self.id, artifact_path=str(artifact.path),
-                              media_type=artifact.media_type)
+            self._store.defer(
+                self._store.update_job,
+                self.id,
+                artifact_path=str(artifact.path),
+                media_type=artifact.media_type,
+            )
         self._transition(JobState.SUCCEEDED)
 
     async def cancel(self, reason: str = "deleted") -> None:
@@ -194,12 +216,21 @@ class Job:
         if self.error is not None:
             body["error"] = self.error
         if self.artifact is not None:
-            body["artifact"] = {"media_type": self.artifact.media_type, "size_bytes": self.artifact.size_bytes}
+            body["artifact"] = {
+                "media_type": self.artifact.media_type,
+                "size_bytes": self.artifact.size_bytes,
+            }
         return body
 
     def _persist(self, event: Any) -> None:
         if self._store is None:
             return
         event_type = type(event).__struct_config__.tag
-        self._store.defer(self._store.add_event, self.id, event.event_id, event_type, encode_event(event),
-                          event.time_s)
+        self._store.defer(
+            self._store.add_event,
+            self.id,
+            event.event_id,
+            event_type,
+            encode_event(event),
+            event.time_s,
+        )

@@ -65,7 +65,9 @@ class MediaQueue:
         Returns how many frames were accepted.
         """
         if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
-            raise ValueError(f"frames must be uint8 [n, H, W, 3], got {frames.dtype} {tuple(frames.shape)}")
+            raise ValueError(
+                f"frames must be uint8 [n, H, W, 3], got {frames.dtype} {tuple(frames.shape)}"
+            )
         if len(pts_90k) != frames.shape[0]:
             raise ValueError(f"{frames.shape[0]} frames but {len(pts_90k)} PTS values")
         if self._closed:

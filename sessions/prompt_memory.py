@@ -70,8 +70,14 @@ class PromptMemory:
 
     def __init__(self, initial_text: str, *, received_s: float) -> None:
         first = PromptEntry(
-            seq=0, text=initial_text, mode="initial", received_s=received_s,
-            applied_s=received_s, chunk=0, pts_90k=0, segment=0,
+            seq=0,
+            text=initial_text,
+            mode="initial",
+            received_s=received_s,
+            applied_s=received_s,
+            chunk=0,
+            pts_90k=0,
+            segment=0,
         )
         self._entries: dict[int, PromptEntry] = {0: first}
         self._active = first
@@ -99,19 +105,25 @@ class PromptMemory:
     def pending(self) -> list[PromptEntry]:
         return [e for e in self.history() if e.pending]
 
-    def receive(self, seq: int, text: str, mode: Literal["switch", "cut"], *, received_s: float) -> PromptEntry:
+    def receive(
+        self, seq: int, text: str, mode: Literal["switch", "cut"], *, received_s: float
+    ) -> PromptEntry:
         if seq in self._entries:
             raise ValueError(f"prompt seq {seq} already received")
         entry = PromptEntry(seq=seq, text=text, mode=mode, received_s=received_s)
         self._entries[seq] = entry
         return entry
 
-    def apply(self, seq: int, *, chunk: int, pts_90k: int, applied_s: float) -> tuple[PromptEntry, list[PromptEntry]]:
+    def apply(
+        self, seq: int, *, chunk: int, pts_90k: int, applied_s: float
+    ) -> tuple[PromptEntry, list[PromptEntry]]:
         """Marks ``seq`` applied at ``chunk``; returns it and the still-pending older prompts it
         superseded (latest wins). A cut starts a new segment."""
         entry = self._entries.get(seq)
         if entry is None:
-            raise UnknownPromptError(f"prompt seq {seq} was never received (known: {sorted(self._entries)})")
+            raise UnknownPromptError(
+                f"prompt seq {seq} was never received (known: {sorted(self._entries)})"
+            )
         if not entry.pending:
             raise ValueError(
                 f"prompt seq {seq} is not pending (applied at chunk {entry.chunk}, "

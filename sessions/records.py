@@ -32,21 +32,45 @@ def frames_digest(frames: np.ndarray) -> str:
 class ChunkRecorder:
     """Builds and writes the behaviour records of one session (see the module docstring)."""
 
-    def __init__(self, store: Store | None, *, session_id: str, model_id: str, seed: int,
-                 template: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        store: Store | None,
+        *,
+        session_id: str,
+        model_id: str,
+        seed: int,
+        template: Mapping[str, Any],
+    ) -> None:
         self._store = store
         self._base = {**template, "session_id": session_id, "model_id": model_id, "seed": seed}
         self._open: dict[str, Any] | None = None
         self.written = 0
 
-    def media(self, *, chunk: int, segment: int, pts_start: int, pts_end: int, num_frames: int, digest: str,
-              prompt: str, prompt_seq: int) -> None:
+    def media(
+        self,
+        *,
+        chunk: int,
+        segment: int,
+        pts_start: int,
+        pts_end: int,
+        num_frames: int,
+        digest: str,
+        prompt: str,
+        prompt_seq: int,
+    ) -> None:
         """A new chunk: writes the previous record and opens this one."""
         self.flush()
         self._open = {
-            **self._base, "segment": segment, "chunk": chunk, "prompt": prompt, "prompt_seq": prompt_seq,
-            "actions": {"action": None, "audio_seqs": []}, "pts_start": pts_start, "pts_end": pts_end,
-            "num_frames": num_frames, "digest": digest,
+            **self._base,
+            "segment": segment,
+            "chunk": chunk,
+            "prompt": prompt,
+            "prompt_seq": prompt_seq,
+            "actions": {"action": None, "audio_seqs": []},
+            "pts_start": pts_start,
+            "pts_end": pts_end,
+            "num_frames": num_frames,
+            "digest": digest,
             "replay_key": f"{self._base['session_id']}/{segment}/{chunk}/{self._base['seed']}",
         }
 

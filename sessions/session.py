@@ -73,8 +73,16 @@ log = logging.getLogger(__name__)
 
 # Events written to the store: what is needed to reconstruct the session's story.
 _PERSISTED = frozenset(
-    {"session.state", "input.received", "input.superseded", "prompt.applied", "action.applied",
-     "audio.applied", "error", "feedback.recorded"}
+    {
+        "session.state",
+        "input.received",
+        "input.superseded",
+        "prompt.applied",
+        "action.applied",
+        "audio.applied",
+        "error",
+        "feedback.recorded",
+    }
 )
 
 
@@ -107,7 +115,9 @@ class SessionConfig:
     height: int
     priority_class: Literal["realtime", "batch"]
     capabilities: frozenset[str]
-    record_template: Mapping[str, Any] = field(default_factory=dict)  # static behaviour-record fields
+    record_template: Mapping[str, Any] = field(
+        default_factory=dict
+    )  # static behaviour-record fields
     # The model's check of an action (keys, (dx, dy)) -> canonical keys; raises ValueError.
     action_validator: Callable[[list[str], tuple[float, float]], list[str]] | None = None
 
@@ -137,8 +147,13 @@ class Session:
         self._state = SessionState.CREATED
         self._next_seq = 1
         self._pending: dict[int, tuple[str, Any]] = {}  # seq -> (kind, payload) until applied
-        self.records = ChunkRecorder(store, session_id=config.session_id, model_id=config.model_id,
-                                     seed=config.seed, template=config.record_template)
+        self.records = ChunkRecorder(
+            store,
+            session_id=config.session_id,
+            model_id=config.model_id,
+            seed=config.seed,
+            template=config.record_template,
+        )
         self._handle: LoopHandleLike | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._finished = asyncio.Event()
@@ -174,19 +189,33 @@ class Session:
             self._playing.set()
         else:
             self._playing.clear()
-        log.info("session %s: %s -> %s%s", self.id, old.value, target.value, f" ({reason})" if reason else "")
-        self.events.publish(SessionStateChanged(state=target.value, previous=old.value, reason=reason))
+        log.info(
+            "session %s: %s -> %s%s",
+            self.id,
+            old.value,
+            target.value,
+            f" ({reason})" if reason else "",
+        )
+        self.events.publish(
+            SessionStateChanged(state=target.value, previous=old.value, reason=reason)
+        )
         if self._store is not None:
-            self._store.defer(self._store.update_session, self.id, state=target.value, error=self.error)
+            self._store.defer(
+                self._store.update_session, self.id, state=target.value, error=self.error
+            )
 
-    def attach(self, handle: LoopHandleLike, *, on_finished: Callable[[Session], None] | None = None) -> None:
+    def attach(
+        self, handle: LoopHandleLike, *, on_finished: Callable[[Session], None] | None = None
+    ) -> None:
         """Binds the engine's loop handle (spawned paused) and starts watching its result."""
         if self._handle is not None:
             raise SessionStateError(f"session {self.id} already has loop {self._handle.loop_id!r}")
         self._handle = handle
         if on_finished is not None:
             self._on_finished.append(on_finished)
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(handle), name=f"session-{self.id}")
+        self._watcher = asyncio.get_running_loop().create_task(
+            self._watch(handle), name=f"session-{self.id}"
+        )
 
     async def _watch(self, handle: LoopHandleLike) -> None:
         try:
@@ -224,8 +253,12 @@ class Session:
         self.media.close()
         if self._store is not None:
             self._store.defer(
-                self._store.update_session, self.id, frames_sent=self.frames_sent, stalls=self.stalls,
-                fps_measured=self.fps_measured(), segment=self.prompts.segment,
+                self._store.update_session,
+                self.id,
+                frames_sent=self.frames_sent,
+                stalls=self.stalls,
+                fps_measured=self.fps_measured(),
+                segment=self.prompts.segment,
             )
         self.events.close()
 
@@ -283,7 +316,9 @@ class Session:
         if self._state is SessionState.PAUSED:
             return
         if self._state is not SessionState.LIVE:
-            raise SessionStateError(f"session {self.id} is {self._state.value}; only a live session can pause")
+            raise SessionStateError(
+                f"session {self.id} is {self._state.value}; only a live session can pause"
+            )
         if self._handle is not None:
             self._handle.pause()
         self._transition(SessionState.PAUSED, "requested")
@@ -292,7 +327,9 @@ class Session:
         if self._state is SessionState.LIVE:
             return
         if self._state is not SessionState.PAUSED:
-            raise SessionStateError(f"session {self.id} is {self._state.value}; only a paused session can resume")
+            raise SessionStateError(
+                f"session {self.id} is {self._state.value}; only a paused session can resume"
+            )
         if not self._viewer_attached:
             raise SessionStateError(f"session {self.id} has no viewer; send a new offer to resume")
         self._anchor_now()
@@ -349,7 +386,9 @@ class Session:
 
     def _require_open(self) -> None:
         if not self.accepts_inputs:
-            raise SessionClosedError(f"session {self.id} is {self._state.value}; it accepts no inputs")
+            raise SessionClosedError(
+                f"session {self.id} is {self._state.value}; it accepts no inputs"
+            )
 
     def _push(self, kind: str, payload: Any, recorded: Any) -> int:
         """Sends an input to the loop; ``recorded`` is what the behaviour record keeps of it."""
@@ -357,7 +396,9 @@ class Session:
         seq = self._next_seq
         self._next_seq += 1
         if self._handle is not None:
-            self._handle.push_input(InputEvent(kind=kind, seq=seq, payload=payload, received_s=self._clock()))
+            self._handle.push_input(
+                InputEvent(kind=kind, seq=seq, payload=payload, received_s=self._clock())
+            )
         self._pending[seq] = (kind, recorded)
         self.events.publish(InputReceived(seq=seq, kind=kind))
         return seq
@@ -426,7 +467,9 @@ class Session:
             self.report_error("emission", f"{type(exc).__name__}: {exc}")
 
     def _on_media(self, meta: Mapping[str, Any], output: Any) -> None:
-        frames = np.array(output, copy=True)  # [n, H, W, 3] uint8, owned: the loop may reuse its buffer
+        frames = np.array(
+            output, copy=True
+        )  # [n, H, W, 3] uint8, owned: the loop may reuse its buffer
         chunk, segment = int(meta["chunk"]), int(meta.get("segment", self.prompts.segment))
         pts_start = int(meta["pts_90k"])
         fps = int(meta.get("fps", self.config.fps))
@@ -438,22 +481,40 @@ class Session:
         self.last_chunk = max(self.last_chunk, chunk)
         self.chunks_generated += 1
         self.events.publish(
-            MediaChunk(chunk=chunk, pts_start=pts_start, frames=n, segment=segment, fps=fps, digest=digest)
+            MediaChunk(
+                chunk=chunk, pts_start=pts_start, frames=n, segment=segment, fps=fps, digest=digest
+            )
         )
         active = self.prompts.active
-        self.records.media(chunk=chunk, segment=segment, pts_start=pts_start, pts_end=pts[-1] if pts else pts_start,
-                           num_frames=n, digest=digest, prompt=active.text, prompt_seq=active.seq)
+        self.records.media(
+            chunk=chunk,
+            segment=segment,
+            pts_start=pts_start,
+            pts_end=pts[-1] if pts else pts_start,
+            num_frames=n,
+            digest=digest,
+            prompt=active.text,
+            prompt_seq=active.seq,
+        )
 
     def _on_applied(self, meta: Mapping[str, Any]) -> None:
         kind, seq = str(meta["kind"]), int(meta["seq"])
         chunk, pts = int(meta["chunk"]), int(meta["pts_90k"])
         if kind in ("prompt", "cut"):
-            entry, superseded = self.prompts.apply(seq, chunk=chunk, pts_90k=pts, applied_s=self._wall())
+            entry, superseded = self.prompts.apply(
+                seq, chunk=chunk, pts_90k=pts, applied_s=self._wall()
+            )
             self._supersede(seq, "prompt", [e.seq for e in superseded])
             self.media.flush_before(pts)
             self.events.publish(
-                PromptApplied(seq=seq, chunk=chunk, pts=pts, mode="cut" if kind == "cut" else "switch",
-                              segment=entry.segment or 0, text=entry.text)
+                PromptApplied(
+                    seq=seq,
+                    chunk=chunk,
+                    pts=pts,
+                    mode="cut" if kind == "cut" else "switch",
+                    segment=entry.segment or 0,
+                    text=entry.text,
+                )
             )
         elif kind == "action":
             older = [s for s, (k, _) in self._pending.items() if k == "action" and s < seq]
@@ -485,7 +546,11 @@ class Session:
             "fps_measured": round(self.fps_measured(), 3),
             "created_at": self.created_at,
             "model": self.config.model_id,
-            "profile": {"fps": self.config.fps, "width": self.config.width, "height": self.config.height},
+            "profile": {
+                "fps": self.config.fps,
+                "width": self.config.width,
+                "height": self.config.height,
+            },
             "chunks": self.chunks_generated,
             "media_dropped": self.media.dropped_overflow,
             "audio_seconds_in": round(self.audio_samples_in / 16_000, 3),
@@ -497,5 +562,11 @@ class Session:
             return
         event_type = type(event).__struct_config__.tag
         if event_type in _PERSISTED:
-            self._store.defer(self._store.add_event, self.id, event.event_id, event_type,
-                              encode_event(event), event.time_s)
+            self._store.defer(
+                self._store.add_event,
+                self.id,
+                event.event_id,
+                event_type,
+                encode_event(event),
+                event.time_s,
+            )

@@ -84,10 +84,14 @@ JOB_TERMINAL = frozenset({_J.SUCCEEDED, _J.FAILED, _J.CANCELLED})
 def check_session_transition(what: str, current: SessionState, target: SessionState) -> None:
     allowed = _SESSION_ALLOWED[current]
     if target not in allowed:
-        raise TransitionError(what, current.value, target.value, frozenset(s.value for s in allowed))
+        raise TransitionError(
+            what, current.value, target.value, frozenset(s.value for s in allowed)
+        )
 
 
 def check_job_transition(what: str, current: JobState, target: JobState) -> None:
     allowed = _JOB_ALLOWED[current]
     if target not in allowed:
-        raise TransitionError(what, current.value, target.value, frozenset(s.value for s in allowed))
+        raise TransitionError(
+            what, current.value, target.value, frozenset(s.value for s in allowed)
+        )

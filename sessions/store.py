@@ -103,9 +103,12 @@ class Store:
         self._conn.execute("PRAGMA synchronous=FULL")
         self._conn.executescript(_SCHEMA)
         self._conn.execute(
-            "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+            (str(SCHEMA_VERSION),),
         )
-        self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dreamrt-store")
+        self._writer = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="dreamrt-store"
+        )
         self._closed = False
 
     # ---------------------------------------------------------------- async bridge
@@ -147,20 +150,45 @@ class Store:
     # ---------------------------------------------------------------- sessions
 
     def add_session(
-        self, *, session_id: str, model_id: str, prompt: str, seed: int, fps: int, width: int,
-        height: int, priority_class: str, state: str, fork_of: str | None = None,
+        self,
+        *,
+        session_id: str,
+        model_id: str,
+        prompt: str,
+        seed: int,
+        fps: int,
+        width: int,
+        height: int,
+        priority_class: str,
+        state: str,
+        fork_of: str | None = None,
     ) -> None:
         now = self._clock()
         self._execute(
             "INSERT INTO sessions(id, model_id, prompt, seed, fps, width, height, class, state, fork_of,"
             " created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (session_id, model_id, prompt, seed, fps, width, height, priority_class, state, fork_of, now, now),
+            (
+                session_id,
+                model_id,
+                prompt,
+                seed,
+                fps,
+                width,
+                height,
+                priority_class,
+                state,
+                fork_of,
+                now,
+                now,
+            ),
         )
 
     def update_session(self, session_id: str, **fields: Any) -> None:
         unknown = set(fields) - _SESSION_FIELDS
         if unknown:
-            raise ValueError(f"unknown session fields {sorted(unknown)}; known: {sorted(_SESSION_FIELDS)}")
+            raise ValueError(
+                f"unknown session fields {sorted(unknown)}; known: {sorted(_SESSION_FIELDS)}"
+            )
         if not fields:
             return
         assignments = ", ".join(f"{name} = :{name}" for name in fields)
@@ -175,7 +203,16 @@ class Store:
 
     # ---------------------------------------------------------------- jobs
 
-    def add_job(self, *, job_id: str, task: str, model_id: str, prompt: str, params: dict[str, Any], state: str) -> None:
+    def add_job(
+        self,
+        *,
+        job_id: str,
+        task: str,
+        model_id: str,
+        prompt: str,
+        params: dict[str, Any],
+        state: str,
+    ) -> None:
         now = self._clock()
         self._execute(
             "INSERT INTO jobs(id, task, model_id, prompt, params, state, created_at, updated_at)"
@@ -205,7 +242,9 @@ class Store:
 
     # ---------------------------------------------------------------- events
 
-    def add_event(self, owner_id: str, event_id: int, event_type: str, body: bytes | str, time_s: float) -> None:
+    def add_event(
+        self, owner_id: str, event_id: int, event_type: str, body: bytes | str, time_s: float
+    ) -> None:
         text = body.decode("utf-8") if isinstance(body, bytes) else body
         self._execute(
             "INSERT OR REPLACE INTO events(owner_id, event_id, type, body, time_s) VALUES (?,?,?,?,?)",
@@ -214,7 +253,8 @@ class Store:
 
     def events(self, owner_id: str) -> list[dict[str, Any]]:
         return self._query(
-            "SELECT event_id, type, body, time_s FROM events WHERE owner_id = ? ORDER BY event_id", (owner_id,)
+            "SELECT event_id, type, body, time_s FROM events WHERE owner_id = ? ORDER BY event_id",
+            (owner_id,),
         )
 
     # ---------------------------------------------------------------- behaviour records
@@ -239,7 +279,9 @@ class Store:
 
     # ---------------------------------------------------------------- feedback, forks, preferences
 
-    def add_feedback(self, *, session_id: str, rating: int, chunk: int | None, note: str | None) -> int:
+    def add_feedback(
+        self, *, session_id: str, rating: int, chunk: int | None, note: str | None
+    ) -> int:
         cursor = self._execute(
             "INSERT INTO feedback(session_id, chunk, rating, note, created_at) VALUES (?,?,?,?,?)",
             (session_id, chunk, rating, note, self._clock()),
@@ -249,7 +291,9 @@ class Store:
     def feedback(self, session_id: str) -> list[dict[str, Any]]:
         return self._query("SELECT * FROM feedback WHERE session_id = ? ORDER BY id", (session_id,))
 
-    def add_fork(self, *, session_id: str, n: int, prompt: str | None, candidates: list[str]) -> int:
+    def add_fork(
+        self, *, session_id: str, n: int, prompt: str | None, candidates: list[str]
+    ) -> int:
         cursor = self._execute(
             "INSERT INTO forks(session_id, n, prompt, candidates, created_at) VALUES (?,?,?,?,?)",
             (session_id, n, prompt, json.dumps(candidates), self._clock()),
@@ -257,7 +301,9 @@ class Store:
         return int(cursor.lastrowid or 0)
 
     def find_fork(self, session_id: str, candidate: str) -> dict[str, Any] | None:
-        for row in self._query("SELECT * FROM forks WHERE session_id = ? ORDER BY id DESC", (session_id,)):
+        for row in self._query(
+            "SELECT * FROM forks WHERE session_id = ? ORDER BY id DESC", (session_id,)
+        ):
             row["candidates"] = json.loads(row["candidates"])
             if candidate in row["candidates"]:
                 return row
@@ -305,7 +351,9 @@ class Store:
             f" updated_at = ? WHERE state IN ({placeholders})",
             (self._clock(), *_LIVE_SESSION_STATES),
         )
-        rows = self._query("SELECT * FROM jobs WHERE state IN ('queued', 'running') ORDER BY created_at")
+        rows = self._query(
+            "SELECT * FROM jobs WHERE state IN ('queued', 'running') ORDER BY created_at"
+        )
         for row in rows:
             row["params"] = json.loads(row["params"])
         return rows

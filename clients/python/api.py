@@ -7,7 +7,7 @@ answer, so callers can tell capacity (503 + Retry-After) from mistakes (4xx).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -15,7 +15,9 @@ __all__ = ["ApiCallError", "DreamrtClient"]
 
 
 class ApiCallError(RuntimeError):
-    def __init__(self, status: int, code: str, message: str, retry_after_s: float | None = None) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(f"HTTP {status} {code}: {message}")
         self.status = status
         self.code = code
@@ -33,7 +35,7 @@ class DreamrtClient:
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s)
         self._session_tokens: dict[str, str] = {}
 
-    async def __aenter__(self) -> DreamrtClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -46,7 +48,9 @@ class DreamrtClient:
         token = self._session_tokens.get(session_id or "", self.token) if session_id else self.token
         return {"Authorization": f"Bearer {token}"} if token else {}
 
-    async def request(self, method: str, path: str, *, session_id: str | None = None, **kwargs: Any) -> httpx.Response:
+    async def request(
+        self, method: str, path: str, *, session_id: str | None = None, **kwargs: Any
+    ) -> httpx.Response:
         headers = {**self._headers(session_id), **kwargs.pop("headers", {})}
         response = await self._http.request(method, path, headers=headers, **kwargs)
         if response.status_code >= 400:
@@ -55,11 +59,20 @@ class DreamrtClient:
             except ValueError:
                 body = {"detail": response.text}
             detail = body.get("detail", "")
-            message = detail if isinstance(detail, str) else "; ".join(
-                f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}" for d in detail)
+            message = (
+                detail
+                if isinstance(detail, str)
+                else "; ".join(
+                    f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}" for d in detail
+                )
+            )
             retry = response.headers.get("retry-after")
-            raise ApiCallError(response.status_code, body.get("code", "error"), message,
-                               float(retry) if retry else None)
+            raise ApiCallError(
+                response.status_code,
+                body.get("code", "error"),
+                message,
+                float(retry) if retry else None,
+            )
         return response
 
     async def health(self) -> dict[str, Any]:
@@ -75,29 +88,60 @@ class DreamrtClient:
         return created
 
     async def session(self, session_id: str) -> dict[str, Any]:
-        return (await self.request("GET", f"/v1/sessions/{session_id}", session_id=session_id)).json()
+        return (
+            await self.request("GET", f"/v1/sessions/{session_id}", session_id=session_id)
+        ).json()
 
     async def offer(self, session_id: str, sdp: str) -> dict[str, Any]:
         body = {"sdp": sdp, "type": "offer"}
-        return (await self.request("POST", f"/v1/sessions/{session_id}/offer", session_id=session_id, json=body)).json()
+        return (
+            await self.request(
+                "POST", f"/v1/sessions/{session_id}/offer", session_id=session_id, json=body
+            )
+        ).json()
 
     async def prompt(self, session_id: str, text: str, mode: str = "switch") -> dict[str, Any]:
         body = {"text": text, "mode": mode}
-        return (await self.request("POST", f"/v1/sessions/{session_id}/prompt", session_id=session_id, json=body)).json()
+        return (
+            await self.request(
+                "POST", f"/v1/sessions/{session_id}/prompt", session_id=session_id, json=body
+            )
+        ).json()
 
-    async def actions(self, session_id: str, keys: list[str], mouse: tuple[float, float] | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"keys": keys} if mouse is None else {"keys": keys, "mouse": list(mouse)}
-        return (await self.request("POST", f"/v1/sessions/{session_id}/actions", session_id=session_id, json=body)).json()
+    async def actions(
+        self, session_id: str, keys: list[str], mouse: tuple[float, float] | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = (
+            {"keys": keys} if mouse is None else {"keys": keys, "mouse": list(mouse)}
+        )
+        return (
+            await self.request(
+                "POST", f"/v1/sessions/{session_id}/actions", session_id=session_id, json=body
+            )
+        ).json()
 
-    async def audio(self, session_id: str, body: bytes, content_type: str = "application/octet-stream") -> dict[str, Any]:
-        return (await self.request("POST", f"/v1/sessions/{session_id}/audio", session_id=session_id, content=body,
-                                   headers={"Content-Type": content_type})).json()
+    async def audio(
+        self, session_id: str, body: bytes, content_type: str = "application/octet-stream"
+    ) -> dict[str, Any]:
+        return (
+            await self.request(
+                "POST",
+                f"/v1/sessions/{session_id}/audio",
+                session_id=session_id,
+                content=body,
+                headers={"Content-Type": content_type},
+            )
+        ).json()
 
     async def delete_session(self, session_id: str) -> None:
         await self.request("DELETE", f"/v1/sessions/{session_id}", session_id=session_id)
 
     async def submit_job(self, task: str, prompt: str, **params: Any) -> str:
-        body = {"task": task, "prompt": prompt, **{k: v for k, v in params.items() if v is not None}}
+        body = {
+            "task": task,
+            "prompt": prompt,
+            **{k: v for k, v in params.items() if v is not None},
+        }
         return (await self.request("POST", "/v1/jobs", json=body)).json()["id"]
 
     async def job(self, job_id: str) -> dict[str, Any]:
@@ -106,7 +150,9 @@ class DreamrtClient:
     async def download_artifact(self, job_id: str, out: Path) -> tuple[str, int]:
         """Streams the artifact to ``out``; returns (media type, bytes written)."""
         written = 0
-        async with self._http.stream("GET", f"/v1/jobs/{job_id}/artifact", headers=self._headers()) as response:
+        async with self._http.stream(
+            "GET", f"/v1/jobs/{job_id}/artifact", headers=self._headers()
+        ) as response:
             if response.status_code >= 400:
                 await response.aread()
                 raise ApiCallError(response.status_code, "artifact", response.text)

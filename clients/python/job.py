@@ -24,7 +24,7 @@ class JobFailed(RuntimeError):
 
 
 def _bar(progress: float, width: int = 30) -> str:
-    done = int(round(progress * width))
+    done = round(progress * width)
     return "[" + "#" * done + "." * (width - done) + f"] {progress * 100:5.1f}%"
 
 

@@ -78,9 +78,13 @@ class Viewer:
         self.frames: list[ReceivedFrame] = []
         self.events: list[dict[str, Any]] = []
         self._on_frame = on_frame
-        self._audio_track = audio_track  # an aiortc audio MediaStreamTrack sent to the session (microphone)
+        self._audio_track = (
+            audio_track  # an aiortc audio MediaStreamTrack sent to the session (microphone)
+        )
         self._owns_session = False
-        self._pc = RTCPeerConnection(RTCConfiguration(iceServers=[RTCIceServer(urls=u) for u in ice_servers]))
+        self._pc = RTCPeerConnection(
+            RTCConfiguration(iceServers=[RTCIceServer(urls=u) for u in ice_servers])
+        )
         self._channel = self._pc.createDataChannel("control")
         self._channel_open = asyncio.Event()
         self._event_arrived = asyncio.Event()
@@ -109,8 +113,14 @@ class Viewer:
             if track.kind == "video":
                 self._tasks.append(asyncio.get_running_loop().create_task(self._receive(track)))
 
-    async def connect(self, prompt: str | None = None, *, session_id: str | None = None,
-                      timeout_s: float = 30.0, **session_params: Any) -> None:
+    async def connect(
+        self,
+        prompt: str | None = None,
+        *,
+        session_id: str | None = None,
+        timeout_s: float = 30.0,
+        **session_params: Any,
+    ) -> None:
         """Creates (or joins) the session and negotiates; returns once the data channel is open."""
         if session_id is None:
             if prompt is None:
@@ -124,7 +134,9 @@ class Viewer:
             self._pc.addTransceiver(self._audio_track, direction="sendonly")
         await self._pc.setLocalDescription(await self._pc.createOffer())
         answer = await self.api.offer(session_id, self._pc.localDescription.sdp)
-        await self._pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+        await self._pc.setRemoteDescription(
+            RTCSessionDescription(sdp=answer["sdp"], type=answer["type"])
+        )
         await asyncio.wait_for(self._channel_open.wait(), timeout_s)
 
     async def _receive(self, track: Any) -> None:
@@ -158,8 +170,13 @@ class Viewer:
     async def wait_first_frame(self, timeout_s: float = 30.0) -> None:
         await asyncio.wait_for(self._first_frame.wait(), timeout_s)
 
-    async def wait_event(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0,
-                         *, start: int = 0) -> dict[str, Any]:
+    async def wait_event(
+        self,
+        predicate: Callable[[dict[str, Any]], bool],
+        timeout_s: float = 30.0,
+        *,
+        start: int = 0,
+    ) -> dict[str, Any]:
         """The first event (from index ``start``) matching ``predicate``; TimeoutError otherwise."""
         deadline = time.monotonic() + timeout_s
         index = start
@@ -171,7 +188,9 @@ class Viewer:
                     return event
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"no matching event within {timeout_s} s; last events: {self.events[-5:]}")
+                raise TimeoutError(
+                    f"no matching event within {timeout_s} s; last events: {self.events[-5:]}"
+                )
             self._event_arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._event_arrived.wait(), remaining)

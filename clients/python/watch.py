@@ -66,8 +66,10 @@ async def watch(
                 started = time.monotonic()
                 await viewer.connect(prompt, model=model)
                 fps = viewer.profile["fps"]
-                stream.write(f"session {viewer.session_id}: {viewer.profile['width']}x{viewer.profile['height']} "
-                             f"at {fps} fps; waiting for the first frame\n")
+                stream.write(
+                    f"session {viewer.session_id}: {viewer.profile['width']}x{viewer.profile['height']} "
+                    f"at {fps} fps; waiting for the first frame\n"
+                )
                 await viewer.wait_first_frame(timeout_s=60.0)
                 first_frame_s = time.monotonic() - started
                 watch_start = time.monotonic()
@@ -80,8 +82,10 @@ async def watch(
                     if now >= next_report:
                         recent = [f for f in viewer.fresh_frames() if f.received_s >= now - 1.0]
                         last = viewer.events[-1]["type"] if viewer.events else "-"
-                        stream.write(f"  t={now - watch_start:4.1f}s  fps={len(recent):3d}  frames={len(viewer.frames)}"
-                                     f"  last event={last}\n")
+                        stream.write(
+                            f"  t={now - watch_start:4.1f}s  fps={len(recent):3d}  frames={len(viewer.frames)}"
+                            f"  last event={last}\n"
+                        )
                         next_report += 1.0
                     await asyncio.sleep(0.05)
                 frames = [f for f in viewer.frames if f.received_s >= watch_start]
@@ -110,6 +114,8 @@ async def watch(
     stream.write(
         f"received {summary['fresh_frames']} fresh frames in {seconds:g} s ({summary['fps_received']} fps, "
         f"target {summary['fps_target']}), {summary['stalls']} stalls, first frame after "
-        f"{summary['first_frame_s']} s" + (f"; wrote {summary['out']}" if out is not None else "") + "\n"
+        f"{summary['first_frame_s']} s"
+        + (f"; wrote {summary['out']}" if out is not None else "")
+        + "\n"
     )
     return summary

@@ -1,10 +1,9 @@
 import pytest
-from fastapi.testclient import TestClient
 
 from server.auth import (
+    Authenticator,
     AuthError,
     AuthMode,
-    Authenticator,
     InsecureBindError,
     is_loopback,
     resolve_auth_mode,
@@ -38,8 +37,16 @@ def test_tokens_scopes_and_expiry(tmp_path) -> None:
     assert expires == 1060.0 and auth.authenticate(f"Bearer {user}").allows_general()
     session_token = auth.issue_session_token("ses_a")
     grant = auth.authenticate(f"Bearer {session_token}")
-    assert grant.allows_session("ses_a") and not grant.allows_session("ses_b") and not grant.allows_general()
-    for header, message in [(None, "missing"), ("Basic abc", "missing"), ("Bearer nope", "unknown")]:
+    assert (
+        grant.allows_session("ses_a")
+        and not grant.allows_session("ses_b")
+        and not grant.allows_general()
+    )
+    for header, message in [
+        (None, "missing"),
+        ("Basic abc", "missing"),
+        ("Bearer nope", "unknown"),
+    ]:
         with pytest.raises(AuthError, match=message) as info:
             auth.authenticate(header)
         assert info.value.status == 401
@@ -62,7 +69,9 @@ def test_token_mode_guards_every_v1_route(tmp_path) -> None:
         admin = {"Authorization": f"Bearer {ADMIN}"}
         assert client.get("/healthz").status_code == 200
         assert client.get("/v1/models").status_code == 401
-        assert client.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert (
+            client.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        )
         assert client.get("/metrics").status_code == 401  # the test client is not on loopback
         assert client.get("/metrics", headers=admin).status_code == 200
         issued = client.post("/v1/tokens", json={"scope": "user", "ttl_s": 60}, headers=admin)
@@ -73,10 +82,21 @@ def test_token_mode_guards_every_v1_route(tmp_path) -> None:
         other = client.post("/v1/sessions", json={"prompt": "b"}, headers=user).json()
         own = {"Authorization": f"Bearer {created['token']}"}
         assert client.get(f"/v1/sessions/{created['id']}", headers=own).status_code == 200
-        assert client.post(f"/v1/sessions/{created['id']}/prompt", json={"text": "x"}, headers=own).status_code == 202
+        assert (
+            client.post(
+                f"/v1/sessions/{created['id']}/prompt", json={"text": "x"}, headers=own
+            ).status_code
+            == 202
+        )
         assert client.get(f"/v1/sessions/{other['id']}", headers=own).status_code == 403
         assert client.post("/v1/sessions", json={"prompt": "c"}, headers=own).status_code == 403
-        assert client.post("/v1/jobs", json={"task": "t2i", "prompt": "c"}, headers=own).status_code == 403
+        assert (
+            client.post("/v1/jobs", json={"task": "t2i", "prompt": "c"}, headers=own).status_code
+            == 403
+        )
         assert client.delete(f"/v1/sessions/{created['id']}", headers=own).status_code == 204
         bad_scope = client.post("/v1/tokens", json={"scope": "root"}, headers=admin)
-        assert bad_scope.status_code == 422 and bad_scope.json()["detail"][0]["loc"] == ["body", "scope"]
+        assert bad_scope.status_code == 422 and bad_scope.json()["detail"][0]["loc"] == [
+            "body",
+            "scope",
+        ]

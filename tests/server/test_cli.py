@@ -14,21 +14,50 @@ def test_models_prints_one_summary_line_per_card_and_labels_random_weights(capsy
     for card, line in zip(cards, lines):
         assert line.startswith(card.summary_line())
         assert line.endswith("(random weights)") == (card.weights.value == "random")
-    assert any(line.startswith("wan-tiny-random") and "profile=64x64@8fps" in line for line in lines)
+    assert any(
+        line.startswith("wan-tiny-random") and "profile=64x64@8fps" in line for line in lines
+    )
 
 
 def test_serve_refuses_no_auth_on_a_public_address() -> None:
-    result = subprocess.run([sys.executable, "-m", "server", "serve", "--host", "0.0.0.0", "--auth", "none"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "server", "serve", "--host", "0.0.0.0", "--auth", "none"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 2 and "--force-no-auth" in result.stderr
 
 
 def test_parser_knows_every_api_command_and_option() -> None:
     parser = _build_parser()
-    serve = parser.parse_args(["serve", "--ice-host", "127.0.0.1", "--ice-host", "10.0.0.1", "--max-sessions", "2",
-                               "--bitrate", "800000", "--deterministic", "--log-level", "warning"])
-    assert serve.ice_host == ["127.0.0.1", "10.0.0.1"] and serve.max_sessions == 2 and serve.deterministic
-    watch = parser.parse_args(["watch", "http://h:1", "--seconds", "2", "--out", "a.mp4", "--action", "w", "a"])
+    serve = parser.parse_args(
+        [
+            "serve",
+            "--ice-host",
+            "127.0.0.1",
+            "--ice-host",
+            "10.0.0.1",
+            "--max-sessions",
+            "2",
+            "--bitrate",
+            "800000",
+            "--deterministic",
+            "--log-level",
+            "warning",
+        ]
+    )
+    assert (
+        serve.ice_host == ["127.0.0.1", "10.0.0.1"]
+        and serve.max_sessions == 2
+        and serve.deterministic
+    )
+    watch = parser.parse_args(
+        ["watch", "http://h:1", "--seconds", "2", "--out", "a.mp4", "--action", "w", "a"]
+    )
     assert watch.action == ["w", "a"] and watch.seconds == 2.0 and str(watch.out) == "a.mp4"
-    job = parser.parse_args(["job", "http://h:1", "--task", "t2v", "--prompt", "p", "--num-frames", "9"])
+    job = parser.parse_args(
+        ["job", "http://h:1", "--task", "t2v", "--prompt", "p", "--num-frames", "9"]
+    )
     assert (job.task, job.num_frames) == ("t2v", 9)

@@ -21,7 +21,10 @@ from server.control import (
     [
         ({"type": "prompt", "text": "a cave"}, PromptMessage(text="a cave", mode="switch")),
         ({"type": "prompt", "text": "x", "mode": "cut"}, PromptMessage(text="x", mode="cut")),
-        ({"type": "action", "keys": ["w", "a"], "mouse": [3, -2]}, ActionMessage(keys=["w", "a"], mouse=(3.0, -2.0))),
+        (
+            {"type": "action", "keys": ["w", "a"], "mouse": [3, -2]},
+            ActionMessage(keys=["w", "a"], mouse=(3.0, -2.0)),
+        ),
         ({"type": "action", "keys": []}, ActionMessage(keys=[], mouse=None)),
         ({"type": "feedback", "rating": -1, "chunk": 4}, FeedbackMessage(rating=-1, chunk=4)),
         ({"type": "pause"}, PauseMessage()),

@@ -1,4 +1,5 @@
 import asyncio
+import itertools
 import time
 
 import numpy as np
@@ -15,8 +16,17 @@ N = 5  # frames per chunk
 
 
 def make_live_session() -> tuple[Session, FakeHandle]:
-    config = SessionConfig(session_id="s", model_id="m", prompt="p", seed=0, fps=FPS, width=8, height=8,
-                           priority_class="realtime", capabilities=frozenset({"prompt.switch"}))
+    config = SessionConfig(
+        session_id="s",
+        model_id="m",
+        prompt="p",
+        seed=0,
+        fps=FPS,
+        width=8,
+        height=8,
+        priority_class="realtime",
+        capabilities=frozenset({"prompt.switch"}),
+    )
     session = Session(config, media_capacity_frames=64)
     handle = FakeHandle()
     session.attach(handle)
@@ -26,8 +36,19 @@ def make_live_session() -> tuple[Session, FakeHandle]:
 
 def chunk(k: int) -> Emission:
     frames = np.full((N, 8, 8, 3), k, dtype=np.uint8)
-    return Emission(EmitSpec("media", {"chunk": k, "segment": 0, "pts_90k": k * N * 90000 // FPS,
-                                       "num_frames": N, "fps": FPS}), frames)
+    return Emission(
+        EmitSpec(
+            "media",
+            {
+                "chunk": k,
+                "segment": 0,
+                "pts_90k": k * N * 90000 // FPS,
+                "num_frames": N,
+                "fps": FPS,
+            },
+        ),
+        frames,
+    )
 
 
 async def pull(track: SessionVideoTrack, n: int) -> list[tuple[int, int, float]]:
@@ -55,7 +76,9 @@ async def test_steady_stream_is_paced_by_pts_without_stalls() -> None:
         await track.recv()
 
 
-async def test_late_generation_repeats_the_last_frame_with_increasing_pts_and_counts_stalls() -> None:
+async def test_late_generation_repeats_the_last_frame_with_increasing_pts_and_counts_stalls() -> (
+    None
+):
     session, _ = make_live_session()
     session.on_emission(chunk(0))
     track = SessionVideoTrack(session)
@@ -69,14 +92,16 @@ async def test_late_generation_repeats_the_last_frame_with_increasing_pts_and_co
     rest = await pull(track, 14)
     await producer
     ptss = [pts for pts, _, _ in first + rest]
-    assert all(b > a for a, b in zip(ptss, ptss[1:]))
+    assert all(b > a for a, b in itertools.pairwise(ptss))
     repeats = [(pts, value) for pts, value, _ in rest if value == 0]
     assert len(repeats) >= 6 and session.stalls == len(repeats)
     assert [pts for pts, _ in repeats] == [first[-1][0] + i for i in range(1, len(repeats) + 1)]
     fresh = [(pts, value) for pts, value, _ in rest if value == 1]
     assert fresh[0][0] == N * 90000 // FPS  # wire PTS of a fresh frame is its generation PTS
     # after the stall the fresh frames flow at once and the playout re-anchored on them
-    assert session.playout_anchor_s == pytest.approx(rest[len(repeats)][2] - fresh[0][0] / 90000, abs=0.02)
+    assert session.playout_anchor_s == pytest.approx(
+        rest[len(repeats)][2] - fresh[0][0] / 90000, abs=0.02
+    )
     await session.close()
 
 
@@ -103,8 +128,15 @@ async def test_flush_on_prompt_switch_plays_the_new_chunk_at_once() -> None:
     track = SessionVideoTrack(session)
     await pull(track, 2)
     seq, _ = session.push_prompt("new")
-    session.on_emission(Emission(EmitSpec("applied", {"kind": "prompt", "seq": seq, "chunk": 6,
-                                                      "pts_90k": 6 * N * 90000 // FPS}), None))
+    session.on_emission(
+        Emission(
+            EmitSpec(
+                "applied",
+                {"kind": "prompt", "seq": seq, "chunk": 6, "pts_90k": 6 * N * 90000 // FPS},
+            ),
+            None,
+        )
+    )
     assert len(session.media) == 0
     session.on_emission(chunk(6))
     start = time.monotonic()

@@ -29,7 +29,9 @@ def test_t2i_job_succeeds_and_serves_a_png(client: TestClient) -> None:
 
 
 def test_t2v_job_mp4_has_the_requested_frame_count(client: TestClient, tmp_path) -> None:
-    job_id = client.post("/v1/jobs", json={"task": "t2v", "prompt": "waves", "num_frames": 12}).json()["id"]
+    job_id = client.post(
+        "/v1/jobs", json={"task": "t2v", "prompt": "waves", "num_frames": 12}
+    ).json()["id"]
     assert wait_done(client, job_id)["state"] == "succeeded"
     artifact = client.get(f"/v1/jobs/{job_id}/artifact")
     assert artifact.headers["content-type"] == "video/mp4"
@@ -50,7 +52,9 @@ def test_job_errors(client: TestClient) -> None:
 
 
 def test_cancelled_job_has_no_artifact(client: TestClient) -> None:
-    job_id = client.post("/v1/jobs", json={"task": "t2v", "prompt": "long", "num_frames": 200}).json()["id"]
+    job_id = client.post(
+        "/v1/jobs", json={"task": "t2v", "prompt": "long", "num_frames": 200}
+    ).json()["id"]
     assert client.delete(f"/v1/jobs/{job_id}").status_code == 204
     view = wait_done(client, job_id)
     assert view["state"] == "cancelled"

@@ -14,12 +14,25 @@ def create(client: TestClient, **body) -> dict:
 
 def test_create_and_read_a_session(client: TestClient) -> None:
     created = create(client, seed=3, **{"class": "batch"})
-    assert created["state"] == "created" and created["profile"] == {"fps": 8, "width": 64, "height": 64}
+    assert created["state"] == "created" and created["profile"] == {
+        "fps": 8,
+        "width": 64,
+        "height": 64,
+    }
     assert created["id"].startswith("ses_") and created["token"].startswith("drt_")
     view = client.get(f"/v1/sessions/{created['id']}").json()
-    assert {k: view[k] for k in ("id", "state", "prompt", "segment", "frames_sent", "stalls", "fps_measured")} == {
-        "id": created["id"], "state": "created", "prompt": "a forest", "segment": 0, "frames_sent": 0,
-        "stalls": 0, "fps_measured": 0.0}
+    assert {
+        k: view[k]
+        for k in ("id", "state", "prompt", "segment", "frames_sent", "stalls", "fps_measured")
+    } == {
+        "id": created["id"],
+        "state": "created",
+        "prompt": "a forest",
+        "segment": 0,
+        "frames_sent": 0,
+        "stalls": 0,
+        "fps_measured": 0.0,
+    }
     assert isinstance(view["created_at"], float)
     assert client.get("/v1/sessions/ses_nope").status_code == 404
 
@@ -36,14 +49,18 @@ def test_create_and_read_a_session(client: TestClient) -> None:
         ({"prompt": "a", "class": "urgent"}, "class"),
     ],
 )
-def test_invalid_session_bodies_are_422_naming_the_field(client: TestClient, body: dict, field: str) -> None:
+def test_invalid_session_bodies_are_422_naming_the_field(
+    client: TestClient, body: dict, field: str
+) -> None:
     response = client.post("/v1/sessions", json=body)
     assert response.status_code == 422, response.text
     assert field in [str(part) for part in response.json()["detail"][0]["loc"]]
 
 
 def test_livekit_is_501_in_this_build(client: TestClient) -> None:
-    response = client.post("/v1/sessions", json={"prompt": "a", "livekit": {"url": "wss://x", "room": "r"}})
+    response = client.post(
+        "/v1/sessions", json={"prompt": "a", "livekit": {"url": "wss://x", "room": "r"}}
+    )
     assert response.status_code == 501 and response.json()["code"] == "livekit_unavailable"
 
 
@@ -53,10 +70,16 @@ def test_inputs_are_accepted_with_sequence_numbers(client: TestClient) -> None:
     assert prompt.status_code == 202 and prompt.json() == {"applies_at_chunk": 1, "seq": 1}
     cut = client.post(f"/v1/sessions/{sid}/prompt", json={"text": "a sea", "mode": "cut"})
     assert cut.status_code == 202 and cut.json() == {"applies_at_chunk": 0, "seq": 2}
-    action = client.post(f"/v1/sessions/{sid}/actions", json={"keys": ["ArrowUp", "space"], "mouse": [3, 4]})
+    action = client.post(
+        f"/v1/sessions/{sid}/actions", json={"keys": ["ArrowUp", "space"], "mouse": [3, 4]}
+    )
     assert action.status_code == 202 and action.json() == {"seq": 3}
     pcm = (np.sin(np.arange(8000) / 5) * 10000).astype("<i2").tobytes()
-    audio = client.post(f"/v1/sessions/{sid}/audio", content=pcm, headers={"Content-Type": "application/octet-stream"})
+    audio = client.post(
+        f"/v1/sessions/{sid}/audio",
+        content=pcm,
+        headers={"Content-Type": "application/octet-stream"},
+    )
     assert audio.status_code == 202 and audio.json() == {"seq": 4, "seconds": 0.5}
     assert client.get(f"/v1/sessions/{sid}").json()["audio_seconds_in"] == 0.5
 
@@ -70,7 +93,9 @@ def test_bad_inputs_name_the_problem(client: TestClient) -> None:
     assert bad_mode.status_code == 422 and bad_mode.json()["detail"][0]["loc"] == ["body", "mode"]
     odd = client.post(f"/v1/sessions/{sid}/audio", content=b"\x00\x01\x02")
     assert odd.status_code == 400 and "even byte count" in odd.json()["detail"]
-    riff = client.post(f"/v1/sessions/{sid}/audio", content=b"RIFF" + struct.pack("<I", 4) + b"WAVE")
+    riff = client.post(
+        f"/v1/sessions/{sid}/audio", content=b"RIFF" + struct.pack("<I", 4) + b"WAVE"
+    )
     assert riff.status_code == 400 and "fmt" in riff.json()["detail"]
     assert client.post(f"/v1/sessions/{sid}/pause").status_code == 409  # not live
     resume = client.post(f"/v1/sessions/{sid}/resume")
@@ -79,10 +104,15 @@ def test_bad_inputs_name_the_problem(client: TestClient) -> None:
 
 def test_feedback_is_durable_before_the_answer(client: TestClient, tmp_path) -> None:
     sid = create(client)["id"]
-    response = client.post(f"/v1/sessions/{sid}/feedback", json={"rating": 1, "chunk": 2, "note": "nice"})
+    response = client.post(
+        f"/v1/sessions/{sid}/feedback", json={"rating": 1, "chunk": 2, "note": "nice"}
+    )
     assert response.status_code == 201
-    rows = sqlite3.connect(tmp_path / "data" / "dreamrt.sqlite3").execute(
-        "SELECT id, session_id, chunk, rating, note FROM feedback").fetchall()
+    rows = (
+        sqlite3.connect(tmp_path / "data" / "dreamrt.sqlite3")
+        .execute("SELECT id, session_id, chunk, rating, note FROM feedback")
+        .fetchall()
+    )
     assert rows == [(response.json()["id"], sid, 2, 1, "nice")]
     assert client.post(f"/v1/sessions/{sid}/feedback", json={"rating": 5}).status_code == 422
 
@@ -96,9 +126,15 @@ def test_fork_and_choose_record_preference_pairs(client: TestClient, tmp_path) -
     assert client.post(f"/v1/sessions/{sid}/choose", json={"candidate": "other"}).status_code == 422
     chosen = client.post(f"/v1/sessions/{sid}/choose", json={"candidate": candidates[1]})
     assert chosen.status_code == 201 and chosen.json()["preferences"] == 2
-    rows = sqlite3.connect(tmp_path / "data" / "dreamrt.sqlite3").execute(
-        "SELECT chosen_ref, rejected_ref, source FROM preferences ORDER BY id").fetchall()
-    assert rows == [(candidates[1], candidates[0], "fork-choice"), (candidates[1], candidates[2], "fork-choice")]
+    rows = (
+        sqlite3.connect(tmp_path / "data" / "dreamrt.sqlite3")
+        .execute("SELECT chosen_ref, rejected_ref, source FROM preferences ORDER BY id")
+        .fetchall()
+    )
+    assert rows == [
+        (candidates[1], candidates[0], "fork-choice"),
+        (candidates[1], candidates[2], "fork-choice"),
+    ]
     assert client.post(f"/v1/sessions/{sid}/fork", json={"n": 1}).status_code == 422
 
 
@@ -114,8 +150,18 @@ def test_delete_is_idempotent_and_the_closed_session_stays_readable(client: Test
     stream = client.get(f"/v1/sessions/{sid}/events")
     assert stream.headers["content-type"].startswith("text/event-stream")
     blocks = [b for b in stream.text.split("\n\n") if b]
-    types = [line.split(": ", 1)[1] for b in blocks for line in b.splitlines() if line.startswith("event: ")]
-    ids = [int(line.split(": ", 1)[1]) for b in blocks for line in b.splitlines() if line.startswith("id: ")]
+    types = [
+        line.split(": ", 1)[1]
+        for b in blocks
+        for line in b.splitlines()
+        if line.startswith("event: ")
+    ]
+    ids = [
+        int(line.split(": ", 1)[1])
+        for b in blocks
+        for line in b.splitlines()
+        if line.startswith("id: ")
+    ]
     assert types == ["session.state", "input.received", "session.state", "session.state"]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     after = client.get(f"/v1/sessions/{sid}/events", headers={"Last-Event-ID": str(ids[1])}).text
@@ -129,4 +175,6 @@ def test_capacity_answer_is_503_with_retry_after(client: TestClient) -> None:
     assert refused.status_code == 503
     assert int(refused.headers["retry-after"]) >= 1
     body = refused.json()
-    assert body["code"] == "capacity" and body["reason"] == "kv_slabs" and body["permanent"] is False
+    assert (
+        body["code"] == "capacity" and body["reason"] == "kv_slabs" and body["permanent"] is False
+    )

@@ -7,7 +7,9 @@ from tests.e2e.test_sessions_e2e import parse_metrics
 def test_models_lists_every_card_and_labels_random_weights(client: TestClient) -> None:
     cards = {c["id"]: c for c in client.get("/v1/models").json()}
     tiny = cards["wan-tiny-random"]
-    assert tiny["weights"] == "random" and tiny["label"] == "random weights" and tiny["served"] is True
+    assert (
+        tiny["weights"] == "random" and tiny["label"] == "random weights" and tiny["served"] is True
+    )
     assert {"id", "capabilities", "recipe", "default_profile"} <= set(tiny)
     assert tiny["default_profile"]["fps"] == 8 and "input.audio" in tiny["capabilities"]
     assert cards["wan2.1-1.3b-causal"]["served"] is False
@@ -27,8 +29,12 @@ def test_metrics_from_loopback_without_auth_reflect_sessions(client: TestClient)
 
 
 def test_metrics_render_latency_quantiles() -> None:
-    snapshot = MetricsSnapshot(step_latency_s={"vae_decode": [0.1, 0.2, 0.3, 0.4, 1.0]},
-                               steps_by_kind={"vae_decode": 5}, stalls=3, sessions_by_state={"live": 1})
+    snapshot = MetricsSnapshot(
+        step_latency_s={"vae_decode": [0.1, 0.2, 0.3, 0.4, 1.0]},
+        steps_by_kind={"vae_decode": 5},
+        stalls=3,
+        sessions_by_state={"live": 1},
+    )
     m = parse_metrics(ServerMetrics(lambda: snapshot).render().decode())
     assert m['dreamrt_step_latency_seconds{kind="vae_decode",quantile="0.5"}'] == 0.3
     assert m['dreamrt_step_latency_seconds{kind="vae_decode",quantile="0.95"}'] == 1.0

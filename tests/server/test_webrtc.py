@@ -2,7 +2,7 @@ import asyncio
 
 import aioice.ice
 import pytest
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCPeerConnection
 
 from server.webrtc import (
     OfferError,
@@ -16,8 +16,17 @@ from tests.sessions.fakes import FakeHandle
 
 
 def make_session(capabilities=frozenset({"prompt.switch"})) -> Session:
-    config = SessionConfig(session_id="s1", model_id="m", prompt="p", seed=0, fps=8, width=64, height=64,
-                           priority_class="realtime", capabilities=capabilities)
+    config = SessionConfig(
+        session_id="s1",
+        model_id="m",
+        prompt="p",
+        seed=0,
+        fps=8,
+        width=64,
+        height=64,
+        priority_class="realtime",
+        capabilities=capabilities,
+    )
     session = Session(config, media_capacity_frames=32)
     session.attach(FakeHandle())
     return session
@@ -48,7 +57,9 @@ def test_bitrate_and_host_restriction_are_undoable() -> None:
     assert aioice.ice.get_host_addresses is original
 
 
-async def offer_sdp(*, audio: bool, video: str | None = "recvonly") -> tuple[RTCPeerConnection, str]:
+async def offer_sdp(
+    *, audio: bool, video: str | None = "recvonly"
+) -> tuple[RTCPeerConnection, str]:
     pc = RTCPeerConnection()
     if video is not None:
         pc.addTransceiver("video", direction=video)
@@ -63,7 +74,9 @@ def media_section(sdp: str, kind: str) -> str:
     return next(s for s in sdp.split("m=")[1:] if s.startswith(kind))
 
 
-async def test_answer_sends_vp8_video_on_loopback_and_declines_audio_without_the_capability(monkeypatch) -> None:
+async def test_answer_sends_vp8_video_on_loopback_and_declines_audio_without_the_capability(
+    monkeypatch,
+) -> None:
     monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
     session = make_session()
     client, sdp = await offer_sdp(audio=True)
@@ -95,10 +108,13 @@ async def test_audio_capable_session_receives_the_audio_m_line(monkeypatch) -> N
     await session.close()
 
 
-@pytest.mark.parametrize(("sdp", "message"), [
-    ("v=0\r\n", "no video m-line"),
-    ("v=0\r\nm=video garbage\r\n", "cannot answer"),
-])
+@pytest.mark.parametrize(
+    ("sdp", "message"),
+    [
+        ("v=0\r\n", "no video m-line"),
+        ("v=0\r\nm=video garbage\r\n", "cannot answer"),
+    ],
+)
 async def test_unanswerable_offers_are_offer_errors(sdp: str, message: str) -> None:
     session = make_session()
     peer = ViewerPeer(session, store=None)

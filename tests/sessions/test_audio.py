@@ -28,7 +28,15 @@ def wav_bytes(x: np.ndarray, rate: int, channels: int = 1, width: int = 2) -> by
 def float_wav_bytes(x: np.ndarray, rate: int) -> bytes:
     data = x.astype("<f4").tobytes()
     fmt = struct.pack("<HHIIHH", 3, 1, rate, rate * 4, 4, 32)
-    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    body = (
+        b"WAVE"
+        + b"fmt "
+        + struct.pack("<I", len(fmt))
+        + fmt
+        + b"data"
+        + struct.pack("<I", len(data))
+        + data
+    )
     return b"RIFF" + struct.pack("<I", len(body)) + body
 
 

@@ -24,7 +24,13 @@ def test_wire_form_is_the_api_json_and_round_trips() -> None:
     event = PromptApplied(seq=3, chunk=7, pts=63000, mode="cut", segment=1)
     wire = msgspec.json.decode(encode_event(event))
     assert wire["type"] == "prompt.applied"
-    assert (wire["seq"], wire["chunk"], wire["pts"], wire["mode"], wire["segment"]) == (3, 7, 63000, "cut", 1)
+    assert (wire["seq"], wire["chunk"], wire["pts"], wire["mode"], wire["segment"]) == (
+        3,
+        7,
+        63000,
+        "cut",
+        1,
+    )
     assert decode_event(encode_event(event)) == event
 
 

@@ -28,12 +28,20 @@ def instance():
 async def host(instance, tmp_path):
     profile = instance.card.default_profile
     slab = instance.kv_slab_bytes(profile)
-    admission = AdmissionController(AdmissionConfig(kv_capacity_bytes=slab * 3, peak_capacity_bytes=1 << 40))
+    admission = AdmissionController(
+        AdmissionConfig(kv_capacity_bytes=slab * 3, peak_capacity_bytes=1 << 40)
+    )
     engine = Engine(cost=CostModel(DeviceConstants.cpu()), admission=admission)
     await engine.start()
     store = Store(tmp_path / "db.sqlite3")
-    session_host = SessionHost(engine=engine, models={MODEL: instance}, default_model=MODEL, store=store,
-                               artifact_dir=tmp_path / "artifacts", kv_pool=KVSlabPool(2, slab))
+    session_host = SessionHost(
+        engine=engine,
+        models={MODEL: instance},
+        default_model=MODEL,
+        store=store,
+        artifact_dir=tmp_path / "artifacts",
+        kv_pool=KVSlabPool(2, slab),
+    )
     yield session_host
     await session_host.close()
     await engine.close()
@@ -87,9 +95,18 @@ async def test_jobs_run_without_a_viewer_and_resume_after_a_restart(host: Sessio
     assert job.state.value == "succeeded" and job.artifact.path.exists()
     row = await host.store.run(host.store.get_job, job.id)
     assert row["state"] == "succeeded" and row["params"]["seed"] == 4
-    resumed = host.resume_jobs([{"id": "job_old", "task": "t2i", "prompt": "p", "model_id": MODEL,
-                                 "params": {"seed": 1}}, {"id": "job_gone", "task": "t2i", "prompt": "p",
-                                                          "model_id": "no-such", "params": {}}])
+    resumed = host.resume_jobs(
+        [
+            {
+                "id": "job_old",
+                "task": "t2i",
+                "prompt": "p",
+                "model_id": MODEL,
+                "params": {"seed": 1},
+            },
+            {"id": "job_gone", "task": "t2i", "prompt": "p", "model_id": "no-such", "params": {}},
+        ]
+    )
     assert [j.id for j in resumed] == ["job_old"]
     await asyncio.wait_for(resumed[0].wait_finished(), 60)
     assert resumed[0].state.value == "succeeded"
@@ -103,7 +120,9 @@ async def test_a_closed_host_refuses_new_work(host: SessionHost) -> None:
         host.create_session(prompt="a")
 
 
-async def test_finished_jobs_beyond_the_memory_bound_are_read_from_the_store(host: SessionHost) -> None:
+async def test_finished_jobs_beyond_the_memory_bound_are_read_from_the_store(
+    host: SessionHost,
+) -> None:
     host._max_finished_jobs = 1
     first = host.submit_job(task="t2i", prompt="a", seed=1)
     await asyncio.wait_for(first.wait_finished(), 60)

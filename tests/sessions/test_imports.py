@@ -14,12 +14,18 @@ print(','.join(loaded))
 
 
 def test_sessions_import_no_server_client_or_model_code() -> None:
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out.split(",") == ["models", "models.card", "models.loops", "models.loops.requests"]
 
 
 def test_clients_share_only_the_wire_format() -> None:
-    probe = "import sys, clients.python.watch, clients.python.job; " \
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('server', 'sessions', 'models', 'runtime')))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    probe = (
+        "import sys, clients.python.watch, clients.python.job; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('server', 'sessions', 'models', 'runtime')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "[]"

@@ -8,7 +8,9 @@ from tests.sessions.fakes import FakeHandle
 
 
 def make_job(tmp_path, task: str = "t2v", store=None) -> Job:
-    config = JobConfig(job_id="j1", task=task, model_id="tiny", prompt="p", fps=8, params={"num_frames": 5})
+    config = JobConfig(
+        job_id="j1", task=task, model_id="tiny", prompt="p", fps=8, params={"num_frames": 5}
+    )
     return Job(config, artifact_dir=tmp_path / "artifacts", store=store)
 
 
@@ -33,14 +35,21 @@ async def test_progress_then_mp4_artifact(tmp_path) -> None:
     handle.finish({"frames": np.zeros((5, 16, 16, 3), np.uint8)})
     await job.wait_finished()
     assert job.state.value == "succeeded"
-    assert [(e.done, e.progress) for e in job.events.history() if type(e).__struct_config__.tag == "job.progress"] == [
-        (1, 0.25), (2, 0.5), (4, 1.0)]
+    assert [
+        (e.done, e.progress)
+        for e in job.events.history()
+        if type(e).__struct_config__.tag == "job.progress"
+    ] == [(1, 0.25), (2, 0.5), (4, 1.0)]
     assert tags(job)[-2:] == ["job.artifact", "job.state"]
     with av.open(str(job.artifact.path)) as container:
         assert sum(1 for _ in container.decode(video=0)) == 5
     await store.run(lambda: None)
     row = store.get_job("j1")
-    assert (row["state"], row["media_type"], row["artifact_path"]) == ("succeeded", "video/mp4", str(job.artifact.path))
+    assert (row["state"], row["media_type"], row["artifact_path"]) == (
+        "succeeded",
+        "video/mp4",
+        str(job.artifact.path),
+    )
     assert [e["type"] for e in store.events("j1")][-1] == "job.state"
     store.close()
 
@@ -52,8 +61,9 @@ async def test_t2i_writes_png(tmp_path) -> None:
     handle.finish({"frames": np.zeros((1, 16, 16, 3), np.uint8)})
     await job.wait_finished()
     assert job.state.value == "succeeded" and job.artifact.media_type == "image/png"
-    assert [e.state for e in job.events.history() if type(e).__struct_config__.tag == "job.state"] == [
-        "queued", "running", "succeeded"]
+    assert [
+        e.state for e in job.events.history() if type(e).__struct_config__.tag == "job.state"
+    ] == ["queued", "running", "succeeded"]
 
 
 async def test_cancel_and_failure(tmp_path) -> None:

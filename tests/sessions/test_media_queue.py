@@ -19,7 +19,10 @@ def test_fifo_with_pts_and_strictly_increasing_guard() -> None:
     assert queue.dropped_non_monotonic == 1
     popped = [queue.pop() for _ in range(4)]
     assert [(f.pts_90k, f.chunk, int(f.rgb[0, 0, 0])) for f in popped] == [
-        (0, 0, 0), (3000, 0, 1), (6000, 0, 2), (9000, 1, 11)
+        (0, 0, 0),
+        (3000, 0, 1),
+        (6000, 0, 2),
+        (9000, 1, 11),
     ]
     assert queue.pop() is None
 

@@ -23,14 +23,18 @@ def test_switch_then_cut_updates_active_segment_and_history() -> None:
     assert (memory.active_text, memory.segment, entry.segment) == ("c", 1, 1)
     assert memory.embedding_ref == text_hash("c")
     history = [(e.seq, e.text, e.mode, e.received_s, e.applied_s) for e in memory.history()]
-    assert history == [(0, "a", "initial", 0.0, 0.0), (1, "b", "switch", 1.0, 1.5), (2, "c", "cut", 2.0, 2.2)]
+    assert history == [
+        (0, "a", "initial", 0.0, 0.0),
+        (1, "b", "switch", 1.0, 1.5),
+        (2, "c", "cut", 2.0, 2.2),
+    ]
 
 
 def test_latest_wins_supersedes_older_pending_prompts() -> None:
     memory = PromptMemory("a", received_s=0.0)
     memory.receive(1, "b", "switch", received_s=1.0)
     memory.receive(2, "c", "switch", received_s=1.1)
-    entry, superseded = memory.apply(2, chunk=1, pts_90k=1, applied_s=2.0)
+    _, superseded = memory.apply(2, chunk=1, pts_90k=1, applied_s=2.0)
     assert [e.seq for e in superseded] == [1]
     assert superseded[0].superseded_by == 2 and not superseded[0].pending
     with pytest.raises(ValueError, match="not pending"):

@@ -1,10 +1,9 @@
-import asyncio
-
 import numpy as np
 import pytest
 
 from runtime.contract import Emission, EmitSpec
 from sessions.audio import AudioClip
+from sessions.records import frames_digest
 from sessions.session import (
     InvalidInputError,
     Session,
@@ -13,11 +12,12 @@ from sessions.session import (
     SessionStateError,
     UnsupportedInputError,
 )
-from sessions.records import frames_digest
 from sessions.store import Store
 from tests.sessions.fakes import FakeHandle
 
-ALL_CAPS = frozenset({"prompt.switch", "prompt.cut", "input.action", "input.audio", "session.realtime"})
+ALL_CAPS = frozenset(
+    {"prompt.switch", "prompt.cut", "input.action", "input.audio", "session.realtime"}
+)
 
 
 class FakeClock:
@@ -29,24 +29,51 @@ class FakeClock:
 
 
 def make_session(capabilities=ALL_CAPS, store=None, clock=None, **overrides) -> Session:
-    fields = dict(session_id="s1", model_id="tiny", prompt="a forest", seed=7, fps=8, width=8, height=8,
-                  priority_class="realtime", capabilities=capabilities,
-                  record_template={"weights_version": "w0", "loop_id": "chunk_rollout", "sampler": "euler",
-                                   "steps": 4, "timesteps": [1000, 750, 500, 250], "precision": "fp32"})
+    fields = {
+        "session_id": "s1",
+        "model_id": "tiny",
+        "prompt": "a forest",
+        "seed": 7,
+        "fps": 8,
+        "width": 8,
+        "height": 8,
+        "priority_class": "realtime",
+        "capabilities": capabilities,
+        "record_template": {
+            "weights_version": "w0",
+            "loop_id": "chunk_rollout",
+            "sampler": "euler",
+            "steps": 4,
+            "timesteps": [1000, 750, 500, 250],
+            "precision": "fp32",
+        },
+    }
     fields.update(overrides)
-    return Session(SessionConfig(**fields), media_capacity_frames=64, store=store,
-                   clock=clock or FakeClock(), wall_clock=FakeClock(1000.0))
+    return Session(
+        SessionConfig(**fields),
+        media_capacity_frames=64,
+        store=store,
+        clock=clock or FakeClock(),
+        wall_clock=FakeClock(1000.0),
+    )
 
 
 def media(chunk: int, n: int = 4, value: int = 0, fps: int = 8, segment: int = 0) -> Emission:
     frames = np.full((n, 8, 8, 3), value, dtype=np.uint8)
     pts = chunk * n * 90000 // fps
-    return Emission(EmitSpec("media", {"chunk": chunk, "segment": segment, "pts_90k": pts, "num_frames": n,
-                                       "fps": fps}), frames)
+    return Emission(
+        EmitSpec(
+            "media",
+            {"chunk": chunk, "segment": segment, "pts_90k": pts, "num_frames": n, "fps": fps},
+        ),
+        frames,
+    )
 
 
 def applied(kind: str, seq: int, chunk: int, pts: int) -> Emission:
-    return Emission(EmitSpec("applied", {"kind": kind, "seq": seq, "chunk": chunk, "pts_90k": pts}), None)
+    return Emission(
+        EmitSpec("applied", {"kind": kind, "seq": seq, "chunk": chunk, "pts_90k": pts}), None
+    )
 
 
 def event_types(session: Session) -> list[str]:
@@ -54,7 +81,11 @@ def event_types(session: Session) -> list[str]:
 
 
 def states(session: Session) -> list[str]:
-    return [e.state for e in session.events.history() if type(e).__struct_config__.tag == "session.state"]
+    return [
+        e.state
+        for e in session.events.history()
+        if type(e).__struct_config__.tag == "session.state"
+    ]
 
 
 async def test_viewer_lifecycle_pauses_resumes_and_anchors_deadlines() -> None:
@@ -84,8 +115,18 @@ async def test_viewer_lifecycle_pauses_resumes_and_anchors_deadlines() -> None:
     session.begin_negotiation()
     session.negotiation_failed("bad sdp")
     await session.close()
-    assert states(session) == ["created", "negotiating", "live", "paused", "live", "paused", "negotiating",
-                               "paused", "closing", "closed"]
+    assert states(session) == [
+        "created",
+        "negotiating",
+        "live",
+        "paused",
+        "live",
+        "paused",
+        "negotiating",
+        "paused",
+        "closing",
+        "closed",
+    ]
     assert ("cancel", "deleted") in handle.calls
 
 
@@ -106,10 +147,22 @@ async def test_prompt_switch_two_phase_ack_flushes_stale_backlog() -> None:
     assert [session.media.pop().chunk for _ in range(4)] == [2, 2, 2, 2]
     assert session.prompts.active_text == "a desert"
     tags = event_types(session)
-    assert tags == ["session.state", "media.chunk", "media.chunk", "input.received", "prompt.applied", "media.chunk"]
+    assert tags == [
+        "session.state",
+        "media.chunk",
+        "media.chunk",
+        "input.received",
+        "prompt.applied",
+        "media.chunk",
+    ]
     received, applied_event = session.events.history()[3:5]
     assert (received.seq, received.kind) == (1, "prompt")
-    assert (applied_event.seq, applied_event.chunk, applied_event.pts, applied_event.mode) == (1, 2, 90000, "switch")
+    assert (applied_event.seq, applied_event.chunk, applied_event.pts, applied_event.mode) == (
+        1,
+        2,
+        90000,
+        "switch",
+    )
     await session.close()
 
 
@@ -132,12 +185,17 @@ async def test_actions_latest_wins_supersedes_older_pending_ones() -> None:
     session.attach(handle)
     first = session.push_action(["w"], (1.0, 0.0))
     second = session.push_action(["w", "a"])
-    assert [e.payload for e in handle.inputs] == [{"keys": ["w"], "mouse": [1.0, 0.0]},
-                                                   {"keys": ["w", "a"], "mouse": [0.0, 0.0]}]
+    assert [e.payload for e in handle.inputs] == [
+        {"keys": ["w"], "mouse": [1.0, 0.0]},
+        {"keys": ["w", "a"], "mouse": [0.0, 0.0]},
+    ]
     session.on_emission(applied("action", second, chunk=1, pts=45000))
     history = session.events.history()
     assert [(type(e).__struct_config__.tag, e.seq) for e in history[1:]] == [
-        ("input.received", first), ("input.received", second), ("input.superseded", first), ("action.applied", second)
+        ("input.received", first),
+        ("input.received", second),
+        ("input.superseded", first),
+        ("action.applied", second),
     ]
     assert history[3].by_seq == second
     await session.close()
@@ -189,7 +247,9 @@ async def test_loop_completion_closes_and_bad_emissions_become_error_events() ->
     session = make_session()
     handle = FakeHandle()
     session.attach(handle)
-    session.on_emission(Emission(EmitSpec("media", {"chunk": 0, "pts_90k": 0}), np.zeros((1, 4, 4, 3), np.float32)))
+    session.on_emission(
+        Emission(EmitSpec("media", {"chunk": 0, "pts_90k": 0}), np.zeros((1, 4, 4, 3), np.float32))
+    )
     assert event_types(session)[-1] == "error"
     assert "uint8" in session.events.history()[-1].message
     session.on_emission(applied("prompt", 99, chunk=1, pts=1))  # never received
@@ -202,8 +262,17 @@ async def test_loop_completion_closes_and_bad_emissions_become_error_events() ->
 
 async def test_media_digest_records_and_persisted_events(tmp_path) -> None:
     store = Store(tmp_path / "db.sqlite3")
-    store.add_session(session_id="s1", model_id="tiny", prompt="a forest", seed=7, fps=8, width=8, height=8,
-                      priority_class="realtime", state="created")
+    store.add_session(
+        session_id="s1",
+        model_id="tiny",
+        prompt="a forest",
+        seed=7,
+        fps=8,
+        width=8,
+        height=8,
+        priority_class="realtime",
+        state="created",
+    )
     session = make_session(store=store)
     session.attach(FakeHandle())
     emission = media(0, value=9)
@@ -213,9 +282,16 @@ async def test_media_digest_records_and_persisted_events(tmp_path) -> None:
     await session.close()
     await store.run(lambda: None)
     (record,) = store.records("s1")
-    assert (record["chunk"], record["num_frames"], record["pts_end"], record["prompt"], record["seed"]) == (
-        0, 4, 3 * 90000 // 8, "a forest", 7)
-    assert record["timesteps"] == [1000, 750, 500, 250] and record["digest"] == frames_digest(emission.output)
+    assert (
+        record["chunk"],
+        record["num_frames"],
+        record["pts_end"],
+        record["prompt"],
+        record["seed"],
+    ) == (0, 4, 3 * 90000 // 8, "a forest", 7)
+    assert record["timesteps"] == [1000, 750, 500, 250] and record["digest"] == frames_digest(
+        emission.output
+    )
     persisted = [e["type"] for e in store.events("s1")]
     assert persisted == ["session.state", "input.received", "session.state", "session.state"]
     assert store.get_session("s1")["state"] == "closed"

@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 
 from sessions.states import (
@@ -15,11 +17,13 @@ S, J = SessionState, JobState
 
 def test_session_happy_path_is_allowed() -> None:
     path = [S.CREATED, S.NEGOTIATING, S.LIVE, S.PAUSED, S.LIVE, S.CLOSING, S.CLOSED]
-    for old, new in zip(path, path[1:]):
+    for old, new in itertools.pairwise(path):
         check_session_transition("session s1", old, new)
 
 
-@pytest.mark.parametrize("state", [s for s in S if s not in SESSION_TERMINAL and s is not S.CLOSING])
+@pytest.mark.parametrize(
+    "state", [s for s in S if s not in SESSION_TERMINAL and s is not S.CLOSING]
+)
 def test_every_live_state_can_close_and_fail(state: SessionState) -> None:
     check_session_transition("s", state, S.CLOSING)
     check_session_transition("s", state, S.FAILED)
@@ -51,4 +55,12 @@ def test_job_transitions() -> None:
         with pytest.raises(TransitionError):
             check_job_transition("job", terminal, J.RUNNING)
     assert {s.value for s in J} == {"queued", "running", "succeeded", "failed", "cancelled"}
-    assert {s.value for s in S} == {"created", "negotiating", "live", "paused", "closing", "closed", "failed"}
+    assert {s.value for s in S} == {
+        "created",
+        "negotiating",
+        "live",
+        "paused",
+        "closing",
+        "closed",
+        "failed",
+    }

@@ -1,4 +1,3 @@
-import asyncio
 import sqlite3
 
 import pytest
@@ -15,8 +14,17 @@ def store(tmp_path):
 
 
 def add_session(store: Store, session_id: str = "s1", state: str = "created") -> None:
-    store.add_session(session_id=session_id, model_id="m", prompt="p", seed=1, fps=8, width=64,
-                      height=64, priority_class="realtime", state=state)
+    store.add_session(
+        session_id=session_id,
+        model_id="m",
+        prompt="p",
+        seed=1,
+        fps=8,
+        width=64,
+        height=64,
+        priority_class="realtime",
+        state=state,
+    )
 
 
 def test_uses_wal_and_sessions_round_trip(store: Store) -> None:
@@ -24,7 +32,12 @@ def test_uses_wal_and_sessions_round_trip(store: Store) -> None:
     add_session(store)
     store.update_session("s1", state="live", frames_sent=12)
     row = store.get_session("s1")
-    assert (row["state"], row["frames_sent"], row["created_at"], row["updated_at"]) == ("live", 12, 100.0, 101.0)
+    assert (row["state"], row["frames_sent"], row["created_at"], row["updated_at"]) == (
+        "live",
+        12,
+        100.0,
+        101.0,
+    )
     assert store.get_session("missing") is None
     with pytest.raises(ValueError, match="unknown session fields"):
         store.update_session("s1", model_id="other")
@@ -34,25 +47,55 @@ def test_data_is_on_disk_for_another_connection(store: Store, tmp_path) -> None:
     add_session(store)
     fid = store.add_feedback(session_id="s1", rating=1, chunk=3, note="nice")
     other = sqlite3.connect(tmp_path / "dreamrt.sqlite3")
-    assert other.execute("SELECT id, rating, chunk, note FROM feedback").fetchall() == [(fid, 1, 3, "nice")]
+    assert other.execute("SELECT id, rating, chunk, note FROM feedback").fetchall() == [
+        (fid, 1, 3, "nice")
+    ]
     other.close()
 
 
 def test_jobs_events_records(store: Store) -> None:
-    store.add_job(job_id="j1", task="t2v", model_id="m", prompt="p", params={"steps": 2}, state="queued")
-    store.update_job("j1", state="succeeded", progress=1.0, artifact_path="/x.mp4", media_type="video/mp4")
+    store.add_job(
+        job_id="j1", task="t2v", model_id="m", prompt="p", params={"steps": 2}, state="queued"
+    )
+    store.update_job(
+        "j1", state="succeeded", progress=1.0, artifact_path="/x.mp4", media_type="video/mp4"
+    )
     job = store.get_job("j1")
     assert (job["state"], job["progress"], job["params"]) == ("succeeded", 1.0, {"steps": 2})
     store.add_event("s1", 1, "session.state", b'{"type":"session.state"}', 5.0)
     store.add_event("s1", 2, "input.received", '{"type":"input.received"}', 6.0)
-    assert [(e["event_id"], e["type"]) for e in store.events("s1")] == [(1, "session.state"), (2, "input.received")]
-    record = dict(session_id="s1", segment=0, chunk=0, seed=1, model_id="m", weights_version="w",
-                  loop_id="chunk_rollout", sampler="euler", steps=4, timesteps=[1000, 750], precision="fp32",
-                  prompt="p", prompt_seq=0, actions={"keys": ["w"]}, pts_start=0, pts_end=33750,
-                  num_frames=4, digest="abc", replay_key="k")
+    assert [(e["event_id"], e["type"]) for e in store.events("s1")] == [
+        (1, "session.state"),
+        (2, "input.received"),
+    ]
+    record = {
+        "session_id": "s1",
+        "segment": 0,
+        "chunk": 0,
+        "seed": 1,
+        "model_id": "m",
+        "weights_version": "w",
+        "loop_id": "chunk_rollout",
+        "sampler": "euler",
+        "steps": 4,
+        "timesteps": [1000, 750],
+        "precision": "fp32",
+        "prompt": "p",
+        "prompt_seq": 0,
+        "actions": {"keys": ["w"]},
+        "pts_start": 0,
+        "pts_end": 33750,
+        "num_frames": 4,
+        "digest": "abc",
+        "replay_key": "k",
+    }
     store.add_record(record)
     (row,) = store.records("s1")
-    assert row["timesteps"] == [1000, 750] and row["actions"] == {"keys": ["w"]} and row["digest"] == "abc"
+    assert (
+        row["timesteps"] == [1000, 750]
+        and row["actions"] == {"keys": ["w"]}
+        and row["digest"] == "abc"
+    )
 
 
 def test_fork_choice_records_one_preference_per_rejected_candidate(store: Store) -> None:
@@ -61,7 +104,10 @@ def test_fork_choice_records_one_preference_per_rejected_candidate(store: Store)
     assert fork["id"] == fork_id and fork["candidates"] == ["a", "b", "c"]
     assert store.find_fork("s1", "zzz") is None
     store.choose_fork(fork_id, "b", "s1@chunk4", ["a", "c"])
-    prefs = [(p["context_ref"], p["chosen_ref"], p["rejected_ref"], p["source"]) for p in store.preferences()]
+    prefs = [
+        (p["context_ref"], p["chosen_ref"], p["rejected_ref"], p["source"])
+        for p in store.preferences()
+    ]
     assert prefs == [("s1@chunk4", "b", "a", "fork-choice"), ("s1@chunk4", "b", "c", "fork-choice")]
 
 
