@@ -5,12 +5,19 @@ precision is one the recipe allows, then builds the components (seeded random we
 ``weights="random"`` cards; a checkpoint directory laid out as the card's manifest says
 otherwise) and the step ops. One instance serves every session and job of its card: it holds
 weights and ops only, never per-request state.
+
+Families other than Wan build their own components through a *component builder*
+(``_COMPONENT_BUILDERS``: family -> module with ``build_components``); whatever it returns must
+satisfy what the loops use: a ``WanDiT``-compatible DiT, a VAE-like codec
+(``denormalize``/``decode_chunk``/``new_decoder_cache``/``decoder_cache_bytes``/
+``decoder.slot_specs``) and a text encoder (``encode(texts)``, ``precision``, ``shape_sig``).
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -38,6 +45,24 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 class InstanceError(RuntimeError):
     """A card that cannot be instantiated here (names the card and the reason)."""
+
+
+class ComponentBuilder(Protocol):
+    """Builds a card's (dit, vae, text_encoder) on ``device`` (text encoder in ``dtype``)."""
+
+    def __call__(self, card: ModelCard, *, device: torch.device, dtype: torch.dtype, seed: int,
+                 random_weights: bool, checkpoint_dir: str | Path | None) -> tuple[Any, Any, Any]:
+        ...
+
+
+# family -> module providing ``build_components`` (a ComponentBuilder); imported on first use.
+# Families not listed here are Wan-built (presets of models.wan, diffusers/original checkpoints).
+_COMPONENT_BUILDERS: dict[str, str] = {"tinyworld": "models.tinyworld.components"}
+
+
+def _component_builder(family: str) -> ComponentBuilder | None:
+    module = _COMPONENT_BUILDERS.get(family)
+    return None if module is None else importlib.import_module(module).build_components
 
 
 class WanInstance:
@@ -200,7 +225,11 @@ def load_instance(card: ModelCard, *, device: str = "auto", precision: str | Non
     dit_spec = card.components["dit"]
     hooks = {"action_dim": ACTION_DIM if "action" in dit_spec.conditioning else 0,
              "audio_dim": AUDIO_DIM if "audio" in dit_spec.conditioning else 0}
-    if random_weights or card.weights.value == "random":
+    builder = _component_builder(card.family)
+    if builder is not None:
+        dit, vae, encoder = builder(card, device=dev, dtype=dtype, seed=seed,
+                                    random_weights=random_weights, checkpoint_dir=checkpoint_dir)
+    elif random_weights or card.weights.value == "random":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             with dev:  # initialise where the weights will live (a 1.3B DiT inits in ms on GPU)

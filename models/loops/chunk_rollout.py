@@ -280,10 +280,10 @@ class ChunkRollout:
         features = audio_features(taken, state.chunk_frames)  # [c, AUDIO_DIM]
         return features[None].to(self._m.device, self._m.dtype)
 
-    @staticmethod
-    def _chunks_for(num_frames: int, c: int) -> int:
-        first = 1 + 4 * (c - 1)
-        return 1 + max(0, math.ceil((num_frames - first) / (4 * c)))
+    def _chunks_for(self, num_frames: int, c: int) -> int:
+        first = self._m.latent.pixel_frames(c, includes_first=True)
+        later = self._m.latent.pixel_frames(c, includes_first=False)
+        return 1 + max(0, math.ceil((num_frames - first) / later))
 
     # ---------------------------------------------------------------------------------------
     # plans

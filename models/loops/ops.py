@@ -197,9 +197,12 @@ class DecodeOp(_SoloOp):
 
     def __init__(self, vae: WanVAE) -> None:
         self._vae = vae
+        # The VAE's weight dtype; None for a codec without weights (pixel latents).
+        self._dtype = next((p.dtype for p in vae.parameters()), None)
 
     def run(self, a: DecodeArgs) -> torch.Tensor:
-        z = self._vae.denormalize(a.latents.to(self._vae.post_quant_conv.weight.dtype))
+        latents = a.latents if self._dtype is None else a.latents.to(self._dtype)
+        z = self._vae.denormalize(latents)
         video = self._vae.decode_chunk(z, a.cache)  # [1, 3, n, H, W]
         return video_to_uint8(video[0]).cpu()
 
