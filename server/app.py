@@ -64,6 +64,7 @@ class ServerConfig:
     max_lead_s: float = 1.0
     max_batch: int = 8
     deterministic: bool = False  # batched plans bit-identical to solo runs (replay, A/B tests)
+    unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
     control_rate_per_s: float = 30.0
     web_dir: Path | None = field(default=_WEB_DIR)
 
@@ -219,6 +220,10 @@ async def _build(config: ServerConfig) -> ServerContext:
     if config.video_bitrate_bps is not None:
         ctx.undo.append(configure_video_bitrate(config.video_bitrate_bps))
     host.resume_jobs(unfinished_jobs)
+    if config.unwatched_timeout_s > 0:
+        host.start_reaper(
+            config.unwatched_timeout_s, interval_s=min(5.0, config.unwatched_timeout_s / 2)
+        )
     log.info(
         "dreamrt ready: model %s on %s, auth %s, up to %d sessions",
         model_id,

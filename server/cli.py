@@ -62,6 +62,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "--bitrate", type=int, default=None, metavar="BPS", help="video encoder bitrate cap"
     )
     serve.add_argument(
+        "--unwatched-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="close sessions without a viewer for this long (0: never)",
+    )
+    serve.add_argument(
         "--deterministic",
         action="store_true",
         help="batched plans give bit-identical results to solo runs (slower batching)",
@@ -123,6 +130,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         video_bitrate_bps=args.bitrate,
         deterministic=args.deterministic,
+        unwatched_timeout_s=args.unwatched_timeout,
     )
     sys.stdout.write(f"dreamrt: open http://{args.host}:{args.port}/  (auth {mode.value})\n")
     sys.stdout.flush()

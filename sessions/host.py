@@ -127,6 +127,7 @@ class SessionHost:
         self._sessions: dict[str, _Live] = {}
         self._jobs: dict[str, Job] = {}
         self._closed = False
+        self._reaper: asyncio.Task[None] | None = None
         self.rejections: Counter[str] = Counter()
         self.finished_totals: Counter[str] = (
             Counter()
@@ -464,9 +465,40 @@ class SessionHost:
         if self._closed:
             raise HostError("the session host is closed")
 
+    async def close_unwatched(self, max_unwatched_s: float) -> list[str]:
+        """Closes the sessions nobody has watched for ``max_unwatched_s`` (a client that
+        vanished without DELETE must not hold a KV slab forever); returns their ids."""
+        stale = [
+            s for s in self.sessions() if s.accepts_inputs and s.unwatched_for_s() > max_unwatched_s
+        ]
+        await asyncio.gather(*(s.close("unwatched timeout") for s in stale), return_exceptions=True)
+        return [s.id for s in stale]
+
+    def start_reaper(self, max_unwatched_s: float, *, interval_s: float = 5.0) -> None:
+        """Runs ``close_unwatched`` every ``interval_s`` until ``close()``."""
+        if self._reaper is not None:
+            raise HostError("the unwatched-session reaper is already running")
+
+        async def reap() -> None:
+            try:
+                while True:
+                    await asyncio.sleep(interval_s)
+                    closed = await self.close_unwatched(max_unwatched_s)
+                    if closed:
+                        log.info("closed %d unwatched sessions: %s", len(closed), closed)
+            except asyncio.CancelledError:
+                log.debug("unwatched-session reaper stopped")
+                raise
+
+        self._reaper = asyncio.get_running_loop().create_task(reap(), name="dreamrt-reaper")
+
     async def close(self) -> None:
-        """Closes every session and cancels every unfinished job. Idempotent."""
+        """Stops the reaper, closes every session and cancels every unfinished job. Idempotent."""
         self._closed = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+            self._reaper = None
         await asyncio.gather(
             *(live.session.close("server shutdown") for live in list(self._sessions.values())),
             *(job.cancel("server shutdown") for job in self._jobs.values() if not job.terminal),

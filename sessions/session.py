@@ -159,6 +159,7 @@ class Session:
         self._finished = asyncio.Event()
         self._on_finished: list[Callable[[Session], None]] = []
         self._viewer_attached = False
+        self._unwatched_since: float | None = clock()  # no viewer and no offer in progress since
         self.playout = Playout(config.fps, clock=clock)
         self._playing = asyncio.Event()  # set while live or terminal: wakes the track
         self.last_chunk = -1
@@ -286,12 +287,14 @@ class Session:
         if not self.accepts_inputs:
             raise SessionClosedError(f"session {self.id} is {self._state.value}")
         self._transition(SessionState.NEGOTIATING, "offer")
+        self._unwatched_since = None
 
     def negotiation_failed(self, reason: str) -> None:
         """The offer could not be answered: back to where the session was before it."""
         if self._state is SessionState.NEGOTIATING:
             previous = SessionState.PAUSED if self.chunks_generated else SessionState.CREATED
             self._transition(previous, f"offer failed: {reason}")
+            self._unwatched_since = self._clock()
 
     def viewer_started(self) -> None:
         """The viewer's track was pulled for the first time: anchor deadlines, run, go live."""
@@ -307,6 +310,7 @@ class Session:
     def viewer_left(self, reason: str = "viewer disconnected") -> None:
         """The peer connection ended: stop generating until a new viewer arrives."""
         self._viewer_attached = False
+        self._unwatched_since = self._clock()
         if self._state in (SessionState.LIVE, SessionState.NEGOTIATING):
             if self._handle is not None:
                 self._handle.pause()
@@ -336,6 +340,10 @@ class Session:
         if self._handle is not None:
             self._handle.resume()
         self._transition(SessionState.LIVE, "requested")
+
+    def unwatched_for_s(self) -> float:
+        """Seconds without a viewer or an offer in progress (0 while watched)."""
+        return 0.0 if self._unwatched_since is None else self._clock() - self._unwatched_since
 
     @property
     def playing(self) -> bool:

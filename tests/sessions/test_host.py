@@ -131,3 +131,18 @@ async def test_finished_jobs_beyond_the_memory_bound_are_read_from_the_store(
     assert host.job(first.id) is None and host.job(second.id) is second
     row = await host.store.run(host.store.get_job, first.id)
     assert row["state"] == "succeeded" and row["artifact_path"] == str(first.artifact.path)
+
+
+async def test_sessions_nobody_watches_are_closed_and_their_slabs_return(host: SessionHost) -> None:
+    abandoned = host.create_session(prompt="a")
+    watched = host.create_session(prompt="b")
+    watched.begin_negotiation()  # an offer is being answered: not abandoned
+    await asyncio.sleep(0.05)
+    assert await host.close_unwatched(10.0) == []
+    assert await host.close_unwatched(0.01) == [abandoned.id]
+    assert abandoned.state.value == "closed" and watched.state.value == "negotiating"
+    assert host.kv_pool.free_count == 1
+    watched.viewer_left()
+    host.start_reaper(0.01, interval_s=0.02)
+    await asyncio.wait_for(watched.wait_finished(), 5)
+    assert watched.state.value == "closed" and host.kv_pool.free_count == 2

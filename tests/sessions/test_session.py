@@ -328,3 +328,19 @@ async def test_actions_are_checked_by_the_models_validator_before_reaching_the_l
     session.push_action(["W"])
     assert handle.inputs[-1].payload == {"keys": ["w"], "mouse": [0.0, 0.0]}
     await session.close()
+
+
+async def test_unwatched_time_counts_only_without_viewer_or_offer() -> None:
+    clock = FakeClock(100.0)
+    session = make_session(clock=clock)
+    session.attach(FakeHandle())
+    clock.t = 130.0
+    assert session.unwatched_for_s() == 30.0
+    session.begin_negotiation()
+    clock.t = 200.0
+    assert session.unwatched_for_s() == 0.0
+    session.viewer_started()
+    session.viewer_left()
+    clock.t = 205.0
+    assert session.unwatched_for_s() == 5.0
+    await session.close()
