@@ -1,4 +1,4 @@
-"""The ``dreamrt`` command line (API.md "Command line"): serve, models, watch, job.
+"""The ``dreamrt`` command line (API.md "Command line"): serve, models, watch, job, bench.
 
 Exit codes: 0 success, 1 the command failed (the message says why), 2 bad usage or a refused
 configuration (e.g. ``--auth none`` on a public address without ``--force-no-auth``).
@@ -75,6 +75,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("models", help="list the model cards", parents=[common])
+    _add_bench_parser(sub)
 
     watch = sub.add_parser("watch", help="watch a session over WebRTC", parents=[common])
     watch.add_argument("url")
@@ -196,7 +197,41 @@ def _job(args: argparse.Namespace) -> int:
     return 0
 
 
+# ``dreamrt bench NAME`` -> module under infra/bench with ``main(argv)``; each prints one table.
+BENCHMARKS = {
+    "scheduler-overhead": "infra.bench.scheduler_overhead",
+    "gpu-smoke": "infra.bench.gpu_smoke",
+    "gpu-session": "infra.bench.gpu_session",
+    "browser-latency": "infra.bench.browser_latency",
+}
+
+
+def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser(
+        "bench",
+        help="run a benchmark from infra/bench and print its table",
+        description="benchmarks: " + ", ".join(BENCHMARKS) + "; arguments after NAME go to it "
+        "(dreamrt bench NAME --help lists them)",
+    )
+    bench.add_argument("name", choices=sorted(BENCHMARKS))
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    module = importlib.import_module(BENCHMARKS[args.name])
+    code = module.main(args.bench_args)
+    return 0 if code is None else int(code)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # everything after NAME belongs to the benchmark
+        bench_parser = argparse.ArgumentParser(prog="dreamrt")
+        _add_bench_parser(bench_parser.add_subparsers(dest="command", required=True))
+        logging.basicConfig(level=logging.WARNING)
+        return _bench(bench_parser.parse_args(argv))
     args = _build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

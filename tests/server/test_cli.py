@@ -61,3 +61,26 @@ def test_parser_knows_every_api_command_and_option() -> None:
         ["job", "http://h:1", "--task", "t2v", "--prompt", "p", "--num-frames", "9"]
     )
     assert (job.task, job.num_frames) == ("t2v", 9)
+
+
+def test_bench_runs_a_benchmark_and_passes_its_arguments(tmp_path, capsys) -> None:
+    from server.cli import main
+
+    out = tmp_path / "overhead.json"
+    code = main(["bench", "scheduler-overhead", "--rounds", "1", "--plans", "50",
+                 "--json", str(out)])
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "| loops |" in table and "| 64 |" in table
+    assert out.is_file() and out.stat().st_size > 0
+
+
+def test_bench_rejects_an_unknown_name(capsys) -> None:
+    import pytest
+
+    from server.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "warp-speed"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'warp-speed'" in capsys.readouterr().err
