@@ -1,0 +1,10 @@
+"""tiny-world: the embedded default model, with the recipe that trained it (issue 6).
+
+A procedural world (``world``, ``vocab``) renders a sprite on a terrain that keys steer and
+audio pulses; the card (``card``) serves a small Wan-architecture chunk-causal DiT over pixel
+latents (``codec``, ``prediction``, ``text``, ``components``) through the shared
+``chunk_rollout`` loop; the recipe (``data``, ``teacher_forcing``, ``train``) trains it on
+clips of that world; ``evaluate`` (with ``classify`` and ``rollout``) scores it through the
+real loop; ``cli`` adds ``dreamrt train|eval tiny-world``. The shipped weights live in
+``weights/``.
+"""

@@ -1,0 +1,111 @@
+"""The ``tiny-world`` card: the embedded default model, trained by this repository's recipe.
+
+Pure data (no torch at import). A Wan-architecture chunk-causal DiT (preset ``tinyworld-s`` of
+``models.tinyworld.config``) over pixel latents (``PixelCodec``), conditioned by a learned
+word-embedding text encoder and by the action and audio hooks. Weights ship in the repository
+(``models/tinyworld/weights/tiny-world.safetensors``); the recipe that made them is
+``models.tinyworld.train`` and its exact command is the card's ``RecipeSpec.training_command``.
+"""
+
+from __future__ import annotations
+
+from models.card import (
+    CacheContract,
+    CheckpointManifest,
+    ComponentEntry,
+    ComponentSpec,
+    LoopSpec,
+    ModelCard,
+    ParitySpec,
+    PrecisionContract,
+    Profile,
+    RecipeSpec,
+)
+from models.tinyworld.geometry import (
+    CHUNK_FRAMES,
+    FPS,
+    HEIGHT,
+    LATENT,
+    SCHEDULE,
+    SINK_FRAMES,
+    WIDTH,
+    WINDOW_FRAMES,
+)
+
+__all__ = ["CHECKPOINT_FILE", "TINY_WORLD", "TRAINING_COMMAND", "cards"]
+
+CHECKPOINT_FILE = "tiny-world.safetensors"
+# The exact command that produced the shipped weights (a CPU run: see the recipe's docstring).
+TRAINING_COMMAND = ("dreamrt train tiny-world --device cpu --budget-s 4200 --batch 16 "
+                    "--seed 0 --out models/tinyworld/weights")
+
+_COMPONENTS = ("dit", "vae", "text_encoder")
+_CAPABILITIES = frozenset({"session.realtime", "prompt.switch", "prompt.cut", "input.action",
+                           "input.audio", "text_to_video", "text_to_image"})
+
+
+def _entry() -> ComponentEntry:
+    # One safetensors file holds every component ("dit.*", "text_encoder.*"); the pixel codec
+    # has no tensors, its entry points at the same file so the manifest stays explicit.
+    return ComponentEntry(CHECKPOINT_FILE, "original", required_for=_CAPABILITIES)
+
+
+TINY_WORLD = ModelCard(
+    model_id="tiny-world",
+    family="tinyworld",
+    description=("Embedded default world model: a sprite named by the prompt (colour, shape) on "
+                 "a terrain (grass, sand, water, snow, stone, night), steered with WASD "
+                 "(shift sprints), pulsing with audio. 96x96 at 12 fps, real time on one CPU "
+                 "core; trained by the repository's own recipe."),
+    components={
+        "dit": ComponentSpec("dit", "dit", "tinyworld-s",
+                             conditioning=frozenset({"action", "audio"})),
+        "vae": ComponentSpec("vae", "vae", "pixel"),
+        "text_encoder": ComponentSpec("text_encoder", "text_encoder", "words"),
+    },
+    loops={
+        "chunk_rollout": LoopSpec(
+            "chunk_rollout", "chunk_rollout", SCHEDULE, "chunk_causal", components=_COMPONENTS,
+            inputs=frozenset({"prompt", "cut", "action", "audio"}),
+            uses=("text_encode", "kv_recache", "vae_decode")),
+        "diffusion_denoise": LoopSpec(
+            "diffusion_denoise", "diffusion_denoise", SCHEDULE, "chunk_causal",
+            components=_COMPONENTS, uses=("text_encode", "vae_decode")),
+        "kv_recache": LoopSpec("kv_recache", "kv_recache", components=("dit",)),
+        "vae_decode": LoopSpec("vae_decode", "vae_decode", components=("vae",)),
+        "text_encode": LoopSpec("text_encode", "text_encode", components=("text_encoder",)),
+    },
+    capabilities=_CAPABILITIES,
+    recipe=RecipeSpec(
+        method="pair_teacher_forced_flow_matching+self_rollout",
+        parents=(),
+        data_contract=("procedural tiny-world clips rendered on the fly by "
+                       "models/tinyworld/world.py + data.py (3-chunk clips, random keys, audio "
+                       "envelopes, mid-clip prompt switches); no external data"),
+        assumes_loop="chunk_rollout",
+        assumes_precision="bf16",
+        consistency_required="C1",
+        training_command=TRAINING_COMMAND,
+    ),
+    # The trainer's pair forward equals the loop's KV update + denoise step
+    # (tests/models/tinyworld/test_teacher_forcing.py).
+    parity=ParitySpec("C1", {"teacher_forced_vs_chunk_rollout": 1e-4}),
+    caches={
+        "chunk_kv": CacheContract("chunk_kv", "dit", WINDOW_FRAMES, SINK_FRAMES),
+        "text_embedding": CacheContract("feature", "text_encoder"),
+        "vae_decoder": CacheContract("decoder_feature", "vae"),
+    },
+    # Trained under bf16 autocast with fp32 master weights: fp32 serving only widens it.
+    precision=PrecisionContract(("bf16", "fp32")),
+    checkpoint=CheckpointManifest({c: _entry() for c in _COMPONENTS}),
+    default_profile=Profile(fps=FPS, width=WIDTH, height=HEIGHT,
+                            chunk_latent_frames=CHUNK_FRAMES, steps=SCHEDULE.steps),
+    latent=LATENT,
+    weights="trained",
+    weights_version="tinyworld-v1",
+)
+
+
+def cards() -> tuple[ModelCard, ...]:
+    """The tinyworld family's cards, for the registry."""
+    return (TINY_WORLD,)

@@ -1,0 +1,97 @@
+"""``dreamrt train tiny-world`` and ``dreamrt eval tiny-world``.
+
+``add_parsers(subparsers)`` adds both commands to the ``dreamrt`` parser (server/cli.py hooks it
+in); ``python -m models.tinyworld.cli train|eval ...`` runs them without the server package.
+Exit codes: 0 success (eval: every threshold met), 1 failure or an unmet threshold, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+__all__ = ["add_parsers", "main"]
+
+_MODEL = "tiny-world"
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``train`` and ``eval`` (each takes the model id ``tiny-world``)."""
+    train = subparsers.add_parser("train", help="train tiny-world by its recipe")
+    train.add_argument("model", choices=[_MODEL])
+    train.add_argument("--device", default="cuda", help="torch device (cuda, cpu)")
+    train.add_argument("--out", type=Path, required=True, help="directory for the checkpoint")
+    train.add_argument("--budget-s", type=float, default=400.0, help="wall-clock budget")
+    train.add_argument("--max-steps", type=int, default=1_000_000)
+    train.add_argument("--batch", type=int, default=128)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--preset", default="tinyworld-s")
+    train.add_argument("--size", type=int, default=96, help="frame height and width (pixels)")
+    train.set_defaults(handler=_train)
+
+    ev = subparsers.add_parser("eval", help="evaluate tiny-world through the real loop")
+    ev.add_argument("model", choices=[_MODEL])
+    ev.add_argument("--checkpoint-dir", type=Path, default=None,
+                    help="directory holding tiny-world.safetensors (default: the shipped one)")
+    ev.add_argument("--device", default="cpu")
+    ev.add_argument("--precision", default=None, help="fp32 or bf16 (default: the card's pick)")
+    ev.add_argument("--checkpoint-file", default=None,
+                    help="file name under --checkpoint-dir (default: the card's)")
+    ev.add_argument("--rollouts", type=int, default=50)
+    ev.add_argument("--chunks", type=int, default=18, help="chunks per rollout (4 frames each)")
+    ev.add_argument("--long-s", type=float, default=60.0, help="collapse check length")
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--json", type=Path, default=None, help="also write the report here")
+    ev.set_defaults(handler=_eval)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from models.tinyworld.train import TrainConfig, train
+
+    config = TrainConfig(preset=args.preset, batch=args.batch, budget_s=args.budget_s,
+                         max_steps=args.max_steps, seed=args.seed, height=args.size,
+                         width=args.size)
+    summary = train(config, device=args.device, out_dir=args.out)
+    sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    import torch
+
+    from models.instance import load_instance
+    from models.registry import get
+    from models.tinyworld.evaluate import evaluate
+
+    torch.set_num_threads(1)  # what a served session gets: the other core encodes
+    card = get(_MODEL)
+    if args.checkpoint_file is not None:  # e.g. the phase-1 weights of a training run
+        entries = {c: replace(e, path_hint=args.checkpoint_file)
+                   for c, e in card.checkpoint.components.items()}
+        card = replace(card, checkpoint=replace(card.checkpoint, components=entries))
+    instance = load_instance(card, device=args.device, precision=args.precision,
+                             checkpoint_dir=args.checkpoint_dir)
+    report = evaluate(instance, rollouts=args.rollouts, chunks=args.chunks, long_s=args.long_s,
+                      seed=args.seed)
+    text = json.dumps(report.as_dict(), indent=1)
+    sys.stdout.write(text + "\n")
+    if args.json is not None:
+        args.json.write_text(text + "\n")
+    return 0 if report.passed else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m models.tinyworld.cli")
+    add_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
