@@ -92,6 +92,18 @@ class WanInstance:
         self.kv_write_op = KVWriteOp(dit)
         self.decode_op = DecodeOp(vae)
         self.diffusion_step_op = DiffusionStepOp(dit)
+        self._compiled = False
+
+    def compile(self) -> None:
+        """``torch.compile`` every DiT block (one graph serves all of them: they share code and
+        shapes). Fuses norms, modulation and RoPE around the matmuls; on the H200 it takes the
+        Wan2.1-1.3B chunk step from 77 to 60 ms (infra/bench/RESULTS.md). The first chunks
+        after this pay the compilation. Idempotent."""
+        if self._compiled:
+            return
+        for block in self.dit.blocks:
+            block.compile()
+        self._compiled = True
 
     # ---------------------------------------------------------------------------------------
     # loops
@@ -211,11 +223,12 @@ def _randomize_hooks(dit: WanDiT, seed: int) -> None:
 
 def load_instance(card: ModelCard, *, device: str = "auto", precision: str | None = None,
                   checkpoint_dir: str | Path | None = None, seed: int = 0,
-                  random_weights: bool = False) -> WanInstance:
+                  random_weights: bool = False, compile: bool = False) -> WanInstance:
     """Validate ``card`` and build its components (see module docstring).
 
     ``random_weights`` builds seeded random weights whatever the card's ``weights`` say - for
     benchmarks and smoke tests of an architecture whose checkpoint is not at hand.
+    ``compile`` compiles the DiT blocks (``WanInstance.compile``).
     """
     card.validate()
     dev = _pick_device(device)
@@ -245,7 +258,10 @@ def load_instance(card: ModelCard, *, device: str = "auto", precision: str | Non
     vae = vae.to(device=dev, dtype=dtype).eval()
     text = CachedTextEncoder(encoder, TextEmbeddingCache(), model_id=card.model_id,
                              weights_version=card.weights_version)
-    return WanInstance(card, dit, vae, text, device=dev, precision=prec)
+    instance = WanInstance(card, dit, vae, text, device=dev, precision=prec)
+    if compile:
+        instance.compile()
+    return instance
 
 
 def _cast_dit(dit: WanDiT, dtype: torch.dtype) -> None:

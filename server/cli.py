@@ -73,6 +73,11 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="batched plans give bit-identical results to solo runs (slower batching)",
     )
+    serve.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the DiT blocks (for GPU serving; the first chunks pay compilation)",
+    )
 
     sub.add_parser("models", help="list the model cards", parents=[common])
     _add_bench_parser(sub)
@@ -131,6 +136,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         video_bitrate_bps=args.bitrate,
         deterministic=args.deterministic,
+        compile=args.compile,
         unwatched_timeout_s=args.unwatched_timeout,
     )
     sys.stdout.write(f"dreamrt: open http://{args.host}:{args.port}/  (auth {mode.value})\n")

@@ -95,8 +95,7 @@ def _prepare(variant: str, instance: WanInstance) -> None:
     # The baseline keeps the mask on a full cache, as the first implementation did.
     ChunkKVCache.full = property(lambda self: False) if variant == "baseline" else _FULL
     if variant == "compiled":
-        for block in instance.dit.blocks:
-            block.compile()
+        instance.compile()
 
 
 _FULL = ChunkKVCache.full
