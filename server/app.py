@@ -65,6 +65,7 @@ class ServerConfig:
     max_batch: int = 8
     deterministic: bool = False  # batched plans bit-identical to solo runs (replay, A/B tests)
     compile: bool = False  # torch.compile the DiT blocks (GPU serving; the first chunks compile)
+    checkpoint_dir: Path | None = None  # weights of a card with external weights
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
     control_rate_per_s: float = 30.0
     web_dir: Path | None = field(default=_WEB_DIR)
@@ -170,7 +171,8 @@ async def _build(config: ServerConfig) -> ServerContext:
     model_id = config.model or DEFAULT_MODEL
     card = registry.get(model_id)
     instance = await asyncio.to_thread(load_instance, card, device=config.device,
-                                       compile=config.compile)
+                                       compile=config.compile,
+                                       checkpoint_dir=config.checkpoint_dir)
     device = str(instance.device)
     profile = card.default_profile
     slab_bytes = instance.kv_slab_bytes(profile)

@@ -74,6 +74,13 @@ def _build_parser() -> argparse.ArgumentParser:
         help="batched plans give bit-identical results to solo runs (slower batching)",
     )
     serve.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="checkpoint directory of a card with external weights (laid out as its manifest says)",
+    )
+    serve.add_argument(
         "--compile",
         action="store_true",
         help="torch.compile the DiT blocks (for GPU serving; the first chunks pay compilation)",
@@ -137,6 +144,7 @@ def _serve(args: argparse.Namespace) -> int:
         video_bitrate_bps=args.bitrate,
         deterministic=args.deterministic,
         compile=args.compile,
+        checkpoint_dir=args.checkpoint,
         unwatched_timeout_s=args.unwatched_timeout,
     )
     sys.stdout.write(f"dreamrt: open http://{args.host}:{args.port}/  (auth {mode.value})\n")
