@@ -162,6 +162,7 @@ async def _build(config: ServerConfig) -> ServerContext:
     from runtime.admission import AdmissionConfig, AdmissionController
     from runtime.cost import CostModel, DeviceConstants
     from runtime.engine import Engine
+    from runtime.observers import NaNWatch, Profiler
     from runtime.pools import KVSlabPool
 
     mode = resolve_auth_mode(config.host, config.auth, force=config.force_no_auth)
@@ -192,6 +193,10 @@ async def _build(config: ServerConfig) -> ServerContext:
         deterministic=config.deterministic,
         playout_buffer_s=config.playout_buffer_s,
         max_lead_s=config.max_lead_s,
+        # The profiler calibrates the cost model from measured plan times (admission and
+        # deadlines then use what this machine really does); NaNWatch fails a session whose
+        # step produced a non-finite value instead of streaming garbage.
+        observers=(Profiler(cost), NaNWatch()),
     )
     await engine.start()
 
