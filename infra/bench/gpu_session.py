@@ -9,7 +9,8 @@ Variants, measured side by side in one process:
 
 - ``baseline``: eager PyTorch, attention always masked (the first implementation).
 - ``nomask``: eager; a full K/V cache drops the mask, so SDPA may pick flash / cuDNN kernels.
-- ``compiled``: ``nomask`` plus ``torch.compile`` of every DiT block (one graph for all 30).
+- ``compiled``: ``nomask`` plus ``WanInstance.compile()``: ``torch.compile`` of every DiT block
+  (one graph for all 30) and of the VAE decoder (3D conv weights channels-last).
 
 For each: steady-state FPS including decode, time to first frame, per-step and per-chunk
 latency (median, p95), DiT MFU (``dit_flops`` / measured step time / ``--peak-tflops``),
