@@ -36,7 +36,7 @@ __all__ = ["CHECKPOINT_FILE", "TINY_WORLD", "TRAINING_COMMAND", "cards"]
 
 CHECKPOINT_FILE = "tiny-world.safetensors"
 # The exact command that produced the shipped weights (a CPU run: see the recipe's docstring).
-TRAINING_COMMAND = ("dreamrt train tiny-world --device cpu --budget-s 4200 --batch 16 "
+TRAINING_COMMAND = ("dreamrt train tiny-world --device cpu --budget-s 3900 --batch 16 "
                     "--seed 0 --out models/tinyworld/weights")
 
 _COMPONENTS = ("dit", "vae", "text_encoder")

@@ -30,6 +30,14 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--preset", default="tinyworld-s")
     train.add_argument("--size", type=int, default=96, help="frame height and width (pixels)")
+    train.add_argument("--init", default=None, metavar="CHECKPOINT",
+                       help="start from these weights (fine-tuning) instead of a seeded init")
+    train.add_argument("--fresh-p", type=float, default=0.25,
+                       help="share of clips that start a stream")
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--warmup-steps", type=int, default=100)
+    train.add_argument("--self-rollout-from", type=float, default=0.6,
+                       help="fraction of the budget after which phase 2 starts")
     train.set_defaults(handler=_train)
 
     ev = subparsers.add_parser("eval", help="evaluate tiny-world through the real loop")
@@ -53,7 +61,9 @@ def _train(args: argparse.Namespace) -> int:
 
     config = TrainConfig(preset=args.preset, batch=args.batch, budget_s=args.budget_s,
                          max_steps=args.max_steps, seed=args.seed, height=args.size,
-                         width=args.size)
+                         width=args.size, init_from=args.init, fresh_p=args.fresh_p, lr=args.lr,
+                         warmup_steps=args.warmup_steps,
+                         self_rollout_from=args.self_rollout_from)
     summary = train(config, device=args.device, out_dir=args.out)
     sys.stdout.write(json.dumps(summary, indent=1) + "\n")
     return 0

@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 from models.card import ModelCard
 from models.tinyworld.codec import PixelCodec
 from models.tinyworld.config import dit_preset
-from models.tinyworld.prediction import X0PredictionDiT
+from models.tinyworld.prediction import PixelDiT
 from models.tinyworld.text import WordTextEncoder
 from models.wan.config import WanDiTConfig
 from models.wan.transformer import WanDiT
@@ -44,12 +44,12 @@ class CheckpointError(RuntimeError):
 
 
 def new_components(preset: str, *, seed: int = 0
-                   ) -> tuple[X0PredictionDiT, PixelCodec, WordTextEncoder]:
+                   ) -> tuple[PixelDiT, PixelCodec, WordTextEncoder]:
     """Seeded random components of a DiT preset (training starts here; tests use them)."""
     config = dit_preset(preset)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        dit = X0PredictionDiT(config)
+        dit = PixelDiT(config)
         text = WordTextEncoder(config.text_len, config.text_dim)
     return dit, PixelCodec(), text
 
@@ -68,7 +68,7 @@ def save_checkpoint(path: str | Path, dit: WanDiT, text: WordTextEncoder,
     save_file(tensors, str(path), metadata=metadata)
 
 
-def load_checkpoint(path: str | Path) -> tuple[X0PredictionDiT, PixelCodec, WordTextEncoder,
+def load_checkpoint(path: str | Path) -> tuple[PixelDiT, PixelCodec, WordTextEncoder,
                                                 dict[str, Any]]:
     """Components from a checkpoint written by ``save_checkpoint``; -> (dit, codec, text,
     recipe summary). ``CheckpointError`` when the file is absent, or keys or shapes differ."""
@@ -83,11 +83,13 @@ def load_checkpoint(path: str | Path) -> tuple[X0PredictionDiT, PixelCodec, Word
                               f"(metadata: {sorted(meta)})")
     config = WanDiTConfig.from_original_config(json.loads(meta["dit_config"]),
                                                name=meta.get("dit_preset", "checkpoint"))
-    dit = X0PredictionDiT(config)
+    dit = PixelDiT(config)
     text = WordTextEncoder(config.text_len, config.text_dim)
     for prefix, module in (("dit.", dit), ("text_encoder.", text)):
         state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
         missing, unexpected = module.load_state_dict(state, strict=False)
+        # a zero-initialised hook absent from the file is an exact no-op (older checkpoints)
+        missing = [k for k in missing if not k.startswith("position_embedding.")]
         if missing or unexpected:
             raise CheckpointError(f"{str(path)!r}: {prefix[:-1]} keys missing {missing[:5]}, "
                                   f"unexpected {unexpected[:5]}")
@@ -96,7 +98,7 @@ def load_checkpoint(path: str | Path) -> tuple[X0PredictionDiT, PixelCodec, Word
 
 def build_components(card: ModelCard, *, device: torch.device, dtype: torch.dtype, seed: int,
                      random_weights: bool, checkpoint_dir: str | Path | None
-                     ) -> tuple[X0PredictionDiT, PixelCodec, WordTextEncoder]:
+                     ) -> tuple[PixelDiT, PixelCodec, WordTextEncoder]:
     """The component builder ``models.instance`` uses for this family.
 
     Random weights when asked or when the card says so; otherwise the card's checkpoint file

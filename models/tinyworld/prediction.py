@@ -1,35 +1,79 @@
-"""x0-prediction for the Wan DiT: the network's head outputs the clean frames, the loops get v.
+"""``PixelDiT``: the Wan DiT adapted to pixel latents (x0-prediction, absolute positions).
 
-Why: tiny-world's DiT reads pixels through a (1, 16, 16) patch, so one token carries 768 pixel
-values in a 192-wide vector. A velocity target ``v = eps - x0`` holds the per-pixel noise, which
-cannot pass that bottleneck (about 1 - 192/768 of its variance is lost whatever the weights),
-while clean frames lie on a low-dimensional manifold and pass easily (the large-patch pixel
-diffusion finding of "Back to Basics: Let Denoising Generative Models Denoise", 2025).
+Two changes to ``WanDiT``, both needed because tiny-world's latents are the pixels themselves:
 
-``X0PredictionDiT`` is a ``WanDiT`` (same parameters, same names, same checkpoint keys) whose
-public forwards convert its head's x0 estimate into the velocity the loops and samplers expect::
+1. **x0-prediction.** The DiT reads pixels through a (1, 16, 16) patch, so one token carries 768
+   pixel values in a 128-wide vector. A velocity target ``v = eps - x0`` holds the per-pixel
+   noise, which cannot pass that bottleneck (a first run plateaued at a loss of 1 - 192/768 of
+   the noise variance for a 192-wide model), while clean frames lie on a low-dimensional
+   manifold and pass easily (the large-patch pixel-diffusion finding of "Back to Basics: Let
+   Denoising Generative Models Denoise", 2025). The head outputs x0; the public forwards
+   convert it into the velocity the loops and samplers expect::
 
-    v = (x_t - x0_hat) / sigma,    sigma = timestep / 1000 (clamped to ``MIN_SIGMA``)
+       v = (x_t - x0_hat) / sigma,    sigma = timestep / 1000 (clamped to ``MIN_SIGMA``)
 
-so a loop's ``x0 = x_t - sigma * v`` recovers ``x0_hat`` exactly. At t = 0 (the KV-update pass,
-whose output is discarded) the clamp keeps the value finite. ``predict_x0`` exposes the raw head
-output for the trainer.
+   so a loop's ``x0 = x_t - sigma * v`` recovers ``x0_hat`` exactly. At t = 0 (the KV-update
+   pass, whose output is discarded) the clamp keeps the value finite.
+
+2. **absolute positions.** Wan has only RoPE, which makes attention depend on relative offsets.
+   A stream's first chunk starts from pure noise with nothing cached, so no token can tell where
+   it is, and a model that must put the sprite at the centre and a terrain's texture in place
+   outputs the flat mean instead. ``position_embedding`` (a zero-initialised ``HookEmbedding``
+   of 2-D sin/cos features of each token's normalised (row, column)) adds where each token is;
+   it starts as an exact no-op, so weights without it load and behave as before.
+
+Parameters and checkpoint keys are ``WanDiT``'s plus ``position_embedding.*``.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from models.wan.conditioning import HookEmbedding
+from models.wan.config import WanDiTConfig
 from models.wan.transformer import WanDiT
 
-__all__ = ["MIN_SIGMA", "X0PredictionDiT"]
+__all__ = ["MIN_SIGMA", "POSITION_FEATURES", "PixelDiT"]
 
 MIN_SIGMA = 1e-3
+POSITION_FEATURES = 32  # 8 frequencies x (sin, cos) x (row, column)
 _TIMESTEP_SCALE = 1000.0  # Wan's timestep = sigma * num_train_timesteps
 
 
-class X0PredictionDiT(WanDiT):
-    """A WanDiT trained to predict x0; its forwards return velocities (module docstring)."""
+def _position_features(grid: tuple[int, int, int], device: torch.device) -> torch.Tensor:
+    # grid (f, h, w) -> [f * h * w, POSITION_FEATURES], frame-major like the tokens
+    f, h, w = grid
+    rows = (torch.arange(h, device=device, dtype=torch.float32) + 0.5) / h
+    cols = (torch.arange(w, device=device, dtype=torch.float32) + 0.5) / w
+    freqs = math.pi * 2.0 ** torch.arange(POSITION_FEATURES // 4, device=device,
+                                          dtype=torch.float32)
+    r = rows[:, None] * freqs  # [h, 8]
+    c = cols[:, None] * freqs  # [w, 8]
+    rf = torch.cat((r.sin(), r.cos()), dim=1)[:, None, :].expand(h, w, -1)
+    cf = torch.cat((c.sin(), c.cos()), dim=1)[None, :, :].expand(h, w, -1)
+    per_frame = torch.cat((rf, cf), dim=2).reshape(h * w, POSITION_FEATURES)
+    return per_frame.repeat(f, 1)
+
+
+class PixelDiT(WanDiT):
+    """A WanDiT that predicts x0 and knows absolute token positions (module docstring)."""
+
+    def __init__(self, config: WanDiTConfig) -> None:
+        super().__init__(config)
+        self.position_embedding = HookEmbedding(POSITION_FEATURES, config.dim)
+
+    def position_tokens(self, grid: tuple[int, int, int], device: torch.device) -> torch.Tensor:
+        """What ``position_embedding`` adds to each token: grid (f, h, w) -> [f * h * w, dim]."""
+        weight = self.position_embedding[0].weight
+        return self.position_embedding(_position_features(grid, device).to(weight.dtype))
+
+    def _embed_tokens(self, x: torch.Tensor, audio: torch.Tensor | None,
+                      grid: tuple[int, int, int]) -> torch.Tensor:
+        # x: [B, C, F, H, W] -> [B, N, dim]: Wan's tokens plus absolute positions
+        tokens = super()._embed_tokens(x, audio, grid)
+        return tokens + self.position_tokens(grid, tokens.device).to(tokens.dtype)
 
     @staticmethod
     def velocity(x: torch.Tensor, x0: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:

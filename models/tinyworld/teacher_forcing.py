@@ -18,17 +18,17 @@ clip costs 1152 on the CPU the recipe can run on. A sample without context (``ha
 is a stream's first chunk. Action and audio hooks take on/off flags: "off" is the loop's
 ``None`` (the hook adds nothing), which differs from an all-zero vector.
 
-Built from the DiT's public sub-modules (patch/time/action/audio embeddings, blocks, head); the
-small pieces of ``WanDiT`` internals repeated here are pinned by that parity test.
+Built from the DiT's public sub-modules (patch/time/action/audio/position embeddings, blocks,
+head); the small pieces of ``WanDiT`` internals repeated here are pinned by that parity test.
 """
 
 from __future__ import annotations
 
 import torch
 
+from models.tinyworld.prediction import PixelDiT
 from models.wan.conditioning import sinusoidal_embedding
 from models.wan.rope import rope_cos_sin
-from models.wan.transformer import WanDiT
 
 __all__ = ["TeacherForcingShapeError", "pair_mask", "pair_prediction"]
 
@@ -59,7 +59,7 @@ def _hook(module: torch.nn.Module | None, x: torch.Tensor | None, on: torch.Tens
 
 
 def pair_prediction(
-    dit: WanDiT,
+    dit: PixelDiT,
     context: torch.Tensor,
     noisy: torch.Tensor,
     timestep: torch.Tensor,
@@ -71,7 +71,7 @@ def pair_prediction(
     audio: torch.Tensor | None = None,
     audio_on: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The head's prediction (x0 for an ``X0PredictionDiT``) for the target chunk.
+    """The head's prediction (x0 for a ``PixelDiT``) for the target chunk.
 
     context, noisy: [B, C, c, H, W]; timestep: [B] (0..1000, the target's); text:
     [B, L, text_dim]; has_context: [B] 0/1; action: [B, 2, action_dim] (context's, target's
@@ -99,6 +99,7 @@ def pair_prediction(
     sound = _hook(dit.audio_embedding, audio, frame_on, "audio")  # [B, 2c, dim]
     if sound is not None:
         tokens = (tokens.unflatten(1, (2 * c, per_frame)) + sound[:, :, None]).flatten(1, 2)
+    tokens = tokens + dit.position_tokens(grid, tokens.device).to(tokens.dtype)
 
     # time (+ action) embedding per chunk -> e [B, 2, dim], e0 [B, 2, 6, dim]
     t = torch.stack((torch.zeros_like(timestep), timestep), dim=1).float()  # [B, 2]

@@ -9,10 +9,11 @@ One training step (``TrainConfig`` holds every number):
    ``discrete_p`` at one of the 4 sigmas the served schedule visits, else uniform;
 4. the pair forward (``teacher_forcing``) predicts the target's clean frames against the
    context exactly as the loop's KV update + denoise step would (the DiT is an
-   ``X0PredictionDiT``: see ``prediction.py`` for why not the velocity); loss = MSE to ``x0``
-   with sprite pixels weighted ``1 + sprite_weight`` (the sprite is what the prompt, keys and
-   audio control, and ~2 % of a frame), masked where the clip's text contradicts the target's
-   look (before a prompt switch);
+   ``PixelDiT``: see ``prediction.py`` for why not the velocity); loss = MSE to ``x0``,
+   weighted ``1 + sprite_weight`` within ``sprite_reach_px`` of the context's sprite (where the
+   keys move it; ~2 % of a frame is sprite) - a weight that depends on the inputs only, so the
+   optimum stays the conditional mean - and masked where the clip's text contradicts the
+   target's look (before a prompt switch);
 5. phase 2 (from ``self_rollout_from`` of the budget on): for ``self_rollout_p`` of the clips
    whose target is chunk 2, the context is the model's OWN 4-step sample of chunk 1 (drawn with
    the served sampler: x0-prediction, fresh re-noising, against chunk 0), so the model learns to
@@ -44,10 +45,10 @@ import torch
 
 from models.loops.sampling import SigmaStep, sigma_steps
 from models.tinyworld.card import CHECKPOINT_FILE, TRAINING_COMMAND
-from models.tinyworld.components import new_components, save_checkpoint
+from models.tinyworld.components import load_checkpoint, new_components, save_checkpoint
 from models.tinyworld.data import Clips, ClipSampler
 from models.tinyworld.geometry import CHUNK_FRAMES, SCHEDULE, SINK_FRAMES, WINDOW_FRAMES
-from models.tinyworld.prediction import X0PredictionDiT
+from models.tinyworld.prediction import PixelDiT
 from models.tinyworld.teacher_forcing import pair_prediction
 from models.tinyworld.text import WordTextEncoder
 
@@ -87,9 +88,12 @@ class TrainConfig:
     ema: float = 0.999
     discrete_p: float = 0.7
     context_noise: float = 0.05
-    sprite_weight: float = 9.0  # extra loss weight of sprite pixels (they are ~2 % of a frame)
+    sprite_weight: float = 4.0  # extra loss weight near the context's sprite
+    sprite_reach_px: int = 20  # how far from the context's sprite that weight reaches
     self_rollout_from: float = 0.6
     self_rollout_p: float = 0.5
+    fresh_p: float = 0.25  # share of clips that start a stream (their chunk 0 has no context)
+    init_from: str | None = None  # a checkpoint to start from (fine-tuning) instead of seeded init
     log_every: int = 50
     checkpoint_every_s: float = 600.0
 
@@ -110,7 +114,7 @@ class _Pair:
     audio: torch.Tensor
     audio_on: torch.Tensor
     words: torch.Tensor
-    sprite: torch.Tensor  # [B, c, H, W] the target's sprite coverage
+    near_sprite: torch.Tensor  # [B, H, W] 1 near the context's sprite (0 without context)
 
     @classmethod
     def of(cls, clips: Clips, target: torch.Tensor) -> _Pair:
@@ -130,16 +134,18 @@ class _Pair:
             audio=torch.cat((audio[rows, before], audio[rows, target]), dim=1),
             audio_on=torch.stack((clips.audio_on[rows, before] * has,
                                   clips.audio_on[rows, target]), 1),
-            words=clips.words, sprite=clips.sprite.view(b, f // c, c, h, w)[rows, target])
+            words=clips.words,
+            near_sprite=clips.sprite.view(b, f // c, c, h, w)[rows, before, -1] * has[:, None,
+                                                                                     None])
 
     def select(self, index: torch.Tensor) -> _Pair:
         return _Pair(*(t.index_select(0, index) for t in (
             self.context, self.target, self.has_context, self.action, self.action_on,
-            self.audio, self.audio_on, self.words, self.sprite)))
+            self.audio, self.audio_on, self.words, self.near_sprite)))
 
     def with_context(self, context: torch.Tensor) -> _Pair:
         return _Pair(context, self.target, self.has_context, self.action, self.action_on,
-                     self.audio, self.audio_on, self.words, self.sprite)
+                     self.audio, self.audio_on, self.words, self.near_sprite)
 
 
 class _Run:
@@ -148,7 +154,11 @@ class _Run:
     def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
         dit, _, text = new_components(cfg.preset, seed=cfg.seed)
-        self.dit: X0PredictionDiT = dit.to(device).train()
+        if cfg.init_from is not None:
+            start, _, start_text, _ = load_checkpoint(cfg.init_from)
+            dit.load_state_dict(start.state_dict())
+            text.load_state_dict(start_text.state_dict())
+        self.dit: PixelDiT = dit.to(device).train()
         self.text: WordTextEncoder = text.to(device).train()
         self.ema_dit = copy.deepcopy(self.dit).eval().requires_grad_(False)
         self.ema_text = copy.deepcopy(self.text).eval().requires_grad_(False)
@@ -158,7 +168,7 @@ class _Run:
         self.sampler = ClipSampler(num_chunks=cfg.num_chunks, chunk_frames=CHUNK_FRAMES,
                                    height=cfg.height, width=cfg.width,
                                    text_len=self.dit.config.text_len, device=device,
-                                   seed=cfg.seed)
+                                   seed=cfg.seed, fresh_p=cfg.fresh_p)
         self.steps: tuple[SigmaStep, ...] = sigma_steps(SCHEDULE.timesteps, SCHEDULE.flow_shift,
                                                          SCHEDULE.num_train_timesteps)
         _check_geometry()
@@ -230,9 +240,13 @@ class _Run:
         sigma = self._sigmas(b)
         s = sigma[:, None, None, None, None]
         xt = (1 - s) * pair.target + s * self._randn(pair.target)
-        pixel_w = 1.0 + cfg.sprite_weight * pair.sprite[:, None]  # [B, 1, c, H, W]
+        # weight from the inputs only (the context's sprite, dilated), never from the target:
+        # a target-dependent weight would pull uncertain pixels toward the sprite's colour
+        reach = cfg.sprite_reach_px
+        near = torch.nn.functional.max_pool2d(pair.near_sprite[:, None], 2 * reach + 1, 1, reach)
+        pixel_w = (1.0 + cfg.sprite_weight * near)[:, :, None]  # [B, 1, 1, H, W]
         sq = (self._x0(pair, xt, sigma) - pair.target).square() * pixel_w
-        err = sq.sum(dim=(1, 2, 3, 4)) / (pixel_w.sum(dim=(1, 2, 3, 4)) * 3)
+        err = sq.mean(dim=(1, 2, 3, 4)) / pixel_w.mean(dim=(1, 2, 3, 4))
         loss = (err * weight).sum() / weight.sum().clamp_min(1.0)
         for group in self.opt.param_groups:
             group["lr"] = self.lr_at(frac)

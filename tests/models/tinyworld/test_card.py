@@ -12,7 +12,7 @@ from models.instance import load_instance
 from models.registry import get
 from models.tinyworld.codec import CodecShapeError, PixelCodec
 from models.tinyworld.components import CheckpointError, build_components
-from models.tinyworld.prediction import X0PredictionDiT
+from models.tinyworld.prediction import PixelDiT
 from models.tinyworld.text import WordTextEncoder
 
 
@@ -48,7 +48,7 @@ def test_serving_under_another_sampler_is_a_typed_error() -> None:
 def test_random_instance_builds_generic_components_and_sizes_itself() -> None:
     card = _random_card()
     instance = load_instance(card, device="cpu")
-    assert isinstance(instance.dit, X0PredictionDiT)
+    assert isinstance(instance.dit, PixelDiT)
     assert isinstance(instance.vae, PixelCodec)
     assert isinstance(instance.text.encoder, WordTextEncoder)
     profile = card.default_profile

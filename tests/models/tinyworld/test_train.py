@@ -10,7 +10,7 @@ import torch
 from models.tinyworld.components import load_checkpoint
 from models.tinyworld.config import dit_preset
 from models.tinyworld.data import ClipSampler
-from models.tinyworld.prediction import X0PredictionDiT
+from models.tinyworld.prediction import PixelDiT
 from models.tinyworld.train import PHASE1_FILE, TrainConfig, train
 
 
@@ -25,7 +25,7 @@ def test_a_short_run_learns_and_writes_a_loadable_checkpoint(tmp_path) -> None:
     assert [r["self_rollout"] for r in log] == [0.0] * 4 + [1.0] * 4
     assert log[-1]["loss"] < 0.7 * log[0]["loss"], [r["loss"] for r in log]
     dit, _, text, recipe = load_checkpoint(tmp_path / "tiny-world.safetensors")
-    assert isinstance(dit, X0PredictionDiT)
+    assert isinstance(dit, PixelDiT)
     assert dit.config.replace(name="x") == dit_preset("tinyworld-test").replace(name="x")
     assert recipe["steps"] == 40 and recipe["config"]["batch"] == 4
     assert text.encode(["a red ball"]).shape == (1, 8, 16)
