@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["add_parsers", "main"]
@@ -18,9 +19,12 @@ __all__ = ["add_parsers", "main"]
 _MODEL = "tiny-world"
 
 
-def add_parsers(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``train`` and ``eval`` (each takes the model id ``tiny-world``)."""
-    train = subparsers.add_parser("train", help="train tiny-world by its recipe")
+def add_parsers(subparsers: argparse._SubParsersAction,
+                parents: Sequence[argparse.ArgumentParser] = ()) -> None:
+    """Add ``train`` and ``eval`` (each takes the model id ``tiny-world``); ``parents`` are the
+    host parser's common options. Each sets ``handler`` (args -> exit code)."""
+    train = subparsers.add_parser("train", help="train tiny-world by its recipe",
+                                  parents=list(parents))
     train.add_argument("model", choices=[_MODEL])
     train.add_argument("--device", default="cuda", help="torch device (cuda, cpu)")
     train.add_argument("--out", type=Path, required=True, help="directory for the checkpoint")
@@ -38,9 +42,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--warmup-steps", type=int, default=100)
     train.add_argument("--self-rollout-from", type=float, default=0.6,
                        help="fraction of the budget after which phase 2 starts")
+    train.add_argument("--sprite-weight", type=float, default=10.0,
+                       help="extra loss weight near the context's sprite")
     train.set_defaults(handler=_train)
 
-    ev = subparsers.add_parser("eval", help="evaluate tiny-world through the real loop")
+    ev = subparsers.add_parser("eval", help="evaluate tiny-world through the real loop",
+                               parents=list(parents))
     ev.add_argument("model", choices=[_MODEL])
     ev.add_argument("--checkpoint-dir", type=Path, default=None,
                     help="directory holding tiny-world.safetensors (default: the shipped one)")
@@ -63,7 +70,8 @@ def _train(args: argparse.Namespace) -> int:
                          max_steps=args.max_steps, seed=args.seed, height=args.size,
                          width=args.size, init_from=args.init, fresh_p=args.fresh_p, lr=args.lr,
                          warmup_steps=args.warmup_steps,
-                         self_rollout_from=args.self_rollout_from)
+                         self_rollout_from=args.self_rollout_from,
+                         sprite_weight=args.sprite_weight)
     summary = train(config, device=args.device, out_dir=args.out)
     sys.stdout.write(json.dumps(summary, indent=1) + "\n")
     return 0

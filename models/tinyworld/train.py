@@ -88,8 +88,8 @@ class TrainConfig:
     ema: float = 0.999
     discrete_p: float = 0.7
     context_noise: float = 0.05
-    sprite_weight: float = 4.0  # extra loss weight near the context's sprite
-    sprite_reach_px: int = 20  # how far from the context's sprite that weight reaches
+    sprite_weight: float = 10.0  # extra loss weight near the context's sprite
+    sprite_reach_px: int = 24  # how far from the context's sprite that weight reaches
     self_rollout_from: float = 0.6
     self_rollout_p: float = 0.5
     fresh_p: float = 0.25  # share of clips that start a stream (their chunk 0 has no context)
