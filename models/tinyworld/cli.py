@@ -83,11 +83,13 @@ def _eval(args: argparse.Namespace) -> int:
     import torch
 
     from models.instance import load_instance
-    from models.registry import get
+    from models.tinyworld.card import TINY_WORLD
     from models.tinyworld.evaluate import evaluate
 
     torch.set_num_threads(1)  # what a served session gets: the other core encodes
-    card = get(_MODEL)
+    # The card itself, not the registry: it is registered (and served by default) only once
+    # weights that pass this evaluation ship with the repository.
+    card = TINY_WORLD
     if args.checkpoint_file is not None:  # e.g. the phase-1 weights of a training run
         entries = {c: replace(e, path_hint=args.checkpoint_file)
                    for c, e in card.checkpoint.components.items()}

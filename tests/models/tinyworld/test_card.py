@@ -9,7 +9,7 @@ import torch
 
 from models.card import RecipeMismatchError, ScheduleSpec
 from models.instance import load_instance
-from models.registry import get
+from models.tinyworld.card import TINY_WORLD
 from models.tinyworld.codec import CodecShapeError, PixelCodec
 from models.tinyworld.components import CheckpointError, build_components
 from models.tinyworld.prediction import PixelDiT
@@ -17,15 +17,15 @@ from models.tinyworld.text import WordTextEncoder
 
 
 def _random_card(preset: str = "tinyworld-test"):
-    card = get("tiny-world")
+    card = TINY_WORLD
     dit = dataclasses.replace(card.components["dit"], preset=preset)
     return dataclasses.replace(card, components={**card.components, "dit": dit},
                                weights="random",
                                description="tiny-world architecture, random weights (tests)")
 
 
-def test_card_is_registered_valid_and_describes_its_recipe() -> None:
-    card = get("tiny-world")
+def test_card_is_valid_and_describes_its_recipe() -> None:
+    card = TINY_WORLD
     assert card.validate() is card
     assert card.recipe.assumes_loop == "chunk_rollout"
     assert card.recipe.training_command.startswith("dreamrt train tiny-world")
@@ -38,7 +38,7 @@ def test_card_is_registered_valid_and_describes_its_recipe() -> None:
 
 
 def test_serving_under_another_sampler_is_a_typed_error() -> None:
-    card = get("tiny-world")
+    card = TINY_WORLD
     with pytest.raises(RecipeMismatchError, match="assumes"):
         card.check_serving("chunk_rollout", "fp32", ScheduleSpec((1000, 500), flow_shift=1.0))
     with pytest.raises(RecipeMismatchError, match="fp16"):
@@ -81,7 +81,7 @@ def test_pixel_codec_is_identity_with_a_counting_cache() -> None:
 
 
 def test_missing_or_foreign_checkpoint_names_the_file(tmp_path) -> None:
-    card = get("tiny-world")
+    card = TINY_WORLD
     with pytest.raises(CheckpointError, match="does not exist"):
         build_components(card, device=torch.device("cpu"), dtype=torch.float32, seed=0,
                          random_weights=False, checkpoint_dir=tmp_path)
