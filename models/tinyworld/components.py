@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from models.card import ModelCard
 from models.tinyworld.codec import PixelCodec
 from models.tinyworld.config import dit_preset
+from models.tinyworld.geometry import CHUNK_FRAMES
 from models.tinyworld.prediction import PixelDiT
 from models.tinyworld.text import WordTextEncoder
 from models.wan.config import WanDiTConfig
@@ -49,7 +50,7 @@ def new_components(preset: str, *, seed: int = 0
     config = dit_preset(preset)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        dit = PixelDiT(config)
+        dit = PixelDiT(config, CHUNK_FRAMES)
         text = WordTextEncoder(config.text_len, config.text_dim)
     return dit, PixelCodec(), text
 
@@ -83,13 +84,14 @@ def load_checkpoint(path: str | Path) -> tuple[PixelDiT, PixelCodec, WordTextEnc
                               f"(metadata: {sorted(meta)})")
     config = WanDiTConfig.from_original_config(json.loads(meta["dit_config"]),
                                                name=meta.get("dit_preset", "checkpoint"))
-    dit = PixelDiT(config)
+    dit = PixelDiT(config, CHUNK_FRAMES)
     text = WordTextEncoder(config.text_len, config.text_dim)
     for prefix, module in (("dit.", dit), ("text_encoder.", text)):
         state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
         missing, unexpected = module.load_state_dict(state, strict=False)
         # a zero-initialised hook absent from the file is an exact no-op (older checkpoints)
-        missing = [k for k in missing if not k.startswith("position_embedding.")]
+        missing = [k for k in missing
+                   if not k.startswith(("position_embedding.", "frame_embedding."))]
         if missing or unexpected:
             raise CheckpointError(f"{str(path)!r}: {prefix[:-1]} keys missing {missing[:5]}, "
                                   f"unexpected {unexpected[:5]}")

@@ -20,9 +20,13 @@ Two changes to ``WanDiT``, both needed because tiny-world's latents are the pixe
    it is, and a model that must put the sprite at the centre and a terrain's texture in place
    outputs the flat mean instead. ``position_embedding`` (a zero-initialised ``HookEmbedding``
    of 2-D sin/cos features of each token's normalised (row, column)) adds where each token is;
-   it starts as an exact no-op, so weights without it load and behave as before.
+   ``frame_embedding`` (likewise, of the frame's index inside its chunk) adds *when*: without
+   it the frames of a chunk, all noise at the first step, rendered one displacement for all
+   four frames instead of a motion. Both start as exact no-ops, so weights without them load
+   and behave as before.
 
-Parameters and checkpoint keys are ``WanDiT``'s plus ``position_embedding.*``.
+Parameters and checkpoint keys are ``WanDiT``'s plus ``position_embedding.*`` and
+``frame_embedding.*``.
 """
 
 from __future__ import annotations
@@ -35,10 +39,11 @@ from models.wan.conditioning import HookEmbedding
 from models.wan.config import WanDiTConfig
 from models.wan.transformer import WanDiT
 
-__all__ = ["MIN_SIGMA", "POSITION_FEATURES", "PixelDiT"]
+__all__ = ["FRAME_FEATURES", "MIN_SIGMA", "POSITION_FEATURES", "PixelDiT"]
 
 MIN_SIGMA = 1e-3
 POSITION_FEATURES = 32  # 8 frequencies x (sin, cos) x (row, column)
+FRAME_FEATURES = 8  # 4 frequencies x (sin, cos) of the frame's index inside its chunk
 _TIMESTEP_SCALE = 1000.0  # Wan's timestep = sigma * num_train_timesteps
 
 
@@ -57,17 +62,33 @@ def _position_features(grid: tuple[int, int, int], device: torch.device) -> torc
     return per_frame.repeat(f, 1)
 
 
-class PixelDiT(WanDiT):
-    """A WanDiT that predicts x0 and knows absolute token positions (module docstring)."""
+def _frame_features(frames: int, chunk_frames: int, device: torch.device) -> torch.Tensor:
+    # -> [frames, FRAME_FEATURES] of each frame's index inside its chunk
+    k = (torch.arange(frames, device=device) % chunk_frames).float()
+    freqs = (math.pi / 8.0) * 2.0 ** torch.arange(FRAME_FEATURES // 2, device=device,
+                                                  dtype=torch.float32)
+    angles = k[:, None] * freqs
+    return torch.cat((angles.sin(), angles.cos()), dim=1)
 
-    def __init__(self, config: WanDiTConfig) -> None:
+
+class PixelDiT(WanDiT):
+    """A WanDiT that predicts x0 and knows where and when (within its chunk of
+    ``chunk_frames``) each token is (module docstring). Inputs must hold whole chunks."""
+
+    def __init__(self, config: WanDiTConfig, chunk_frames: int) -> None:
         super().__init__(config)
+        self.chunk_frames = chunk_frames
         self.position_embedding = HookEmbedding(POSITION_FEATURES, config.dim)
+        self.frame_embedding = HookEmbedding(FRAME_FEATURES, config.dim)
 
     def position_tokens(self, grid: tuple[int, int, int], device: torch.device) -> torch.Tensor:
-        """What ``position_embedding`` adds to each token: grid (f, h, w) -> [f * h * w, dim]."""
+        """What the position and frame embeddings add to each token: grid (f, h, w) ->
+        [f * h * w, dim], frame-major like the tokens."""
         weight = self.position_embedding[0].weight
-        return self.position_embedding(_position_features(grid, device).to(weight.dtype))
+        where = self.position_embedding(_position_features(grid, device).to(weight.dtype))
+        when = self.frame_embedding(
+            _frame_features(grid[0], self.chunk_frames, device).to(weight.dtype))  # [f, dim]
+        return where + when.repeat_interleave(grid[1] * grid[2], dim=0)
 
     def _embed_tokens(self, x: torch.Tensor, audio: torch.Tensor | None,
                       grid: tuple[int, int, int]) -> torch.Tensor:

@@ -44,6 +44,12 @@ def test_positions_start_as_a_no_op_and_then_tell_tokens_apart() -> None:
     assert tokens.shape == (12, dit.config.dim)
     assert torch.equal(tokens[:6], tokens[6:])  # the same place in every frame
     assert len({tuple(t.tolist()) for t in tokens[:6]}) == 6  # every place its own
+    for p in dit.frame_embedding.parameters():
+        p.data.normal_(0, 0.5, generator=torch.Generator().manual_seed(2))
+    dit.chunk_frames = 2
+    when = dit.position_tokens((4, 2, 3), torch.device("cpu"))  # two chunks of two frames
+    assert not torch.allclose(when[:6], when[6:12])  # frame 0 and frame 1 of a chunk differ
+    assert torch.equal(when[:12], when[12:])  # and every chunk counts from 0 again
     # a constant input now gives position-dependent output (plain RoPE could not)
     cross = dit.cross_kv(torch.zeros((1, 8, dit.config.text_dim)))
     with torch.no_grad():

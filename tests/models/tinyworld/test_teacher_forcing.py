@@ -21,7 +21,8 @@ TOLERANCE = TINY_WORLD.parity.tolerances["teacher_forced_vs_chunk_rollout"]
 def _dit():
     dit, _, _ = new_components("tinyworld-test", seed=0)
     g = torch.Generator().manual_seed(1)
-    for hook in (dit.action_embedding, dit.audio_embedding, dit.position_embedding):
+    for hook in (dit.action_embedding, dit.audio_embedding, dit.position_embedding,
+                 dit.frame_embedding):
         for p in hook.parameters():
             p.data.copy_(torch.randn(p.shape, generator=g) * 0.3)
     return dit.eval()
@@ -54,6 +55,7 @@ def test_pair_forward_equals_the_loops_kv_update_then_denoise(has_context, hooks
     dit = _dit()
     g = torch.Generator().manual_seed(2)
     c = 2
+    dit.chunk_frames = c  # frame indices restart every chunk, in both paths
     context = torch.randn((2, 3, c, 32, 48), generator=g)
     noisy = torch.randn((2, 3, c, 32, 48), generator=g)
     t = torch.tensor([750.0, 321.0])
