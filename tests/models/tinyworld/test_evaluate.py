@@ -1,0 +1,65 @@
+"""``dreamrt eval tiny-world`` in short, through the real loop with the shipped weights: the
+thresholds the full evaluation meets are asserted; the two it does not meet yet (keys, 60-s
+stability; infra/bench/RESULTS.md, 2026-11-29) are strict xfails, so a better checkpoint turns
+them into failures that ask for the marker to go. Also: inputs latch where the protocol says."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from models.instance import load_instance
+from models.registry import get
+from models.tinyworld.evaluate import EvalReport, evaluate
+from models.tinyworld.rollout import LoopStream
+
+
+@pytest.fixture(scope="module")
+def short_report() -> EvalReport:
+    instance = load_instance(get("tiny-world"), device="cpu")
+    return evaluate(instance, rollouts=10, chunks=18, long_s=10.0)
+
+
+def test_inputs_latch_one_chunk_ahead_and_are_acknowledged() -> None:
+    card = get("tiny-world")
+    dit = dataclasses.replace(card.components["dit"], preset="tinyworld-test")
+    card = dataclasses.replace(card, components={**card.components, "dit": dit},
+                               weights="random", description="random weights (tests)")
+    stream = LoopStream(load_instance(card, device="cpu"), "a red ball on grass", seed=0)
+    first = stream.next_chunk()
+    assert first.shape == (4, 96, 96, 3)
+    keys = stream.push_keys(["d"])
+    prompt = stream.push("prompt", {"text": "a blue square on snow"})
+    stream.next_chunk()
+    stream.next_chunk()
+    assert stream.applied == {keys: 2, prompt: 2}
+    kinds = [kind for kind, _ in stream.plan_wall_s]
+    assert kinds[:7] == ["text_encode", "chunk_step", "chunk_step", "chunk_step", "chunk_step",
+                         "kv_update", "vae_decode"]
+    assert "kv_recache" in kinds  # the switch re-cached the window under the new prompt
+
+
+@pytest.mark.slow
+def test_prompt_adherence_and_switches_meet_the_issue_thresholds(short_report) -> None:
+    r = short_report
+    assert (r.action_trials, r.switches, r.long_frames) == (20, 10, 120)
+    assert r.adherence_frames > 600
+    assert r.verdicts["prompt_adherence"], r.as_dict()
+    assert r.verdicts["switch_success"], r.as_dict()
+    assert r.audio_pulse_ratio > 1.5  # loud audio visibly grows the sprite
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="the shipped weights ignore the keys (11 % of 100 trials "
+                   "move the sprite >= 4 px; the world moves it ~25 px): motion needs more "
+                   "training than the CPU stages gave")
+def test_keys_move_the_sprite(short_report) -> None:
+    assert short_report.verdicts["action_accuracy"], short_report.as_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="93.6 % of a 60-s rollout's frames stay in the world's "
+                   "range (threshold 99 %): the sprite sometimes smears or fades")
+def test_no_collapse(short_report) -> None:
+    assert short_report.verdicts["long_in_range"], short_report.as_dict()
