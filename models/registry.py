@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from models.card import CardError, ModelCard
+from models.tinyworld import card as tinyworld_card
 from models.wan import card as wan_card
 
 __all__ = ["CardRegistry", "UnknownModelError", "builtin_registry", "get", "list_cards"]
 
 # Every family contributes its cards here: one ``cards()`` per family module.
-_FAMILY_CARDS = (wan_card.cards,)
+_FAMILY_CARDS = (wan_card.cards, tinyworld_card.cards)
 
 
 class UnknownModelError(LookupError):
