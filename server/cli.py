@@ -115,6 +115,9 @@ def _build_parser() -> argparse.ArgumentParser:
     job.add_argument("--steps", type=int, default=None)
     job.add_argument("--seed", type=int, default=None)
     job.add_argument("--token", default=None)
+    from models.tinyworld.cli import add_parsers as add_tinyworld_parsers  # train/eval tiny-world
+
+    add_tinyworld_parsers(sub, parents=[common])
     return parser
 
 
@@ -263,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         return _watch(args)
     if args.command == "job":
         return _job(args)
+    if args.command in ("train", "eval"):  # models/tinyworld/cli.py
+        return args.handler(args)
     raise SystemExit(f"unhandled command {args.command!r}")
 
 
