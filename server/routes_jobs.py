@@ -13,10 +13,14 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse
 
-from models.card import ProfileError
-from server.routes_system import ApiError, AuthGrant, ctx_of, field_error, require_general
+from server.routes_system import (
+    ApiError,
+    AuthGrant,
+    creation_errors,
+    ctx_of,
+    require_general,
+)
 from server.schemas import JobBody, JobCreated
-from sessions.host import UnsupportedTaskError
 
 __all__ = ["router"]
 
@@ -27,7 +31,7 @@ router = APIRouter(prefix="/v1/jobs")
 async def submit(body: JobBody, request: Request, grant: AuthGrant) -> JobCreated:
     require_general(grant)
     host = ctx_of(request).host
-    try:
+    with creation_errors():
         job = host.submit_job(
             task=body.task,
             prompt=body.prompt,
@@ -38,12 +42,6 @@ async def submit(body: JobBody, request: Request, grant: AuthGrant) -> JobCreate
             steps=body.steps,
             seed=body.seed,
         )
-    except KeyError as exc:
-        raise field_error("model", str(exc.args[0])) from None
-    except ProfileError as exc:
-        raise field_error(exc.field, str(exc)) from None
-    except UnsupportedTaskError as exc:
-        raise field_error(exc.field, str(exc)) from None
     return JobCreated(id=job.id)
 
 

@@ -18,10 +18,16 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
-from models.card import ProfileError
 from runtime.admission import Reject
 from server.auth import Grant
-from server.routes_system import ApiError, AuthGrant, ctx_of, field_error, require_general
+from server.routes_system import (
+    ApiError,
+    AuthGrant,
+    creation_errors,
+    ctx_of,
+    field_error,
+    require_general,
+)
 from server.schemas import (
     ActionsBody,
     ChooseBody,
@@ -37,7 +43,6 @@ from server.schemas import (
 from server.webrtc import OfferError
 from sessions.audio import AudioFormatError, decode_audio
 from sessions.events import FeedbackRecorded, encode_event
-from sessions.host import UnsupportedTaskError
 from sessions.session import (
     InvalidInputError,
     Session,
@@ -75,7 +80,7 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
         raise ApiError(
             501, "livekit_unavailable", "this build has no LiveKit participant; connect over WebRTC"
         )
-    try:
+    with creation_errors():
         answer = ctx.host.create_session(
             prompt=body.prompt,
             model=body.model,
@@ -85,12 +90,6 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
             seed=body.seed,
             priority_class=body.priority_class,
         )
-    except KeyError as exc:
-        raise field_error("model", str(exc.args[0])) from None
-    except ProfileError as exc:
-        raise field_error(exc.field, str(exc)) from None
-    except UnsupportedTaskError as exc:
-        raise field_error(exc.field, str(exc)) from None
     if isinstance(answer, Reject):
         retry = max(1, math.ceil(answer.retry_after_s))
         raise ApiError(

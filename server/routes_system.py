@@ -6,6 +6,9 @@ Also the shared edge helpers: ``ApiError`` (an error answer with a machine-reada
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -55,6 +58,21 @@ def field_error(field: str, message: str, *, code: str = "invalid_field") -> Api
     return ApiError(
         422, code, message, detail=[{"loc": ["body", field], "msg": message, "type": code}]
     )
+
+
+@contextlib.contextmanager
+def creation_errors() -> Iterator[None]:
+    """Maps what the host refuses while creating a session or job to 422s naming the field:
+    an unknown model, a profile the card cannot serve, a task the card does not offer."""
+    from models.card import ProfileError
+    from sessions.host import UnsupportedTaskError
+
+    try:
+        yield
+    except KeyError as exc:
+        raise field_error("model", str(exc.args[0])) from None
+    except (ProfileError, UnsupportedTaskError) as exc:
+        raise field_error(exc.field, str(exc)) from None
 
 
 def ctx_of(request: Request) -> Any:
