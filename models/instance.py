@@ -31,7 +31,9 @@ from models.loops.ops import (
     TextEmbedOp,
     TextEncodeOp,
 )
+from models.wan.attention import ATTENTION_BACKENDS, WanSelfAttention
 from models.wan.config import WanDiTConfig
+from models.wan.fp8 import quantize_linears
 from models.wan.kv_cache import ChunkKVCache
 from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache, UMT5TextEncoder
 from models.wan.transformer import WanDiT, dit_flops
@@ -93,13 +95,31 @@ class WanInstance:
         self.decode_op = DecodeOp(vae)
         self.diffusion_step_op = DiffusionStepOp(dit)
         self._compiled = False
+        self._fp8 = False
 
-    def compile(self) -> None:
-        """Compile the step bodies with ``torch.compile``: every DiT block (one graph serves all
-        of them: same code, same shapes) and the VAE decoder, whose 3D convolution weights go
-        channels-last first (cuDNN's fast layout once the norms around them are fused).
-        Measured on the H200 (infra/bench/RESULTS.md): chunk step 77 -> 60 ms, 12-frame decode
-        230 -> 129 ms. The first chunks after this pay the compilation. Idempotent."""
+    def compile(self, *, attention: str = "auto", fp8: bool = False) -> None:
+        """Optimise the step bodies for serving (GPU); measured in infra/bench/RESULTS.md.
+
+        - ``torch.compile`` of every DiT block (one graph serves all of them: same code, same
+          shapes; one more per K/V prefix length while a stream's cache fills) and of the VAE
+          decoder, whose 3D convolution weights go channels-last first (cuDNN's fast layout once
+          the norms around them are fused). The first chunks after this pay the compilation.
+        - ``attention``: which SDPA kernels unmasked self-attention prefers
+          (``models.wan.attention.ATTENTION_BACKENDS``: auto, flash, cudnn).
+        - ``fp8``: the blocks' linear layers become ``models.wan.fp8.Fp8Linear`` (e4m3 weights and
+          activations, row-wise scales): faster GEMMs at a measured cost in fidelity; opt-in.
+
+        Calling it again may change ``attention``; compilation and FP8 are one-way.
+        """
+        if attention not in ATTENTION_BACKENDS:
+            raise InstanceError(f"attention {attention!r} is not one of "
+                                f"{sorted(ATTENTION_BACKENDS)}")
+        for module in self.dit.modules():
+            if isinstance(module, WanSelfAttention):
+                module.backends = ATTENTION_BACKENDS[attention]
+        if fp8 and not self._fp8:
+            quantize_linears(self.dit, lambda name: name.startswith("blocks."))
+            self._fp8 = True
         if self._compiled:
             return
         for block in self.dit.blocks:

@@ -5,18 +5,25 @@ drives ``chunk_rollout`` (text encode, 4 denoise steps, KV update, VAE decode to
 frames on the host, ready for the encoder) at 832x480, chunks of 3 latent frames, KV window
 9 + 3 sink (``--window 21`` for the 21-frame variant), random bf16 weights.
 
-Variants, measured side by side in one process:
+Variants, measured side by side in one process (``--variants``, comma-separated):
 
-- ``baseline``: eager PyTorch, attention always masked (the first implementation).
-- ``nomask``: eager; a full K/V cache drops the mask, so SDPA may pick flash / cuDNN kernels.
+- ``baseline``: eager PyTorch, attention always masked over the whole cache (the first
+  implementation).
+- ``nomask``: eager; attention reads only the filled prefix of the K/V cache, unmasked, so SDPA
+  may pick flash / cuDNN kernels from the first chunk on.
 - ``compiled``: ``nomask`` plus ``WanInstance.compile()``: ``torch.compile`` of every DiT block
   (one graph for all 30) and of the VAE decoder (3D conv weights channels-last).
+- options joined with ``+``: ``compiled+cudnn`` / ``+flash`` (SDPA kernel preference),
+  ``compiled+cudnn+fp8`` (FP8 linears in the blocks: ``models/wan/fp8.py``; one-way, so it
+  comes last).
 
 For each: steady-state FPS including decode, time to first frame, per-step and per-chunk
 latency (median, p95), DiT MFU (``dit_flops`` / measured step time / ``--peak-tflops``),
 peak memory, and engine overhead (chunk wall time minus the device time of its plans).
 Parity: every variant's frames against the baseline's (same seed), as mean/max absolute
-uint8 difference. Prints one table last; ``--json`` writes everything.
+uint8 difference. Time to first frame comes from a one-chunk session with a prompt never seen
+before (its text encode runs; kernels are warm). Prints the tables last; ``--json``
+writes everything.
 
     python -m infra.bench.gpu_session [--chunks 8] [--window 12] [--variants baseline,nomask,compiled]
 """
@@ -25,11 +32,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -37,6 +46,7 @@ import torch
 from models.instance import WanInstance, load_instance
 from models.loops.requests import SessionRequest
 from models.registry import get
+from models.wan.fp8 import Fp8Linear, scaled_mm_supported
 from models.wan.kv_cache import ChunkKVCache
 from models.wan.transformer import dit_flops
 from runtime.contract import Emission, Priority
@@ -44,7 +54,8 @@ from runtime.cost import CostModel, DeviceConstants
 from runtime.engine import Engine
 from runtime.observers import Profiler
 
-VARIANTS = ("baseline", "nomask", "compiled")
+VARIANTS = ("baseline", "compiled", "compiled+cudnn", "compiled+cudnn+fp8")
+_KINDS = ("text_encode", "chunk_step", "kv_update", "vae_decode")
 
 
 def _with_window(card: Any, window: int) -> Any:
@@ -64,7 +75,7 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-async def _run_session(instance: WanInstance, chunks: int) -> dict[str, Any]:
+async def _run_session(instance: WanInstance, chunks: int, prompt: str) -> dict[str, Any]:
     profiler = Profiler()  # CUDA events when CUDA is there
     engine = Engine(cost=CostModel(DeviceConstants.h200()), observers=[profiler])
     await engine.start()
@@ -78,28 +89,95 @@ async def _run_session(instance: WanInstance, chunks: int) -> dict[str, Any]:
     start = time.perf_counter()
     # Batch class: no playout deadlines, so the lead limit does not cap the rate we measure.
     handle = engine.spawn(instance.loop("chunk_rollout"),
-                          SessionRequest(prompt="a red ball rolling on green grass", seed=7,
-                                         max_chunks=chunks),
+                          SessionRequest(prompt=prompt, seed=7, max_chunks=chunks),
                           instance, loop_id="bench", priority=Priority.BATCH, on_emit=on_emit)
     await handle.result()
     await engine.close()
     stamps = [start] + [t for t, _ in emitted]
     chunk_wall = [b - a for a, b in zip(stamps, stamps[1:])]
     return {"chunk_wall_s": chunk_wall, "frames": [f for _, f in emitted],
-            "wall": {k: profiler.wall_samples(k) for k in ("text_encode", "chunk_step",
-                                                            "kv_update", "vae_decode")},
+            "wall": {k: profiler.wall_samples(k) for k in _KINDS},
             "device": {k: profiler.device_samples(k) or profiler.wall_samples(k)
-                       for k in ("text_encode", "chunk_step", "kv_update", "vae_decode")}}
+                       for k in _KINDS}}
 
 
-def _prepare(variant: str, instance: WanInstance) -> None:
-    # The baseline keeps the mask on a full cache, as the first implementation did.
-    ChunkKVCache.full = property(lambda self: False) if variant == "baseline" else _FULL
-    if variant == "compiled":
-        instance.compile()
+_FULL, _PREFIX = ChunkKVCache.full, ChunkKVCache.prefix_frames
 
 
-_FULL = ChunkKVCache.full
+def _prepare(variant: str, instance: WanInstance) -> dict[str, Any]:
+    base, *options = variant.split("+")
+    unknown = {o for o in options if o not in ("cudnn", "flash", "fp8")}
+    if base not in ("baseline", "nomask", "compiled") or unknown:
+        raise SystemExit(f"gpu_session: unknown variant {variant!r}")
+    # The baseline masks attention over every cache slot, as the first implementation did.
+    masked = base == "baseline"
+    ChunkKVCache.full = property(lambda self: False) if masked else _FULL
+    ChunkKVCache.prefix_frames = property(lambda self: None) if masked else _PREFIX
+    if base == "compiled":
+        attention = next((o for o in options if o in ("cudnn", "flash")), "auto")
+        instance.compile(attention=attention, fp8="fp8" in options)
+        # Graphs traced for the previous variant would keep serving (swapped modules and the
+        # kernel preference are not guarded): trace again.
+        torch._dynamo.reset()
+    return {"fp8_linears": sum(isinstance(m, Fp8Linear) for m in instance.dit.modules()),
+            "scaled_mm": scaled_mm_supported(instance.device),
+            "sdpa_backends": [b.name for b in instance.dit.blocks[0].self_attn.backends or ()]}
+
+
+@contextlib.contextmanager
+def _maybe_trace(enabled: bool, out_dir: str, variant: str) -> Iterator[None]:
+    """torch.profiler around the block; writes the op table (by self CPU and by CUDA time)."""
+    if not enabled:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield
+    name = variant.replace("+", "_")
+    averages = prof.key_averages()
+    with open(f"{out_dir}/trace_{name}.txt", "w") as f:
+        f.write(averages.table(sort_by="self_cpu_time_total", row_limit=40))
+        f.write("\n")
+        f.write(averages.table(sort_by="cuda_time_total", row_limit=40))
+    prof.export_chrome_trace(f"{out_dir}/trace_{name}.json")
+
+
+def _write_json(args: argparse.Namespace, step_flops: float, device_name: str,
+                results: dict[str, dict[str, Any]]) -> None:
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"window": args.window, "chunks": args.chunks, "step_flops": step_flops,
+                       "device": device_name, "torch": torch.__version__,
+                       "results": results}, f, indent=2)
+
+
+def _row(name: str, r: dict[str, Any], base: dict[str, Any] | None) -> str:
+    ratio = r["fps"] / base["fps"] if base else float("nan")
+    par = r["parity_vs_baseline"]
+    par_s = "ref" if par is None else f"{par['mean_abs_uint8']:.2f}/{par['max_abs_uint8']:.0f}"
+    return (f"| {name} | {r['fps']:.1f} | {ratio:.2f} | {r['first_frame_s']:.2f} | "
+            f"{r['step_ms_median']:.1f} ({r['step_ms_p95']:.1f}) | {r['chunk_ms_median']:.0f} "
+            f"({r['chunk_ms_p95']:.0f}) | {r['kv_update_ms_median']:.0f} | "
+            f"{r['decode_ms_median']:.0f} | {r['mfu']:.0%} | {r['peak_gib']:.1f} | "
+            f"{r['engine_overhead_ms_median']:.1f} | {par_s} |")
+
+
+def _print_tables(results: dict[str, dict[str, Any]]) -> None:
+    base = results.get("baseline")
+    print("| variant | FPS incl. decode | x baseline | first frame s | step ms (p95) | "
+          "chunk ms (p95) | KV update ms | decode ms | DiT MFU | peak GiB | engine overhead ms | "
+          "parity (mean/max) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, r in results.items():
+        print(_row(name, r, base))
+    print("\nfirst chunk of a fresh session (device ms): text encode | 4 steps | KV update | "
+          "decode")
+    for name, r in results.items():
+        first = r["first_chunk_device_ms"]
+        print(f"| {name} | {sum(first['text_encode']):.0f} | "
+              f"{' + '.join(f'{x:.0f}' for x in first['chunk_step'])} | "
+              f"{sum(first['kv_update']):.0f} | {sum(first['vae_decode']):.0f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--peak-tflops", type=float, default=790.0)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--trace", default="",
+                        help="variants whose first-frame session runs under torch.profiler")
+    parser.add_argument("--trace-dir", default=".", help="where traces and op tables go")
     parser.add_argument("--model", default="wan2.1-1.3b-causal")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                         help="cpu: a dry run of the script on a small card")
@@ -119,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cuda = args.device == "cuda"
     variants = args.variants.split(",")
+    # Each variant adds graphs (per K/V prefix length, per kernel choice) to the blocks' one
+    # code object; keep them all rather than fall back to eager.
+    torch._dynamo.config.cache_size_limit = 64
+    torch._dynamo.config.accumulated_cache_size_limit = 512
     card = _with_window(get(args.model), args.window)
     instance = load_instance(card, device=args.device, precision="bf16" if cuda else "fp32",
                              random_weights=True)
@@ -140,12 +225,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.chunks <= first_steady:
         parser.error(f"--chunks must exceed {first_steady} to reach steady state")
     for variant in variants:
-        _prepare(variant, instance)
+        setup = _prepare(variant, instance)
+        print(f"{variant}: {setup}", flush=True)
         # warm-up through steady state: kernel selection and compilation of every graph
-        asyncio.run(_run_session(instance, first_steady + 1))
+        asyncio.run(_run_session(instance, first_steady + 1, "warm-up: grass and a red ball"))
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        run = asyncio.run(_run_session(instance, args.chunks))
+        # time to first frame: a fresh session with a prompt never seen (its text encode runs)
+        with _maybe_trace(variant in args.trace.split(","), args.trace_dir, variant):
+            probe = asyncio.run(_run_session(instance, 1, f"first-frame probe: {variant}"))
+        run = asyncio.run(_run_session(instance, args.chunks, "a red ball rolling on green grass"))
         steady = run["chunk_wall_s"][first_steady:]
         frames = [f.shape[0] for f in run["frames"]][first_steady:]
         step_dev = run["device"]["chunk_step"][-profile.steps * len(steady):]
@@ -164,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         step_med = statistics.median(step_dev)
         results[variant] = {
             "fps": sum(frames) / sum(steady),
-            "first_frame_s": run["chunk_wall_s"][0],
+            "first_frame_s": probe["chunk_wall_s"][0],
+            "first_chunk_device_ms": {k: [x * 1e3 for x in v] for k, v in probe["device"].items()},
             "step_ms_median": step_med * 1e3, "step_ms_p95": _percentile(step_dev, 0.95) * 1e3,
             "chunk_ms_median": statistics.median(steady) * 1e3,
             "chunk_ms_p95": _percentile(steady, 0.95) * 1e3,
@@ -173,28 +263,16 @@ def main(argv: list[str] | None = None) -> int:
             "mfu": step_flops / step_med / (args.peak_tflops * 1e12),
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
             "engine_overhead_ms_median": statistics.median(overhead) * 1e3,
-            "parity_vs_baseline": parity, "raw": {k: v for k, v in run.items() if k != "frames"},
+            "setup": setup, "parity_vs_baseline": parity, "raw": {k: v for k, v in run.items() if k != "frames"},
         }
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"window": args.window, "chunks": args.chunks, "step_flops": step_flops,
-                       "device": device_name, "torch": torch.__version__,
-                       "results": results}, f, indent=2)
-    base = results.get("baseline")
+        _write_json(args, step_flops, device_name, results)  # what is done survives a timeout
+        print(f"{variant}: {_row(variant, results[variant], results.get('baseline'))}",
+              flush=True)
+    _write_json(args, step_flops, device_name, results)
     print(f"\n{args.model}, {profile.width}x{profile.height}, {profile.steps} steps, chunks of "
           f"{c} latent frames, window {args.window} (incl. sinks), {device_name}, "
           f"torch {torch.__version__}; DiT step = {step_flops / 1e12:.1f} TFLOP")
-    print("| variant | FPS incl. decode | x baseline | first frame s | step ms (p95) | "
-          "chunk ms (p95) | decode ms | MFU | peak GiB | engine overhead ms | parity (mean/max) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name, r in results.items():
-        ratio = r["fps"] / base["fps"] if base else float("nan")
-        par = r["parity_vs_baseline"]
-        par_s = "ref" if par is None else f"{par['mean_abs_uint8']:.2f}/{par['max_abs_uint8']:.0f}"
-        print(f"| {name} | {r['fps']:.1f} | {ratio:.2f} | {r['first_frame_s']:.2f} | "
-              f"{r['step_ms_median']:.1f} ({r['step_ms_p95']:.1f}) | {r['chunk_ms_median']:.0f} "
-              f"({r['chunk_ms_p95']:.0f}) | {r['decode_ms_median']:.0f} | {r['mfu']:.0%} | "
-              f"{r['peak_gib']:.1f} | {r['engine_overhead_ms_median']:.1f} | {par_s} |")
+    _print_tables(results)
     return 0
 
 

@@ -10,22 +10,41 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models.wan.rope import apply_rope
 
-__all__ = ["WanCrossAttention", "WanSelfAttention", "attend"]
+__all__ = ["ATTENTION_BACKENDS", "WanCrossAttention", "WanSelfAttention", "attend"]
+
+# ``attention`` choices of ``WanInstance.compile``: SDPA kernels tried first, in order, for
+# unmasked self-attention ("auto": PyTorch's own order, flash first). Measured on the H200 in
+# infra/bench/RESULTS.md (issue 7).
+ATTENTION_BACKENDS: dict[str, tuple[SDPBackend, ...] | None] = {
+    "auto": None,
+    "flash": (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH),
+    "cudnn": (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+              SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH),
+}
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    backends: tuple[SDPBackend, ...] | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention over heads; ``mask`` is True where a key may be attended.
+    ``backends``: SDPA kernels to prefer, in order (``None``: PyTorch's choice).
 
     q: [B, Nq, H, D]; k, v: [B, Nk, H, D]; mask: broadcastable to [B, H, Nq, Nk] -> [B, Nq, H * D]
     """
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask
-    )  # [B, H, Nq, D]
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if backends is None:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, Nq, D]
+    else:
+        with sdpa_kernel(list(backends), set_priority=True):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return out.transpose(1, 2).flatten(2).type_as(q)
 
 
@@ -50,7 +69,10 @@ class WanSelfAttention(_Projections):
 
     ``past`` holds K/V of earlier tokens (already rotated at their own positions), prepended to
     this call's K/V; ``mask`` (True = attend) covers ``past`` tokens followed by this call's.
+    ``backends`` (set by ``WanInstance.compile``) orders the SDPA kernels to try.
     """
+
+    backends: tuple[SDPBackend, ...] | None = None
 
     def forward(
         self,
@@ -66,9 +88,10 @@ class WanSelfAttention(_Projections):
         k = apply_rope(self._heads(self.norm_k(self.k(x))), cos, sin)
         v = self._heads(self.v(x))
         if past is None:
-            out = attend(q, k, v, mask)
+            out = attend(q, k, v, mask, self.backends)
         else:
-            out = attend(q, torch.cat((past[0], k), dim=1), torch.cat((past[1], v), dim=1), mask)
+            out = attend(q, torch.cat((past[0], k), dim=1), torch.cat((past[1], v), dim=1), mask,
+                         self.backends)
         return self.o(out), k, v
 
 

@@ -13,7 +13,10 @@ frames, ``W`` window frames; every slot holds one whole latent frame::
 ``n`` counts frames in *write order* (``frames_written``); positions for RoPE are baked into K
 when it is computed, so the slot order does not matter to attention and a re-cache may write
 frames again after ``reset()``. ``valid`` ([(S+W)*T] bool) marks filled token slots; attention
-masks the rest (``attention_mask``), so shapes never change as the cache fills.
+marks filled token slots. Frames fill slots in order (sinks, then the ring), so until the ring
+wraps the filled slots are a prefix: attention reads only that prefix, unmasked
+(``attention_keys``), which lets SDPA use its flash / cuDNN kernels from a stream's first chunk
+on. ``attention_mask`` covers any other layout (a cache restored with holes)
 
 A cache is plain data owned by one session (no ``nn.Module``): allocate it with
 ``ChunkKVCache.allocate``, size it beforehand with ``bytes_for`` (admission), fork it with
@@ -187,9 +190,30 @@ class ChunkKVCache:
     # ---------------------------------------------------------------------------------------
     # reading
 
-    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of one layer's K and V: 2 x [B, (S + W) * T, heads, head_dim]."""
-        return self.k[index], self.v[index]
+    def layer(self, index: int, tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of one layer's K and V, all slots or the first ``tokens``:
+        2 x [B, tokens or (S + W) * T, heads, head_dim]."""
+        if tokens is None:
+            return self.k[index], self.v[index]
+        return self.k[index, :, :tokens], self.v[index, :, :tokens]
+
+    @property
+    def prefix_frames(self) -> int | None:
+        """How many leading slots hold frames when the filled slots are exactly a prefix (the
+        case for every cache written in order); ``None`` if some empty slot precedes a filled
+        one. Host-side bookkeeping, no device sync."""
+        filled = [p is not None for p in self.slot_positions]
+        count = filled.index(False) if False in filled else len(filled)
+        return None if any(filled[count:]) else count
+
+    def attention_keys(self, new_tokens: int) -> tuple[int, torch.Tensor | None]:
+        """What a chunk of ``new_tokens`` attends to: (cached tokens to read from slot 0, key
+        mask or ``None``). A filled prefix is read unmasked; otherwise every slot is read
+        under ``attention_mask``."""
+        prefix = self.prefix_frames
+        if prefix is not None:
+            return prefix * self.tokens_per_frame, None
+        return self.capacity_frames * self.tokens_per_frame, self.attention_mask(new_tokens)
 
     @property
     def full(self) -> bool:

@@ -258,8 +258,9 @@ class WanDiT(nn.Module):
         tokens = self._embed_tokens(x, audio, grid)
         e, e0 = self._embed_time(timestep, action, grid[0])
         runs = cache.plan_write(frames) if write_cache else ()
-        mask = cache.attention_mask(frames * tokens_per_frame)
-        out = self._run(tokens, grid, frame_start, e, e0, cross, mask=mask, cache=cache, runs=runs)
+        past_tokens, mask = cache.attention_keys(frames * tokens_per_frame)
+        out = self._run(tokens, grid, frame_start, e, e0, cross, mask=mask, cache=cache,
+                        past_tokens=past_tokens, runs=runs)
         if write_cache:
             cache.commit(runs, frames, frame_start)
         return out
@@ -351,9 +352,11 @@ class WanDiT(nn.Module):
         *,
         mask: torch.Tensor | None = None,
         cache: ChunkKVCache | None = None,
+        past_tokens: int = 0,
         runs: tuple[WriteRun, ...] = (),
     ) -> torch.Tensor:
         # tokens: [B, N, dim]; e: [B, 1 | F, dim]; e0: [B, 1 | F, 6, dim] -> [B, C, F, H, W]
+        # past_tokens: leading cache tokens each block attends to (0: none, no concatenation)
         tokens_per_frame = grid[1] * grid[2]
         if e.shape[1] > 1:  # per-frame conditioning: spread to that frame's tokens
             e = e.repeat_interleave(tokens_per_frame, dim=1)
@@ -362,7 +365,7 @@ class WanDiT(nn.Module):
                                 self.config.rope_theta, tokens.device)
         x = tokens
         for index, block in enumerate(self.blocks):
-            past = cache.layer(index) if cache is not None else None
+            past = cache.layer(index, past_tokens) if cache is not None and past_tokens else None
             x, k, v = block(x, e0, cos, sin, cross.k[index], cross.v[index], past, mask)
             if runs:
                 cache.write(index, k, v, runs)

@@ -240,3 +240,43 @@ def test_mask_is_dropped_once_every_slot_is_filled() -> None:
     assert cache.full and cache.attention_mask(4) is None
     cache.reset()
     assert not cache.full and cache.attention_mask(4) is not None
+
+
+def test_a_filled_prefix_is_read_unmasked_and_a_cache_with_holes_falls_back_to_the_mask() -> None:
+    cache = ChunkKVCache.allocate(WanDiTConfig.preset("tiny"), batch=1, sink_frames=1,
+                                  window_frames=2, tokens_per_frame=2, device="cpu",
+                                  dtype=torch.float32)
+    assert cache.prefix_frames == 0 and cache.attention_keys(4) == (0, None)
+    cache.commit(cache.plan_write(2), 2, frame_start=0)
+    assert cache.prefix_frames == 2 and cache.attention_keys(4) == (4, None)
+    valid = torch.tensor([True, True, False, False, True, True])
+    holes = ChunkKVCache.restore(cache.k, cache.v, valid, 1, 2, 2,
+                                 slot_positions=[0, None, 1], frames_written=2)
+    tokens, mask = holes.attention_keys(4)
+    assert holes.prefix_frames is None and tokens == 6
+    assert mask[0, 0, 0].tolist() == [True] * 2 + [False] * 2 + [True] * 6
+    k, v = cache.layer(1, 4)
+    assert k.shape[1] == v.shape[1] == 4 and k.data_ptr() == cache.k[1].data_ptr()
+
+
+def test_prefix_reads_equal_masked_reads_through_a_whole_rollout(monkeypatch) -> None:
+    # the unmasked prefix path (what SDPA's fast kernels need) computes what the mask computes
+    model = make_model()
+    x, text = latents(5 * CHUNK), torch.randn(1, 3, 20)
+    with torch.no_grad():
+        cross = model.cross_kv(text)
+
+    def rollout() -> list[torch.Tensor]:
+        cache, outs = make_cache(model, sink=1, window=3), []
+        for start in range(0, 5 * CHUNK, CHUNK):
+            chunk = x[:, :, start:start + CHUNK]
+            with torch.no_grad():
+                outs.append(model.forward_chunk(chunk, torch.tensor([500.0]), cross, cache, start))
+                model.forward_chunk(chunk, torch.zeros(1), cross, cache, start, write_cache=True)
+        return outs
+
+    prefix = rollout()
+    monkeypatch.setattr(ChunkKVCache, "prefix_frames", property(lambda self: None))
+    masked = rollout()
+    for ours, ref in zip(prefix, masked, strict=True):
+        assert rel_err(ours, ref) < TOLERANCE

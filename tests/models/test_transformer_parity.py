@@ -124,8 +124,16 @@ def test_flop_count_matches_torch_flop_counter() -> None:
                                   tokens_per_frame=6, device="cpu", dtype=torch.float32)
     with torch.no_grad():
         cross = model.cross_kv(text)
+    # an empty cache is not read at all; a full one is read whole (4 frames x 6 tokens)
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as chunk:
         model.forward_chunk(x, t, cross, cache, frame_start=0)
+    assert chunk.get_total_flops() == model.flops_per_chunk(tokens_q, tokens_q, 5)
+    with torch.no_grad():
+        for start in (0, 2):
+            model.forward_chunk(x, t, cross, cache, frame_start=start, write_cache=True)
+    assert cache.full
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as chunk:
+        model.forward_chunk(x, t, cross, cache, frame_start=4)
     assert chunk.get_total_flops() == model.flops_per_chunk(tokens_q, 4 * 6 + tokens_q, 5)
 
 
