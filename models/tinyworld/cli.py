@@ -44,6 +44,20 @@ def add_parsers(subparsers: argparse._SubParsersAction,
                        help="fraction of the budget after which phase 2 starts")
     train.add_argument("--sprite-weight", type=float, default=10.0,
                        help="extra loss weight near the context's sprite")
+    train.add_argument("--sprite-reach-px", type=int, default=24,
+                       help="how far from the context's sprite that weight reaches")
+    train.add_argument("--moving-p", type=float, default=0.6,
+                       help="share of mid-stream clips that start moving")
+    train.add_argument("--hold-p", type=float, default=0.55,
+                       help="chance a chunk keeps the previous chunk's keys")
+    train.add_argument("--contrast", type=int, default=1,
+                       help="clips per contrast group (same clip, last chunk's keys redrawn)")
+    train.add_argument("--contrast-p", type=float, default=0.0,
+                       help="share of the batch in contrast groups")
+    train.add_argument("--action-lr-mult", type=float, default=1.0,
+                       help="the action hook's learning rate / --lr (no weight decay if != 1)")
+    train.add_argument("--probe-every", type=int, default=100,
+                       help="steps between action probes (0: never)")
     train.set_defaults(handler=_train)
 
     ev = subparsers.add_parser("eval", help="evaluate tiny-world through the real loop",
@@ -71,7 +85,11 @@ def _train(args: argparse.Namespace) -> int:
                          width=args.size, init_from=args.init, fresh_p=args.fresh_p, lr=args.lr,
                          warmup_steps=args.warmup_steps,
                          self_rollout_from=args.self_rollout_from,
-                         sprite_weight=args.sprite_weight)
+                         sprite_weight=args.sprite_weight,
+                         sprite_reach_px=args.sprite_reach_px, moving_p=args.moving_p,
+                         hold_p=args.hold_p, contrast=args.contrast,
+                         contrast_p=args.contrast_p, action_lr_mult=args.action_lr_mult,
+                         probe_every=args.probe_every)
     summary = train(config, device=args.device, out_dir=args.out)
     sys.stdout.write(json.dumps(summary, indent=1) + "\n")
     return 0

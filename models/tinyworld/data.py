@@ -6,14 +6,18 @@ A clip is K chunks of c frames of one stream, with what the loop would have latc
                              ^ prompt switch at a random boundary (30 % of clips): new look,
                                same motion
 
-- start state: 25 % of clips start a stream (at rest near the centre, as the World does); the
-  rest start mid-stream, anywhere in the arena, at rest or moving up to terminal speed.
-
-- keys per chunk: held over several chunks like a player does; shift sprints; space/q/e and the
+- start state: ``fresh_p`` of clips start a stream (at rest near the centre, as the World
+  does); the rest start mid-stream, anywhere in the arena, moving (``moving_p`` of them, up to
+  1.2 x terminal speed in a random direction) or at rest.
+- keys per chunk: a chunk keeps the previous chunk's keys with probability ``hold_p`` (held
+  like a player holds them), else draws new ones; shift sprints; space/q/e and the
   mouse appear but move nothing. An "off" chunk (the loop's ``None``: no action arrived) moves
   nothing either, as does an empty key set.
 - audio per frame: silence, faint noise or bursts (``audio_features`` scale); "off" chunks have
   no audio (the loop's ``None``) and no pulse.
+- contrast groups (``contrast_p`` of the rows, in groups of ``contrast``): copies of one clip
+  that differ only in the keys of the last chunk, drawn afresh for each copy: the same context
+  continued under different keys, so the keys alone explain how the targets differ.
 - text: the word ids of the *final* prompt (a switched clip's earlier chunks still show the old
   look: after a switch the loop re-caches those frames under the new prompt, exactly this).
 - ``loss_mask`` [B, K]: 0 for chunks before a switch (their look contradicts the text) and for
@@ -58,6 +62,7 @@ class Clips:
     words: torch.Tensor  # [B, L] long
     loss_mask: torch.Tensor  # [B, K]
     fresh: torch.Tensor  # [B] bool: the clip starts a stream (chunk 0 has no context)
+    contrast: torch.Tensor  # [B] bool: in a contrast group (only the last chunk's keys differ)
 
 
 class ClipSampler:
@@ -66,12 +71,18 @@ class ClipSampler:
     def __init__(self, *, num_chunks: int, chunk_frames: int, height: int, width: int,
                  text_len: int, device: torch.device | str, seed: int = 0,
                  physics: Physics = PHYSICS, switch_p: float = 0.3,
-                 fresh_p: float = 0.25) -> None:
+                 fresh_p: float = 0.25, moving_p: float = 0.6, hold_p: float = 0.55,
+                 contrast: int = 1, contrast_p: float = 0.0) -> None:
         from models.tinyworld.world import terrain_textures
 
         self.k, self.c, self.h, self.w = num_chunks, chunk_frames, height, width
         self.text_len, self.device, self.physics = text_len, torch.device(device), physics
         self.switch_p, self.fresh_p = switch_p, fresh_p
+        self.moving_p, self.hold_p = moving_p, hold_p
+        if contrast < 1 or not 0.0 <= contrast_p <= 1.0:
+            raise ValueError(f"contrast groups of {contrast} clips for a share {contrast_p}: "
+                             f"need a group size >= 1 and a share in [0, 1]")
+        self.contrast, self.contrast_p = contrast, contrast_p
         self.textures = terrain_textures(height, width, self.device)
         self.g = torch.Generator(device=self.device).manual_seed(seed)
         self.cpu_g = torch.Generator().manual_seed(seed + 1)
@@ -88,7 +99,7 @@ class ClipSampler:
         """Per-chunk action vectors held like a player holds keys -> [b, n, A], on [b, n]."""
         acts, ons = [], []
         prev = torch.zeros((b, ACTION_DIM), device=self.device)
-        for _ in range(n):
+        for chunk in range(n):
             fresh = torch.zeros((b, ACTION_DIM), device=self.device)
             kind = self._rand(b)
             first = self._randint(4, b)
@@ -105,7 +116,7 @@ class ClipSampler:
                 fresh[:, ACTION_KEYS.index(key)] = (self._rand(b) < 0.08).float()
             mouse = self._rand(b) < 0.2
             fresh[:, -2:] = (self._rand(b, 2) * 2 - 1) * mouse[:, None]
-            keep = (self._rand(b) < 0.55)[:, None]
+            keep = ((self._rand(b) < self.hold_p) & (chunk > 0))[:, None]  # chunk 0 draws
             act = torch.where(keep, prev, fresh)
             # "off" (no action arrived) is only possible when nothing is held
             idle = act[:, :len(_MOVE_KEYS)].sum(dim=1) == 0
@@ -162,17 +173,26 @@ class ClipSampler:
         pos = torch.where(fresh[:, None], start, anywhere)
         terminal = self.physics.accel_px * self.h / 96.0 / (1.0 - self.physics.friction)
         angle = self._rand(b) * 2 * torch.pi
-        speed = self._rand(b) * terminal * 1.2 * (self._rand(b) < 0.6) * ~fresh
+        speed = self._rand(b) * terminal * 1.2 * (self._rand(b) < self.moving_p) * ~fresh
         vel = torch.stack((angle.cos(), angle.sin()), dim=1) * speed[:, None]
         action, action_on = self._actions(b, k)
-        direction, sprint = action_direction(action.repeat_interleave(c, dim=1))
-        positions, _, _ = simulate(pos, vel, direction, sprint, self.h, self.w, self.physics)
         audio, audio_on = self._audio(b)
-
-        # looks: one spec, or two with a switch at chunk s
         first, second = self._specs(b).to(dev), self._specs(b).to(dev)
         switch = torch.where(self._rand(b) < self.switch_p, 1 + self._randint(k - 1, b),
                              torch.full((b,), k, device=dev))  # k = never
+        # contrast groups: copies of one clip that differ only in the last chunk's keys
+        src, contrast = self._groups(b)
+        fresh, pos, vel, audio, audio_on, first, second, switch = (
+            t[src] for t in (fresh, pos, vel, audio, audio_on, first, second, switch))
+        last, last_on = self._actions(b, 1)
+        action = torch.cat((action[src, :-1], torch.where(contrast[:, None, None], last,
+                                                          action[src, -1:])), dim=1)
+        action_on = torch.cat((action_on[src, :-1], torch.where(contrast[:, None], last_on,
+                                                                action_on[src, -1:])), dim=1)
+        direction, sprint = action_direction(action.repeat_interleave(c, dim=1))
+        positions, _, _ = simulate(pos, vel, direction, sprint, self.h, self.w, self.physics)
+
+        # looks: one spec, or two with a switch at chunk s
         frame_chunk = torch.arange(f, device=dev)[None, :] // c  # [1, F]
         after = frame_chunk >= switch[:, None]  # [B, F]
         look = torch.where(after[..., None], second[:, None], first[:, None])  # [B, F, 4]
@@ -186,4 +206,15 @@ class ClipSampler:
         return Clips(
             frames=frames.permute(0, 2, 1, 3, 4) * 2.0 - 1.0, sprite=alpha,
             action=action, action_on=action_on, audio=audio, audio_on=audio_on,
-            words=self._words(final.cpu()), loss_mask=loss_mask, fresh=fresh)
+            words=self._words(final.cpu())[src.to(dev)], loss_mask=loss_mask, fresh=fresh,
+            contrast=contrast)
+
+    def _groups(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> src [b] long (the clip each row copies), contrast [b] bool. The last
+        ``contrast_p`` share of the rows form groups of ``contrast`` copies of their first row."""
+        size = self.contrast
+        grouped = int(round(b * self.contrast_p / size)) * size if size > 1 else 0
+        rows = torch.arange(b, device=self.device)
+        start = b - grouped
+        src = torch.where(rows < start, rows, start + (rows - start) // size * size)
+        return src, rows >= start

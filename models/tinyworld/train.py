@@ -4,7 +4,10 @@ One training step (``TrainConfig`` holds every number):
 
 1. draw a batch of 3-chunk clips from the procedural world (``data.ClipSampler``);
 2. pick one target chunk per clip and its clean context (the chunk before it; none for a
-   stream's first chunk): mid-stream clips train chunk 1 or 2, stream starts chunk 0, 1 or 2;
+   stream's first chunk): mid-stream clips train chunk 1 or 2, stream starts chunk 0, 1 or 2,
+   contrast groups (``contrast_p`` of the batch: one context continued under ``contrast``
+   different keys, see ``data.py``) chunk 2; the ``ActionProbe`` (``probe.py``) is logged
+   every ``probe_every`` steps;
 3. noise the target (rectified flow, ``x_t = (1 - s) x0 + s eps``): with probability
    ``discrete_p`` at one of the 4 sigmas the served schedule visits, else uniform;
 4. the pair forward (``teacher_forcing``) predicts the target's clean frames against the
@@ -46,9 +49,11 @@ import torch
 from models.loops.sampling import SigmaStep, sigma_steps
 from models.tinyworld.card import CHECKPOINT_FILE, TRAINING_COMMAND
 from models.tinyworld.components import load_checkpoint, new_components, save_checkpoint
-from models.tinyworld.data import Clips, ClipSampler
+from models.tinyworld.data import ClipSampler
 from models.tinyworld.geometry import CHUNK_FRAMES, SCHEDULE, SINK_FRAMES, WINDOW_FRAMES
+from models.tinyworld.pairs import Pair, near_sprite_mask
 from models.tinyworld.prediction import PixelDiT
+from models.tinyworld.probe import ActionProbe
 from models.tinyworld.teacher_forcing import pair_prediction
 from models.tinyworld.text import WordTextEncoder
 
@@ -93,59 +98,16 @@ class TrainConfig:
     self_rollout_from: float = 0.6
     self_rollout_p: float = 0.5
     fresh_p: float = 0.25  # share of clips that start a stream (their chunk 0 has no context)
+    moving_p: float = 0.6  # share of mid-stream clips that start moving (else at rest)
+    hold_p: float = 0.55  # chance a chunk keeps the previous chunk's keys
+    contrast: int = 1  # clips per contrast group (same clip, last chunk's keys redrawn)
+    contrast_p: float = 0.0  # share of the batch in contrast groups (their target: chunk 2)
+    action_lr_mult: float = 1.0  # the action hook's learning rate / lr (no weight decay if != 1)
+    probe_every: int = 100  # steps between action probes (0: never)
+    probe_pairs: int = 96  # clips drawn for the probe batch (those holding a direction key stay)
     init_from: str | None = None  # a checkpoint to start from (fine-tuning) instead of seeded init
     log_every: int = 50
     checkpoint_every_s: float = 600.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Pair:
-    """Per clip: a target chunk and its context chunk, with the inputs each was latched with.
-
-    context, target: [B, 3, c, H, W]; action: [B, 2, A]; action_on: [B, 2]; audio:
-    [B, 2c, AUDIO_DIM]; audio_on: [B, 2]; has_context: [B]; words: [B, L].
-    """
-
-    context: torch.Tensor
-    target: torch.Tensor
-    has_context: torch.Tensor
-    action: torch.Tensor
-    action_on: torch.Tensor
-    audio: torch.Tensor
-    audio_on: torch.Tensor
-    words: torch.Tensor
-    near_sprite: torch.Tensor  # [B, H, W] 1 near the context's sprite (0 without context)
-
-    @classmethod
-    def of(cls, clips: Clips, target: torch.Tensor) -> _Pair:
-        """target: [B] chunk index; its context is the chunk before (none for chunk 0)."""
-        b, _, f, h, w = clips.frames.shape
-        c = CHUNK_FRAMES
-        rows = torch.arange(b, device=target.device)
-        before = (target - 1).clamp_min(0)
-        has = (target > 0).float()
-        chunks = clips.frames.view(b, 3, f // c, c, h, w)
-        audio = clips.audio.view(b, f // c, c, -1)
-        return cls(
-            context=chunks[rows, :, before], target=chunks[rows, :, target], has_context=has,
-            action=torch.stack((clips.action[rows, before], clips.action[rows, target]), 1),
-            action_on=torch.stack((clips.action_on[rows, before] * has,
-                                   clips.action_on[rows, target]), 1),
-            audio=torch.cat((audio[rows, before], audio[rows, target]), dim=1),
-            audio_on=torch.stack((clips.audio_on[rows, before] * has,
-                                  clips.audio_on[rows, target]), 1),
-            words=clips.words,
-            near_sprite=clips.sprite.view(b, f // c, c, h, w)[rows, before, -1] * has[:, None,
-                                                                                     None])
-
-    def select(self, index: torch.Tensor) -> _Pair:
-        return _Pair(*(t.index_select(0, index) for t in (
-            self.context, self.target, self.has_context, self.action, self.action_on,
-            self.audio, self.audio_on, self.words, self.near_sprite)))
-
-    def with_context(self, context: torch.Tensor) -> _Pair:
-        return _Pair(context, self.target, self.has_context, self.action, self.action_on,
-                     self.audio, self.audio_on, self.words, self.near_sprite)
 
 
 class _Run:
@@ -163,12 +125,24 @@ class _Run:
         self.ema_dit = copy.deepcopy(self.dit).eval().requires_grad_(False)
         self.ema_text = copy.deepcopy(self.text).eval().requires_grad_(False)
         self.params = [*self.dit.parameters(), *self.text.parameters()]
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.99),
+        hook = self.dit.action_embedding
+        hook_ids = {id(p) for p in hook.parameters()} if hook is not None else set()
+        groups = [{"params": [p for p in self.params if id(p) not in hook_ids], "mult": 1.0}]
+        if hook_ids:
+            groups.append({"params": list(hook.parameters()), "mult": cfg.action_lr_mult,
+                           "weight_decay": cfg.weight_decay if cfg.action_lr_mult == 1.0
+                           else 0.0})
+        self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.99),
                                      weight_decay=cfg.weight_decay)
         self.sampler = ClipSampler(num_chunks=cfg.num_chunks, chunk_frames=CHUNK_FRAMES,
                                    height=cfg.height, width=cfg.width,
                                    text_len=self.dit.config.text_len, device=device,
-                                   seed=cfg.seed, fresh_p=cfg.fresh_p)
+                                   seed=cfg.seed, fresh_p=cfg.fresh_p, moving_p=cfg.moving_p,
+                                   hold_p=cfg.hold_p, contrast=cfg.contrast,
+                                   contrast_p=cfg.contrast_p)
+        self.probe = ActionProbe(pairs=cfg.probe_pairs, height=cfg.height, width=cfg.width,
+                                 text_len=self.dit.config.text_len, device=device,
+                                 reach_px=cfg.sprite_reach_px) if cfg.probe_every else None
         self.steps: tuple[SigmaStep, ...] = sigma_steps(SCHEDULE.timesteps, SCHEDULE.flow_shift,
                                                          SCHEDULE.num_train_timesteps)
         _check_geometry()
@@ -185,7 +159,7 @@ class _Run:
         return torch.autocast(self.device.type, dtype=torch.bfloat16,
                               enabled=self.device.type == "cuda")
 
-    def _x0(self, pair: _Pair, xt: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    def _x0(self, pair: Pair, xt: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         # xt: [B, 3, c, H, W]; sigma: [B] -> x0 estimate [B, 3, c, H, W] float32
         with self._autocast():
             x0 = pair_prediction(
@@ -195,7 +169,7 @@ class _Run:
         return x0.float()
 
     @torch.no_grad()
-    def _own_sample(self, pair: _Pair) -> torch.Tensor:
+    def _own_sample(self, pair: Pair) -> torch.Tensor:
         """The pair's target sampled by the served 4-step sampler -> [B, 3, c, H, W]."""
         x = self._randn(pair.target)
         out = x
@@ -224,7 +198,8 @@ class _Run:
         target = torch.where(clips.fresh, torch.randint(3, (b,), generator=self.g,
                                                         device=self.device),
                              1 + torch.randint(2, (b,), generator=self.g, device=self.device))
-        pair = _Pair.of(clips, target)
+        target = torch.where(clips.contrast, cfg.num_chunks - 1, target)
+        pair = Pair.of(clips, target)
         weight = clips.loss_mask[torch.arange(b, device=self.device), target]
         rollout = frac >= cfg.self_rollout_from
         context = pair.context
@@ -232,7 +207,7 @@ class _Run:
             own = ((target == 2) & (clips.loss_mask[:, 1] > 0)
                    & (self._rand(b) < cfg.self_rollout_p)).nonzero().flatten()
             if own.numel():
-                first = _Pair.of(clips, torch.ones_like(target)).select(own)
+                first = Pair.of(clips, torch.ones_like(target)).select(own)
                 context = context.index_copy(0, own, self._own_sample(first))
         context = context + self._randn(context) * (
             self._rand(b) * cfg.context_noise)[:, None, None, None, None]
@@ -242,14 +217,12 @@ class _Run:
         xt = (1 - s) * pair.target + s * self._randn(pair.target)
         # weight from the inputs only (the context's sprite, dilated), never from the target:
         # a target-dependent weight would pull uncertain pixels toward the sprite's colour
-        reach = cfg.sprite_reach_px
-        near = torch.nn.functional.max_pool2d(pair.near_sprite[:, None], 2 * reach + 1, 1, reach)
-        pixel_w = (1.0 + cfg.sprite_weight * near)[:, :, None]  # [B, 1, 1, H, W]
+        pixel_w = 1.0 + cfg.sprite_weight * near_sprite_mask(pair, cfg.sprite_reach_px)
         sq = (self._x0(pair, xt, sigma) - pair.target).square() * pixel_w
         err = sq.mean(dim=(1, 2, 3, 4)) / pixel_w.mean(dim=(1, 2, 3, 4))
         loss = (err * weight).sum() / weight.sum().clamp_min(1.0)
         for group in self.opt.param_groups:
-            group["lr"] = self.lr_at(frac)
+            group["lr"] = self.lr_at(frac) * group["mult"]
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
@@ -277,6 +250,7 @@ def train(cfg: TrainConfig, *, device: str | torch.device, out_dir: str | Path) 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, float]] = []
+    probes: list[dict[str, float]] = [_probe_record(run, 0.0)] if run.probe is not None else []
     window: list[dict[str, torch.Tensor | float]] = []
     start = last_save = time.perf_counter()
     frac, phase_saved = 0.0, False
@@ -304,16 +278,32 @@ def train(cfg: TrainConfig, *, device: str | torch.device, out_dir: str | Path) 
             window.clear()
             log.info("step %(step)d  %(elapsed_s).0fs  loss %(loss).5f  grad %(grad_norm).3f  "
                      "lr %(lr).2e  rollout %(self_rollout).0f", record)
+        if run.probe is not None and run.n % cfg.probe_every == 0:
+            probes.append(_probe_record(run, time.perf_counter() - start))
     wall_s = time.perf_counter() - start
     summary = {
         "method": "pair_teacher_forced_flow_matching+self_rollout",
         "command": TRAINING_COMMAND, "config": asdict(cfg), "steps": run.n,
         "clips_seen": run.n * cfg.batch, "wall_s": round(wall_s, 1),
         "final_loss": records[-1]["loss"] if records else None,
+        "final_probe": _probe_record(run, wall_s, ema=True) if run.probe is not None else None,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev),
         "torch": torch.__version__,
     }
     save_checkpoint(out / CHECKPOINT_FILE, run.ema_dit, run.ema_text, summary)
-    (out / "train_log.json").write_text(json.dumps({"summary": summary, "log": records},
-                                                   indent=1))
+    (out / "train_log.json").write_text(json.dumps(
+        {"summary": summary, "log": records, "probe": probes}, indent=1))
     return summary
+
+
+def _probe_record(run: _Run, elapsed_s: float, *, ema: bool = False) -> dict[str, Any]:
+    """The action probe (``probe.py``) of the live weights (what the step just changed; the
+    EMA lags them by ~1/(1 - ema) steps) or of the EMA weights -> a log record."""
+    if run.probe is None:
+        raise RuntimeError("the run has no action probe (probe_every is 0)")
+    dit, text = (run.ema_dit, run.ema_text) if ema else (run.dit, run.text)
+    record = {"step": run.n, "elapsed_s": round(elapsed_s, 2), "weights": "ema" if ema else "live"}
+    record |= run.probe.measure(dit, text)
+    log.info("probe step %(step)d  %(weights)s  probe %(probe).2e  rest %(probe_rest).2e  "
+             "err %(err_true).4f", record)
+    return record
