@@ -6,14 +6,19 @@ Per chunk (``c`` latent frames) the loop plans, in order::
     kv_recache    only after a prompt *switch*: the cached frames' K/V recomputed under the new
                   prompt (LongLive), so the stream continues smoothly in the new direction
     chunk_step    x steps of the card's schedule: predict x0, re-noise with fresh noise
-    kv_update     the clean chunk at t=0 through the DiT, its K/V written into the rolling cache
     vae_decode    the chunk through the causal VAE decoder (per-session feature cache) -> frames,
                   emitted on "media" with their PTS, plus the "applied" acks of inputs it reflects
+    kv_update     the clean chunk at t=0 through the DiT, its K/V written into the rolling cache
+                  (skipped after the last chunk of a bounded stream: nothing will read it)
 
-Live inputs (``absorb``) are latched for the *next* chunk: a prompt switch, the latest action
-(none -> no-op), the audio that arrived. A *cut* abandons the in-flight chunk at the next step
-boundary (unless its K/V is already written) and restarts it under the new prompt as a new
-segment, continuing from the session's chunk-KV without a re-cache.
+Decoding before the KV update puts frames out one DiT forward earlier (first frame and every
+chunk); nothing else changes, since both read only the chunk's final latents.
+
+Live inputs (``absorb``) are latched for the *next* chunk when the current one ends (after its
+KV update): a prompt switch, the latest action (none -> no-op), the audio that arrived. A *cut*
+abandons the in-flight chunk at the next step boundary (unless its frames are already decoded)
+and restarts it under the new prompt as a new segment, continuing from the session's chunk-KV
+without a re-cache.
 
 Every tensor of a session lives in ``ChunkRolloutState`` (K/V cache, decoder cache, latents,
 cross K/V, the clean latents of the cached frames for re-caching), so a state can be
@@ -200,6 +205,8 @@ class ChunkRollout:
             return self._denoise_plan(state)
         if state.phase is Phase.DENOISE:
             return self._denoise_plan(state)
+        if state.phase is Phase.DECODE:
+            return self._decode_plan(state)
         if state.phase is Phase.KV_UPDATE:
             args = KVWriteArgs(groups=((state.frame_start, state.latents),),
                                cross=self._cross(state), cache=self._kv(state), reset=False,
@@ -207,7 +214,7 @@ class ChunkRollout:
                                audio=state.chunk_audio)
             return self._plan(state, PlanKind.KV_UPDATE, self._m.kv_write_op, args,
                               self._shape(state), flops=self._flops(state))
-        return self._decode_plan(state)
+        raise RuntimeError(f"loop {state.loop_id}: no plan for phase {state.phase}")
 
     def advance(self, state: ChunkRolloutState, result: StepResult) -> ChunkRolloutState:
         state.step += 1
@@ -222,19 +229,21 @@ class ChunkRollout:
         elif state.phase in (Phase.START, Phase.DENOISE):
             state.latents = result.output
             state.denoise_step += 1
-            state.phase = Phase.KV_UPDATE if state.denoise_step == len(self._steps) else Phase.DENOISE
+            state.phase = Phase.DECODE if state.denoise_step == len(self._steps) else Phase.DENOISE
+        elif state.phase is Phase.DECODE:
+            if state.collect_frames:
+                state.frames.append(result.output)
+            state.decoder["frames_seen"] = state.decoder["frames_seen"] + state.chunk_frames
+            state.frames_emitted += self._decoded_frames(state)
+            if self._last_chunk(state):
+                self._end_chunk(state)
+            else:
+                state.phase = Phase.KV_UPDATE
         elif state.phase is Phase.KV_UPDATE:
             state.kv_positions, state.kv_frames_written = result.output
-            state.phase = Phase.DECODE
+            self._end_chunk(state)
         else:
-            frames: torch.Tensor = result.output
-            if state.collect_frames:
-                state.frames.append(frames)
-            state.decoder["frames_seen"] = state.decoder["frames_seen"] + state.chunk_frames
-            state.frames_emitted += frames.shape[0]
-            state.chunk += 1
-            state.frame_start += state.chunk_frames
-            self._start_chunk(state)
+            raise RuntimeError(f"loop {state.loop_id}: no result expected in phase {state.phase}")
         return state
 
     def finalize(self, state: ChunkRolloutState) -> LoopResult:
@@ -246,6 +255,20 @@ class ChunkRollout:
 
     # ---------------------------------------------------------------------------------------
     # chunk boundary and inputs
+
+    @staticmethod
+    def _last_chunk(state: ChunkRolloutState) -> bool:
+        return state.max_chunks is not None and state.chunk + 1 >= state.max_chunks
+
+    def _decoded_frames(self, state: ChunkRolloutState) -> int:
+        """Pixel frames the current chunk's decode yields (the stream's first has fewer)."""
+        return self._m.latent.pixel_frames(state.chunk_frames,
+                                           includes_first=state.frames_emitted == 0)
+
+    def _end_chunk(self, state: ChunkRolloutState) -> None:
+        state.chunk += 1
+        state.frame_start += state.chunk_frames
+        self._start_chunk(state)
 
     def _start_chunk(self, state: ChunkRolloutState) -> None:
         """Latch the inputs that arrived during the last chunk for the next one."""
@@ -261,8 +284,9 @@ class ChunkRollout:
         state.acks, state.next_acks = state.next_acks, []
 
     def _cut(self, state: ChunkRolloutState, text: str, seq: int) -> None:
-        """A new segment: abandon the in-flight chunk unless its K/V is already written."""
-        if state.phase is Phase.DECODE:
+        """A new segment: abandon the in-flight chunk unless its frames are decoded (then the
+        cut starts the next chunk)."""
+        if state.phase is Phase.KV_UPDATE:
             state.next_prompt, state.next_prompt_is_cut = text, True
             state.next_acks.append(("cut", seq))
             return
@@ -324,7 +348,7 @@ class ChunkRollout:
 
     def _decode_plan(self, state: ChunkRolloutState) -> WorkPlan:
         first = state.frames_emitted == 0
-        n = self._m.latent.pixel_frames(state.chunk_frames, includes_first=first)
+        n = self._decoded_frames(state)
         pts = pts_of_frame(state.frames_emitted, state.fps)
         emits = [EmitSpec("media", {"chunk": state.chunk, "segment": state.segment,
                                     "pts_90k": pts, "num_frames": n, "fps": state.fps})]
@@ -339,7 +363,8 @@ class ChunkRollout:
               shape_sig: str, *, flops: float = 0.0,
               emits: tuple[EmitSpec, ...] = ()) -> WorkPlan:
         if state.collect_frames and state.max_chunks:
-            total = state.max_chunks * (len(self._steps) + 2) + 1
+            # text encode + per chunk: steps, decode, KV update (none after the last chunk)
+            total = state.max_chunks * (len(self._steps) + 2)
             emits = (*emits, EmitSpec("progress", {"done": state.plans_done + 1,
                                                    "total": total}))
         return WorkPlan(
@@ -351,13 +376,14 @@ class ChunkRollout:
     def _followups(self, state: ChunkRolloutState, kind: PlanKind) -> tuple[Followup, ...]:
         shape, flops = self._shape(state), self._flops(state)
         steps_left = len(self._steps) - state.denoise_step - (kind is PlanKind.CHUNK_STEP)
-        if kind is PlanKind.VAE_DECODE:
-            return ()
-        tail = (Followup(PlanKind.KV_UPDATE, shape, flops),
-                Followup(PlanKind.VAE_DECODE, f"decode:0:{shape}"))
         if kind is PlanKind.KV_UPDATE:
-            return tail[1:]
-        return tuple(Followup(PlanKind.CHUNK_STEP, shape, flops) for _ in range(steps_left)) + tail
+            return ()
+        update = () if self._last_chunk(state) else (Followup(PlanKind.KV_UPDATE, shape, flops),)
+        if kind is PlanKind.VAE_DECODE:
+            return update
+        first = int(state.frames_emitted == 0)
+        steps = tuple(Followup(PlanKind.CHUNK_STEP, shape, flops) for _ in range(steps_left))
+        return (*steps, Followup(PlanKind.VAE_DECODE, f"decode:{first}:{shape}"), *update)
 
     # ---------------------------------------------------------------------------------------
     # views of the state's tensors

@@ -2,11 +2,12 @@
 
 Each scripted rollout (``chunks`` chunks of 4 frames, 18 = 6 s by default) of seed r::
 
-    chunk:     0  1 | 2  3  4 | 5  6 | 7      | 8  9 | 10 11 12 | 13 14 15 | 16   | 17
+    chunk:     0    | 1  2  3 | 4  5 | 6      | 7  8 | 9  10 11 | 12 13 14 | 15   | 16 17
     applies:   A    | keys d1 | rest | B      | rest | keys d2  | rest     | loud | rest
-    scored as: A ...........................  | -    | B ...........................................
+    scored as: A ......................  | -    | B ...........................................
 
-(inputs are pushed one chunk ahead, as a session's arrive while the previous chunk runs)
+(each input is pushed after the previous chunk returned and applies to the next chunk; the
+loop's "applied" acks say exactly where)
 
 - **action accuracy**: for each key trial the sprite's centroid must move >= ``MIN_MOVE_PX``
   along the commanded direction (and more along it than across it) between the frame before
@@ -143,7 +144,7 @@ def _scripted_rollout(instance: Any, seed: int, chunks: int, scorer: _Scorer) ->
     trials: list[tuple[str, int]] = []  # (key, seq of its first push)
     key, loud_seq = "d", None
     for c in range(chunks):
-        # inputs pushed now apply to chunk c + 1
+        # inputs pushed now apply to chunk c (from c = 1 on; the acks say where)
         if c in (1, 9):
             key = _pick_direction(readings[c - 1][-1], rng, size)
             trials.append((key, stream.push_keys([key])))

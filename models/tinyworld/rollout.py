@@ -3,8 +3,9 @@
 ``LoopStream`` drives a card's ``chunk_rollout`` exactly as ``runtime``'s driver does (absorb
 inputs at a step boundary, ``next``, run the plan's op, ``advance``, collect emissions), but on
 the calling thread with no scheduler: what it measures is the model and its loop, not the
-engine. Inputs pushed between chunks latch like a session's: pushed while chunk k runs (or at
-its start), they apply to chunk k + 1 (the loop's "applied" acks say exactly where).
+engine. Inputs latch like a session's, when a chunk ends (after its KV update): pushed after
+``next_chunk`` returned chunk k, they apply to chunk k + 1 (the loop's "applied" acks say
+exactly where).
 """
 
 from __future__ import annotations
