@@ -58,6 +58,8 @@ def add_parsers(subparsers: argparse._SubParsersAction,
                        help="the action hook's learning rate / --lr (no weight decay if != 1)")
     train.add_argument("--probe-every", type=int, default=100,
                        help="steps between action probes (0: never)")
+    train.add_argument("--probe-pairs", type=int, default=96,
+                       help="clips drawn for the probe batch")
     train.set_defaults(handler=_train)
 
     ev = subparsers.add_parser("eval", help="evaluate tiny-world through the real loop",
@@ -89,7 +91,7 @@ def _train(args: argparse.Namespace) -> int:
                          sprite_reach_px=args.sprite_reach_px, moving_p=args.moving_p,
                          hold_p=args.hold_p, contrast=args.contrast,
                          contrast_p=args.contrast_p, action_lr_mult=args.action_lr_mult,
-                         probe_every=args.probe_every)
+                         probe_every=args.probe_every, probe_pairs=args.probe_pairs)
     summary = train(config, device=args.device, out_dir=args.out)
     sys.stdout.write(json.dumps(summary, indent=1) + "\n")
     return 0
