@@ -97,7 +97,8 @@ class WanInstance:
         self._compiled = False
         self._fp8 = False
 
-    def compile(self, *, attention: str = "auto", fp8: bool = False) -> None:
+    def compile(self, *, attention: str = "auto", fp8: bool = False,
+                overlap_decode: bool = False) -> None:
         """Optimise the step bodies for serving (GPU); measured in infra/bench/RESULTS.md.
 
         - ``torch.compile`` of every DiT block (one graph serves all of them: same code, same
@@ -108,8 +109,11 @@ class WanInstance:
           (``models.wan.attention.ATTENTION_BACKENDS``: auto, flash, cudnn).
         - ``fp8``: the blocks' linear layers become ``models.wan.fp8.Fp8Linear`` (e4m3 weights and
           activations, row-wise scales): faster GEMMs at a measured cost in fidelity; opt-in.
+        - ``overlap_decode``: a session's VAE decode runs on a second CUDA stream beside the
+          next plans (``DecodeOp``); frames are unchanged, they just arrive asynchronously.
 
-        Calling it again may change ``attention``; compilation and FP8 are one-way.
+        Calling it again may change ``attention`` and ``overlap_decode``; compilation and FP8
+        are one-way.
         """
         if attention not in ATTENTION_BACKENDS:
             raise InstanceError(f"attention {attention!r} is not one of "
@@ -117,6 +121,7 @@ class WanInstance:
         for module in self.dit.modules():
             if isinstance(module, WanSelfAttention):
                 module.backends = ATTENTION_BACKENDS[attention]
+        self.decode_op.set_overlap(overlap_decode, self.device)
         if fp8 and not self._fp8:
             quantize_linears(self.dit, lambda name: name.startswith("blocks."))
             self._fp8 = True

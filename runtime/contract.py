@@ -27,6 +27,9 @@ Rules every loop obeys:
   next chunk) and acknowledges that with an ``EmitSpec(stream="applied", ...)`` on a plan.
 - A ``StepOp`` runs on the runtime's single executor thread, never on the asyncio loop. It gets
   one argument object per plan in the batch and returns one output per plan, in order.
+- An output may be a ``PendingOutput``: work the op left running on the device (e.g. a decode on
+  a second CUDA stream) so the loop's next plans start at once. ``advance`` may keep it but
+  must not read it; the plan's emissions reach the sink with ``result()``, in plan order.
 
 Units are in the names: ``*_s`` seconds, ``*_bytes`` bytes, ``flops`` floating-point operations,
 ``pts_90k`` ticks of a 90 kHz clock. This module imports neither torch nor asyncio.
@@ -55,6 +58,7 @@ __all__ = [
     "LoopResult",
     "LoopState",
     "ModelState",
+    "PendingOutput",
     "PlanKind",
     "Priority",
     "StepOp",
@@ -156,6 +160,20 @@ class StepOp(Protocol):
     batchable: bool
 
     def __call__(self, args: Sequence[Any], *, deterministic: bool = False) -> list[Any]: ...
+
+
+@runtime_checkable
+class PendingOutput(Protocol):
+    """An op output still being produced asynchronously (see the module rules).
+
+    ``ready()`` never blocks; ``result()`` blocks until the value exists and returns it (the
+    runtime calls it off the event loop). An op returns one only when its consumers need the
+    value later than its loop needs to go on, as frames for the encoder.
+    """
+
+    def ready(self) -> bool: ...
+
+    def result(self) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)

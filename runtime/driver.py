@@ -50,6 +50,7 @@ from runtime.contract import (
     LoopFailed,
     LoopResult,
     LoopState,
+    PendingOutput,
     Priority,
     StepResult,
     WorkPlan,
@@ -382,7 +383,8 @@ class InlineContext:
 
     For tools, parity tests and the "run alone" reference; never for serving (it runs ops on
     the event loop). Emissions are collected in ``emissions``, executed plans in ``executed``.
-    An op that raises fails the loop with ``LoopFailed("step_exception")``.
+    An op that raises fails the loop with ``LoopFailed("step_exception")``. A ``PendingOutput``
+    is resolved (waited for) before its emission is collected.
     """
 
     def __init__(
@@ -423,6 +425,8 @@ class InlineContext:
         return StepResult(output=outputs[0], wall_s=wall_s, batch_size=1)
 
     def emit(self, emission: Emission) -> None:
+        if isinstance(emission.output, PendingOutput):
+            emission = Emission(emission.spec, emission.output.result())
         self.emissions.append(emission)
         if self._on_emit is not None:
             self._on_emit(emission)

@@ -290,6 +290,13 @@ class Engine:
             logger.exception("loop %s: driver crashed", record.loop_id)
             record.error = LoopFailed(record.loop_id, "internal", f"{type(exc).__name__}: {exc}")
         finally:
+            if record.emit_tail is not None:  # deferred emissions land before the loop ends
+                await asyncio.wait({record.emit_tail})
+            if record.emit_error is not None and status is LoopStatus.SUCCEEDED:
+                exc = record.emit_error
+                record.error = LoopFailed(record.loop_id, "emit_failed",
+                                          f"{type(exc).__name__}: {exc}")
+                status = LoopStatus.FAILED
             self._finish(record, status)
 
     def _finish(self, record: LoopRecord, status: LoopStatus) -> None:

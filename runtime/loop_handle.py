@@ -25,6 +25,7 @@ from runtime.contract import (
     InputEvent,
     LoopFailed,
     LoopResult,
+    PendingOutput,
     Priority,
     StepResult,
     WorkPlan,
@@ -85,6 +86,9 @@ class LoopRecord:
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     result: LoopResult | None = None
     error: BaseException | None = None
+    # emissions wait here, in plan order, while one of them has a PendingOutput
+    emit_tail: asyncio.Task[None] | None = None
+    emit_error: Exception | None = None
 
     @property
     def done(self) -> bool:
@@ -164,12 +168,40 @@ class EngineContext:
         return await self._control.submit_plan(self._record, plan)
 
     def emit(self, emission: Emission) -> None:
-        self._record.on_emit(emission)
+        """Hand ``emission`` to the sink now, or - if its output is a ``PendingOutput`` or an
+        earlier one is still pending - once that output is ready, keeping plan order."""
+        record = self._record
+        if record.emit_error is not None:
+            raise record.emit_error
+        tail = record.emit_tail
+        if not isinstance(emission.output, PendingOutput) and (tail is None or tail.done()):
+            record.on_emit(emission)
+            return
+        record.emit_tail = asyncio.get_running_loop().create_task(
+            _emit_in_order(record, tail, emission), name=f"dreamrt-emit-{record.loop_id}")
 
     def take_inputs(self) -> list[InputEvent]:
         inputs = list(self._record.inputs)
         self._record.inputs.clear()
         return inputs
+
+
+async def _emit_in_order(record: LoopRecord, before: asyncio.Task[None] | None,
+                         emission: Emission) -> None:
+    """After ``before`` (the loop's previous deferred emission), resolve and deliver."""
+    if before is not None:
+        await asyncio.wait({before})
+    if record.emit_error is not None:
+        return
+    try:
+        if isinstance(emission.output, PendingOutput):
+            output = await asyncio.to_thread(emission.output.result)
+            emission = Emission(emission.spec, output)
+        record.on_emit(emission)
+    except Exception as exc:  # the loop fails with "emit_failed" at its next emission or end
+        logger.exception("loop %s: deferred emission on %r failed", record.loop_id,
+                         emission.spec.stream)
+        record.emit_error = exc
 
 
 class LoopHandle:

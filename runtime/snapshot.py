@@ -77,6 +77,8 @@ def snapshot_state(state: LoopState) -> bytes:
         structure = msgspec.msgpack.Encoder(enc_hook=enc_hook).encode(state)
     except (TypeError, NotImplementedError) as exc:
         raise SnapshotError(str(exc)) from exc
+    if any(t.is_cuda for t in tensors):
+        torch.cuda.synchronize()  # ops may still write state tensors on a second stream
     named = {f"t{i}": t.detach().to("cpu").contiguous().clone() for i, t in enumerate(tensors)}
     envelope = _Envelope(
         format=_SNAPSHOT_FORMAT,

@@ -164,6 +164,8 @@ class Session:
         self._playing = asyncio.Event()  # set while live or terminal: wakes the track
         self.last_chunk = -1
         self.chunks_generated = 0
+        # the parts so far of a chunk that arrives in parts: (chunk, segment, pts_start, frames)
+        self._partial: tuple[int, int, int, np.ndarray] | None = None
         self.audio_samples_in = 0
         self.error: str | None = None
         self.events.publish(SessionStateChanged(state=self._state.value))
@@ -475,17 +477,28 @@ class Session:
             self.report_error("emission", f"{type(exc).__name__}: {exc}")
 
     def _on_media(self, meta: Mapping[str, Any], output: Any) -> None:
+        """Frames go to the media queue at once; a chunk that comes in parts (``final`` False
+        on all but its last) is counted, published and recorded once, whole, at its last."""
         frames = np.array(
             output, copy=True
         )  # [n, H, W, 3] uint8, owned: the loop may reuse its buffer
         chunk, segment = int(meta["chunk"]), int(meta.get("segment", self.prompts.segment))
         pts_start = int(meta["pts_90k"])
         fps = int(meta.get("fps", self.config.fps))
-        n = frames.shape[0]
-        pts = [pts_start + (i * PTS_HZ) // fps for i in range(n)]
-        digest = frames_digest(frames)
+        pts = [pts_start + (i * PTS_HZ) // fps for i in range(frames.shape[0])]
         if self._state not in SESSION_TERMINAL:
             self.media.put_chunk(frames, pts, chunk=chunk, segment=segment)
+        earlier = self._partial if self._partial and self._partial[:2] == (chunk, segment) else None
+        if not meta.get("final", True):
+            self._partial = (chunk, segment, pts_start if earlier is None else earlier[2],
+                             frames if earlier is None else np.concatenate((earlier[3], frames)))
+            return
+        self._partial = None
+        if earlier is not None:
+            pts_start, frames = earlier[2], np.concatenate((earlier[3], frames))
+            pts = [pts_start + (i * PTS_HZ) // fps for i in range(frames.shape[0])]
+        n = frames.shape[0]
+        digest = frames_digest(frames)
         self.last_chunk = max(self.last_chunk, chunk)
         self.chunks_generated += 1
         self.events.publish(

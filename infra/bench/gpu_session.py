@@ -14,8 +14,10 @@ Variants, measured side by side in one process (``--variants``, comma-separated)
 - ``compiled``: ``nomask`` plus ``WanInstance.compile()``: ``torch.compile`` of every DiT block
   (one graph for all 30) and of the VAE decoder (3D conv weights channels-last).
 - options joined with ``+``: ``compiled+cudnn`` / ``+flash`` (SDPA kernel preference),
-  ``compiled+cudnn+fp8`` (FP8 linears in the blocks: ``models/wan/fp8.py``; one-way, so it
-  comes last).
+  ``+overlap`` (the VAE decode on a second CUDA stream beside the next plans),
+  ``+convbench`` (``torch.backends.cudnn.benchmark``: cuDNN times its conv algorithms; stays
+  on for later variants), ``+fp8`` (FP8 linears in the blocks: ``models/wan/fp8.py``;
+  one-way, so it comes last).
 
 For each: steady-state FPS including decode, time to first frame, per-step and per-chunk
 latency (median, p95), DiT MFU (``dit_flops`` / measured step time / ``--peak-tflops``),
@@ -79,11 +81,19 @@ async def _run_session(instance: WanInstance, chunks: int, prompt: str) -> dict[
     profiler = Profiler()  # CUDA events when CUDA is there
     engine = Engine(cost=CostModel(DeviceConstants.h200()), observers=[profiler])
     await engine.start()
-    emitted: list[tuple[float, torch.Tensor]] = []
+    emitted: list[tuple[float, torch.Tensor]] = []  # one per chunk: its parts joined
+    first_frame: list[float] = []
+    partial: list[torch.Tensor] = []
 
     def on_emit(emission: Emission) -> None:
-        if emission.spec.stream == "media":
-            emitted.append((time.perf_counter(), emission.output))
+        if emission.spec.stream != "media":
+            return
+        now = time.perf_counter()
+        first_frame[:] = first_frame or [now]
+        partial.append(emission.output)
+        if emission.spec.meta.get("final", True):  # a session's first chunk comes in 2 parts
+            emitted.append((now, torch.cat(partial)))
+            partial.clear()
 
     _sync()
     start = time.perf_counter()
@@ -95,7 +105,8 @@ async def _run_session(instance: WanInstance, chunks: int, prompt: str) -> dict[
     await engine.close()
     stamps = [start] + [t for t, _ in emitted]
     chunk_wall = [b - a for a, b in zip(stamps, stamps[1:])]
-    return {"chunk_wall_s": chunk_wall, "frames": [f for _, f in emitted],
+    return {"chunk_wall_s": chunk_wall, "first_frame_s": first_frame[0] - start,
+            "frames": [f for _, f in emitted],
             "wall": {k: profiler.wall_samples(k) for k in _KINDS},
             "device": {k: profiler.device_samples(k) or profiler.wall_samples(k)
                        for k in _KINDS}}
@@ -106,7 +117,7 @@ _FULL, _PREFIX = ChunkKVCache.full, ChunkKVCache.prefix_frames
 
 def _prepare(variant: str, instance: WanInstance) -> dict[str, Any]:
     base, *options = variant.split("+")
-    unknown = {o for o in options if o not in ("cudnn", "flash", "fp8")}
+    unknown = {o for o in options if o not in ("cudnn", "flash", "fp8", "overlap", "convbench")}
     if base not in ("baseline", "nomask", "compiled") or unknown:
         raise SystemExit(f"gpu_session: unknown variant {variant!r}")
     # The baseline masks attention over every cache slot, as the first implementation did.
@@ -115,13 +126,18 @@ def _prepare(variant: str, instance: WanInstance) -> dict[str, Any]:
     ChunkKVCache.prefix_frames = property(lambda self: None) if masked else _PREFIX
     if base == "compiled":
         attention = next((o for o in options if o in ("cudnn", "flash")), "auto")
-        instance.compile(attention=attention, fp8="fp8" in options)
+        if "convbench" in options:
+            torch.backends.cudnn.benchmark = True
+        instance.compile(attention=attention, fp8="fp8" in options,
+                         overlap_decode="overlap" in options)
         # Graphs traced for the previous variant would keep serving (swapped modules and the
         # kernel preference are not guarded): trace again.
         torch._dynamo.reset()
     return {"fp8_linears": sum(isinstance(m, Fp8Linear) for m in instance.dit.modules()),
             "scaled_mm": scaled_mm_supported(instance.device),
-            "sdpa_backends": [b.name for b in instance.dit.blocks[0].self_attn.backends or ()]}
+            "sdpa_backends": [b.name for b in instance.dit.blocks[0].self_attn.backends or ()],
+            "overlap_decode": instance.decode_op.overlap,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark}
 
 
 @contextlib.contextmanager
@@ -141,6 +157,12 @@ def _maybe_trace(enabled: bool, out_dir: str, variant: str) -> Iterator[None]:
         f.write("\n")
         f.write(averages.table(sort_by="cuda_time_total", row_limit=40))
     prof.export_chrome_trace(f"{out_dir}/trace_{name}.json")
+
+
+def _parity(frames: list[torch.Tensor], reference: list[torch.Tensor]) -> dict[str, float]:
+    diffs = [(a.float() - b.float()).abs() for a, b in zip(frames, reference, strict=True)]
+    return {"mean_abs_uint8": float(torch.cat([d.flatten() for d in diffs]).mean()),
+            "max_abs_uint8": float(max(d.max() for d in diffs))}
 
 
 def _write_json(args: argparse.Namespace, step_flops: float, device_name: str,
@@ -218,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     device_name = torch.cuda.get_device_name() if cuda else "cpu"
     results: dict[str, dict[str, Any]] = {}
     reference: list[torch.Tensor] | None = None
+    previous: list[torch.Tensor] | None = None
     # Chunks before the K/V cache is full attend with a mask (other kernels, other graphs):
     # steady state starts one chunk after it fills.
     sink, ring = instance.kv_geometry(c)
@@ -243,17 +266,15 @@ def main(argv: list[str] | None = None) -> int:
         dec = run["device"]["vae_decode"][-len(steady):]
         busy = [a + b + c for a, b, c in zip(device_per_chunk, kv, dec)]
         overhead = [w - b for w, b in zip(steady, busy)]
-        parity = None
-        if reference is None:
-            reference = run["frames"]
-        else:
-            diffs = [(a.float() - b.float()).abs() for a, b in zip(run["frames"], reference)]
-            parity = {"mean_abs_uint8": float(torch.cat([d.flatten() for d in diffs]).mean()),
-                      "max_abs_uint8": float(max(d.max() for d in diffs))}
+        parity = None if reference is None else _parity(run["frames"], reference)
+        parity_prev = None if previous is None else _parity(run["frames"], previous)
+        reference = run["frames"] if reference is None else reference
+        previous = run["frames"]
         step_med = statistics.median(step_dev)
         results[variant] = {
             "fps": sum(frames) / sum(steady),
-            "first_frame_s": probe["chunk_wall_s"][0],
+            "first_frame_s": probe["first_frame_s"],
+            "first_chunk_s": probe["chunk_wall_s"][0],
             "first_chunk_device_ms": {k: [x * 1e3 for x in v] for k, v in probe["device"].items()},
             "step_ms_median": step_med * 1e3, "step_ms_p95": _percentile(step_dev, 0.95) * 1e3,
             "chunk_ms_median": statistics.median(steady) * 1e3,
@@ -263,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             "mfu": step_flops / step_med / (args.peak_tflops * 1e12),
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
             "engine_overhead_ms_median": statistics.median(overhead) * 1e3,
-            "setup": setup, "parity_vs_baseline": parity, "raw": {k: v for k, v in run.items() if k != "frames"},
+            "setup": setup, "parity_vs_baseline": parity,
+            "parity_vs_previous_variant": parity_prev, "raw": {k: v for k, v in run.items() if k != "frames"},
         }
         _write_json(args, step_flops, device_name, results)  # what is done survives a timeout
         print(f"{variant}: {_row(variant, results[variant], results.get('baseline'))}",

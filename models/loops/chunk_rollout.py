@@ -12,7 +12,11 @@ Per chunk (``c`` latent frames) the loop plans, in order::
                   (skipped after the last chunk of a bounded stream: nothing will read it)
 
 Decoding before the KV update puts frames out one DiT forward earlier (first frame and every
-chunk); nothing else changes, since both read only the chunk's final latents.
+chunk); nothing else changes, since both read only the chunk's final latents. A session's first
+chunk decodes in two parts, its first latent frame (one picture: the stream's first frame out
+as soon as possible) and then the rest; the causal decoder makes the parts equal to one decode
+(up to float rounding).
+Media emissions carry ``final`` (False on a part that leaves frames of the chunk to come).
 
 Live inputs (``absorb``) are latched for the *next* chunk when the current one ends (after its
 KV update): a prompt switch, the latest action (none -> no-op), the audio that arrived. A *cut*
@@ -93,6 +97,7 @@ class ChunkRolloutState(LoopState, kw_only=True):
     denoise_step: int = 0
     frame_start: int = 0  # absolute latent frame index (RoPE position) of the current chunk
     frames_emitted: int = 0
+    decoded: int = 0  # latent frames of the current chunk decoded so far
     plans_done: int = 0
     # prompt memory
     prompt: str
@@ -233,12 +238,15 @@ class ChunkRollout:
         elif state.phase is Phase.DECODE:
             if state.collect_frames:
                 state.frames.append(result.output)
-            state.decoder["frames_seen"] = state.decoder["frames_seen"] + state.chunk_frames
-            state.frames_emitted += self._decoded_frames(state)
-            if self._last_chunk(state):
-                self._end_chunk(state)
-            else:
-                state.phase = Phase.KV_UPDATE
+            latent, pixel = self._decode_part(state)
+            state.decoder["frames_seen"] = state.decoder["frames_seen"] + latent
+            state.frames_emitted += pixel
+            state.decoded += latent
+            if state.decoded == state.chunk_frames:  # else the chunk's next part follows
+                if self._last_chunk(state):
+                    self._end_chunk(state)
+                else:
+                    state.phase = Phase.KV_UPDATE
         elif state.phase is Phase.KV_UPDATE:
             state.kv_positions, state.kv_frames_written = result.output
             self._end_chunk(state)
@@ -260,10 +268,14 @@ class ChunkRollout:
     def _last_chunk(state: ChunkRolloutState) -> bool:
         return state.max_chunks is not None and state.chunk + 1 >= state.max_chunks
 
-    def _decoded_frames(self, state: ChunkRolloutState) -> int:
-        """Pixel frames the current chunk's decode yields (the stream's first has fewer)."""
-        return self._m.latent.pixel_frames(state.chunk_frames,
-                                           includes_first=state.frames_emitted == 0)
+    def _decode_part(self, state: ChunkRolloutState) -> tuple[int, int]:
+        """(latent frames, pixel frames) the next decode plan of the current chunk covers: a
+        session's very first latent frame alone, else the rest of the chunk."""
+        first = state.frames_emitted == 0
+        latent = state.chunk_frames - state.decoded
+        if first and not state.collect_frames:
+            latent = 1
+        return latent, self._m.latent.pixel_frames(latent, includes_first=first)
 
     def _end_chunk(self, state: ChunkRolloutState) -> None:
         state.chunk += 1
@@ -273,6 +285,7 @@ class ChunkRollout:
     def _start_chunk(self, state: ChunkRolloutState) -> None:
         """Latch the inputs that arrived during the last chunk for the next one."""
         state.phase, state.denoise_step, state.latents = Phase.START, 0, None
+        state.decoded = 0
         if state.next_prompt is not None:
             if state.next_prompt_is_cut:
                 state.segment += 1
@@ -285,8 +298,8 @@ class ChunkRollout:
 
     def _cut(self, state: ChunkRolloutState, text: str, seq: int) -> None:
         """A new segment: abandon the in-flight chunk unless its frames are decoded (then the
-        cut starts the next chunk)."""
-        if state.phase is Phase.KV_UPDATE:
+        cut starts the next chunk; so once part of them are)."""
+        if state.phase is Phase.KV_UPDATE or state.decoded:
             state.next_prompt, state.next_prompt_is_cut = text, True
             state.next_acks.append(("cut", seq))
             return
@@ -348,16 +361,21 @@ class ChunkRollout:
 
     def _decode_plan(self, state: ChunkRolloutState) -> WorkPlan:
         first = state.frames_emitted == 0
-        n = self._decoded_frames(state)
+        latent, n = self._decode_part(state)
+        final = state.decoded + latent == state.chunk_frames
         pts = pts_of_frame(state.frames_emitted, state.fps)
         emits = [EmitSpec("media", {"chunk": state.chunk, "segment": state.segment,
-                                    "pts_90k": pts, "num_frames": n, "fps": state.fps})]
-        emits += [EmitSpec("applied", {"kind": kind, "seq": seq, "chunk": state.chunk,
-                                       "pts_90k": pts}) for kind, seq in state.acks]
+                                    "pts_90k": pts, "num_frames": n, "fps": state.fps,
+                                    "final": final})]
+        if not state.decoded:  # the chunk's first frames reflect its inputs
+            emits += [EmitSpec("applied", {"kind": kind, "seq": seq, "chunk": state.chunk,
+                                           "pts_90k": pts}) for kind, seq in state.acks]
         decoder = DecoderCache.from_tensors(state.decoder, self._m.vae.decoder.slot_specs)
-        args = DecodeArgs(latents=state.latents, cache=decoder)
+        latents = state.latents[:, :, state.decoded:state.decoded + latent]
+        args = DecodeArgs(latents=latents, cache=decoder, defer=not state.collect_frames)
         return self._plan(state, PlanKind.VAE_DECODE, self._m.decode_op, args,
-                          f"decode:{int(first)}:{self._shape(state)}", emits=tuple(emits))
+                          f"decode:{int(first)}:{latent}:{self._shape(state)}",
+                          emits=tuple(emits))
 
     def _plan(self, state: ChunkRolloutState, kind: PlanKind, op: Any, args: Any,
               shape_sig: str, *, flops: float = 0.0,
@@ -379,11 +397,17 @@ class ChunkRollout:
         if kind is PlanKind.KV_UPDATE:
             return ()
         update = () if self._last_chunk(state) else (Followup(PlanKind.KV_UPDATE, shape, flops),)
+        latent, _ = self._decode_part(state)
+        rest = state.chunk_frames - state.decoded - latent
         if kind is PlanKind.VAE_DECODE:
-            return update
+            tail = (Followup(PlanKind.VAE_DECODE, f"decode:0:{rest}:{shape}"),) if rest else ()
+            return (*tail, *update)
         first = int(state.frames_emitted == 0)
+        decodes = [Followup(PlanKind.VAE_DECODE, f"decode:{first}:{latent}:{shape}")]
+        if rest:
+            decodes.append(Followup(PlanKind.VAE_DECODE, f"decode:0:{rest}:{shape}"))
         steps = tuple(Followup(PlanKind.CHUNK_STEP, shape, flops) for _ in range(steps_left))
-        return (*steps, Followup(PlanKind.VAE_DECODE, f"decode:{first}:{shape}"), *update)
+        return (*steps, *decodes, *update)
 
     # ---------------------------------------------------------------------------------------
     # views of the state's tensors

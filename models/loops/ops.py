@@ -24,6 +24,7 @@ __all__ = [
     "ChunkDenoiseOp",
     "DecodeArgs",
     "DecodeOp",
+    "DeviceFrames",
     "DiffusionStepArgs",
     "DiffusionStepOp",
     "KVWriteArgs",
@@ -184,14 +185,42 @@ class KVWriteOp(_SoloOp):
 
 @dataclass(frozen=True, slots=True)
 class DecodeArgs:
-    """Decode the next latent frames of a stream (DiT latent space) with its decoder cache."""
+    """Decode the next latent frames of a stream (DiT latent space) with its decoder cache.
+
+    ``defer``: the caller can take the frames later (a session's encoder), so an op with
+    overlap enabled may return them as ``DeviceFrames`` still being decoded.
+    """
 
     latents: torch.Tensor  # [1, C, c, h, w] DiT-normalised
     cache: DecoderCache
+    defer: bool = False
+
+
+class DeviceFrames:
+    """Frames a second CUDA stream is still decoding into pinned host memory
+    (``runtime.contract.PendingOutput``): ``result()`` waits for them -> uint8 [n, H, W, 3]."""
+
+    def __init__(self, host: torch.Tensor, done: torch.cuda.Event) -> None:
+        self._host = host
+        self._done = done
+        self.shape = host.shape
+
+    def ready(self) -> bool:
+        return self._done.query()
+
+    def result(self) -> torch.Tensor:
+        self._done.synchronize()
+        return self._host
 
 
 class DecodeOp(_SoloOp):
-    """Chunked causal VAE decode -> uint8 RGB frames on the CPU, [n, H, W, 3]."""
+    """Chunked causal VAE decode -> uint8 RGB frames on the CPU, [n, H, W, 3].
+
+    With ``overlap`` on (CUDA only; ``WanInstance.compile(overlap_decode=True)``) a deferrable
+    decode runs on a second stream: the op returns ``DeviceFrames`` at once and the loop's next
+    plans (KV update, the next chunk's steps) run on the main stream beside it. Same kernels,
+    same inputs: the frames are bit-identical to the synchronous path's.
+    """
 
     name = "vae_decode"
 
@@ -199,12 +228,40 @@ class DecodeOp(_SoloOp):
         self._vae = vae
         # The VAE's weight dtype; None for a codec without weights (pixel latents).
         self._dtype = next((p.dtype for p in vae.parameters()), None)
+        self._stream: torch.cuda.Stream | None = None
 
-    def run(self, a: DecodeArgs) -> torch.Tensor:
+    @property
+    def overlap(self) -> bool:
+        return self._stream is not None
+
+    def set_overlap(self, enabled: bool, device: torch.device) -> None:
+        """Decode deferrable chunks on a second stream of ``device`` (no-op off CUDA)."""
+        self._stream = (torch.cuda.Stream(device) if enabled and device.type == "cuda"
+                        else None)
+
+    def run(self, a: DecodeArgs) -> torch.Tensor | DeviceFrames:
+        if self._stream is None or not a.defer:
+            return self._decode(a).cpu()
+        side = self._stream
+        side.wait_stream(torch.cuda.current_stream(a.latents.device))  # the latents are written
+        with torch.cuda.stream(side):
+            frames = self._decode(a)
+            host = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
+            host.copy_(frames, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(side)
+        # Tensors made on the main stream and used here must not be recycled before the side
+        # stream is done with them (the loop may drop them meanwhile).
+        for tensor in (a.latents, *a.cache.buffers):
+            tensor.record_stream(side)
+        return DeviceFrames(host, done)
+
+    def _decode(self, a: DecodeArgs) -> torch.Tensor:
+        # -> uint8 [n, H, W, 3] on the VAE's device
         latents = a.latents if self._dtype is None else a.latents.to(self._dtype)
         z = self._vae.denormalize(latents)
         video = self._vae.decode_chunk(z, a.cache)  # [1, 3, n, H, W]
-        return video_to_uint8(video[0]).cpu()
+        return video_to_uint8(video[0])
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from models.instance import load_instance
-from models.loops.chunk_rollout import ChunkRolloutState, Phase
+from models.loops.chunk_rollout import ChunkRollout, ChunkRolloutState, Phase
 from models.loops.requests import JobRequest, SessionRequest
 from models.registry import get
 from runtime.contract import Emission, InputEvent
@@ -42,8 +42,22 @@ def _run(instance, request, inputs_at: dict[int, list[InputEvent]] | None = None
     return ctx.emissions, driver.state, dict(result.outputs)
 
 
-def _media(emissions: list[Emission]) -> list[tuple[dict, torch.Tensor]]:
+def _parts(emissions: list[Emission]) -> list[tuple[dict, torch.Tensor]]:
+    """Media emissions as emitted (a session's first chunk comes in two parts)."""
     return [(dict(e.spec.meta), e.output) for e in emissions if e.spec.stream == "media"]
+
+
+def _media(emissions: list[Emission]) -> list[tuple[dict, torch.Tensor]]:
+    """One entry per chunk: its parts' frames joined, the first part's meta."""
+    chunks: list[tuple[dict, torch.Tensor]] = []
+    open_part = False
+    for meta, frames in _parts(emissions):
+        if open_part:
+            chunks[-1] = (chunks[-1][0], torch.cat((chunks[-1][1], frames)))
+        else:
+            chunks.append((meta, frames))
+        open_part = not meta["final"]
+    return chunks
 
 
 def _applied(emissions: list[Emission]) -> list[dict]:
@@ -70,6 +84,9 @@ def test_same_seed_same_frames_and_pts_strictly_increase(instance) -> None:
     pts = [m["pts_90k"] for m, _ in a]
     assert pts == sorted(set(pts)) and pts[0] == 0
     assert [f.shape[0] for _, f in a] == [9, 12, 12]  # 1 + 4(c-1), then 4c
+    parts = _parts(first)  # the stream's first frame comes alone, as early as possible
+    assert [(m["chunk"], m["num_frames"], m["final"], f.shape[0]) for m, f in parts] == [
+        (0, 1, False, 1), (0, 8, True, 8), (1, 12, True, 12), (2, 12, True, 12)]
     assert all(f.dtype == torch.uint8 and f.shape[1:] == (64, 64, 3) for _, f in a)
     other, _, _ = _run(instance, SessionRequest(prompt="a red ball on grass", seed=4,
                                                 max_chunks=1))
@@ -142,7 +159,8 @@ def test_snapshot_at_any_boundary_resumes_bit_identically(instance) -> None:
     request = SessionRequest(prompt="a yellow square", seed=11, max_chunks=2)
     reference, _, _ = _run(instance, request)
     loop = instance.loop("chunk_rollout")
-    for cut_at in (1, 4, 6):  # after text encode, mid-denoise, between decode and KV update
+    # after text encode, mid-denoise, between the first chunk's decode parts, before KV update
+    for cut_at in (1, 4, 6, 7):
         ctx = InlineContext("s")
         driver = Driver(loop, ctx)
 
@@ -156,7 +174,7 @@ def test_snapshot_at_any_boundary_resumes_bit_identically(instance) -> None:
         ctx2 = InlineContext("s")
         resumed = Driver.from_snapshot(loop, ctx2, blob, ChunkRolloutState)
         asyncio.run(resumed.run())
-        combined = _media(ctx.emissions) + _media(ctx2.emissions)
+        combined = _media(ctx.emissions + ctx2.emissions)
         assert [m for m, _ in combined] == [m for m, _ in _media(reference)]
         assert all(torch.equal(a, b) for (_, a), (_, b) in zip(combined, _media(reference)))
 
@@ -181,3 +199,22 @@ def test_unsupported_input_fails_clearly(instance) -> None:
     with pytest.raises(ValueError, match="does not accept input 'teleport'"):
         state_loop.absorb(state, [InputEvent("teleport", 1, {})])
     assert state.phase is Phase.START
+
+
+def test_first_chunk_in_two_parts_equals_one_decode(instance, monkeypatch) -> None:
+    request = SessionRequest(prompt="a red ball on grass", seed=3, max_chunks=2)
+    split, _, _ = _run(instance, request)
+
+    def whole_chunk(self, state):
+        latent = state.chunk_frames - state.decoded
+        first = state.frames_emitted == 0
+        return latent, self._m.latent.pixel_frames(latent, includes_first=first)
+
+    monkeypatch.setattr(ChunkRollout, "_decode_part", whole_chunk)
+    whole, _, _ = _run(instance, request)
+    assert len(_parts(split)) == 3 and len(_parts(whole)) == 2
+    # the causal decoder's parts equal one decode up to float rounding (rel 1e-6): at most one
+    # uint8 level where a value sits on a rounding edge
+    for (_, a), (_, b) in zip(_media(split), _media(whole), strict=True):
+        diff = (a.int() - b.int()).abs()
+        assert a.shape == b.shape and diff.max() <= 1 and diff.float().mean() < 1e-3

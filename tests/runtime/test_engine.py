@@ -529,3 +529,96 @@ async def test_failed_loop_releases_its_reservation() -> None:
         await engine.close()
     assert info.value.code == "step_exception"
     assert admission.usage().reservations == 0
+
+
+class Later:
+    """A ``PendingOutput`` produced when ``done`` is set (as a second-stream decode would be)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.done = threading.Event()
+
+    def ready(self) -> bool:
+        return self.done.is_set()
+
+    def result(self) -> Any:
+        if not self.done.wait(10.0):
+            raise TimeoutError("never produced")
+        return self.value
+
+
+class DeferringOp:
+    """Returns a ``Later`` for step 0 (and ``Bad`` ones if asked), plain outputs otherwise."""
+
+    name = "defer"
+    batchable = False
+
+    def __init__(self, bad: bool = False) -> None:
+        self.pending: list[Later] = []
+        self.ran: list[int] = []
+        self.bad = bad
+
+    def __call__(self, args: Sequence[int], *, deterministic: bool = False) -> list[Any]:
+        self.ran.extend(args)
+        outs: list[Any] = []
+        for step in args:
+            if step == 0:
+                self.pending.append(Later(RuntimeError("sink breaks") if self.bad else "frame-0"))
+                outs.append(self.pending[-1])
+            else:
+                outs.append(f"frame-{step}")
+        return outs
+
+
+async def test_pending_outputs_let_the_loop_go_on_and_are_emitted_in_plan_order() -> None:
+    engine = make_engine()
+    await engine.start()
+    op = DeferringOp()
+    emitted: list[Any] = []
+    try:
+        handle = engine.spawn(CountLoop(op), 3, None, loop_id="d", priority=BATCH,
+                              on_emit=lambda e: emitted.append(e.output))
+        await until(lambda: op.ran == [0, 1, 2])  # every plan ran while step 0 was pending
+        await asyncio.sleep(0.05)
+        assert emitted == [] and not handle.done  # ...and nothing overtook it
+        op.pending[0].done.set()
+        result = await within(handle.result())
+    finally:
+        await engine.close()
+    assert emitted == ["frame-0", "frame-1", "frame-2"]
+    assert result.outputs == {"steps": 3}
+
+
+async def test_a_sink_failing_on_a_deferred_emission_fails_the_loop() -> None:
+    engine = make_engine()
+    await engine.start()
+    op = DeferringOp(bad=True)
+
+    def sink(emission: Emission) -> None:
+        if isinstance(emission.output, Exception):
+            raise emission.output
+
+    try:
+        handle = engine.spawn(CountLoop(op), 3, None, loop_id="e", priority=BATCH, on_emit=sink)
+        await until(lambda: len(op.pending) == 1)
+        op.pending[0].done.set()
+        with pytest.raises(LoopFailed, match="sink breaks") as info:
+            await within(handle.result())
+    finally:
+        await engine.close()
+    assert info.value.code == "emit_failed"
+
+
+async def test_inline_runs_resolve_pending_outputs() -> None:
+    op = DeferringOp()
+    loop = CountLoop(op)
+
+    async def produce() -> None:
+        await until(lambda: len(op.pending) == 1)
+        op.pending[0].done.set()
+
+    producer = asyncio.create_task(produce())
+    result, emissions = await within(asyncio.to_thread(
+        lambda: asyncio.run(run_inline(loop, 2, None))))
+    await producer
+    assert [e.output for e in emissions] == ["frame-0", "frame-1"] and result.outputs["steps"] == 2

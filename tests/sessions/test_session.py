@@ -344,3 +344,32 @@ async def test_unwatched_time_counts_only_without_viewer_or_offer() -> None:
     clock.t = 205.0
     assert session.unwatched_for_s() == 5.0
     await session.close()
+
+
+async def test_a_chunk_in_parts_is_queued_at_once_and_recorded_whole(tmp_path) -> None:
+    store = Store(tmp_path / "db.sqlite3")
+    store.add_session(session_id="s1", model_id="tiny", prompt="a forest", seed=7, fps=8,
+                      width=8, height=8, priority_class="realtime", state="created")
+    session = make_session(store=store)
+    session.attach(FakeHandle())
+    first = np.full((1, 8, 8, 3), 5, dtype=np.uint8)
+    rest = np.full((3, 8, 8, 3), 6, dtype=np.uint8)
+    meta = {"chunk": 0, "segment": 0, "fps": 8}
+    session.on_emission(Emission(EmitSpec("media", {**meta, "pts_90k": 0, "num_frames": 1,
+                                                    "final": False}), first))
+    # the first frame is playable before the rest of its chunk exists
+    assert session.media.pop().pts_90k == 0 and session.chunks_generated == 0
+    assert "media.chunk" not in event_types(session)
+    session.on_emission(Emission(EmitSpec("media", {**meta, "pts_90k": 11250, "num_frames": 3,
+                                                    "final": True}), rest))
+    whole = np.concatenate((first, rest))
+    chunk_events = [e for e in session.events.history() if e.__struct_config__.tag == "media.chunk"]
+    assert [(e.chunk, e.pts_start, e.frames, e.digest) for e in chunk_events] == [
+        (0, 0, 4, frames_digest(whole))]
+    assert session.chunks_generated == 1 and session.last_chunk == 0
+    await session.close()
+    await store.run(lambda: None)
+    (record,) = store.records("s1")
+    assert (record["num_frames"], record["pts_start"], record["pts_end"], record["digest"]) == (
+        4, 0, 3 * 11250, frames_digest(whole))
+    store.close()
