@@ -97,7 +97,7 @@ class WanInstance:
         self._compiled = False
         self._fp8 = False
 
-    def compile(self, *, attention: str = "auto", fp8: bool = False,
+    def compile(self, *, attention: str = "auto", fp8: str | None = None,
                 overlap_decode: bool = False) -> None:
         """Optimise the step bodies for serving (GPU); measured in infra/bench/RESULTS.md.
 
@@ -107,8 +107,9 @@ class WanInstance:
           the norms around them are fused). The first chunks after this pay the compilation.
         - ``attention``: which SDPA kernels unmasked self-attention prefers
           (``models.wan.attention.ATTENTION_BACKENDS``: auto, flash, cudnn).
-        - ``fp8``: the blocks' linear layers become ``models.wan.fp8.Fp8Linear`` (e4m3 weights and
-          activations, row-wise scales): faster GEMMs at a measured cost in fidelity; opt-in.
+        - ``fp8``: ``"row"`` or ``"tensor"``: the blocks' linear layers become
+          ``models.wan.fp8.Fp8Linear`` (e4m3 weights and activations, row-wise or per-tensor
+          scales): FP8 GEMMs at a measured cost in fidelity; opt-in.
         - ``overlap_decode``: a session's VAE decode runs on a second CUDA stream beside the
           next plans (``DecodeOp``); frames are unchanged, they just arrive asynchronously.
 
@@ -122,8 +123,11 @@ class WanInstance:
             if isinstance(module, WanSelfAttention):
                 module.backends = ATTENTION_BACKENDS[attention]
         self.decode_op.set_overlap(overlap_decode, self.device)
-        if fp8 and not self._fp8:
-            quantize_linears(self.dit, lambda name: name.startswith("blocks."))
+        if fp8 not in (None, "row", "tensor"):
+            raise InstanceError(f"fp8 {fp8!r} is not one of None, 'row', 'tensor'")
+        if fp8 is not None and not self._fp8:
+            quantize_linears(self.dit, lambda name: name.startswith("blocks."),
+                             per_tensor=fp8 == "tensor")
             self._fp8 = True
         if self._compiled:
             return

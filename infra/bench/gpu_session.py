@@ -16,8 +16,10 @@ Variants, measured side by side in one process (``--variants``, comma-separated)
 - options joined with ``+``: ``compiled+cudnn`` / ``+flash`` (SDPA kernel preference),
   ``+overlap`` (the VAE decode on a second CUDA stream beside the next plans),
   ``+convbench`` (``torch.backends.cudnn.benchmark``: cuDNN times its conv algorithms; stays
-  on for later variants), ``+fp8`` (FP8 linears in the blocks: ``models/wan/fp8.py``;
-  one-way, so it comes last).
+  on for later variants), ``+fp8`` / ``+fp8t`` (FP8 linears in the blocks with row-wise /
+  per-tensor scales: ``models/wan/fp8.py``).
+
+Each variant gets a fresh instance with the same seeded random weights.
 
 For each: steady-state FPS including decode, time to first frame, per-step and per-chunk
 latency (median, p95), DiT MFU (``dit_flops`` / measured step time / ``--peak-tflops``),
@@ -117,7 +119,8 @@ _FULL, _PREFIX = ChunkKVCache.full, ChunkKVCache.prefix_frames
 
 def _prepare(variant: str, instance: WanInstance) -> dict[str, Any]:
     base, *options = variant.split("+")
-    unknown = {o for o in options if o not in ("cudnn", "flash", "fp8", "overlap", "convbench")}
+    unknown = {o for o in options
+               if o not in ("cudnn", "flash", "fp8", "fp8t", "overlap", "convbench")}
     if base not in ("baseline", "nomask", "compiled") or unknown:
         raise SystemExit(f"gpu_session: unknown variant {variant!r}")
     # The baseline masks attention over every cache slot, as the first implementation did.
@@ -128,11 +131,8 @@ def _prepare(variant: str, instance: WanInstance) -> dict[str, Any]:
         attention = next((o for o in options if o in ("cudnn", "flash")), "auto")
         if "convbench" in options:
             torch.backends.cudnn.benchmark = True
-        instance.compile(attention=attention, fp8="fp8" in options,
-                         overlap_decode="overlap" in options)
-        # Graphs traced for the previous variant would keep serving (swapped modules and the
-        # kernel preference are not guarded): trace again.
-        torch._dynamo.reset()
+        fp8 = "row" if "fp8" in options else "tensor" if "fp8t" in options else None
+        instance.compile(attention=attention, fp8=fp8, overlap_decode="overlap" in options)
     return {"fp8_linears": sum(isinstance(m, Fp8Linear) for m in instance.dit.modules()),
             "scaled_mm": scaled_mm_supported(instance.device),
             "sdpa_backends": [b.name for b in instance.dit.blocks[0].self_attn.backends or ()],
@@ -227,8 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.accumulated_cache_size_limit = 512
     card = _with_window(get(args.model), args.window)
-    instance = load_instance(card, device=args.device, precision="bf16" if cuda else "fp32",
+
+    def fresh_instance() -> WanInstance:
+        # the same seeded random weights every time: each variant starts from eager bf16
+        return load_instance(card, device=args.device, precision="bf16" if cuda else "fp32",
                              random_weights=True)
+
+    instance = fresh_instance()
     profile = card.default_profile
     stride = card.latent.spatial_stride
     lh, lw = profile.height // stride, profile.width // stride
@@ -247,7 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     first_steady = -(-(sink + ring) // c) + 1
     if args.chunks <= first_steady:
         parser.error(f"--chunks must exceed {first_steady} to reach steady state")
-    for variant in variants:
+    for index, variant in enumerate(variants):
+        if index:
+            del instance
+            torch._dynamo.reset()
+            if cuda:
+                torch.cuda.empty_cache()
+            instance = fresh_instance()
         setup = _prepare(variant, instance)
         print(f"{variant}: {setup}", flush=True)
         # warm-up through steady state: kernel selection and compilation of every graph

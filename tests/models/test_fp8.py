@@ -28,6 +28,19 @@ def test_fp8_linear_matches_the_float_product_within_e4m3_precision() -> None:
     assert torch.equal(fp8.bias, linear.bias.detach())
 
 
+def test_per_tensor_scaling_is_coarser_but_still_tracks_the_product() -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 32)
+    x = torch.randn(5, 7, 64)
+    x[0, 0, 0] = 200.0  # one outlier now sets the scale of every token
+    ref = linear(x)
+    row, tensor = Fp8Linear(linear), Fp8Linear(linear, per_tensor=True)
+    assert tensor.weight_scale.shape == (1, 1) and row.weight_scale.shape == (1, 32)
+    err_row = ((row(x) - ref).norm() / ref.norm()).item()
+    err_tensor = ((tensor(x) - ref).norm() / ref.norm()).item()
+    assert err_row < err_tensor < 0.2
+
+
 def test_fp8_linear_rejects_features_the_gemm_cannot_take() -> None:
     with pytest.raises(ValueError, match="divisible by 16"):
         Fp8Linear(nn.Linear(20, 32))
