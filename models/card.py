@@ -28,7 +28,7 @@ from typing import Any
 __all__ = [
     "CAPABILITIES", "INPUT_KINDS", "PRECISIONS", "AttentionMode", "CacheContract", "CacheKind",
     "CardError", "CheckpointFormat", "CheckpointManifest", "ComponentEntry", "ComponentKind",
-    "ComponentSpec", "LatentSpec", "LoopKind", "LoopSpec", "ModelCard", "ParityLevel",
+    "ComponentSpec", "KVUpdate", "LatentSpec", "LoopKind", "LoopSpec", "ModelCard", "ParityLevel",
     "ParitySpec", "PrecisionContract", "Profile", "ProfileError", "RecipeMismatchError",
     "RecipeSpec", "ScheduleSpec", "WeightsKind",
 ]
@@ -96,6 +96,18 @@ DENOISING_LOOPS = frozenset({LoopKind.CHUNK_ROLLOUT, LoopKind.DIFFUSION_DENOISE}
 class AttentionMode(str, enum.Enum):
     BIDIRECTIONAL = "bidirectional"
     CHUNK_CAUSAL = "chunk_causal"
+
+
+class KVUpdate(str, enum.Enum):
+    """How a chunk's K/V reaches the cache of a chunk-causal loop (the recipe trained with it).
+
+    CLEAN: an extra DiT pass over the finished chunk at t = 0 (Self-Forcing, CausVid,
+    LongLive). LAST_STEP: the last denoising step writes the K/V of its own input (noisy at the
+    last sigma): one forward less per chunk, a different context for the next chunk.
+    """
+
+    CLEAN = "clean"
+    LAST_STEP = "last_step"
 
 
 class CacheKind(str, enum.Enum):
@@ -219,7 +231,8 @@ class ScheduleSpec:
 class LoopSpec:
     """A loop the card can run. Denoising loops (``chunk_rollout``, ``diffusion_denoise``) carry
     a ``schedule`` and an ``attention`` mode; ``components`` are the component ids it needs,
-    ``inputs`` the live input kinds it absorbs, ``uses`` the helper loops it delegates to."""
+    ``inputs`` the live input kinds it absorbs, ``uses`` the helper loops it delegates to.
+    ``kv_update`` (chunk-causal loops) says how a chunk's K/V is cached (``KVUpdate``)."""
 
     loop_id: str
     kind: LoopKind
@@ -228,9 +241,11 @@ class LoopSpec:
     components: tuple[str, ...] = ()
     inputs: frozenset[str] = frozenset()
     uses: tuple[str, ...] = ()
+    kv_update: KVUpdate = KVUpdate.CLEAN
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", _coerce(LoopKind, self.kind, "loop kind"))
+        object.__setattr__(self, "kv_update", _coerce(KVUpdate, self.kv_update, "kv_update"))
         if self.attention is not None:
             object.__setattr__(self, "attention",
                                _coerce(AttentionMode, self.attention, "attention"))

@@ -17,7 +17,9 @@ Variants, measured side by side in one process (``--variants``, comma-separated)
   ``+overlap`` (the VAE decode on a second CUDA stream beside the next plans),
   ``+convbench`` (``torch.backends.cudnn.benchmark``: cuDNN times its conv algorithms; stays
   on for later variants), ``+fp8`` / ``+fp8t`` (FP8 linears in the blocks with row-wise /
-  per-tensor scales: ``models/wan/fp8.py``).
+  per-tensor scales: ``models/wan/fp8.py``), ``+fold`` (the card's K/V update moved into the
+  last denoising step, ``KVUpdate.LAST_STEP``: one forward less per chunk, but not what the
+  recipe trained with, so its frames differ by design).
 
 Each variant gets a fresh instance with the same seeded random weights.
 
@@ -120,13 +122,17 @@ _FULL, _PREFIX = ChunkKVCache.full, ChunkKVCache.prefix_frames
 def _prepare(variant: str, instance: WanInstance) -> dict[str, Any]:
     base, *options = variant.split("+")
     unknown = {o for o in options
-               if o not in ("cudnn", "flash", "fp8", "fp8t", "overlap", "convbench")}
+               if o not in ("cudnn", "flash", "fp8", "fp8t", "overlap", "convbench", "fold")}
     if base not in ("baseline", "nomask", "compiled") or unknown:
         raise SystemExit(f"gpu_session: unknown variant {variant!r}")
     # The baseline masks attention over every cache slot, as the first implementation did.
     masked = base == "baseline"
     ChunkKVCache.full = property(lambda self: False) if masked else _FULL
     ChunkKVCache.prefix_frames = property(lambda self: None) if masked else _PREFIX
+    if "fold" in options:  # the card's recipe says otherwise: a measured deviation
+        spec = dataclasses.replace(instance.card.loops["chunk_rollout"], kv_update="last_step")
+        instance.card = dataclasses.replace(
+            instance.card, loops={**instance.card.loops, "chunk_rollout": spec})
     if base == "compiled":
         attention = next((o for o in options if o in ("cudnn", "flash")), "auto")
         if "convbench" in options:
@@ -273,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         frames = [f.shape[0] for f in run["frames"]][first_steady:]
         step_dev = run["device"]["chunk_step"][-profile.steps * len(steady):]
         device_per_chunk = [sum(x) for x in zip(*[iter(step_dev)] * profile.steps)]
-        kv = run["device"]["kv_update"][-len(steady):]
+        # no KV-update plans with +fold: the last step writes the cache
+        kv = run["device"]["kv_update"][-len(steady):] or [0.0] * len(steady)
         dec = run["device"]["vae_decode"][-len(steady):]
         busy = [a + b + c for a, b, c in zip(device_per_chunk, kv, dec)]
         overhead = [w - b for w, b in zip(steady, busy)]

@@ -9,7 +9,8 @@ Per chunk (``c`` latent frames) the loop plans, in order::
     vae_decode    the chunk through the causal VAE decoder (per-session feature cache) -> frames,
                   emitted on "media" with their PTS, plus the "applied" acks of inputs it reflects
     kv_update     the clean chunk at t=0 through the DiT, its K/V written into the rolling cache
-                  (skipped after the last chunk of a bounded stream: nothing will read it)
+                  (skipped after the last chunk of a bounded stream: nothing will read it; and
+                  for a card with ``kv_update = last_step``, whose last chunk_step writes it)
 
 Decoding before the KV update puts frames out one DiT forward earlier (first frame and every
 chunk); nothing else changes, since both read only the chunk's final latents. A session's first
@@ -40,7 +41,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from models.loops.inputs import AUDIO_SAMPLE_RATE, action_vector, audio_features
-from models.loops.ops import ChunkDenoiseArgs, DecodeArgs, KVWriteArgs
+from models.card import KVUpdate
+from models.loops.ops import ChunkDenoiseArgs, DecodeArgs, KVWriteArgs, WrittenStep
 from models.loops.requests import JobRequest, SessionRequest, pts_of_frame
 from models.loops.sampling import noise_seed, sigma_steps
 from models.wan.kv_cache import ChunkKVCache
@@ -141,6 +143,7 @@ class ChunkRollout:
         self._steps = sigma_steps(spec.schedule.timesteps, spec.schedule.flow_shift,
                                   spec.schedule.num_train_timesteps)
         self._inputs = spec.inputs
+        self._fold = spec.kv_update is KVUpdate.LAST_STEP
 
     # ---------------------------------------------------------------------------------------
     # contract
@@ -232,7 +235,12 @@ class ChunkRollout:
             state.kv_positions, state.kv_frames_written = result.output
             state.recache_needed = False
         elif state.phase in (Phase.START, Phase.DENOISE):
-            state.latents = result.output
+            output = result.output
+            if isinstance(output, WrittenStep):  # the last step also cached the chunk's K/V
+                state.kv_positions = output.positions
+                state.kv_frames_written = output.frames_written
+                output = output.latents
+            state.latents = output
             state.denoise_step += 1
             state.phase = Phase.DECODE if state.denoise_step == len(self._steps) else Phase.DENOISE
         elif state.phase is Phase.DECODE:
@@ -243,7 +251,7 @@ class ChunkRollout:
             state.frames_emitted += pixel
             state.decoded += latent
             if state.decoded == state.chunk_frames:  # else the chunk's next part follows
-                if self._last_chunk(state):
+                if self._fold or self._last_chunk(state):
                     self._end_chunk(state)
                 else:
                     state.phase = Phase.KV_UPDATE
@@ -263,6 +271,11 @@ class ChunkRollout:
 
     # ---------------------------------------------------------------------------------------
     # chunk boundary and inputs
+
+    def _writes_kv(self, state: ChunkRolloutState) -> bool:
+        """Whether this denoising step caches the chunk's K/V (``KVUpdate.LAST_STEP``)."""
+        return (self._fold and state.denoise_step == len(self._steps) - 1
+                and not self._last_chunk(state))
 
     @staticmethod
     def _last_chunk(state: ChunkRolloutState) -> bool:
@@ -297,9 +310,10 @@ class ChunkRollout:
         state.acks, state.next_acks = state.next_acks, []
 
     def _cut(self, state: ChunkRolloutState, text: str, seq: int) -> None:
-        """A new segment: abandon the in-flight chunk unless its frames are decoded (then the
-        cut starts the next chunk; so once part of them are)."""
-        if state.phase is Phase.KV_UPDATE or state.decoded:
+        """A new segment: abandon the in-flight chunk unless its frames are decoded or its K/V
+        cached, even in part (then the cut starts the next chunk)."""
+        kv_written = self._fold and state.phase is Phase.DECODE
+        if state.phase is Phase.KV_UPDATE or state.decoded or kv_written:
             state.next_prompt, state.next_prompt_is_cut = text, True
             state.next_acks.append(("cut", seq))
             return
@@ -337,7 +351,8 @@ class ChunkRollout:
             init_seed=(noise_seed(state.seed, state.segment, state.chunk, -1)
                        if state.latents is None else None),
             cross=self._cross(state), cache=self._kv(state), frame_start=state.frame_start,
-            action=state.chunk_action, audio=state.chunk_audio)
+            action=state.chunk_action, audio=state.chunk_audio,
+            window=state.window_latents if self._writes_kv(state) else None)
         return self._plan(state, PlanKind.CHUNK_STEP, self._m.chunk_step_op, args,
                           self._shape(state), flops=self._flops(state))
 
@@ -396,7 +411,8 @@ class ChunkRollout:
         steps_left = len(self._steps) - state.denoise_step - (kind is PlanKind.CHUNK_STEP)
         if kind is PlanKind.KV_UPDATE:
             return ()
-        update = () if self._last_chunk(state) else (Followup(PlanKind.KV_UPDATE, shape, flops),)
+        separate = not (self._fold or self._last_chunk(state))
+        update = (Followup(PlanKind.KV_UPDATE, shape, flops),) if separate else ()
         latent, _ = self._decode_part(state)
         rest = state.chunk_frames - state.decoded - latent
         if kind is PlanKind.VAE_DECODE:

@@ -31,6 +31,7 @@ __all__ = [
     "KVWriteOp",
     "TextEmbedOp",
     "TextEncodeOp",
+    "WrittenStep",
 ]
 
 
@@ -114,27 +115,46 @@ class ChunkDenoiseArgs:
     frame_start: int
     action: torch.Tensor | None
     audio: torch.Tensor | None
+    # a card with ``kv_update = last_step``: the last step writes its input's K/V into ``cache``
+    # and its output (the clean chunk) into ``window`` [1, C, S + W, h, w]
+    window: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenStep:
+    """A denoising step that also wrote the chunk's K/V: the step's latents, and the cache's
+    slot positions (-1 = empty) and frame count, as ``KVWriteOp`` returns them."""
+
+    latents: torch.Tensor
+    positions: list[int]
+    frames_written: int
 
 
 class ChunkDenoiseOp(_SoloOp):
-    """Self-Forcing-style step: predict x0 from x_t, re-noise to the next level."""
+    """Self-Forcing-style step: predict x0 from x_t, re-noise to the next level (with
+    ``args.window``: also cache the chunk's K/V -> ``WrittenStep``)."""
 
     name = "chunk_step"
 
     def __init__(self, dit: WanDiT) -> None:
         self._dit = dit
 
-    def run(self, a: ChunkDenoiseArgs) -> torch.Tensor:
+    def run(self, a: ChunkDenoiseArgs) -> torch.Tensor | WrittenStep:
         # a.x: [1, C, f, h, w] -> [1, C, f, h, w]
         x = a.x if a.init_seed is None else _noise_like(a.x, a.init_seed)
         t = torch.full((x.shape[0],), a.timestep, device=x.device, dtype=torch.float32)
+        write = a.window is not None
         v = self._dit.forward_chunk(x, t, a.cross, a.cache, a.frame_start,
-                                    action=a.action, audio=a.audio)
+                                    action=a.action, audio=a.audio, write_cache=write)
         x0 = (x.float() - a.sigma * v.float())
         if a.sigma_next > 0.0:
             noise = _noise_like(x0, a.noise_seed)
             x0 = (1.0 - a.sigma_next) * x0 + a.sigma_next * noise.float()
-        return x0.to(a.x.dtype)
+        out = x0.to(a.x.dtype)
+        if not write:
+            return out
+        positions = _keep_window(a.cache, a.window, ((a.frame_start, out),))
+        return WrittenStep(out, positions, a.cache.frames_written)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,13 +194,19 @@ class KVWriteOp(_SoloOp):
             audio = a.audio if (a.audio is not None and a.audio.shape[1] == latents.shape[2]) else None
             self._dit.forward_chunk(latents, t, a.cross, a.cache, frame_start,
                                     action=a.action, audio=audio, write_cache=True)
-        # Keep the clean latents of every cached frame, slot for slot, for later re-caches.
-        latents = {start + i: g[:, :, i] for start, g in a.groups for i in range(g.shape[2])}
-        positions = [-1 if p is None else p for p in a.cache.slot_positions]
-        for slot, position in enumerate(positions):
-            if position in latents:
-                a.window[:, :, slot].copy_(latents[position])
-        return positions, a.cache.frames_written
+        return _keep_window(a.cache, a.window, a.groups), a.cache.frames_written
+
+
+def _keep_window(cache: ChunkKVCache, window: torch.Tensor,
+                 groups: Sequence[tuple[int, torch.Tensor]]) -> list[int]:
+    """Keep the clean latents of every cached frame, slot for slot, for later re-caches;
+    -> the cache's slot positions (-1 = empty)."""
+    latents = {start + i: g[:, :, i] for start, g in groups for i in range(g.shape[2])}
+    positions = [-1 if p is None else p for p in cache.slot_positions]
+    for slot, position in enumerate(positions):
+        if position in latents:
+            window[:, :, slot].copy_(latents[position])
+    return positions
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 
 import pytest
 import torch
 
+from models.card import CardError
 from models.instance import load_instance
 from models.loops.chunk_rollout import ChunkRollout, ChunkRolloutState, Phase
 from models.loops.requests import JobRequest, SessionRequest
@@ -218,3 +221,28 @@ def test_first_chunk_in_two_parts_equals_one_decode(instance, monkeypatch) -> No
     for (_, a), (_, b) in zip(_media(split), _media(whole), strict=True):
         diff = (a.int() - b.int()).abs()
         assert a.shape == b.shape and diff.max() <= 1 and diff.float().mean() < 1e-3
+
+
+def test_a_card_whose_last_step_caches_the_kv_skips_the_update_pass(instance) -> None:
+    card = instance.card
+    spec = dataclasses.replace(card.loops["chunk_rollout"], kv_update="last_step")
+    folded = copy.copy(instance)
+    folded.card = dataclasses.replace(card, loops={**card.loops, "chunk_rollout": spec})
+    request = SessionRequest(prompt="a red ball on grass", seed=3, max_chunks=3)
+    loop = folded.loop("chunk_rollout")
+    ctx = InlineContext("s")
+    driver = Driver(loop, ctx)
+    asyncio.run(driver.run(request, folded))
+    kinds = [p.kind.value for p in ctx.executed]
+    assert "kv_update" not in kinds
+    assert kinds.count("chunk_step") == 12 and kinds.count("vae_decode") == 4
+    assert driver.state.kv_frames_written == 6  # chunks 0 and 1; nothing reads the last one's
+    clean, _, _ = _run(instance, request)
+    ours, theirs = _media(ctx.emissions), _media(clean)
+    assert torch.equal(ours[0][1], theirs[0][1])  # the first chunk reads no cache
+    assert not torch.equal(ours[1][1], theirs[1][1])  # later ones read another context
+
+
+def test_kv_update_mode_must_be_known(instance) -> None:
+    with pytest.raises(CardError, match="kv_update='sometimes'"):
+        dataclasses.replace(instance.card.loops["chunk_rollout"], kv_update="sometimes")
