@@ -49,7 +49,9 @@ class LoopStream:
         return self.push("action", {"keys": list(keys), "mouse": [0.0, 0.0]})
 
     def next_chunk(self) -> torch.Tensor:
-        """Run plans until the next chunk's frames are emitted -> uint8 [n, H, W, 3]."""
+        """Run plans until the next chunk's frames are all emitted -> uint8 [n, H, W, 3] (a
+        chunk may come in parts: media emissions carry ``final``)."""
+        parts: list[torch.Tensor] = []
         while True:
             if self._pending:
                 self.state = self._loop.absorb(self.state, self._pending)
@@ -63,13 +65,14 @@ class LoopStream:
             wall_s = time.perf_counter() - start
             self.plan_wall_s.append((plan.kind.value, wall_s))
             self.state = self._loop.advance(self.state, StepResult(output, wall_s))
-            frames = None
+            final = False
             for spec in plan.emits:
                 emission = Emission(spec, output)
                 if spec.stream == "applied":
                     self.applied.setdefault(int(spec.meta["seq"]), int(spec.meta["chunk"]))
                 elif spec.stream == "media":
-                    frames = emission.output
-            if frames is not None:
+                    parts.append(emission.output)
+                    final = bool(spec.meta.get("final", True))
+            if final:
                 self.chunks_done += 1
-                return frames
+                return torch.cat(parts) if len(parts) > 1 else parts[0]
