@@ -81,10 +81,33 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-async def _run_session(instance: WanInstance, chunks: int, prompt: str) -> dict[str, Any]:
-    profiler = Profiler()  # CUDA events when CUDA is there
-    engine = Engine(cost=CostModel(DeviceConstants.h200()), observers=[profiler])
-    await engine.start()
+class _Served:
+    """One engine (one executor thread) serving a variant's sessions, as a server does: the
+    per-thread kernel-plan caches (cuDNN attention and convolution plans) stay warm across
+    sessions. Each session's samples are its own slice of the shared profiler."""
+
+    def __init__(self) -> None:
+        self.profiler = Profiler()  # CUDA events when CUDA is there
+        self.engine = Engine(cost=CostModel(DeviceConstants.h200()), observers=[self.profiler])
+        self.sessions = 0
+
+    async def __aenter__(self) -> _Served:
+        await self.engine.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.engine.close()
+
+    def samples(self) -> dict[str, tuple[list[float], list[float]]]:
+        p = self.profiler
+        return {k: (p.wall_samples(k), p.device_samples(k) or p.wall_samples(k)) for k in _KINDS}
+
+
+async def _run_session(served: _Served, instance: WanInstance, chunks: int,
+                       prompt: str) -> dict[str, Any]:
+    engine = served.engine
+    before = {k: len(w) for k, (w, _) in served.samples().items()}
+    served.sessions += 1
     emitted: list[tuple[float, torch.Tensor]] = []  # one per chunk: its parts joined
     first_frame: list[float] = []
     partial: list[torch.Tensor] = []
@@ -104,16 +127,31 @@ async def _run_session(instance: WanInstance, chunks: int, prompt: str) -> dict[
     # Batch class: no playout deadlines, so the lead limit does not cap the rate we measure.
     handle = engine.spawn(instance.loop("chunk_rollout"),
                           SessionRequest(prompt=prompt, seed=7, max_chunks=chunks),
-                          instance, loop_id="bench", priority=Priority.BATCH, on_emit=on_emit)
+                          instance, loop_id=f"bench-{served.sessions}",
+                          priority=Priority.BATCH, on_emit=on_emit)
     await handle.result()
-    await engine.close()
+    after = served.samples()
     stamps = [start] + [t for t, _ in emitted]
     chunk_wall = [b - a for a, b in zip(stamps, stamps[1:])]
     return {"chunk_wall_s": chunk_wall, "first_frame_s": first_frame[0] - start,
             "frames": [f for _, f in emitted],
-            "wall": {k: profiler.wall_samples(k) for k in _KINDS},
-            "device": {k: profiler.device_samples(k) or profiler.wall_samples(k)
-                       for k in _KINDS}}
+            "wall": {k: w[before[k]:] for k, (w, _) in after.items()},
+            "device": {k: d[before[k]:] for k, (_, d) in after.items()}}
+
+
+async def _variant(instance: WanInstance, warmup_chunks: int, chunks: int, variant: str,
+                   trace: bool, trace_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Warm-up, first-frame probe and measured session of one variant on one engine."""
+    async with _Served() as served:
+        # warm-up through steady state: kernel selection and compilation of every graph
+        await _run_session(served, instance, warmup_chunks, "warm-up: grass and a red ball")
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        # time to first frame: a fresh session with a prompt never seen (its text encode runs)
+        with _maybe_trace(trace, trace_dir, variant):
+            probe = await _run_session(served, instance, 1, f"first-frame probe: {variant}")
+        run = await _run_session(served, instance, chunks, "a red ball rolling on green grass")
+    return probe, run
 
 
 _FULL, _PREFIX = ChunkKVCache.full, ChunkKVCache.prefix_frames
@@ -267,14 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             instance = fresh_instance()
         setup = _prepare(variant, instance)
         print(f"{variant}: {setup}", flush=True)
-        # warm-up through steady state: kernel selection and compilation of every graph
-        asyncio.run(_run_session(instance, first_steady + 1, "warm-up: grass and a red ball"))
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        # time to first frame: a fresh session with a prompt never seen (its text encode runs)
-        with _maybe_trace(variant in args.trace.split(","), args.trace_dir, variant):
-            probe = asyncio.run(_run_session(instance, 1, f"first-frame probe: {variant}"))
-        run = asyncio.run(_run_session(instance, args.chunks, "a red ball rolling on green grass"))
+        probe, run = asyncio.run(_variant(instance, first_steady + 1, args.chunks, variant,
+                                          variant in args.trace.split(","), args.trace_dir))
         steady = run["chunk_wall_s"][first_steady:]
         frames = [f.shape[0] for f in run["frames"]][first_steady:]
         step_dev = run["device"]["chunk_step"][-profile.steps * len(steady):]
