@@ -98,7 +98,7 @@ class WanInstance:
         self._fp8 = False
 
     def compile(self, *, attention: str = "auto", fp8: str | None = None,
-                overlap_decode: bool = False) -> None:
+                overlap_decode: bool = True) -> None:
         """Optimise the step bodies for serving (GPU); measured in infra/bench/RESULTS.md.
 
         - ``torch.compile`` of every DiT block (one graph serves all of them: same code, same
@@ -106,12 +106,15 @@ class WanInstance:
           decoder, whose 3D convolution weights go channels-last first (cuDNN's fast layout once
           the norms around them are fused). The first chunks after this pay the compilation.
         - ``attention``: which SDPA kernels unmasked self-attention prefers
-          (``models.wan.attention.ATTENTION_BACKENDS``: auto, flash, cudnn).
+          (``models.wan.attention.ATTENTION_BACKENDS``: auto, flash, cudnn). "auto" picks cuDNN
+          on the H200 with torch 2.11 (61 ms per 1.3B step; flash first: 81 ms).
         - ``fp8``: ``"row"`` or ``"tensor"``: the blocks' linear layers become
           ``models.wan.fp8.Fp8Linear`` (e4m3 weights and activations, row-wise or per-tensor
-          scales): FP8 GEMMs at a measured cost in fidelity; opt-in.
-        - ``overlap_decode``: a session's VAE decode runs on a second CUDA stream beside the
-          next plans (``DecodeOp``); frames are unchanged, they just arrive asynchronously.
+          scales). Opt-in: on the H200 it saved 1-2 ms of a 61-ms step (attention and
+          elementwise work dominate) for a larger frame difference.
+        - ``overlap_decode`` (default on): a session's VAE decode runs on a second CUDA stream
+          beside the next plans (``DecodeOp``); the frames are bit-identical, they just arrive
+          asynchronously (H200: 26.2 -> 27.3 FPS on the 1.3B card).
 
         Calling it again may change ``attention`` and ``overlap_decode``; compilation and FP8
         are one-way.

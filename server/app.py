@@ -64,7 +64,7 @@ class ServerConfig:
     max_lead_s: float = 1.0
     max_batch: int = 8
     deterministic: bool = False  # batched plans bit-identical to solo runs (replay, A/B tests)
-    compile: bool = False  # torch.compile the DiT blocks (GPU serving; the first chunks compile)
+    compile: bool = False  # GPU serving: WanInstance.compile() (the first chunks compile)
     checkpoint_dir: Path | None = None  # weights of a card with external weights
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
     control_rate_per_s: float = 30.0

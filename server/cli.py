@@ -83,7 +83,8 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the DiT blocks (for GPU serving; the first chunks pay compilation)",
+        help="GPU serving: torch.compile the DiT blocks and the VAE decoder, decode on a second "
+        "CUDA stream (the first chunks pay compilation)",
     )
 
     sub.add_parser("models", help="list the model cards", parents=[common])
