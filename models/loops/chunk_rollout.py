@@ -407,23 +407,18 @@ class ChunkRollout:
             followups=self._followups(state, kind), emits=emits)
 
     def _followups(self, state: ChunkRolloutState, kind: PlanKind) -> tuple[Followup, ...]:
+        """Plans still to come before this plan's media is due: the chunk's remaining steps
+        and the decode that emits next; after a KV update, the whole next chunk's."""
         shape, flops = self._shape(state), self._flops(state)
-        steps_left = len(self._steps) - state.denoise_step - (kind is PlanKind.CHUNK_STEP)
-        if kind is PlanKind.KV_UPDATE:
-            return ()
-        separate = not (self._fold or self._last_chunk(state))
-        update = (Followup(PlanKind.KV_UPDATE, shape, flops),) if separate else ()
-        latent, _ = self._decode_part(state)
-        rest = state.chunk_frames - state.decoded - latent
         if kind is PlanKind.VAE_DECODE:
-            tail = (Followup(PlanKind.VAE_DECODE, f"decode:0:{rest}:{shape}"),) if rest else ()
-            return (*tail, *update)
-        first = int(state.frames_emitted == 0)
-        decodes = [Followup(PlanKind.VAE_DECODE, f"decode:{first}:{latent}:{shape}")]
-        if rest:
-            decodes.append(Followup(PlanKind.VAE_DECODE, f"decode:0:{rest}:{shape}"))
+            return ()
+        if kind is PlanKind.KV_UPDATE:
+            steps_left, latent, first = len(self._steps), state.chunk_frames, 0
+        else:
+            steps_left = len(self._steps) - state.denoise_step - (kind is PlanKind.CHUNK_STEP)
+            latent, first = self._decode_part(state)[0], int(state.frames_emitted == 0)
         steps = tuple(Followup(PlanKind.CHUNK_STEP, shape, flops) for _ in range(steps_left))
-        return (*steps, *decodes, *update)
+        return (*steps, Followup(PlanKind.VAE_DECODE, f"decode:{first}:{latent}:{shape}"))
 
     # ---------------------------------------------------------------------------------------
     # views of the state's tensors

@@ -246,3 +246,27 @@ def test_a_card_whose_last_step_caches_the_kv_skips_the_update_pass(instance) ->
 def test_kv_update_mode_must_be_known(instance) -> None:
     with pytest.raises(CardError, match="kv_update='sometimes'"):
         dataclasses.replace(instance.card.loops["chunk_rollout"], kv_update="sometimes")
+
+
+def test_followups_are_the_work_left_before_the_plans_media_is_due(instance) -> None:
+    loop = instance.loop("chunk_rollout")
+    ctx = InlineContext("s")
+    asyncio.run(Driver(loop, ctx).run(SessionRequest(prompt="a red ball", seed=1, max_chunks=2),
+                                      instance))
+    shape = "c3x8x8"
+
+    def described(plan) -> list[str]:
+        return [f"{f.kind.value}:{f.shape_sig}" for f in plan.followups]
+
+    by_kind = [(p.kind.value, described(p)) for p in ctx.executed]
+    steps = [f"chunk_step:{shape}"]
+    assert by_kind[:8] == [
+        ("text_encode", steps * 4 + [f"vae_decode:decode:1:1:{shape}"]),
+        ("chunk_step", steps * 3 + [f"vae_decode:decode:1:1:{shape}"]),
+        ("chunk_step", steps * 2 + [f"vae_decode:decode:1:1:{shape}"]),
+        ("chunk_step", steps * 1 + [f"vae_decode:decode:1:1:{shape}"]),
+        ("chunk_step", [f"vae_decode:decode:1:1:{shape}"]),
+        ("vae_decode", []),  # the stream's first frame
+        ("vae_decode", []),  # the rest of chunk 0
+        ("kv_update", steps * 4 + [f"vae_decode:decode:0:3:{shape}"]),  # chunk 1 is next
+    ]
