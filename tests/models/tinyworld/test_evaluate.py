@@ -1,7 +1,6 @@
-"""``dreamrt eval tiny-world`` in short, through the real loop with the shipped weights: the
-thresholds the full evaluation meets are asserted; the two it does not meet yet (keys, 60-s
-stability; infra/bench/RESULTS.md, 2026-11-29) are strict xfails, so a better checkpoint turns
-them into failures that ask for the marker to go. Also: inputs latch where the protocol says."""
+"""``dreamrt eval tiny-world`` in short, through the real loop with the shipped weights: every
+threshold of the issue is asserted (the full evaluation: infra/bench/RESULTS.md, tiny-world).
+Also: inputs latch where the protocol says."""
 
 from __future__ import annotations
 
@@ -18,7 +17,9 @@ from models.tinyworld.rollout import LoopStream
 @pytest.fixture(scope="module")
 def short_report() -> EvalReport:
     instance = load_instance(get("tiny-world"), device="cpu")
-    return evaluate(instance, rollouts=10, chunks=18, long_s=10.0)
+    # the collapse check runs its full 60 s: a shorter window weighs its one audio pulse (the
+    # model's sprite grows a little past the world's largest) out of proportion
+    return evaluate(instance, rollouts=10, chunks=18, long_s=60.0)
 
 
 def test_inputs_pushed_between_chunks_apply_to_the_next_one_and_are_acknowledged() -> None:
@@ -44,7 +45,7 @@ def test_inputs_pushed_between_chunks_apply_to_the_next_one_and_are_acknowledged
 @pytest.mark.slow
 def test_prompt_adherence_and_switches_meet_the_issue_thresholds(short_report) -> None:
     r = short_report
-    assert (r.action_trials, r.switches, r.long_frames) == (20, 10, 120)
+    assert (r.action_trials, r.switches, r.long_frames) == (20, 10, 720)
     assert r.adherence_frames > 600
     assert r.verdicts["prompt_adherence"], r.as_dict()
     assert r.verdicts["switch_success"], r.as_dict()
@@ -52,15 +53,11 @@ def test_prompt_adherence_and_switches_meet_the_issue_thresholds(short_report) -
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the shipped weights ignore the keys (11 % of 100 trials "
-                   "move the sprite >= 4 px; the world moves it ~25 px): motion needs more "
-                   "training than the CPU stages gave")
 def test_keys_move_the_sprite(short_report) -> None:
     assert short_report.verdicts["action_accuracy"], short_report.as_dict()
+    assert short_report.mean_move_px > 10.0  # the world moves it ~25 px over a trial
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="93.6 % of a 60-s rollout's frames stay in the world's "
-                   "range (threshold 99 %): the sprite sometimes smears or fades")
 def test_no_collapse(short_report) -> None:
     assert short_report.verdicts["long_in_range"], short_report.as_dict()
