@@ -38,9 +38,9 @@ __all__ = ["DEFAULT_MODEL", "ServerConfig", "ServerContext", "create_app"]
 
 log = logging.getLogger(__name__)
 
-# The embedded default card ("tiny-world") is not in the registry yet: serve the tiny random
-# preset, which `dreamrt models` and /v1/models label as random weights.
-DEFAULT_MODEL = "wan-tiny-random"
+# The embedded default: trained weights shipped in the repository, real time on one CPU core
+# (its evaluation: infra/bench/RESULTS.md, tiny-world).
+DEFAULT_MODEL = "tiny-world"
 _WEB_DIR = Path(__file__).resolve().parent.parent / "clients" / "web"
 
 
