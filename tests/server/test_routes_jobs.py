@@ -6,6 +6,9 @@ import numpy as np
 from fastapi.testclient import TestClient
 from PIL import Image
 
+from models.registry import get
+from server.app import DEFAULT_MODEL
+
 
 def wait_done(client: TestClient, job_id: str, timeout_s: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout_s
@@ -25,7 +28,9 @@ def test_t2i_job_succeeds_and_serves_a_png(client: TestClient) -> None:
     assert view["state"] == "succeeded" and view["progress"] == 1.0 and "error" not in view
     artifact = client.get(f"/v1/jobs/{job_id}/artifact")
     assert artifact.status_code == 200 and artifact.headers["content-type"] == "image/png"
-    assert np.asarray(Image.open(io.BytesIO(artifact.content))).shape == (64, 64, 3)
+    profile = get(DEFAULT_MODEL).default_profile  # the served card's
+    assert np.asarray(Image.open(io.BytesIO(artifact.content))).shape == (
+        profile.height, profile.width, 3)
 
 
 def test_t2v_job_mp4_has_the_requested_frame_count(client: TestClient, tmp_path) -> None:

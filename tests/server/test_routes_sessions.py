@@ -5,6 +5,9 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from models.registry import get
+from server.app import DEFAULT_MODEL
+
 
 def create(client: TestClient, **body) -> dict:
     response = client.post("/v1/sessions", json={"prompt": "a forest", **body})
@@ -14,10 +17,11 @@ def create(client: TestClient, **body) -> dict:
 
 def test_create_and_read_a_session(client: TestClient) -> None:
     created = create(client, seed=3, **{"class": "batch"})
+    profile = get(DEFAULT_MODEL).default_profile  # the served card's
     assert created["state"] == "created" and created["profile"] == {
-        "fps": 8,
-        "width": 64,
-        "height": 64,
+        "fps": profile.fps,
+        "width": profile.width,
+        "height": profile.height,
     }
     assert created["id"].startswith("ses_") and created["token"].startswith("drt_")
     view = client.get(f"/v1/sessions/{created['id']}").json()

@@ -1,5 +1,6 @@
 from fastapi.testclient import TestClient
 
+from server.app import DEFAULT_MODEL
 from server.metrics import MetricsSnapshot, ServerMetrics
 from tests.e2e.test_sessions_e2e import parse_metrics
 
@@ -8,10 +9,13 @@ def test_models_lists_every_card_and_labels_random_weights(client: TestClient) -
     cards = {c["id"]: c for c in client.get("/v1/models").json()}
     tiny = cards["wan-tiny-random"]
     assert (
-        tiny["weights"] == "random" and tiny["label"] == "random weights" and tiny["served"] is True
+        tiny["weights"] == "random" and tiny["label"] == "random weights" and tiny["served"] is False
     )
     assert {"id", "capabilities", "recipe", "default_profile"} <= set(tiny)
     assert tiny["default_profile"]["fps"] == 8 and "input.audio" in tiny["capabilities"]
+    served = cards[DEFAULT_MODEL]  # the default card, trained weights: no random label
+    assert served["served"] is True and served["weights"] == "trained" and "label" not in served
+    assert served["default_profile"]["fps"] == 12 and "input.action" in served["capabilities"]
     assert cards["wan2.1-1.3b-causal"]["served"] is False
 
 
