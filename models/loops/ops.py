@@ -261,7 +261,10 @@ class DecodeOp(_SoloOp):
         return self._stream is not None
 
     def set_overlap(self, enabled: bool, device: torch.device) -> None:
-        """Decode deferrable chunks on a second stream of ``device`` (no-op off CUDA)."""
+        """Decode deferrable chunks on a second stream of ``device`` (no-op off CUDA). Decodes
+        still running on the previous stream finish first (they write streams' decoder caches)."""
+        if self._stream is not None:
+            self._stream.synchronize()
         self._stream = (torch.cuda.Stream(device) if enabled and device.type == "cuda"
                         else None)
 
