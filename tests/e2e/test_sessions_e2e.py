@@ -103,7 +103,9 @@ async def await_idle(url: str, timeout_s: float = 15.0) -> dict[str, float]:
 
 
 def start_server(tmp: Path, name: str, *extra: str) -> ServerProcess:
-    return ServerProcess(tmp / name / "data", tmp / name / "server.log", extra_args=extra).start()
+    # pinned: the geometry asserted here is wan-tiny-random's, not the default card's
+    return ServerProcess(tmp / name / "data", tmp / name / "server.log",
+                         extra_args=("--model", "wan-tiny-random", *extra)).start()
 
 
 def stop_server(server: ServerProcess) -> None:
