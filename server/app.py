@@ -64,7 +64,9 @@ class ServerConfig:
     max_lead_s: float = 1.0
     max_batch: int = 8
     deterministic: bool = False  # batched plans bit-identical to solo runs (replay, A/B tests)
-    compile: bool = False  # GPU serving: WanInstance.compile() (the first chunks compile)
+    compile: bool = False  # GPU serving: WanInstance.compile()
+    # one internal session before serving, so no user waits for compilation (None: if compiled)
+    warmup: bool | None = None
     checkpoint_dir: Path | None = None  # weights of a card with external weights
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
     control_rate_per_s: float = 30.0
@@ -176,6 +178,10 @@ async def _build(config: ServerConfig) -> ServerContext:
                                        checkpoint_dir=config.checkpoint_dir)
     device = str(instance.device)
     profile = card.default_profile
+    if config.warmup if config.warmup is not None else config.compile:
+        log.info("warming up %s on %s (compiling every graph a session uses)", model_id,
+                 instance.device)
+        log.info("warm-up done in %.1f s", await _warm_up(instance, profile))
     slab_bytes = instance.kv_slab_bytes(profile)
     on_gpu = device.startswith("cuda")
     cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
@@ -241,6 +247,34 @@ async def _build(config: ServerConfig) -> ServerContext:
         config.max_sessions,
     )
     return ctx
+
+
+async def _warm_up(instance: Any, profile: Any) -> float:
+    """Run one short session of ``instance`` on a throwaway engine: through every K/V-prefix
+    length into steady state, with the first chunk's two decode parts, so a compiled instance
+    has traced and compiled all its graphs before a user's session needs them. The serving
+    engine (and its cost calibration) never sees it. -> seconds it took."""
+    import time
+
+    from models.loops.requests import SessionRequest
+    from runtime.contract import Priority
+    from runtime.cost import CostModel
+    from runtime.engine import Engine
+
+    sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
+    chunks = -(-(sink + ring) // profile.chunk_latent_frames) + 2
+    engine = Engine(cost=CostModel())
+    await engine.start()
+    start_s = time.perf_counter()
+    try:
+        handle = engine.spawn(instance.loop("chunk_rollout"),
+                              SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks),
+                              instance, loop_id="warm-up", priority=Priority.BATCH,
+                              on_emit=lambda emission: None)
+        await handle.result()
+    finally:
+        await engine.close()
+    return time.perf_counter() - start_s
 
 
 async def _teardown(ctx: ServerContext) -> None:

@@ -84,7 +84,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "--compile",
         action="store_true",
         help="GPU serving: torch.compile the DiT blocks and the VAE decoder, decode on a second "
-        "CUDA stream (the first chunks pay compilation)",
+        "CUDA stream; one internal warm-up session compiles every graph before serving",
+    )
+    serve.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="with --compile: skip the warm-up (the first session then pays compilation)",
     )
 
     sub.add_parser("models", help="list the model cards", parents=[common])
@@ -148,6 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
         video_bitrate_bps=args.bitrate,
         deterministic=args.deterministic,
         compile=args.compile,
+        warmup=False if args.no_warmup else None,
         checkpoint_dir=args.checkpoint,
         unwatched_timeout_s=args.unwatched_timeout,
     )

@@ -44,6 +44,8 @@ def test_parser_knows_every_api_command_and_option() -> None:
             "--bitrate",
             "800000",
             "--deterministic",
+            "--compile",
+            "--no-warmup",
             "--log-level",
             "warning",
         ]
@@ -52,6 +54,8 @@ def test_parser_knows_every_api_command_and_option() -> None:
         serve.ice_host == ["127.0.0.1", "10.0.0.1"]
         and serve.max_sessions == 2
         and serve.deterministic
+        and serve.compile
+        and serve.no_warmup
     )
     watch = parser.parse_args(
         ["watch", "http://h:1", "--seconds", "2", "--out", "a.mp4", "--action", "w", "a"]
