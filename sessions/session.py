@@ -485,18 +485,16 @@ class Session:
         chunk, segment = int(meta["chunk"]), int(meta.get("segment", self.prompts.segment))
         pts_start = int(meta["pts_90k"])
         fps = int(meta.get("fps", self.config.fps))
-        pts = [pts_start + (i * PTS_HZ) // fps for i in range(frames.shape[0])]
         if self._state not in SESSION_TERMINAL:
+            pts = [pts_start + (i * PTS_HZ) // fps for i in range(frames.shape[0])]
             self.media.put_chunk(frames, pts, chunk=chunk, segment=segment)
         earlier = self._partial if self._partial and self._partial[:2] == (chunk, segment) else None
+        if earlier is not None:  # join the chunk's earlier parts
+            pts_start, frames = earlier[2], np.concatenate((earlier[3], frames))
         if not meta.get("final", True):
-            self._partial = (chunk, segment, pts_start if earlier is None else earlier[2],
-                             frames if earlier is None else np.concatenate((earlier[3], frames)))
+            self._partial = (chunk, segment, pts_start, frames)
             return
         self._partial = None
-        if earlier is not None:
-            pts_start, frames = earlier[2], np.concatenate((earlier[3], frames))
-            pts = [pts_start + (i * PTS_HZ) // fps for i in range(frames.shape[0])]
         n = frames.shape[0]
         digest = frames_digest(frames)
         self.last_chunk = max(self.last_chunk, chunk)
@@ -511,7 +509,7 @@ class Session:
             chunk=chunk,
             segment=segment,
             pts_start=pts_start,
-            pts_end=pts[-1] if pts else pts_start,
+            pts_end=pts_start + (max(n - 1, 0) * PTS_HZ) // fps,
             num_frames=n,
             digest=digest,
             prompt=active.text,

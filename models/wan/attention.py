@@ -17,8 +17,8 @@ from models.wan.rope import apply_rope
 __all__ = ["ATTENTION_BACKENDS", "WanCrossAttention", "WanSelfAttention", "attend"]
 
 # ``attention`` choices of ``WanInstance.compile``: SDPA kernels tried first, in order, for
-# unmasked self-attention ("auto": PyTorch's own order, flash first). Measured on the H200 in
-# infra/bench/RESULTS.md (issue 7).
+# self-attention ("auto": PyTorch's own choice, which was cuDNN's on the H200 with torch 2.11).
+# Measured in infra/bench/RESULTS.md (issue 7).
 ATTENTION_BACKENDS: dict[str, tuple[SDPBackend, ...] | None] = {
     "auto": None,
     "flash": (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH),
