@@ -45,6 +45,10 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 import msgspec
 
 __all__ = [
+    "PTS_HZ",
+    "ActionInput",
+    "AppliedMeta",
+    "AudioInput",
     "CacheKey",
     "Cancelled",
     "Done",
@@ -52,19 +56,38 @@ __all__ = [
     "EmitSpec",
     "Followup",
     "InputEvent",
+    "InputKind",
     "Loop",
     "LoopContext",
     "LoopFailed",
     "LoopResult",
     "LoopState",
+    "MediaMeta",
     "ModelState",
     "PendingOutput",
     "PlanKind",
     "Priority",
+    "ProgressMeta",
+    "PromptInput",
+    "PromptMode",
     "StepOp",
     "StepResult",
+    "Stream",
     "WorkPlan",
+    "pts_of_frame",
 ]
+
+PTS_HZ = 90_000
+"""The one media clock: PTS of loops, media queues, playout, sessions and tracks tick at 90 kHz."""
+
+
+def pts_of_frame(frame_index: int, fps: int) -> int:
+    """PTS (90 kHz) of frame ``frame_index`` (from 0) of a stream at ``fps``.
+
+    Every PTS in the system comes from here, never from adding a per-frame step: when ``fps``
+    does not divide 90,000 (7 fps: 12857.14 ticks) a running sum would drift a tick per frame.
+    """
+    return (frame_index * PTS_HZ) // fps
 
 
 class PlanKind(str, enum.Enum):
@@ -86,6 +109,21 @@ class Priority(str, enum.Enum):
 
     REALTIME = "realtime"  # a session with a viewer: deadlines from PTS, earliest-deadline first
     BATCH = "batch"  # jobs and idle sessions: run in slack, aged so they never starve
+
+
+class InputKind(str, enum.Enum):
+    """Live inputs a loop may absorb."""
+
+    PROMPT = "prompt"
+    ACTION = "action"
+    AUDIO = "audio"
+
+
+class PromptMode(str, enum.Enum):
+    """How a new prompt takes over (the one name for it, from the API to the loop)."""
+
+    SWITCH = "switch"  # at the next chunk boundary; the cached frames are re-cached under it
+    CUT = "cut"  # a new segment: the in-flight chunk is abandoned at the next step boundary
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,16 +214,60 @@ class PendingOutput(Protocol):
     def result(self) -> Any: ...
 
 
+class Stream(str, enum.Enum):
+    """The sinks a loop emits to (``EmitSpec.stream``)."""
+
+    MEDIA = "media"  # output: uint8 [n, H, W, 3] RGB frames (or a PendingOutput of them)
+    APPLIED = "applied"  # output: None; an input took effect
+    PROGRESS = "progress"  # output: None; jobs' plan count
+
+
+class MediaMeta(msgspec.Struct, frozen=True, kw_only=True):
+    """What a loop knows of frames it emits on ``Stream.MEDIA``.
+
+    ``frame_start`` is the stream index of the first frame (from 0), so every frame's PTS is
+    ``pts_of_frame(frame_start + i, fps)``; ``pts_90k`` is the first frame's. A chunk may come in
+    parts: ``final`` is False on every part but its last.
+    """
+
+    chunk: int
+    segment: int
+    frame_start: int
+    pts_90k: int
+    num_frames: int
+    fps: int
+    final: bool = True
+
+
+class AppliedMeta(msgspec.Struct, frozen=True, kw_only=True):
+    """An input (session sequence number ``seq``) first reflected by chunk ``chunk`` whose first
+    frame has PTS ``pts_90k``. Emitted on ``Stream.APPLIED`` beside that chunk's first media."""
+
+    kind: InputKind
+    seq: int
+    chunk: int
+    pts_90k: int
+
+
+class ProgressMeta(msgspec.Struct, frozen=True, kw_only=True):
+    """A job's progress on ``Stream.PROGRESS``: ``done`` of ``total`` plans."""
+
+    done: int
+    total: int
+
+
 @dataclass(frozen=True, slots=True)
 class EmitSpec:
     """Declares that a plan's output becomes a stream item once the plan has run.
 
-    ``stream`` names the sink (``"media"``, ``"progress"``); ``meta`` is what the loop knew
-    at plan time (chunk index, frame count, …). The driver pairs it with the plan's output.
+    ``stream`` names the sink (a ``Stream`` for the model loops; toy and custom loops may use
+    any string); ``meta`` is what the loop knew at plan time: a ``MediaMeta`` /
+    ``AppliedMeta`` / ``ProgressMeta`` on the standard streams, any plain value otherwise.
+    The driver pairs it with the plan's output.
     """
 
     stream: str
-    meta: Mapping[str, Any] = field(default_factory=dict)
+    meta: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,19 +348,34 @@ class Done:
     reason: str = "complete"
 
 
+class PromptInput(msgspec.Struct, frozen=True, kw_only=True):
+    text: str
+    mode: PromptMode = PromptMode.SWITCH
+
+
+class ActionInput(msgspec.Struct, frozen=True, kw_only=True):
+    keys: tuple[str, ...] = ()
+    mouse: tuple[float, float] = (0.0, 0.0)  # (dx, dy) pixels since the last action
+
+
+class AudioInput(msgspec.Struct, frozen=True, kw_only=True):
+    """``samples``: float32 ndarray [n], 16 kHz mono in [-1, 1] (passed as is, never listed)."""
+
+    samples: Any
+
+
 @dataclass(frozen=True, slots=True)
 class InputEvent:
     """A live input for a running loop, delivered through ``Loop.absorb`` at a step boundary.
 
-    ``kind`` is ``"prompt"``, ``"cut"``, ``"action"``, ``"audio"`` (or a card-specific kind);
-    ``seq`` is the session's input sequence number (echoed in the ``*.applied`` acknowledgement);
-    ``payload`` is plain data (str, dict, list of numbers) or a tensor for audio features;
-    ``received_s`` is the wall time it arrived.
+    ``kind`` says which payload struct ``payload`` is (``PromptInput``, ``ActionInput``,
+    ``AudioInput``); ``seq`` is the session's input sequence number (echoed in the
+    ``AppliedMeta`` acknowledgement); ``received_s`` is the wall time it arrived.
     """
 
-    kind: str
+    kind: InputKind
     seq: int
-    payload: Any
+    payload: PromptInput | ActionInput | AudioInput
     received_s: float = 0.0
 
 

@@ -31,14 +31,14 @@ import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from sessions.media_queue import MediaFrame
+from sessions.playout import PTS_HZ
 from sessions.session import Session
 
 __all__ = ["SessionVideoTrack"]
 
 log = logging.getLogger(__name__)
 
-_TIME_BASE = fractions.Fraction(1, 90_000)
-_PTS_HZ = 90_000
+_TIME_BASE = fractions.Fraction(1, PTS_HZ)
 
 
 class SessionVideoTrack(MediaStreamTrack):
@@ -126,7 +126,7 @@ class SessionVideoTrack(MediaStreamTrack):
         anchor = self._session.playout_anchor_s
         due_s = slot_s
         if self._last is not None and not self._stalling and not flushed and anchor is not None:
-            by_pts = anchor + frame.pts_90k / _PTS_HZ
+            by_pts = anchor + frame.pts_90k / PTS_HZ
             if by_pts <= slot_s + self._max_hold_s:
                 due_s = max(slot_s, by_pts)
         delay = due_s - self._clock()

@@ -117,8 +117,7 @@ class Job:
         try:
             if emission.spec.stream != "progress" or self.terminal:
                 return
-            meta = emission.spec.meta
-            done, total = int(meta["done"]), int(meta["total"])
+            done, total = emission.spec.meta.done, emission.spec.meta.total
             if self._state is JobState.QUEUED:
                 self._transition(JobState.RUNNING)
             progress = min(1.0, done / total) if total > 0 else 0.0

@@ -15,9 +15,9 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 
-__all__ = ["Playout"]
+from runtime.contract import PTS_HZ
 
-PTS_HZ = 90_000
+__all__ = ["PTS_HZ", "Playout"]
 
 
 class Playout:

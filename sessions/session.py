@@ -36,8 +36,21 @@ from typing import Any, Literal
 
 import numpy as np
 
-from models.loops.requests import PTS_HZ
-from runtime.contract import Cancelled, Emission, InputEvent, LoopFailed
+from runtime.contract import (
+    ActionInput,
+    AppliedMeta,
+    AudioInput,
+    Cancelled,
+    Emission,
+    InputEvent,
+    InputKind,
+    LoopFailed,
+    MediaMeta,
+    PromptInput,
+    PromptMode,
+    Stream,
+    pts_of_frame,
+)
 from sessions.audio import AudioClip
 from sessions.events import (
     ActionApplied,
@@ -385,7 +398,9 @@ class Session:
         if nxt is not None:
             next_pts = nxt.pts_90k
         elif last is not None:
-            next_pts = last + PTS_HZ // self.config.fps
+            fps = self.config.fps
+            index = -(-last * fps // PTS_HZ)  # ceil: the frame whose PTS is ``last``
+            next_pts = pts_of_frame(index + 1, fps)
         else:
             next_pts = 0
         anchor = self.playout.anchor_at(next_pts)
@@ -400,7 +415,9 @@ class Session:
                 f"session {self.id} is {self._state.value}; it accepts no inputs"
             )
 
-    def _push(self, kind: str, payload: Any, recorded: Any) -> int:
+    def _push(
+        self, kind: InputKind, payload: PromptInput | ActionInput | AudioInput, recorded: Any
+    ) -> int:
         """Sends an input to the loop; ``recorded`` is what the behaviour record keeps of it."""
         self._require_open()
         seq = self._next_seq
@@ -410,7 +427,7 @@ class Session:
                 InputEvent(kind=kind, seq=seq, payload=payload, received_s=self._clock())
             )
         self._pending[seq] = (kind, recorded)
-        self.events.publish(InputReceived(seq=seq, kind=kind))
+        self.events.publish(InputReceived(seq=seq, kind=kind.value))
         return seq
 
     def push_prompt(self, text: str, mode: Literal["switch", "cut"] = "switch") -> tuple[int, int]:
@@ -424,7 +441,7 @@ class Session:
         self._require_open()
         seq = self._next_seq
         self.prompts.receive(seq, text, mode, received_s=self._wall())
-        self._push("cut" if mode == "cut" else "prompt", {"text": text}, {"text": text})
+        self._push(InputKind.PROMPT, PromptInput(text=text, mode=PromptMode(mode)), {"text": text})
         in_flight = self.last_chunk + 1
         return seq, in_flight if mode == "cut" else in_flight + 1
 
@@ -437,14 +454,16 @@ class Session:
                 keys = self.config.action_validator(keys, (float(dx), float(dy)))
             except ValueError as exc:
                 raise InvalidInputError(str(exc)) from None
-        payload = {"keys": keys, "mouse": [float(dx), float(dy)]}
-        return self._push("action", payload, payload)
+        payload = ActionInput(keys=tuple(keys), mouse=(float(dx), float(dy)))
+        return self._push(InputKind.ACTION, payload, {"keys": keys, "mouse": [*payload.mouse]})
 
     def push_audio(self, clip: AudioClip) -> int:
-        """Queues 16 kHz mono audio (``models.loops.requests``: ``{"samples": [...]}``)."""
+        """Queues 16 kHz mono audio; the samples travel as the ndarray they are."""
         self._require_capability("input.audio", "audio")
         self.audio_samples_in += clip.samples.shape[0]
-        return self._push("audio", {"samples": clip.samples.tolist()}, {"seconds": clip.duration_s})
+        return self._push(
+            InputKind.AUDIO, AudioInput(samples=clip.samples), {"seconds": clip.duration_s}
+        )
 
     def _require_capability(self, capability: str, what: str) -> None:
         if capability not in self.config.capabilities:
@@ -466,32 +485,32 @@ class Session:
         """The engine's ``on_emit`` callback (event-loop thread). Never raises."""
         try:
             stream = emission.spec.stream
-            if stream == "media":
+            if stream == Stream.MEDIA:
                 self._on_media(emission.spec.meta, emission.output)
-            elif stream == "applied":
+            elif stream == Stream.APPLIED:
                 self._on_applied(emission.spec.meta)
-            elif stream != "progress":
+            elif stream != Stream.PROGRESS:
                 log.debug("session %s: ignoring emission stream %r", self.id, stream)
         except Exception as exc:
             log.exception("session %s: emission %r failed", self.id, emission.spec)
             self.report_error("emission", f"{type(exc).__name__}: {exc}")
 
-    def _on_media(self, meta: Mapping[str, Any], output: Any) -> None:
+    def _on_media(self, meta: MediaMeta, output: Any) -> None:
         """Frames go to the media queue at once; a chunk that comes in parts (``final`` False
         on all but its last) is counted, published and recorded once, whole, at its last."""
         frames = np.array(
             output, copy=True
         )  # [n, H, W, 3] uint8, owned: the loop may reuse its buffer
-        chunk, segment = int(meta["chunk"]), int(meta.get("segment", self.prompts.segment))
-        pts_start = int(meta["pts_90k"])
-        fps = int(meta.get("fps", self.config.fps))
+        chunk, segment, fps = meta.chunk, meta.segment, meta.fps
+        pts_start = meta.pts_90k
+        last_index = meta.frame_start + frames.shape[0] - 1  # of the whole chunk, once final
         if self._state not in SESSION_TERMINAL:
-            pts = [pts_start + (i * PTS_HZ) // fps for i in range(frames.shape[0])]
+            pts = [pts_of_frame(meta.frame_start + i, fps) for i in range(frames.shape[0])]
             self.media.put_chunk(frames, pts, chunk=chunk, segment=segment)
         earlier = self._partial if self._partial and self._partial[:2] == (chunk, segment) else None
         if earlier is not None:  # join the chunk's earlier parts
             pts_start, frames = earlier[2], np.concatenate((earlier[3], frames))
-        if not meta.get("final", True):
+        if not meta.final:
             self._partial = (chunk, segment, pts_start, frames)
             return
         self._partial = None
@@ -509,17 +528,16 @@ class Session:
             chunk=chunk,
             segment=segment,
             pts_start=pts_start,
-            pts_end=pts_start + (max(n - 1, 0) * PTS_HZ) // fps,
+            pts_end=pts_of_frame(last_index, fps),
             num_frames=n,
             digest=digest,
             prompt=active.text,
             prompt_seq=active.seq,
         )
 
-    def _on_applied(self, meta: Mapping[str, Any]) -> None:
-        kind, seq = str(meta["kind"]), int(meta["seq"])
-        chunk, pts = int(meta["chunk"]), int(meta["pts_90k"])
-        if kind in ("prompt", "cut"):
+    def _on_applied(self, meta: AppliedMeta) -> None:
+        kind, seq, chunk, pts = InputKind(meta.kind), meta.seq, meta.chunk, meta.pts_90k
+        if kind is InputKind.PROMPT:
             entry, superseded = self.prompts.apply(
                 seq, chunk=chunk, pts_90k=pts, applied_s=self._wall()
             )
@@ -530,21 +548,21 @@ class Session:
                     seq=seq,
                     chunk=chunk,
                     pts=pts,
-                    mode="cut" if kind == "cut" else "switch",
+                    mode=entry.mode,
                     segment=entry.segment or 0,
                     text=entry.text,
                 )
             )
-        elif kind == "action":
-            older = [s for s, (k, _) in self._pending.items() if k == "action" and s < seq]
+        elif kind is InputKind.ACTION:
+            older = [
+                s for s, (k, _) in self._pending.items() if k is InputKind.ACTION and s < seq
+            ]
             self._supersede(seq, "action", older)
             self.events.publish(ActionApplied(seq=seq, chunk=chunk, pts=pts))
-        elif kind == "audio":
-            self.events.publish(AudioApplied(seq=seq, chunk=chunk, pts=pts))
         else:
-            log.warning("session %s: applied emission of unknown kind %r", self.id, kind)
+            self.events.publish(AudioApplied(seq=seq, chunk=chunk, pts=pts))
         _, recorded = self._pending.pop(seq, (kind, None))
-        self.records.applied(kind, seq, chunk, recorded)
+        self.records.applied(kind.value, seq, chunk, recorded)
 
     def _supersede(self, by_seq: int, family: str, seqs: list[int]) -> None:
         for older in sorted(seqs):

@@ -118,7 +118,7 @@ async def _run_session(served: _Served, instance: WanInstance, chunks: int,
         now = time.perf_counter()
         first_frame[:] = first_frame or [now]
         partial.append(emission.output)
-        if emission.spec.meta.get("final", True):  # a session's first chunk comes in 2 parts
+        if emission.spec.meta.final:  # a session's first chunk comes in 2 parts
             emitted.append((now, torch.cat(partial)))
             partial.clear()
 

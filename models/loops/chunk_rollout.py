@@ -43,22 +43,32 @@ import torch
 from models.loops.inputs import AUDIO_SAMPLE_RATE, action_vector, audio_features
 from models.card import KVUpdate
 from models.loops.ops import ChunkDenoiseArgs, DecodeArgs, KVWriteArgs, WrittenStep
-from models.loops.requests import JobRequest, SessionRequest, pts_of_frame
+from models.loops.requests import JobRequest, SessionRequest
 from models.loops.sampling import noise_seed, sigma_steps
 from models.wan.kv_cache import ChunkKVCache
 from models.wan.transformer import CrossKV, dit_flops
 from models.wan.vae_cache import DecoderCache
 from runtime.contract import (
+    ActionInput,
+    AppliedMeta,
+    AudioInput,
     Done,
     EmitSpec,
     Followup,
     InputEvent,
+    InputKind,
     LoopContext,
     LoopResult,
     LoopState,
+    MediaMeta,
     PlanKind,
+    ProgressMeta,
+    PromptInput,
+    PromptMode,
     StepResult,
+    Stream,
     WorkPlan,
+    pts_of_frame,
 )
 
 if TYPE_CHECKING:
@@ -108,8 +118,8 @@ class ChunkRolloutState(LoopState, kw_only=True):
     next_prompt: str | None = None  # a switch waiting for the next chunk boundary
     next_prompt_is_cut: bool = False
     # inputs latched for the current chunk, and those waiting for the next one
-    acks: list[tuple[str, int]] = []  # (kind, seq) reflected by the current chunk
-    next_acks: list[tuple[str, int]] = []
+    acks: list[tuple[InputKind, int]] = []  # (kind, seq) reflected by the current chunk
+    next_acks: list[tuple[InputKind, int]] = []
     chunk_action: torch.Tensor | None = None  # [1, ACTION_DIM]
     next_action: torch.Tensor | None = None
     chunk_audio: torch.Tensor | None = None  # [1, c, AUDIO_DIM]
@@ -180,25 +190,30 @@ class ChunkRollout:
 
     def absorb(self, state: ChunkRolloutState, inputs: Sequence[InputEvent]) -> ChunkRolloutState:
         for event in inputs:
-            if event.kind not in self._inputs:
+            payload = event.payload
+            cut = isinstance(payload, PromptInput) and payload.mode is PromptMode.CUT
+            # The card lists the cut prompt mode as the input "cut" (its capability prompt.cut).
+            needed = "cut" if cut else getattr(event.kind, "value", event.kind)
+            if needed not in self._inputs:
                 raise ValueError(f"chunk_rollout of {self._m.card.model_id!r} does not accept "
-                                 f"input {event.kind!r}; it accepts {sorted(self._inputs)}")
-            if event.kind == "prompt":
-                state.next_prompt, state.next_prompt_is_cut = str(event.payload["text"]), False
-                state.next_acks.append(("prompt", event.seq))
-            elif event.kind == "cut":
-                self._cut(state, str(event.payload["text"]), event.seq)
-            elif event.kind == "action":
-                vec = action_vector(event.payload.get("keys", ()),
-                                    event.payload.get("mouse", (0.0, 0.0)))
+                                 f"input {needed!r}; it accepts {sorted(self._inputs)}")
+            if isinstance(payload, PromptInput) and cut:
+                self._cut(state, payload.text, event.seq)
+            elif isinstance(payload, PromptInput):
+                state.next_prompt, state.next_prompt_is_cut = payload.text, False
+                state.next_acks.append((InputKind.PROMPT, event.seq))
+            elif isinstance(payload, ActionInput):
+                vec = action_vector(payload.keys, payload.mouse)
                 state.next_action = vec[None].to(self._m.device, self._m.dtype)
-                state.next_acks = [a for a in state.next_acks if a[0] != "action"]
-                state.next_acks.append(("action", event.seq))
-            elif event.kind == "audio":
-                samples = torch.as_tensor(event.payload["samples"], dtype=torch.float32).flatten()
+                state.next_acks = [a for a in state.next_acks if a[0] is not InputKind.ACTION]
+                state.next_acks.append((InputKind.ACTION, event.seq))
+            elif isinstance(payload, AudioInput):
+                samples = torch.as_tensor(payload.samples, dtype=torch.float32).flatten()
                 keep = int(MAX_AUDIO_BACKLOG_S * AUDIO_SAMPLE_RATE)
                 state.audio_pending = torch.cat((state.audio_pending, samples))[-keep:]
-                state.next_acks.append(("audio", event.seq))
+                state.next_acks.append((InputKind.AUDIO, event.seq))
+            else:
+                raise ValueError(f"input {event.kind!r} has an unknown payload {type(payload)}")
         return state
 
     def next(self, state: ChunkRolloutState) -> WorkPlan | Done:
@@ -315,12 +330,12 @@ class ChunkRollout:
         kv_written = self._fold and state.phase is Phase.DECODE
         if state.phase is Phase.KV_UPDATE or state.decoded or kv_written:
             state.next_prompt, state.next_prompt_is_cut = text, True
-            state.next_acks.append(("cut", seq))
+            state.next_acks.append((InputKind.PROMPT, seq))
             return
         state.segment += 1
         state.prompt, state.next_prompt, state.recache_needed = text, None, False
         state.phase, state.denoise_step, state.latents = Phase.START, 0, None
-        state.acks.append(("cut", seq))
+        state.acks.append((InputKind.PROMPT, seq))
 
     def _take_audio(self, state: ChunkRolloutState) -> torch.Tensor | None:
         if state.audio_pending.numel() == 0 or "audio" not in self._inputs:
@@ -379,12 +394,13 @@ class ChunkRollout:
         latent, n = self._decode_part(state)
         final = state.decoded + latent == state.chunk_frames
         pts = pts_of_frame(state.frames_emitted, state.fps)
-        emits = [EmitSpec("media", {"chunk": state.chunk, "segment": state.segment,
-                                    "pts_90k": pts, "num_frames": n, "fps": state.fps,
-                                    "final": final})]
+        emits = [EmitSpec(Stream.MEDIA, MediaMeta(
+            chunk=state.chunk, segment=state.segment, frame_start=state.frames_emitted,
+            pts_90k=pts, num_frames=n, fps=state.fps, final=final))]
         if not state.decoded:  # the chunk's first frames reflect its inputs
-            emits += [EmitSpec("applied", {"kind": kind, "seq": seq, "chunk": state.chunk,
-                                           "pts_90k": pts}) for kind, seq in state.acks]
+            emits += [EmitSpec(Stream.APPLIED, AppliedMeta(kind=kind, seq=seq, chunk=state.chunk,
+                                                           pts_90k=pts))
+                      for kind, seq in state.acks]
         decoder = DecoderCache.from_tensors(state.decoder, self._m.vae.decoder.slot_specs)
         latents = state.latents[:, :, state.decoded:state.decoded + latent]
         args = DecodeArgs(latents=latents, cache=decoder, defer=not state.collect_frames)
@@ -398,8 +414,8 @@ class ChunkRollout:
         if state.collect_frames and state.max_chunks:
             # text encode + per chunk: steps, decode, KV update (none after the last chunk)
             total = state.max_chunks * (len(self._steps) + 2)
-            emits = (*emits, EmitSpec("progress", {"done": state.plans_done + 1,
-                                                   "total": total}))
+            emits = (*emits, EmitSpec(Stream.PROGRESS, ProgressMeta(done=state.plans_done + 1,
+                                                                    total=total)))
         return WorkPlan(
             loop_id=state.loop_id, kind=kind, op=op, args=args, shape_sig=shape_sig,
             instance_id=self._m.instance_id, precision=self._m.precision, flops=flops,

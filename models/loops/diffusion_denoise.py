@@ -30,7 +30,9 @@ from runtime.contract import (
     LoopResult,
     LoopState,
     PlanKind,
+    ProgressMeta,
     StepResult,
+    Stream,
     WorkPlan,
 )
 
@@ -161,8 +163,8 @@ class DiffusionDenoise:
 
     def _plan(self, state: DiffusionState, kind: PlanKind, op: Any, args: Any, shape_sig: str,
               *, flops: float = 0.0) -> WorkPlan:
-        progress = EmitSpec("progress", {"done": state.step + 1,
-                                         "total": self._total_plans(state)})
+        progress = EmitSpec(Stream.PROGRESS, ProgressMeta(done=state.step + 1,
+                                                          total=self._total_plans(state)))
         return WorkPlan(loop_id=state.loop_id, kind=kind, op=op, args=args, shape_sig=shape_sig,
                         instance_id=self._m.instance_id, precision=self._m.precision,
                         flops=flops, emits=(progress,))

@@ -1,29 +1,16 @@
 """Requests that start loops, and the emission/input conventions loops share with sessions/.
 
-Streams a loop emits on (``EmitSpec.stream``):
-
-- ``"media"``: ``output`` is ``uint8 [n, H, W, 3]`` RGB frames on the CPU; ``meta`` holds
-  ``chunk`` (int, from 0), ``segment`` (int), ``pts_90k`` (PTS of the first frame, 90 kHz clock
-  from 0), ``num_frames`` (n), ``fps``.
-- ``"applied"``: ``output`` is None; ``meta`` holds ``kind`` (``"prompt"``, ``"cut"``,
-  ``"action"``, ``"audio"``), ``seq`` (the InputEvent's seq), ``chunk`` and ``pts_90k`` of the
-  first chunk that reflects it.
-- ``"progress"``: ``output`` is None; ``meta`` holds ``done`` and ``total`` (plans).
-
-Live inputs (``runtime.contract.InputEvent.kind`` / ``payload``):
-
-- ``"prompt"``: ``{"text": str}`` — switch: applies at the next chunk boundary, the stream goes on.
-- ``"cut"``: ``{"text": str}`` — a new segment: the in-flight chunk is abandoned at the next step
-  boundary and generation continues from the session's chunk-KV under the new prompt.
-- ``"action"``: ``{"keys": list[str], "mouse": [dx, dy]}`` — latched per chunk, latest wins.
-- ``"audio"``: ``{"samples": list[float] | float32 tensor}`` — 16 kHz mono in [-1, 1], appended.
+Streams and inputs are typed in ``runtime.contract``: a loop emits ``MediaMeta`` frames,
+``AppliedMeta`` acknowledgements and ``ProgressMeta`` counts, and absorbs ``InputEvent``s whose
+payload is a ``PromptInput`` (mode switch: at the next chunk boundary, the stream goes on; mode
+cut: a new segment, the in-flight chunk abandoned at the next step boundary), an
+``ActionInput`` (latched per chunk, latest wins) or an ``AudioInput`` (16 kHz mono float32
+samples, appended).
 """
 
 from __future__ import annotations
 
 import msgspec
-
-PTS_HZ = 90_000
 
 
 class SessionRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,8 +35,3 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     steps: int | None = None
     seed: int = 0
     guidance_scale: float | None = None
-
-
-def pts_of_frame(frame_index: int, fps: int) -> int:
-    """PTS (90 kHz) of frame ``frame_index`` of a stream at ``fps``; exact for integer fps."""
-    return (frame_index * PTS_HZ) // fps

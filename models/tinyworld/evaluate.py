@@ -38,6 +38,7 @@ from models.loops.inputs import AUDIO_SAMPLE_RATE
 from models.tinyworld.classify import FrameClassifier, FrameReading
 from models.tinyworld.rollout import LoopStream
 from models.tinyworld.vocab import COLOURS, SHAPES, TERRAINS, WorldSpec, prompt_text
+from runtime.contract import AudioInput, PromptInput
 
 __all__ = ["THRESHOLDS", "EvalReport", "evaluate"]
 
@@ -153,9 +154,9 @@ def _scripted_rollout(instance: Any, seed: int, chunks: int, scorer: _Scorer) ->
         elif c in (4, 12):
             stream.push_keys([])
         elif c == 6:
-            switch_seq = stream.push("prompt", {"text": prompt_text(b, rng.randrange(4))})
+            switch_seq = stream.push(PromptInput(text=prompt_text(b, rng.randrange(4))))
         elif c == 15:
-            loud_seq = stream.push("audio", {"samples": _tone(4 / stream.state.fps)})
+            loud_seq = stream.push(AudioInput(samples=_tone(4 / stream.state.fps)))
         if switch_seq is not None and switch_chunk is None and switch_seq in stream.applied:
             switch_chunk = stream.applied[switch_seq]
         frames = stream.next_chunk()
@@ -199,10 +200,10 @@ def _long_rollout(instance: Any, seconds: float, seed: int, classifier: FrameCla
         stream.push_keys(keys)
         if c and c % per_switch == 0:
             spec = _random_spec(rng, unlike=spec)
-            stream.push("prompt", {"text": prompt_text(spec)})
+            stream.push(PromptInput(text=prompt_text(spec)))
             settle = c + 1 + SWITCH_CHUNKS
         if c % 20 == 7:
-            stream.push("audio", {"samples": _tone(0.3)})
+            stream.push(AudioInput(samples=_tone(0.3)))
         frames = stream.next_chunk()
         for f in frames:
             r = classifier.read(f)

@@ -17,7 +17,17 @@ from typing import Any
 import torch
 
 from models.loops.requests import SessionRequest
-from runtime.contract import Done, Emission, InputEvent, StepResult
+from runtime.contract import (
+    ActionInput,
+    AudioInput,
+    Done,
+    Emission,
+    InputEvent,
+    InputKind,
+    PromptInput,
+    StepResult,
+    Stream,
+)
 
 __all__ = ["LoopStream", "StreamEndedError"]
 
@@ -38,15 +48,16 @@ class LoopStream:
         self.chunks_done = 0
         self.plan_wall_s: list[tuple[str, float]] = []
 
-    def push(self, kind: str, payload: Any) -> int:
-        """Queue an input (``action``: {"keys", "mouse"}, ``prompt``/``cut``: {"text"},
-        ``audio``: {"samples"}); -> its seq."""
+    def push(self, payload: PromptInput | ActionInput | AudioInput) -> int:
+        """Queue an input; -> its seq."""
         self._seq += 1
+        kind = (InputKind.PROMPT if isinstance(payload, PromptInput) else
+                InputKind.ACTION if isinstance(payload, ActionInput) else InputKind.AUDIO)
         self._pending.append(InputEvent(kind, self._seq, payload, time.monotonic()))
         return self._seq
 
     def push_keys(self, keys: Sequence[str]) -> int:
-        return self.push("action", {"keys": list(keys), "mouse": [0.0, 0.0]})
+        return self.push(ActionInput(keys=tuple(keys)))
 
     def next_chunk(self) -> torch.Tensor:
         """Run plans until the next chunk's frames are all emitted -> uint8 [n, H, W, 3] (a
@@ -68,11 +79,11 @@ class LoopStream:
             final = False
             for spec in plan.emits:
                 emission = Emission(spec, output)
-                if spec.stream == "applied":
-                    self.applied.setdefault(int(spec.meta["seq"]), int(spec.meta["chunk"]))
-                elif spec.stream == "media":
+                if spec.stream == Stream.APPLIED:
+                    self.applied.setdefault(spec.meta.seq, spec.meta.chunk)
+                elif spec.stream == Stream.MEDIA:
                     parts.append(emission.output)
-                    final = bool(spec.meta.get("final", True))
+                    final = spec.meta.final
             if final:
                 self.chunks_done += 1
                 return torch.cat(parts) if len(parts) > 1 else parts[0]

@@ -14,7 +14,17 @@ from models.instance import load_instance
 from models.loops.chunk_rollout import ChunkRollout, ChunkRolloutState, Phase
 from models.loops.requests import JobRequest, SessionRequest
 from models.registry import get
-from runtime.contract import Emission, InputEvent
+import msgspec
+
+from runtime.contract import (
+    ActionInput,
+    AudioInput,
+    Emission,
+    InputEvent,
+    InputKind,
+    PromptInput,
+    PromptMode,
+)
 from runtime.driver import Driver, InlineContext
 
 
@@ -47,7 +57,8 @@ def _run(instance, request, inputs_at: dict[int, list[InputEvent]] | None = None
 
 def _parts(emissions: list[Emission]) -> list[tuple[dict, torch.Tensor]]:
     """Media emissions as emitted (a session's first chunk comes in two parts)."""
-    return [(dict(e.spec.meta), e.output) for e in emissions if e.spec.stream == "media"]
+    return [(msgspec.structs.asdict(e.spec.meta), e.output) for e in emissions
+            if e.spec.stream == "media"]
 
 
 def _media(emissions: list[Emission]) -> list[tuple[dict, torch.Tensor]]:
@@ -64,7 +75,7 @@ def _media(emissions: list[Emission]) -> list[tuple[dict, torch.Tensor]]:
 
 
 def _applied(emissions: list[Emission]) -> list[dict]:
-    return [dict(e.spec.meta) for e in emissions if e.spec.stream == "applied"]
+    return [msgspec.structs.asdict(e.spec.meta) for e in emissions if e.spec.stream == "applied"]
 
 
 # plans per chunk on the tiny card: 4 denoise steps + decode + kv_update (+1 text encode once)
@@ -103,9 +114,10 @@ def baseline_run(instance) -> tuple[SessionRequest, list[Emission]]:
 
 
 @pytest.mark.parametrize("kind, payload, ack", [
-    ("prompt", {"text": "a purple triangle on snow"}, "prompt"),
-    ("action", {"keys": ["w", "ArrowLeft"], "mouse": [30, -10]}, "action"),
-    ("audio", {"samples": (0.8 * torch.sin(torch.arange(24000) * 0.3)).tolist()}, "audio"),
+    (InputKind.PROMPT, PromptInput(text="a purple triangle on snow"), "prompt"),
+    (InputKind.ACTION, ActionInput(keys=("w", "ArrowLeft"), mouse=(30, -10)), "action"),
+    (InputKind.AUDIO, AudioInput(samples=(0.8 * torch.sin(torch.arange(24000) * 0.3)).numpy()),
+     "audio"),
 ])
 def test_input_applies_at_next_chunk_and_earlier_frames_are_unchanged(
         instance, baseline_run, kind, payload, ack) -> None:
@@ -123,7 +135,7 @@ def test_input_applies_at_next_chunk_and_earlier_frames_are_unchanged(
 def test_switch_recaches_and_stream_continues(instance) -> None:
     request = SessionRequest(prompt="a red ball on grass", seed=6, max_chunks=2)
     emissions, state, _ = _run(instance, request, {
-        _step_of_chunk(1): [InputEvent("prompt", 1, {"text": "a blue square on sand"})]})
+        _step_of_chunk(1): [InputEvent(InputKind.PROMPT, 1, PromptInput(text="a blue square on sand"))]})
     assert state.prompt == state.active_prompt == "a blue square on sand"
     assert state.segment == 0  # a switch is not a new segment
     # the re-cache rewrote chunk 0's 3 frames; the last chunk's KV update is skipped
@@ -135,10 +147,11 @@ def test_cut_abandons_in_flight_chunk_and_starts_a_segment(instance) -> None:
     request = SessionRequest(prompt="a red ball on grass", seed=8, max_chunks=2)
     # step 3 is mid-denoise of chunk 0 (text encode, 2 denoise steps done)
     emissions, state, _ = _run(instance, request, {
-        3: [InputEvent("cut", 2, {"text": "a white ball at night"})]})
+        3: [InputEvent(InputKind.PROMPT, 2,
+                       PromptInput(text="a white ball at night", mode=PromptMode.CUT))]})
     media = _media(emissions)
     assert [m["segment"] for m, _ in media] == [1, 1]
-    assert _applied(emissions)[0] == {"kind": "cut", "seq": 2, "chunk": 0, "pts_90k": 0}
+    assert _applied(emissions)[0] == {"kind": "prompt", "seq": 2, "chunk": 0, "pts_90k": 0}
     direct, _, _ = _run(instance, SessionRequest(prompt="a white ball at night", seed=8,
                                                  max_chunks=2))
     # the cut chunk restarts with segment-1 noise, so it differs from a fresh segment-0 run
@@ -188,7 +201,8 @@ def test_job_returns_exactly_the_requested_frames(instance) -> None:
     result = asyncio.run(Driver(loop, ctx).run(
         JobRequest(task="t2v", prompt="a red ball", num_frames=17, seed=1), instance))
     assert result.outputs["frames"].shape == (17, 64, 64, 3)
-    progress = [dict(e.spec.meta) for e in ctx.emissions if e.spec.stream == "progress"]
+    progress = [msgspec.structs.asdict(e.spec.meta) for e in ctx.emissions
+                if e.spec.stream == "progress"]
     assert progress[-1]["done"] == progress[-1]["total"]
     assert [p["done"] for p in progress] == list(range(1, len(progress) + 1))
     image = asyncio.run(Driver(loop, InlineContext("img")).run(

@@ -60,7 +60,7 @@ def test_overlapped_decode_is_bit_identical_and_arrives_in_order() -> None:
         instance.decode_op.set_overlap(overlap, instance.device)
         _, emissions = asyncio.run(run_inline(instance.loop("chunk_rollout"), request, instance))
         media = [e for e in emissions if e.spec.stream == "media"]
-        assert [m.spec.meta["pts_90k"] for m in media] == sorted(
-            m.spec.meta["pts_90k"] for m in media)
+        assert [m.spec.meta.pts_90k for m in media] == sorted(
+            m.spec.meta.pts_90k for m in media)
         frames.append(torch.cat([m.output for m in media]))
     assert torch.equal(frames[0], frames[1])

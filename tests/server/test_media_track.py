@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from aiortc.mediastreams import MediaStreamError
 
-from runtime.contract import Emission, EmitSpec
+from runtime.contract import AppliedMeta, Emission, EmitSpec, InputKind, MediaMeta, Stream
 from server.media_track import SessionVideoTrack
 from sessions.session import Session, SessionConfig
 from tests.sessions.fakes import FakeHandle
@@ -38,14 +38,9 @@ def chunk(k: int) -> Emission:
     frames = np.full((N, 8, 8, 3), k, dtype=np.uint8)
     return Emission(
         EmitSpec(
-            "media",
-            {
-                "chunk": k,
-                "segment": 0,
-                "pts_90k": k * N * 90000 // FPS,
-                "num_frames": N,
-                "fps": FPS,
-            },
+            Stream.MEDIA,
+            MediaMeta(chunk=k, segment=0, frame_start=k * N, pts_90k=k * N * 90000 // FPS,
+                      num_frames=N, fps=FPS),
         ),
         frames,
     )
@@ -131,8 +126,9 @@ async def test_flush_on_prompt_switch_plays_the_new_chunk_at_once() -> None:
     session.on_emission(
         Emission(
             EmitSpec(
-                "applied",
-                {"kind": "prompt", "seq": seq, "chunk": 6, "pts_90k": 6 * N * 90000 // FPS},
+                Stream.APPLIED,
+                AppliedMeta(kind=InputKind.PROMPT, seq=seq, chunk=6,
+                            pts_90k=6 * N * 90000 // FPS),
             ),
             None,
         )

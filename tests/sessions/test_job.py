@@ -1,7 +1,7 @@
 import av
 import numpy as np
 
-from runtime.contract import Emission, EmitSpec
+from runtime.contract import Emission, EmitSpec, ProgressMeta, Stream
 from sessions.job import Job, JobConfig
 from sessions.store import Store
 from tests.sessions.fakes import FakeHandle
@@ -15,7 +15,7 @@ def make_job(tmp_path, task: str = "t2v", store=None) -> Job:
 
 
 def progress(done: int, total: int) -> Emission:
-    return Emission(EmitSpec("progress", {"done": done, "total": total}), None)
+    return Emission(EmitSpec(Stream.PROGRESS, ProgressMeta(done=done, total=total)), None)
 
 
 def tags(job: Job) -> list[str]:

@@ -1,7 +1,18 @@
 import numpy as np
 import pytest
 
-from runtime.contract import Emission, EmitSpec
+from runtime.contract import (
+    ActionInput,
+    AppliedMeta,
+    Emission,
+    EmitSpec,
+    InputKind,
+    MediaMeta,
+    PromptInput,
+    PromptMode,
+    Stream,
+    pts_of_frame,
+)
 from sessions.audio import AudioClip
 from sessions.records import frames_digest
 from sessions.session import (
@@ -60,20 +71,14 @@ def make_session(capabilities=ALL_CAPS, store=None, clock=None, **overrides) -> 
 
 def media(chunk: int, n: int = 4, value: int = 0, fps: int = 8, segment: int = 0) -> Emission:
     frames = np.full((n, 8, 8, 3), value, dtype=np.uint8)
-    pts = chunk * n * 90000 // fps
-    return Emission(
-        EmitSpec(
-            "media",
-            {"chunk": chunk, "segment": segment, "pts_90k": pts, "num_frames": n, "fps": fps},
-        ),
-        frames,
-    )
+    meta = MediaMeta(chunk=chunk, segment=segment, frame_start=chunk * n,
+                     pts_90k=pts_of_frame(chunk * n, fps), num_frames=n, fps=fps)
+    return Emission(EmitSpec(Stream.MEDIA, meta), frames)
 
 
 def applied(kind: str, seq: int, chunk: int, pts: int) -> Emission:
-    return Emission(
-        EmitSpec("applied", {"kind": kind, "seq": seq, "chunk": chunk, "pts_90k": pts}), None
-    )
+    meta = AppliedMeta(kind=InputKind(kind), seq=seq, chunk=chunk, pts_90k=pts)
+    return Emission(EmitSpec(Stream.APPLIED, meta), None)
 
 
 def event_types(session: Session) -> list[str]:
@@ -138,7 +143,8 @@ async def test_prompt_switch_two_phase_ack_flushes_stale_backlog() -> None:
     session.on_emission(media(1, value=2))
     seq, applies_at = session.push_prompt("a desert", "switch")
     assert (seq, applies_at) == (1, 3)
-    assert handle.inputs[-1].kind == "prompt" and handle.inputs[-1].payload == {"text": "a desert"}
+    assert handle.inputs[-1].kind is InputKind.PROMPT
+    assert handle.inputs[-1].payload == PromptInput(text="a desert", mode=PromptMode.SWITCH)
     assert session.prompts.active_text == "a forest"
     session.media.pop()  # one frame already on the wire
     session.on_emission(applied("prompt", seq, chunk=2, pts=90000))
@@ -172,7 +178,7 @@ async def test_cut_starts_a_new_segment_and_predicts_the_in_flight_chunk() -> No
     session.on_emission(media(0))
     seq, applies_at = session.push_prompt("a city", "cut")
     assert applies_at == 1
-    session.on_emission(applied("cut", seq, chunk=1, pts=45000))
+    session.on_emission(applied("prompt", seq, chunk=1, pts=45000))
     event = session.events.history()[-1]
     assert (event.mode, event.segment, session.prompts.segment) == ("cut", 1, 1)
     assert session.snapshot()["segment"] == 1 and session.snapshot()["prompt"] == "a city"
@@ -186,8 +192,8 @@ async def test_actions_latest_wins_supersedes_older_pending_ones() -> None:
     first = session.push_action(["w"], (1.0, 0.0))
     second = session.push_action(["w", "a"])
     assert [e.payload for e in handle.inputs] == [
-        {"keys": ["w"], "mouse": [1.0, 0.0]},
-        {"keys": ["w", "a"], "mouse": [0.0, 0.0]},
+        ActionInput(keys=("w",), mouse=(1.0, 0.0)),
+        ActionInput(keys=("w", "a"), mouse=(0.0, 0.0)),
     ]
     session.on_emission(applied("action", second, chunk=1, pts=45000))
     history = session.events.history()
@@ -221,8 +227,9 @@ async def test_audio_reaches_the_loop_as_16k_samples() -> None:
     session.attach(handle)
     seq = session.push_audio(AudioClip(np.zeros(4000, np.float32), 16000, 1))
     payload = handle.inputs[-1].payload
-    assert handle.inputs[-1].kind == "audio" and handle.inputs[-1].seq == seq
-    assert payload == {"samples": [0.0] * 4000}
+    assert handle.inputs[-1].kind is InputKind.AUDIO and handle.inputs[-1].seq == seq
+    assert isinstance(handle.inputs[-1].payload.samples, np.ndarray)  # passed as is, not listed
+    assert payload.samples.shape == (4000,) and not payload.samples.any()
     assert session.snapshot()["audio_seconds_in"] == 0.25
     session.on_emission(applied("audio", seq, chunk=3, pts=135000))
     assert event_types(session)[-1] == "audio.applied"
@@ -248,7 +255,9 @@ async def test_loop_completion_closes_and_bad_emissions_become_error_events() ->
     handle = FakeHandle()
     session.attach(handle)
     session.on_emission(
-        Emission(EmitSpec("media", {"chunk": 0, "pts_90k": 0}), np.zeros((1, 4, 4, 3), np.float32))
+        Emission(EmitSpec(Stream.MEDIA, MediaMeta(chunk=0, segment=0, frame_start=0, pts_90k=0,
+                                                  num_frames=1, fps=8)),
+                 np.zeros((1, 4, 4, 3), np.float32))
     )
     assert event_types(session)[-1] == "error"
     assert "uint8" in session.events.history()[-1].message
@@ -326,7 +335,7 @@ async def test_actions_are_checked_by_the_models_validator_before_reaching_the_l
         session.push_action(["W", "x"])
     assert handle.inputs == [] and event_types(session) == ["session.state"]
     session.push_action(["W"])
-    assert handle.inputs[-1].payload == {"keys": ["w"], "mouse": [0.0, 0.0]}
+    assert handle.inputs[-1].payload == ActionInput(keys=("w",), mouse=(0.0, 0.0))
     await session.close()
 
 
@@ -355,13 +364,13 @@ async def test_a_chunk_in_parts_is_queued_at_once_and_recorded_whole(tmp_path) -
     first = np.full((1, 8, 8, 3), 5, dtype=np.uint8)
     rest = np.full((3, 8, 8, 3), 6, dtype=np.uint8)
     meta = {"chunk": 0, "segment": 0, "fps": 8}
-    session.on_emission(Emission(EmitSpec("media", {**meta, "pts_90k": 0, "num_frames": 1,
-                                                    "final": False}), first))
+    session.on_emission(Emission(EmitSpec(Stream.MEDIA, MediaMeta(
+        **meta, frame_start=0, pts_90k=0, num_frames=1, final=False)), first))
     # the first frame is playable before the rest of its chunk exists
     assert session.media.pop().pts_90k == 0 and session.chunks_generated == 0
     assert "media.chunk" not in event_types(session)
-    session.on_emission(Emission(EmitSpec("media", {**meta, "pts_90k": 11250, "num_frames": 3,
-                                                    "final": True}), rest))
+    session.on_emission(Emission(EmitSpec(Stream.MEDIA, MediaMeta(
+        **meta, frame_start=1, pts_90k=11250, num_frames=3, final=True)), rest))
     whole = np.concatenate((first, rest))
     chunk_events = [e for e in session.events.history() if e.__struct_config__.tag == "media.chunk"]
     assert [(e.chunk, e.pts_start, e.frames, e.digest) for e in chunk_events] == [

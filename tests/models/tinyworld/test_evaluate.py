@@ -12,6 +12,7 @@ from models.instance import load_instance
 from models.registry import get
 from models.tinyworld.evaluate import EvalReport, evaluate
 from models.tinyworld.rollout import LoopStream
+from runtime.contract import PromptInput
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def test_inputs_pushed_between_chunks_apply_to_the_next_one_and_are_acknowledged
     first = stream.next_chunk()
     assert first.shape == (4, 96, 96, 3)
     keys = stream.push_keys(["d"])
-    prompt = stream.push("prompt", {"text": "a blue square on snow"})
+    prompt = stream.push(PromptInput(text="a blue square on snow"))
     stream.next_chunk()
     stream.next_chunk()
     assert stream.applied == {keys: 1, prompt: 1}
