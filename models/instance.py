@@ -23,6 +23,7 @@ import torch
 
 from models.card import ModelCard, Profile
 from models.loops.inputs import ACTION_DIM, AUDIO_DIM
+from models.loops.registry import build_loop
 from models.loops.ops import (
     ChunkDenoiseOp,
     DecodeOp,
@@ -35,6 +36,7 @@ from models.wan.attention import ATTENTION_BACKENDS, WanSelfAttention
 from models.wan.config import WanDiTConfig
 from models.wan.fp8 import quantize_linears
 from models.wan.kv_cache import ChunkKVCache
+from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
 from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache, UMT5TextEncoder
 from models.wan.transformer import WanDiT, dit_flops
 from models.wan.vae import WanVAE
@@ -68,11 +70,13 @@ def _component_builder(family: str) -> ComponentBuilder | None:
 
 
 class WanInstance:
-    """A loaded Wan-family card (implements ``runtime.contract.ModelState``).
+    """A loaded Wan-family card (implements ``runtime.contract.ModelState`` and
+    ``models.loops.model.LoopModel``).
 
     ``dit``/``vae``/``text`` are the components; the ``*_op`` attributes are the StepOps the
     loops put into their WorkPlans. Sizing helpers (``kv_slab_bytes``, ``peak_bytes``,
-    ``chunk_flops``) serve admission before a session is admitted.
+    ``chunk_flops``) serve admission before a session is admitted. Sessions' chunk-KV caches
+    live in one preallocated ``KVSlabBuffer`` per geometry (``reserve_kv_slabs``).
     """
 
     def __init__(self, card: ModelCard, dit: WanDiT, vae: WanVAE, text: CachedTextEncoder, *,
@@ -87,6 +91,8 @@ class WanInstance:
         self.dtype = _DTYPES[precision]
         self.latent = card.latent
         self.text_len = dit.config.text_len
+        self.dit_config = dit.config
+        self._slab_buffers: dict[SlabGeometry, KVSlabBuffer] = {}
         self.components = {"dit": dit, "vae": vae, "text_encoder": text}
         self.text_encode_op = TextEncodeOp(text.encode, dit)
         self.text_embed_op = TextEmbedOp(text.encode)
@@ -148,21 +154,23 @@ class WanInstance:
     # loops
 
     def loop(self, loop_id: str) -> Any:
-        """The Loop serving ``loop_id``; raises ``RecipeMismatchError`` if the card's recipe
-        does not allow it at this instance's precision."""
+        """The Loop serving the card's loop ``loop_id`` (``models.loops.registry.LOOPS`` by its
+        kind); raises ``RecipeMismatchError`` if the card's recipe does not allow it at this
+        instance's precision, ``InstanceError`` for a helper loop."""
         spec = self.card.check_serving(loop_id, self.precision)
-        from models.loops.chunk_rollout import ChunkRollout
-        from models.loops.diffusion_denoise import DiffusionDenoise
+        try:
+            return build_loop(self, spec)
+        except KeyError as exc:
+            raise InstanceError(f"card {self.card.model_id!r}: {exc.args[0]}") from None
 
-        if spec.kind.value == "chunk_rollout":
-            return ChunkRollout(self)
-        if spec.kind.value == "diffusion_denoise":
-            if spec.attention is not None and spec.attention.value == "chunk_causal":
-                # A causal card samples jobs the way its recipe trained: chunk by chunk.
-                return ChunkRollout(self)
-            return DiffusionDenoise(self, spec)
-        raise InstanceError(f"card {self.card.model_id!r}: loop {loop_id!r} ({spec.kind.value})"
-                            " is a helper loop, run inside chunk_rollout/diffusion_denoise")
+    def loop_for(self, capability: str) -> Any:
+        """The Loop the card names for ``capability`` (e.g. ``"text_to_video"``: a causal card
+        answers ``chunk_rollout``, a bidirectional one ``diffusion_denoise``)."""
+        spec = self.card.loop_for(capability)
+        if spec is None:
+            raise InstanceError(f"card {self.card.model_id!r} has no loop for {capability!r} "
+                                f"(capabilities: {sorted(self.card.capabilities)})")
+        return self.loop(spec.loop_id)
 
     # ---------------------------------------------------------------------------------------
     # geometry and sizing
@@ -181,11 +189,44 @@ class WanInstance:
     def tokens_per_frame(self, latent_h: int, latent_w: int) -> int:
         return self.dit.config.tokens_per_frame(latent_h, latent_w)
 
-    def new_kv_cache(self, sink: int, ring: int, latent_h: int, latent_w: int) -> ChunkKVCache:
-        return ChunkKVCache.allocate(
-            self.dit.config, batch=1, sink_frames=sink, window_frames=ring,
-            tokens_per_frame=self.tokens_per_frame(latent_h, latent_w), device=self.device,
-            dtype=self.dtype)
+    def slab_geometry(self, profile: Profile) -> SlabGeometry:
+        """The chunk-KV geometry of a session at ``profile`` (sessions of equal geometry share
+        one slab buffer)."""
+        sink, ring = self.kv_geometry(profile.chunk_latent_frames)
+        lh, lw = self._latent_hw(profile)
+        return SlabGeometry(sink, ring, self.tokens_per_frame(lh, lw))
+
+    def reserve_kv_slabs(self, profile: Profile, num_slabs: int) -> KVSlabBuffer:
+        """Preallocate (once) the K/V buffer of ``num_slabs`` sessions at ``profile``'s
+        geometry; a second call for the same geometry returns the buffer it made."""
+        geometry = self.slab_geometry(profile)
+        buffer = self._slab_buffers.get(geometry)
+        if buffer is None:
+            buffer = KVSlabBuffer(self.dit.config, geometry, num_slabs=num_slabs,
+                                  device=self.device, dtype=self.dtype)
+            self._slab_buffers[geometry] = buffer
+        return buffer
+
+    def slab_buffer(self, geometry: SlabGeometry) -> KVSlabBuffer | None:
+        return self._slab_buffers.get(geometry)
+
+    def kv_cache(self, geometry: SlabGeometry, slab: int | None) -> ChunkKVCache:
+        """A fresh chunk-KV cache: slab ``slab`` of the reserved buffer of ``geometry`` (a view),
+        or with ``slab=None`` one with its own buffers (jobs, tests, benchmarks)."""
+        if slab is None:
+            return ChunkKVCache.allocate(
+                self.dit.config, batch=1, sink_frames=geometry.sink_frames,
+                window_frames=geometry.window_frames,
+                tokens_per_frame=geometry.tokens_per_frame, device=self.device, dtype=self.dtype)
+        buffer = self._slab_buffers.get(geometry)
+        if buffer is None:
+            raise InstanceError(f"card {self.card.model_id!r}: no K/V slabs reserved for geometry "
+                                f"{geometry.key} (reserve_kv_slabs first)")
+        return buffer.cache(slab)
+
+    def new_decoder_cache(self, latent_h: int, latent_w: int) -> Any:
+        """A fresh per-stream VAE decoder cache (``DecoderCache``)."""
+        return self.vae.new_decoder_cache(1, latent_h, latent_w)
 
     def _latent_hw(self, profile: Profile) -> tuple[int, int]:
         s = self.latent.spatial_stride

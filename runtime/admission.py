@@ -7,13 +7,16 @@ already admitted*; nothing is discovered at step 37. Three resources are reserve
   by the chunk's media duration (frames / fps). The sum over reservations must stay within
   the effective compute capacity (default 0.9 of one device: 10% headroom for jitter,
   recaches and batch work).
-- ``kv_bytes``: chunk-KV slab bytes held for the session's life. Additive.
+- ``kv_slabs``: a chunk-KV slab from the slab pool of the session's geometry
+  (``AdmissionRequest.kv_pool``), held for the session's life. The pools are the one KV gate:
+  the model preallocated exactly their slabs, so a slab handed out here is memory that exists;
+  ``Admit.slab`` names it and ``release`` returns it to its pool.
 - ``peak_bytes``: peak activation bytes of its largest plan. The engine runs one batch of up
   to ``max_batch`` plans at a time, so what can be live together is the sum of the
   ``peak_concurrency`` largest reserved peaks (set it to the engine's ``max_batch``).
 
 ``admit`` answers ``Admit(reservation_id)`` or ``Reject(reason, retry_after_s, ...)``;
-``reason`` names the first short resource in the order compute, kv_bytes, peak_bytes and
+``reason`` names the first short resource in the order compute, kv_slabs, peak_bytes and
 ``short`` lists all of them. **retry_after_s** is derived from reservations that declared an
 ``expected_duration_s`` (jobs know their predicted total cost): releasing them in order of
 expected end, it is the time until the first release after which the request would fit
@@ -37,6 +40,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from runtime.pools import KVSlabPool, Slab
+
 __all__ = [
     "RESOURCES",
     "Admission",
@@ -49,7 +54,7 @@ __all__ = [
     "Reject",
 ]
 
-RESOURCES = ("compute", "kv_bytes", "peak_bytes")
+RESOURCES = ("compute", "kv_slabs", "peak_bytes")
 
 
 class AdmissionError(ValueError):
@@ -61,13 +66,14 @@ class AdmissionRequest:
     """What one session or job asks to reserve.
 
     ``compute_gpu_s_per_s``: GPU-seconds needed per second of media (0 for batch work that
-    only runs in slack). ``expected_duration_s``: how long it will hold the reservation if
+    only runs in slack). ``kv_pool``: the key of the slab pool it needs one slab of (None: no
+    chunk-KV, e.g. a job). ``expected_duration_s``: how long it will hold the reservation if
     known, used only to compute ``retry_after_s`` for others.
     """
 
     owner: str
     compute_gpu_s_per_s: float = 0.0
-    kv_bytes: int = 0
+    kv_pool: str | None = None
     peak_bytes: int = 0
     expected_duration_s: float | None = None
 
@@ -79,7 +85,7 @@ class AdmissionRequest:
         chunk_cost_gpu_s: float,
         frames_per_chunk: int,
         fps: float,
-        kv_bytes: int = 0,
+        kv_pool: str | None = None,
         peak_bytes: int = 0,
         expected_duration_s: float | None = None,
     ) -> AdmissionRequest:
@@ -92,7 +98,7 @@ class AdmissionRequest:
         return cls(
             owner=owner,
             compute_gpu_s_per_s=chunk_cost_gpu_s / chunk_duration_s,
-            kv_bytes=kv_bytes,
+            kv_pool=kv_pool,
             peak_bytes=peak_bytes,
             expected_duration_s=expected_duration_s,
         )
@@ -102,10 +108,8 @@ class AdmissionRequest:
             raise AdmissionError(
                 f"{self.owner}: compute_gpu_s_per_s={self.compute_gpu_s_per_s} must be finite, >= 0"
             )
-        if self.kv_bytes < 0 or self.peak_bytes < 0:
-            raise AdmissionError(
-                f"{self.owner}: kv_bytes={self.kv_bytes}, peak_bytes={self.peak_bytes} must be >= 0"
-            )
+        if self.peak_bytes < 0:
+            raise AdmissionError(f"{self.owner}: peak_bytes={self.peak_bytes} must be >= 0")
         if self.expected_duration_s is not None and not self.expected_duration_s >= 0:
             raise AdmissionError(
                 f"{self.owner}: expected_duration_s={self.expected_duration_s} must be >= 0"
@@ -114,12 +118,15 @@ class AdmissionRequest:
 
 @dataclass(frozen=True, slots=True)
 class Admit:
+    """Admitted: ``slab`` is the chunk-KV slab reserved for it (None if it asked for none)."""
+
     reservation_id: str
+    slab: Slab | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Reject:
-    """``reason``: the first short resource (``"compute"``, ``"kv_bytes"``, ``"peak_bytes"``)."""
+    """``reason``: the first short resource (``"compute"``, ``"kv_slabs"``, ``"peak_bytes"``)."""
 
     reason: str
     retry_after_s: float
@@ -133,9 +140,9 @@ Admission = Admit | Reject
 
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
-    """Capacities and policy knobs; bytes are per device."""
+    """Capacities and policy knobs; bytes are per device. Chunk-KV capacity is the slab pools'
+    (``AdmissionController.add_pool``)."""
 
-    kv_capacity_bytes: int
     peak_capacity_bytes: int
     compute_capacity: float = 0.9  # GPU-s per s of one device
     peak_concurrency: int = 1
@@ -147,11 +154,8 @@ class AdmissionConfig:
     tighten_factor: float = 0.8
 
     def __post_init__(self) -> None:
-        if self.kv_capacity_bytes < 0 or self.peak_capacity_bytes < 0:
-            raise AdmissionError(
-                f"kv_capacity_bytes={self.kv_capacity_bytes}, "
-                f"peak_capacity_bytes={self.peak_capacity_bytes} must be >= 0"
-            )
+        if self.peak_capacity_bytes < 0:
+            raise AdmissionError(f"peak_capacity_bytes={self.peak_capacity_bytes} must be >= 0")
         if not self.compute_capacity > 0:
             raise AdmissionError(f"compute_capacity={self.compute_capacity} must be > 0")
         if self.peak_concurrency < 1 or self.miss_window < 1 or self.min_outcomes < 1:
@@ -169,7 +173,7 @@ class AdmissionUsage:
 
     reservations: int
     compute_gpu_s_per_s: float
-    kv_bytes: int
+    kv_slabs: int
     peak_bytes: int
     effective_compute_capacity: float
     tightened: bool
@@ -180,24 +184,44 @@ class _Reservation:
     reservation_id: str
     request: AdmissionRequest
     expected_end_s: float | None
+    slab: Slab | None = None
 
 
 class AdmissionController:
-    """Reserves compute share, KV bytes and peak bytes; see the module docstring."""
+    """Reserves compute share, chunk-KV slabs and peak bytes; see the module docstring."""
 
     def __init__(
         self, config: AdmissionConfig, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.config = config
         self._clock = clock
+        self._pools: dict[str, KVSlabPool] = {}
         self._reservations: dict[str, _Reservation] = {}
         self._outcomes: deque[bool] = deque(maxlen=config.miss_window)
         self._next_id = 0
+
+    # -- slab pools -------------------------------------------------------------------------
+
+    def add_pool(self, key: str, pool: KVSlabPool) -> KVSlabPool:
+        """Register the slab pool of one (model, geometry); a key is registered once."""
+        if key in self._pools:
+            raise AdmissionError(f"slab pool {key!r} is already registered")
+        self._pools[key] = pool
+        return pool
+
+    def pool(self, key: str) -> KVSlabPool | None:
+        return self._pools.get(key)
+
+    def pools(self) -> dict[str, KVSlabPool]:
+        return dict(self._pools)
 
     # -- reservations -----------------------------------------------------------------------
 
     def admit(self, request: AdmissionRequest) -> Admission:
         request.validate()
+        if request.kv_pool is not None and request.kv_pool not in self._pools:
+            raise AdmissionError(f"{request.owner}: no slab pool {request.kv_pool!r} "
+                                 f"(registered: {sorted(self._pools)})")
         cfg = self.config
         alone = self._short(request, (), cfg.compute_capacity)
         if alone:
@@ -217,16 +241,26 @@ class AdmissionController:
                 short=tuple(short),
                 detail=self._describe(request, short),
             )
+        slab = None
+        if request.kv_pool is not None:
+            slab = self._pools[request.kv_pool].allocate(request.owner)
+            if slab is None:  # _short saw a free slab: only a slab taken outside could do this
+                raise AdmissionError(f"slab pool {request.kv_pool!r} is out of sync")
         now_s = self._clock()
         reservation_id = f"res-{self._next_id}"
         self._next_id += 1
         end_s = None if request.expected_duration_s is None else now_s + request.expected_duration_s
-        self._reservations[reservation_id] = _Reservation(reservation_id, request, end_s)
-        return Admit(reservation_id)
+        self._reservations[reservation_id] = _Reservation(reservation_id, request, end_s, slab)
+        return Admit(reservation_id, slab)
 
     def release(self, reservation_id: str) -> bool:
-        """Free a reservation. Idempotent: returns ``False`` if it was not held."""
-        return self._reservations.pop(reservation_id, None) is not None
+        """Free a reservation and return its slab. Idempotent: ``False`` if it was not held."""
+        reservation = self._reservations.pop(reservation_id, None)
+        if reservation is None:
+            return False
+        if reservation.slab is not None and reservation.request.kv_pool is not None:
+            self._pools[reservation.request.kv_pool].free(reservation.slab)
+        return True
 
     def holds(self, reservation_id: str) -> bool:
         return reservation_id in self._reservations
@@ -236,7 +270,7 @@ class AdmissionController:
         return AdmissionUsage(
             reservations=len(self._reservations),
             compute_gpu_s_per_s=sum(r.request.compute_gpu_s_per_s for r in active),
-            kv_bytes=sum(r.request.kv_bytes for r in active),
+            kv_slabs=sum(1 for r in active if r.slab is not None),
             peak_bytes=self._live_peak_bytes(r.request.peak_bytes for r in active),
             effective_compute_capacity=self.effective_compute_capacity(),
             tightened=self.tightened(),
@@ -272,17 +306,28 @@ class AdmissionController:
         active = list(active)
         cfg = self.config
         compute = sum(r.request.compute_gpu_s_per_s for r in active) + request.compute_gpu_s_per_s
-        kv = sum(r.request.kv_bytes for r in active) + request.kv_bytes
         peak = self._live_peak_bytes([r.request.peak_bytes for r in active] + [request.peak_bytes])
         short = []
         # A tiny epsilon keeps e.g. 3 x 0.3 == 0.9 admissible despite float rounding.
         if compute > compute_capacity + 1e-12:
             short.append("compute")
-        if kv > cfg.kv_capacity_bytes:
-            short.append("kv_bytes")
+        if request.kv_pool is not None and self._slabs_needed(request.kv_pool, active) > (
+            self._pools[request.kv_pool].capacity
+        ):
+            short.append("kv_slabs")
         if peak > cfg.peak_capacity_bytes:
             short.append("peak_bytes")
         return short
+
+    def _slabs_needed(self, key: str, active: list[_Reservation]) -> int:
+        """Slabs of pool ``key`` in use if only ``active`` held theirs, plus the one asked for
+        (slabs taken from the pool outside admission, e.g. by a fork, count as held)."""
+        pool = self._pools[key]
+        reserved = [r for r in self._reservations.values()
+                    if r.slab is not None and r.request.kv_pool == key]
+        outside = pool.used_count - len(reserved)
+        held = sum(1 for r in active if r.slab is not None and r.request.kv_pool == key)
+        return outside + held + 1
 
     def _retry_after_s(self, request: AdmissionRequest, active: list[_Reservation]) -> float:
         cfg = self.config
@@ -299,10 +344,12 @@ class AdmissionController:
 
     def _describe(self, request: AdmissionRequest, short: list[str]) -> str:
         usage = self.usage()
+        pool = self._pools.get(request.kv_pool) if request.kv_pool is not None else None
         have = {
             "compute": f"{usage.compute_gpu_s_per_s:.3f}+{request.compute_gpu_s_per_s:.3f} GPU-s/s "
             f"> {usage.effective_compute_capacity:.3f}",
-            "kv_bytes": f"{usage.kv_bytes}+{request.kv_bytes} B > {self.config.kv_capacity_bytes}",
+            "kv_slabs": f"all {pool.capacity if pool else 0} chunk-KV slabs of "
+            f"{request.kv_pool} are in use",
             "peak_bytes": f"{request.peak_bytes} B with live peaks {usage.peak_bytes} B "
             f"> {self.config.peak_capacity_bytes}",
         }

@@ -326,12 +326,15 @@ class StepResult:
 
     ``output`` is this plan's entry of the op's return list. ``wall_s`` is the wall time of the
     batch it ran in, ``device_s`` the device-event time where measured (CUDA), else ``None``.
+    ``kind`` is the kind of the plan that ran (the driver stamps it), so ``advance`` dispatches
+    on what ran instead of re-deriving it from the state.
     """
 
     output: Any
     wall_s: float
     device_s: float | None = None
     batch_size: int = 1
+    kind: PlanKind | None = None
 
 
 @dataclass(frozen=True, slots=True)

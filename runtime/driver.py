@@ -33,6 +33,7 @@ Snapshots are encoded by ``runtime.snapshot`` (msgspec structure + safetensors t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import time
@@ -233,6 +234,8 @@ class Driver(Generic[S]):
                 )
             self._transition(_P.EXECUTING)
             result = await self.ctx.execute(plan)
+            if result.kind is not plan.kind:  # advance learns what ran from the result
+                result = dataclasses.replace(result, kind=plan.kind)
             self._transition(_P.ADVANCING)
             state = self._call("advance", self.loop.advance, self._state, result)
             self._state = self._checked_state(state, "advance")

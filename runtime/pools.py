@@ -1,40 +1,31 @@
-"""Pools with static budgets (ARCHITECTURE.md §5): which slots are used, never the tensors.
+"""The chunk-KV slab pool (ARCHITECTURE.md §5): which slab index belongs to whom, never the tensors.
 
-``KVSlabPool`` hands out fixed-size chunk-KV slabs. The model preallocates one tensor region
-for the whole pool and writes a session's KV by slab index; the pool only tracks which index
-belongs to whom::
+The model instance preallocates ONE K/V buffer per (card, geometry) with a slab axis
+(``models/wan/kv_slabs.py``); a session's cache is a view of one slab. This pool is the
+bookkeeping of that axis, and admission owns one pool per buffer (the one KV capacity gate)::
 
-    model-owned buffer, num_slabs x slab_bytes, preallocated once
-    offset 0         slab_bytes        2*slab_bytes              (num_slabs-1)*slab_bytes
-    +----------------+-----------------+-----------------+ ... +-----------------+
-    | slab 0         | slab 1          | slab 2          |     | slab N-1        |
-    | owner "sess-a" | free            | owner "sess-b"  |     | owner "sess-a/f1"|
-    | gen 0          |                 | gen 3           |     | gen 1 parent 0  |
-    +----------------+-----------------+-----------------+ ... +-----------------+
-    inside one slab (model's layout): [layers, 2 (k,v), window_frames * tokens, heads, head_dim]
+    model-owned k (v alike): [layers, N slabs, (S + W) * T tokens, heads, head_dim]
+                 slab 0           slab 1           slab 2                slab N-1
+    pool:      +----------------+----------------+----------------+ ... +----------------+
+               | owner "ses_a"  | free           | owner "ses_b"  |     | owner "ses_a/f"|
+               | gen 1          | gen 3          | gen 1          |     | gen 2, parent 0|
+               +----------------+----------------+----------------+ ... +----------------+
 
 Allocation takes the lowest free index (deterministic). Every allocation of an index bumps its
 *generation*, so a stale handle can be told from the live one. ``fork`` allocates a fresh slab
-and records the parent; the model copies the parent's KV into it (copy-on-fork). A decoder
-feature cache (causal VAE state per session) is a second ``KVSlabPool`` with its own budget.
+and records the parent; the model copies the parent's slab into it (copy-on-fork).
 
-``FeatureCache`` holds small model outputs (e.g. text embeddings) by ``CacheKey``,
-ref-counted; only unreferenced entries are evicted, least recently used first.
-
-Exhaustion is a value (``None`` / ``False``), misuse (freeing someone else's slab, releasing
-an unacquired entry) raises. Pure: no torch, no asyncio. Not thread-safe (event loop only).
+Exhaustion is a value (``None``), misuse (freeing someone else's slab) raises. Pure: no torch,
+no asyncio. Not thread-safe (event loop only). Small model outputs (text embeddings) are cached
+by the model that makes them (``models.wan.text_encoder.TextEmbeddingCache``), not here.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
 
-from runtime.contract import CacheKey
-
-__all__ = ["FeatureCache", "FeatureCacheError", "KVSlabPool", "Slab", "SlabOwnershipError"]
+__all__ = ["KVSlabPool", "Slab", "SlabOwnershipError"]
 
 
 class SlabOwnershipError(RuntimeError):
@@ -42,23 +33,15 @@ class SlabOwnershipError(RuntimeError):
     freeing or forking a slab that belongs to another owner)."""
 
 
-class FeatureCacheError(RuntimeError):
-    """Releasing an entry that is not held (refcount would go negative)."""
-
-
 @dataclass(frozen=True, slots=True)
 class Slab:
-    """Handle to one allocated slab. ``offset_bytes`` locates it in the model's buffer."""
+    """Handle to one allocated slab: ``slab_id`` is its index on the model buffer's slab axis."""
 
     slab_id: int
     owner: str
     generation: int
     slab_bytes: int
     parent_id: int | None = None
-
-    @property
-    def offset_bytes(self) -> int:
-        return self.slab_id * self.slab_bytes
 
 
 class KVSlabPool:
@@ -152,83 +135,3 @@ class KVSlabPool:
 
 def _slab_id(slab: Slab) -> int:
     return slab.slab_id
-
-
-@dataclass(slots=True)
-class _Entry:
-    value: Any
-    refs: int = 0
-
-
-class FeatureCache:
-    """Up to ``max_entries`` values by ``CacheKey``; LRU eviction of unreferenced entries.
-
-    ``get`` reads (and refreshes recency); ``acquire`` reads and pins (refcount + 1) so the
-    entry cannot be evicted until ``release``. ``put`` returns ``False`` when the cache is full
-    of pinned entries (the value is then simply not cached).
-    """
-
-    def __init__(self, max_entries: int) -> None:
-        if max_entries < 0:
-            raise ValueError(f"max_entries={max_entries} must be >= 0")
-        self.max_entries = max_entries
-        self._entries: OrderedDict[CacheKey, _Entry] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-        self.evictions = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: CacheKey) -> bool:
-        return key in self._entries
-
-    def get(self, key: CacheKey) -> Any | None:
-        entry = self._entries.get(key)
-        if entry is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        self._entries.move_to_end(key)
-        return entry.value
-
-    def put(self, key: CacheKey, value: Any) -> bool:
-        """Insert or replace; evicts the least recently used unreferenced entry if full."""
-        entry = self._entries.get(key)
-        if entry is not None:
-            entry.value = value
-            self._entries.move_to_end(key)
-            return True
-        if len(self._entries) >= self.max_entries and not self._evict_one():
-            return False
-        self._entries[key] = _Entry(value)
-        return True
-
-    def acquire(self, key: CacheKey) -> Any | None:
-        """The value, pinned; ``None`` (a miss) if absent."""
-        entry = self._entries.get(key)
-        if entry is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        entry.refs += 1
-        self._entries.move_to_end(key)
-        return entry.value
-
-    def release(self, key: CacheKey) -> None:
-        entry = self._entries.get(key)
-        if entry is None or entry.refs == 0:
-            raise FeatureCacheError(f"release of {key} which is not acquired")
-        entry.refs -= 1
-
-    def refs(self, key: CacheKey) -> int:
-        entry = self._entries.get(key)
-        return 0 if entry is None else entry.refs
-
-    def _evict_one(self) -> bool:
-        for key, entry in self._entries.items():
-            if entry.refs == 0:
-                del self._entries[key]
-                self.evictions += 1
-                return True
-        return False

@@ -108,7 +108,7 @@ class ServerContext:
     def metrics_snapshot(self) -> MetricsSnapshot:
         counts = self.host.counts()
         stats = self.engine.stats()
-        pool = self.host.kv_pool
+        slabs_free, slabs_capacity = self.host.slab_counts()
         samples = stats.latency_samples_s
         return MetricsSnapshot(
             sessions_by_state=counts["sessions_by_state"],
@@ -124,8 +124,8 @@ class ServerContext:
             deadline_misses=stats.deadline_misses,
             step_latency_s={kind: list(s) for kind, s in samples.items()},
             steps_by_kind={kind: len(s) for kind, s in samples.items()},
-            kv_slabs_free=pool.free_count if pool is not None else None,
-            kv_slabs_capacity=pool.capacity if pool is not None else None,
+            kv_slabs_free=slabs_free,
+            kv_slabs_capacity=slabs_capacity,
             server_tasks=self.server_tasks(),
         )
 
@@ -165,7 +165,6 @@ async def _build(config: ServerConfig) -> ServerContext:
     from runtime.cost import CostModel, DeviceConstants
     from runtime.engine import Engine
     from runtime.observers import NaNWatch, Profiler
-    from runtime.pools import KVSlabPool
 
     mode = resolve_auth_mode(config.host, config.auth, force=config.force_no_auth)
     config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -181,13 +180,12 @@ async def _build(config: ServerConfig) -> ServerContext:
     if config.warmup if config.warmup is not None else config.compile:
         log.info("warming up %s on %s (compiling every graph a session uses)", model_id,
                  instance.device)
-        log.info("warm-up done in %.1f s", await _warm_up(instance, profile))
-    slab_bytes = instance.kv_slab_bytes(profile)
+        warm_s = await _warm_up(instance, profile, config.max_sessions)
+        log.info("warm-up done in %.1f s", warm_s)
     on_gpu = device.startswith("cuda")
     cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
     admission = AdmissionController(
         AdmissionConfig(
-            kv_capacity_bytes=slab_bytes * config.max_sessions,
             peak_capacity_bytes=instance.peak_bytes(profile) * config.max_batch * 4,
             peak_concurrency=config.max_batch,
         )
@@ -216,9 +214,10 @@ async def _build(config: ServerConfig) -> ServerContext:
         default_model=model_id,
         store=store,
         artifact_dir=config.data_dir / "artifacts",
-        kv_pool=KVSlabPool(config.max_sessions, slab_bytes),
+        slabs_per_geometry=config.max_sessions,
         action_validator=validate_action,
     )
+    host.preallocate()  # the default profile's chunk-KV slabs exist before the first session
     auth = Authenticator(mode, store=store, admin_key=_admin_key(config, mode))
     ctx = ServerContext(
         config=config,
@@ -249,7 +248,7 @@ async def _build(config: ServerConfig) -> ServerContext:
     return ctx
 
 
-async def _warm_up(instance: Any, profile: Any) -> float:
+async def _warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
     """Run one short session of ``instance`` on a throwaway engine: through every K/V-prefix
     length into steady state, with the first chunk's two decode parts, so a compiled instance
     has traced and compiled all its graphs before a user's session needs them. The serving
@@ -263,12 +262,16 @@ async def _warm_up(instance: Any, profile: Any) -> float:
 
     sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
     chunks = -(-(sink + ring) // profile.chunk_latent_frames) + 2
+    # Sessions' caches are views of the preallocated slab buffer: warm up on one (slab 0, free
+    # again afterwards) so the compiled graphs see exactly the tensors sessions will pass.
+    instance.reserve_kv_slabs(profile, num_slabs)
     engine = Engine(cost=CostModel())
     await engine.start()
     start_s = time.perf_counter()
     try:
         handle = engine.spawn(instance.loop("chunk_rollout"),
-                              SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks),
+                              SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks,
+                                             kv_slab=0),
                               instance, loop_id="warm-up", priority=Priority.BATCH,
                               on_emit=lambda emission: None)
         await handle.result()

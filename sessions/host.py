@@ -1,22 +1,22 @@
 """The session host: admits, starts, finds and ends the sessions and jobs of one server.
 
 It owns the id -> Session/Job maps and the bookkeeping around the engine; the engine, the
-served models, the store and the chunk-KV slot pool are handed in by the composition root
-(``server.app``), so this module imports no model code.
+served models and the store are handed in by the composition root (``server.app``), so this
+module imports no model code.
 
-Admission of a session (capacity is a value: ``create_session`` returns ``Reject``):
-
-1. a chunk-KV slab from ``kv_pool`` (one per live session; ``None`` -> ``Reject("kv_slabs")``),
-2. ``engine.admission.admit`` with the session's compute share (the cost model's prior for one
-   chunk's DiT FLOPs over the chunk's media seconds), KV bytes and peak activation bytes.
+Admission of a session is one gate (capacity is a value: ``create_session`` returns
+``Reject``): ``engine.admission.admit`` reserves the session's compute share (the cost model's
+prior for one chunk over the chunk's media seconds), its peak activation bytes and a chunk-KV
+slab from the slab pool of its geometry. The first session of a geometry makes the served model
+preallocate that geometry's K/V buffer (``slabs_per_geometry`` slabs) and registers its pool
+with admission; the slab index travels to the loop in ``SessionRequest.kv_slab``.
 
 Then the loop (``chunk_rollout``) is spawned **paused** (it runs once a viewer pulls the
 video, see ``sessions.session``) and the session is attached to it. When the loop ends for any
-reason, the slab returns to the pool and the reservation is released (the engine releases it
-too; release is idempotent).
+reason the engine releases the reservation, which returns the slab to its pool.
 
-Jobs (``submit_job``) are batch-class loops (``diffusion_denoise``) without admission: they
-run in the realtime sessions' slack and are queued, never refused.
+Jobs (``submit_job``) are batch-class loops (the loop the card names for the task) without
+admission: they run in the realtime sessions' slack and are queued, never refused.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any, Literal, Protocol
 
 from models.card import ModelCard, Profile
 from models.loops.requests import JobRequest, SessionRequest
-from runtime.admission import AdmissionRequest, Admit, Reject
+from runtime.admission import AdmissionRequest, Reject
 from runtime.contract import Loop, Priority
-from runtime.pools import KVSlabPool, Slab
+from runtime.pools import KVSlabPool
 from sessions.job import Job, JobConfig
 from sessions.session import Session, SessionConfig
 from sessions.states import JobState
@@ -45,7 +45,6 @@ __all__ = ["HostError", "ServedModel", "SessionHost", "UnsupportedTaskError"]
 log = logging.getLogger(__name__)
 
 SESSION_LOOP = "chunk_rollout"
-JOB_LOOP = "diffusion_denoise"
 _TASK_CAPABILITY = {"t2v": "text_to_video", "t2i": "text_to_image"}
 
 
@@ -71,6 +70,10 @@ class ServedModel(Protocol):
 
     def kv_slab_bytes(self, profile: Profile) -> int: ...
 
+    def slab_geometry(self, profile: Profile) -> Any: ...
+
+    def reserve_kv_slabs(self, profile: Profile, num_slabs: int) -> Any: ...
+
     def peak_bytes(self, profile: Profile) -> int: ...
 
     def chunk_flops(self, profile: Profile) -> float: ...
@@ -88,7 +91,6 @@ class EngineLike(Protocol):
 @dataclass(frozen=True, slots=True)
 class _Live:
     session: Session
-    slab: Slab | None
 
 
 def _new_id(prefix: str) -> str:
@@ -106,7 +108,7 @@ class SessionHost:
         default_model: str,
         store: Store,
         artifact_dir: str | Path,
-        kv_pool: KVSlabPool | None = None,
+        slabs_per_geometry: int = 4,
         action_validator: Callable[[list[str], tuple[float, float]], list[str]] | None = None,
         media_seconds: float = 4.0,
         max_finished_jobs: int = 256,
@@ -120,7 +122,7 @@ class SessionHost:
         self.default_model = default_model
         self.store = store
         self.artifact_dir = Path(artifact_dir)
-        self.kv_pool = kv_pool
+        self.slabs_per_geometry = slabs_per_geometry
         self._action_validator = action_validator
         self._media_seconds = media_seconds
         self._max_finished_jobs = max_finished_jobs
@@ -180,28 +182,15 @@ class SessionHost:
             )
         profile = card.resolve_profile(fps=fps, width=width, height=height)
         session_id = _new_id("ses")
-        slab = None
-        if self.kv_pool is not None:
-            slab = self.kv_pool.allocate(session_id)
-            if slab is None:
-                return self._reject(
-                    Reject(
-                        reason="kv_slabs",
-                        retry_after_s=5.0,
-                        short=("kv_slabs",),
-                        detail=f"all {self.kv_pool.capacity} chunk-KV slabs are in use",
-                    )
-                )
-        reservation_id = None
+        reservation_id, slab_id = None, None
         if self.engine.admission is not None:
             answer = self.engine.admission.admit(
                 self._admission_request(session_id, served, profile)
             )
             if isinstance(answer, Reject):
-                if slab is not None and self.kv_pool is not None:
-                    self.kv_pool.free(slab)
                 return self._reject(answer)
-            reservation_id = answer.reservation_id if isinstance(answer, Admit) else None
+            reservation_id = answer.reservation_id
+            slab_id = answer.slab.slab_id if answer.slab is not None else None
         config = SessionConfig(
             session_id=session_id,
             model_id=card.model_id,
@@ -236,6 +225,7 @@ class SessionHost:
             width=profile.width,
             height=profile.height,
             fps=profile.fps,
+            kv_slab=slab_id,
         )
         try:
             handle = self.engine.spawn(
@@ -249,12 +239,10 @@ class SessionHost:
             )
         except Exception:
             if reservation_id is not None:
-                self.engine.admission.release(reservation_id)
-            if slab is not None and self.kv_pool is not None:
-                self.kv_pool.free(slab)
+                self.engine.admission.release(reservation_id)  # returns the slab too
             raise
         handle.pause()  # until a viewer pulls the track
-        self._sessions[session_id] = _Live(session, slab)
+        self._sessions[session_id] = _Live(session)
         session.attach(handle, on_finished=self._session_finished)
         log.info(
             "session %s admitted: %s %dx%d@%dfps (%s)",
@@ -275,9 +263,34 @@ class SessionHost:
         return AdmissionRequest(
             owner=owner,
             compute_gpu_s_per_s=chunk_cost_s / chunk_s if chunk_s > 0 else 0.0,
-            kv_bytes=served.kv_slab_bytes(profile),
+            kv_pool=self._slab_pool(served, profile),
             peak_bytes=served.peak_bytes(profile),
         )
+
+    def _slab_pool(self, served: ServedModel, profile: Profile) -> str:
+        """The admission key of the slab pool of ``profile``'s geometry; its first session
+        makes the model preallocate the geometry's K/V buffer and registers the pool."""
+        admission = self.engine.admission
+        key = f"{served.card.model_id}:{served.slab_geometry(profile).key}"
+        if admission.pool(key) is None:
+            buffer = served.reserve_kv_slabs(profile, self.slabs_per_geometry)
+            admission.add_pool(key, KVSlabPool(buffer.num_slabs, buffer.slab_bytes))
+            log.info("chunk-KV slabs for %s: %d x %.1f MiB preallocated", key,
+                     buffer.num_slabs, buffer.slab_bytes / 2**20)
+        return key
+
+    def preallocate(self) -> None:
+        """Preallocate the chunk-KV slabs of every served model's default profile now (server
+        start), so the first session allocates nothing and metrics show the pool at once."""
+        if self.engine.admission is None:
+            return
+        for served in self.models.values():
+            self._slab_pool(served, served.card.default_profile)
+
+    def slab_counts(self) -> tuple[int, int]:
+        """(free, capacity) chunk-KV slabs over every pool (metrics)."""
+        pools = self.engine.admission.pools().values() if self.engine.admission else ()
+        return sum(p.free_count for p in pools), sum(p.capacity for p in pools)
 
     @staticmethod
     def _record_template(served: ServedModel, profile: Profile) -> dict[str, Any]:
@@ -302,8 +315,6 @@ class SessionHost:
         live = self._sessions.pop(session.id, None)
         if live is None:
             return
-        if live.slab is not None and self.kv_pool is not None:
-            self.kv_pool.free(live.slab)
         self.finished_totals["frames_sent"] += session.frames_sent
         self.finished_totals["stalls"] += session.stalls
         self.finished_totals["media_dropped"] += session.media.dropped_overflow
@@ -387,8 +398,10 @@ class SessionHost:
             steps=assumed_steps,
             seed=seed,
         )
+        if spec is None:  # a validated card has a loop for every capability it declares
+            raise HostError(f"model {card.model_id!r} names no loop for {capability!r}")
         handle = self.engine.spawn(
-            served.loop(JOB_LOOP),
+            served.loop(spec.loop_id),  # the card says which loop serves the task
             request,
             served,
             loop_id=job_id,

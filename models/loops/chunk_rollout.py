@@ -25,9 +25,12 @@ abandons the in-flight chunk at the next step boundary (unless its frames are al
 and restarts it under the new prompt as a new segment, continuing from the session's chunk-KV
 without a re-cache.
 
-Every tensor of a session lives in ``ChunkRolloutState`` (K/V cache, decoder cache, latents,
-cross K/V, the clean latents of the cached frames for re-caching), so a state can be
-snapshotted at any step boundary and resumed in another process. Noise is a pure function of
+Every tensor of a session lives in ``ChunkRolloutState`` (latents, cross K/V, the clean latents
+of the cached frames for re-caching) and its two caches are members of it: the chunk-KV cache
+(a view of the session's slab of the model's preallocated K/V buffer; ``SessionRequest.kv_slab``)
+and the VAE decoder cache. Ops write both in place and a snapshot serializes them with the rest,
+so a state can be snapshotted at any step boundary and resumed in another process. ``advance``
+dispatches on the kind of plan that ran (``StepResult.kind``). Noise is a pure function of
 (seed, segment, chunk, step), so interleaving and resuming never change a frame.
 """
 
@@ -36,16 +39,17 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from models.card import KVUpdate, LoopSpec
 from models.loops.inputs import AUDIO_SAMPLE_RATE, action_vector, audio_features
-from models.card import KVUpdate
-from models.loops.ops import ChunkDenoiseArgs, DecodeArgs, KVWriteArgs, WrittenStep
+from models.loops.model import LoopModel
+from models.loops.ops import ChunkDenoiseArgs, DecodeArgs, KVWriteArgs
 from models.loops.requests import JobRequest, SessionRequest
 from models.loops.sampling import noise_seed, sigma_steps
-from models.wan.kv_cache import ChunkKVCache
+from models.wan.kv_cache import EMPTY, ChunkKVCache
 from models.wan.transformer import CrossKV, dit_flops
 from models.wan.vae_cache import DecoderCache
 from runtime.contract import (
@@ -70,9 +74,6 @@ from runtime.contract import (
     WorkPlan,
     pts_of_frame,
 )
-
-if TYPE_CHECKING:
-    from models.instance import WanInstance
 
 __all__ = ["ChunkRollout", "ChunkRolloutState", "Phase"]
 
@@ -128,15 +129,9 @@ class ChunkRolloutState(LoopState, kw_only=True):
     latents: torch.Tensor | None = None  # [1, C, c, h, w] current chunk
     cross_k: torch.Tensor | None = None  # [layers, 1, L, heads, head_dim]
     cross_v: torch.Tensor | None = None
-    kv_k: torch.Tensor  # [layers, 1, (S + W) * T, heads, head_dim]
-    kv_v: torch.Tensor
-    kv_valid: torch.Tensor  # [(S + W) * T] bool
-    kv_positions: list[int]  # per slot: absolute latent frame, -1 = empty
-    kv_frames_written: int = 0
-    sink_frames: int
-    ring_frames: int
+    kv: ChunkKVCache  # the session's chunk-KV (a slab view), written in place by the ops
     window_latents: torch.Tensor  # [1, C, S + W, h, w] clean latents of the cached frames
-    decoder: dict[str, torch.Tensor]  # DecoderCache.as_tensors()
+    decoder: DecoderCache  # the session's VAE decoder cache, advanced in place by decodes
     frames: list[torch.Tensor] = []  # collected uint8 [n, H, W, 3] chunks (jobs only)
 
 
@@ -145,11 +140,10 @@ class ChunkRollout:
 
     name = "chunk_rollout"
 
-    def __init__(self, instance: WanInstance) -> None:
-        self._m = instance
-        spec = instance.card.loops["chunk_rollout"]
+    def __init__(self, model: LoopModel, spec: LoopSpec) -> None:
+        self._m = model
         if spec.schedule is None:
-            raise ValueError(f"card {instance.card.model_id!r}: chunk_rollout has no schedule")
+            raise ValueError(f"card {model.card.model_id!r}: {spec.loop_id} has no schedule")
         self._steps = sigma_steps(spec.schedule.timesteps, spec.schedule.flow_shift,
                                   spec.schedule.num_train_timesteps)
         self._inputs = spec.inputs
@@ -170,22 +164,19 @@ class ChunkRollout:
             profile = m.card.resolve_profile(fps=request.fps, width=request.width,
                                              height=request.height)
             max_chunks, collect, seed, target = request.max_chunks, False, request.seed, None
+        slab = None if isinstance(request, JobRequest) else request.kv_slab
         c = profile.chunk_latent_frames
         lh, lw = profile.height // m.latent.spatial_stride, profile.width // m.latent.spatial_stride
-        sink, ring = m.kv_geometry(c)
-        cache = m.new_kv_cache(sink, ring, lh, lw)
-        window = torch.zeros((1, m.latent.channels, sink + ring, lh, lw),
+        cache = m.kv_cache(m.slab_geometry(profile), slab)
+        window = torch.zeros((1, m.latent.channels, cache.capacity_frames, lh, lw),
                              device=m.device, dtype=m.dtype)
-        decoder = m.vae.new_decoder_cache(1, lh, lw)
         return ChunkRolloutState(
             loop_id=ctx.loop_id if ctx is not None else "loop",
             seed=seed, fps=profile.fps, width=profile.width, height=profile.height,
             chunk_frames=c, latent_h=lh, latent_w=lw, max_chunks=max_chunks,
             collect_frames=collect, target_frames=target, prompt=request.prompt,
-            audio_pending=torch.zeros(0, dtype=torch.float32),
-            kv_k=cache.k, kv_v=cache.v, kv_valid=cache.valid,
-            kv_positions=[-1] * (sink + ring), sink_frames=sink, ring_frames=ring,
-            window_latents=window, decoder=decoder.as_tensors(),
+            audio_pending=torch.zeros(0, dtype=torch.float32), kv=cache,
+            window_latents=window, decoder=m.new_decoder_cache(lh, lw),
         )
 
     def absorb(self, state: ChunkRolloutState, inputs: Sequence[InputEvent]) -> ChunkRolloutState:
@@ -232,7 +223,7 @@ class ChunkRollout:
             return self._decode_plan(state)
         if state.phase is Phase.KV_UPDATE:
             args = KVWriteArgs(groups=((state.frame_start, state.latents),),
-                               cross=self._cross(state), cache=self._kv(state), reset=False,
+                               cross=self._cross(state), cache=state.kv, reset=False,
                                window=state.window_latents, action=state.chunk_action,
                                audio=state.chunk_audio)
             return self._plan(state, PlanKind.KV_UPDATE, self._m.kv_write_op, args,
@@ -240,29 +231,24 @@ class ChunkRollout:
         raise RuntimeError(f"loop {state.loop_id}: no plan for phase {state.phase}")
 
     def advance(self, state: ChunkRolloutState, result: StepResult) -> ChunkRolloutState:
+        """Fold the result of the plan that ran in; the caches were written in place."""
         state.step += 1
         state.plans_done += 1
-        if state.phase is Phase.START and state.active_prompt != state.prompt:
+        kind = result.kind
+        if kind is PlanKind.TEXT_ENCODE:
             cross: CrossKV = result.output
             state.cross_k, state.cross_v = cross.k, cross.v
             state.active_prompt = state.prompt
-        elif state.phase is Phase.START and state.recache_needed:
-            state.kv_positions, state.kv_frames_written = result.output
+        elif kind is PlanKind.KV_RECACHE:
             state.recache_needed = False
-        elif state.phase in (Phase.START, Phase.DENOISE):
-            output = result.output
-            if isinstance(output, WrittenStep):  # the last step also cached the chunk's K/V
-                state.kv_positions = output.positions
-                state.kv_frames_written = output.frames_written
-                output = output.latents
-            state.latents = output
+        elif kind is PlanKind.CHUNK_STEP:
+            state.latents = result.output
             state.denoise_step += 1
             state.phase = Phase.DECODE if state.denoise_step == len(self._steps) else Phase.DENOISE
-        elif state.phase is Phase.DECODE:
+        elif kind is PlanKind.VAE_DECODE:
             if state.collect_frames:
                 state.frames.append(result.output)
             latent, pixel = self._decode_part(state)
-            state.decoder["frames_seen"] = state.decoder["frames_seen"] + latent
             state.frames_emitted += pixel
             state.decoded += latent
             if state.decoded == state.chunk_frames:  # else the chunk's next part follows
@@ -270,11 +256,11 @@ class ChunkRollout:
                     self._end_chunk(state)
                 else:
                     state.phase = Phase.KV_UPDATE
-        elif state.phase is Phase.KV_UPDATE:
-            state.kv_positions, state.kv_frames_written = result.output
+        elif kind is PlanKind.KV_UPDATE:
             self._end_chunk(state)
         else:
-            raise RuntimeError(f"loop {state.loop_id}: no result expected in phase {state.phase}")
+            raise RuntimeError(f"loop {state.loop_id}: no result expected from a {kind} plan "
+                               f"in phase {state.phase}")
         return state
 
     def finalize(self, state: ChunkRolloutState) -> LoopResult:
@@ -318,7 +304,7 @@ class ChunkRollout:
             if state.next_prompt_is_cut:
                 state.segment += 1
             else:
-                state.recache_needed = state.kv_frames_written > 0
+                state.recache_needed = state.kv.frames_written > 0
             state.prompt, state.next_prompt = state.next_prompt, None
         state.chunk_action, state.next_action = state.next_action, None
         state.chunk_audio = self._take_audio(state)
@@ -365,7 +351,7 @@ class ChunkRollout:
             noise_seed=noise_seed(state.seed, state.segment, state.chunk, state.denoise_step),
             init_seed=(noise_seed(state.seed, state.segment, state.chunk, -1)
                        if state.latents is None else None),
-            cross=self._cross(state), cache=self._kv(state), frame_start=state.frame_start,
+            cross=self._cross(state), cache=state.kv, frame_start=state.frame_start,
             action=state.chunk_action, audio=state.chunk_audio,
             window=state.window_latents if self._writes_kv(state) else None)
         return self._plan(state, PlanKind.CHUNK_STEP, self._m.chunk_step_op, args,
@@ -373,7 +359,7 @@ class ChunkRollout:
 
     def _recache_plan(self, state: ChunkRolloutState) -> WorkPlan:
         # Cached frames in position order, grouped by the chunk they were generated in.
-        slots = sorted((p, i) for i, p in enumerate(state.kv_positions) if p >= 0)
+        slots = sorted((p, i) for i, p in enumerate(state.kv.slot_positions) if p != EMPTY)
         groups: list[tuple[int, list[int]]] = []
         for position, slot in slots:
             if groups and position // state.chunk_frames == groups[-1][0] // state.chunk_frames \
@@ -384,7 +370,7 @@ class ChunkRollout:
         window = state.window_latents
         args = KVWriteArgs(
             groups=tuple((start, window[:, :, idx].clone()) for start, idx in groups),
-            cross=self._cross(state), cache=self._kv(state), reset=True, window=window)
+            cross=self._cross(state), cache=state.kv, reset=True, window=window)
         return self._plan(state, PlanKind.KV_RECACHE, self._m.kv_write_op, args,
                           f"recache:{len(slots)}:{self._shape(state)}",
                           flops=self._flops(state) * max(1, len(groups)))
@@ -401,9 +387,8 @@ class ChunkRollout:
             emits += [EmitSpec(Stream.APPLIED, AppliedMeta(kind=kind, seq=seq, chunk=state.chunk,
                                                            pts_90k=pts))
                       for kind, seq in state.acks]
-        decoder = DecoderCache.from_tensors(state.decoder, self._m.vae.decoder.slot_specs)
         latents = state.latents[:, :, state.decoded:state.decoded + latent]
-        args = DecodeArgs(latents=latents, cache=decoder, defer=not state.collect_frames)
+        args = DecodeArgs(latents=latents, cache=state.decoder, defer=not state.collect_frames)
         return self._plan(state, PlanKind.VAE_DECODE, self._m.decode_op, args,
                           f"decode:{int(first)}:{latent}:{self._shape(state)}",
                           emits=tuple(emits))
@@ -439,13 +424,6 @@ class ChunkRollout:
     # ---------------------------------------------------------------------------------------
     # views of the state's tensors
 
-    def _kv(self, state: ChunkRolloutState) -> ChunkKVCache:
-        return ChunkKVCache.restore(
-            state.kv_k, state.kv_v, state.kv_valid, state.sink_frames, state.ring_frames,
-            self._m.tokens_per_frame(state.latent_h, state.latent_w),
-            slot_positions=[None if p < 0 else p for p in state.kv_positions],
-            frames_written=state.kv_frames_written)
-
     @staticmethod
     def _cross(state: ChunkRolloutState) -> CrossKV:
         if state.cross_k is None or state.cross_v is None:
@@ -458,6 +436,6 @@ class ChunkRollout:
     def _flops(self, state: ChunkRolloutState) -> float:
         t = self._m.tokens_per_frame(state.latent_h, state.latent_w)
         q = state.chunk_frames * t
-        return dit_flops(self._m.dit.config, q, (state.sink_frames + state.ring_frames) * t + q,
+        return dit_flops(self._m.dit_config, q, state.kv.capacity_frames * t + q,
                          self._m.text_len)
 

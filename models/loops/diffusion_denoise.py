@@ -13,11 +13,12 @@ so ``WanInstance.loop`` serves their jobs with ``chunk_rollout`` instead.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from models.card import LoopSpec
+from models.loops.model import LoopModel
 from models.loops.ops import DecodeArgs, DiffusionStepArgs
 from models.loops.requests import JobRequest
 from models.loops.sampling import noise_seed, sigma_steps
@@ -35,9 +36,6 @@ from runtime.contract import (
     Stream,
     WorkPlan,
 )
-
-if TYPE_CHECKING:
-    from models.instance import WanInstance
 
 __all__ = ["DiffusionDenoise", "DiffusionState"]
 
@@ -59,7 +57,7 @@ class DiffusionState(LoopState, kw_only=True):
     text: torch.Tensor | None = None  # [1, L, text_dim]
     negative: torch.Tensor | None = None
     latents: torch.Tensor | None = None  # [1, C, f, h, w]
-    decoder: dict[str, torch.Tensor]
+    decoder: DecoderCache  # advanced in place by each decode
     frames: list[torch.Tensor] = []
 
 
@@ -68,10 +66,10 @@ class DiffusionDenoise:
 
     name = "diffusion_denoise"
 
-    def __init__(self, instance: WanInstance, spec: LoopSpec) -> None:
+    def __init__(self, model: LoopModel, spec: LoopSpec) -> None:
         if spec.schedule is None:
-            raise ValueError(f"card {instance.card.model_id!r}: {spec.loop_id} has no schedule")
-        self._m = instance
+            raise ValueError(f"card {model.card.model_id!r}: {spec.loop_id} has no schedule")
+        self._m = model
         self._schedule = spec.schedule
         self._steps = sigma_steps(spec.schedule.timesteps, spec.schedule.flow_shift,
                                   spec.schedule.num_train_timesteps)
@@ -92,7 +90,7 @@ class DiffusionDenoise:
             prompt=request.prompt, guidance_scale=guidance, latent_frames=latent_frames,
             latent_h=lh, latent_w=lw, num_frames=num_frames,
             decode_chunk=profile.chunk_latent_frames,
-            decoder=m.vae.new_decoder_cache(1, lh, lw).as_tensors())
+            decoder=m.new_decoder_cache(lh, lw))
 
     def absorb(self, state: DiffusionState, inputs: Any) -> DiffusionState:
         kinds = sorted({event.kind for event in inputs})
@@ -127,8 +125,7 @@ class DiffusionDenoise:
         if state.decoded_latents < state.latent_frames:
             start = state.decoded_latents
             end = min(state.latent_frames, start + state.decode_chunk)
-            decoder = DecoderCache.from_tensors(state.decoder, self._m.vae.decoder.slot_specs)
-            args = DecodeArgs(latents=state.latents[:, :, start:end], cache=decoder)
+            args = DecodeArgs(latents=state.latents[:, :, start:end], cache=state.decoder)
             return self._plan(state, PlanKind.VAE_DECODE, self._m.decode_op, args,
                               f"decode:{int(start == 0)}:{end - start}x{state.latent_h}x"
                               f"{state.latent_w}")
@@ -145,9 +142,8 @@ class DiffusionDenoise:
             state.denoise_step += 1
         else:
             state.frames.append(result.output)
-            end = min(state.latent_frames, state.decoded_latents + state.decode_chunk)
-            state.decoder["frames_seen"] = torch.tensor(end, dtype=torch.int64)
-            state.decoded_latents = end
+            state.decoded_latents = min(state.latent_frames,
+                                        state.decoded_latents + state.decode_chunk)
         return state
 
     def finalize(self, state: DiffusionState) -> LoopResult:
@@ -171,4 +167,4 @@ class DiffusionDenoise:
 
     def _flops(self, state: DiffusionState) -> float:
         tokens = state.latent_frames * self._m.tokens_per_frame(state.latent_h, state.latent_w)
-        return dit_flops(self._m.dit.config, tokens, tokens, self._m.text_len)
+        return dit_flops(self._m.dit_config, tokens, tokens, self._m.text_len)

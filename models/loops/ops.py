@@ -31,7 +31,6 @@ __all__ = [
     "KVWriteOp",
     "TextEmbedOp",
     "TextEncodeOp",
-    "WrittenStep",
 ]
 
 
@@ -116,30 +115,20 @@ class ChunkDenoiseArgs:
     action: torch.Tensor | None
     audio: torch.Tensor | None
     # a card with ``kv_update = last_step``: the last step writes its input's K/V into ``cache``
-    # and its output (the clean chunk) into ``window`` [1, C, S + W, h, w]
+    # (in place) and its output (the clean chunk) into ``window`` [1, C, S + W, h, w]
     window: torch.Tensor | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class WrittenStep:
-    """A denoising step that also wrote the chunk's K/V: the step's latents, and the cache's
-    slot positions (-1 = empty) and frame count, as ``KVWriteOp`` returns them."""
-
-    latents: torch.Tensor
-    positions: list[int]
-    frames_written: int
 
 
 class ChunkDenoiseOp(_SoloOp):
     """Self-Forcing-style step: predict x0 from x_t, re-noise to the next level (with
-    ``args.window``: also cache the chunk's K/V -> ``WrittenStep``)."""
+    ``args.window``: also cache the chunk's K/V in the session's cache, in place)."""
 
     name = "chunk_step"
 
     def __init__(self, dit: WanDiT) -> None:
         self._dit = dit
 
-    def run(self, a: ChunkDenoiseArgs) -> torch.Tensor | WrittenStep:
+    def run(self, a: ChunkDenoiseArgs) -> torch.Tensor:
         # a.x: [1, C, f, h, w] -> [1, C, f, h, w]
         x = a.x if a.init_seed is None else _noise_like(a.x, a.init_seed)
         t = torch.full((x.shape[0],), a.timestep, device=x.device, dtype=torch.float32)
@@ -151,10 +140,9 @@ class ChunkDenoiseOp(_SoloOp):
             noise = _noise_like(x0, a.noise_seed)
             x0 = (1.0 - a.sigma_next) * x0 + a.sigma_next * noise.float()
         out = x0.to(a.x.dtype)
-        if not write:
-            return out
-        positions = _keep_window(a.cache, a.window, ((a.frame_start, out),))
-        return WrittenStep(out, positions, a.cache.frames_written)
+        if write:
+            _keep_window(a.cache, a.window, ((a.frame_start, out),))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,17 +164,15 @@ class KVWriteArgs:
 
 
 class KVWriteOp(_SoloOp):
-    """KV update (one group) and LongLive-style re-cache (reset + every cached frame).
-
-    Returns the cache's slot positions (-1 = empty) and frame count, for the loop state.
-    """
+    """KV update (one group) and LongLive-style re-cache (reset + every cached frame), written
+    into the session's cache and window in place; returns None."""
 
     name = "kv_write"
 
     def __init__(self, dit: WanDiT) -> None:
         self._dit = dit
 
-    def run(self, a: KVWriteArgs) -> tuple[list[int], int]:
+    def run(self, a: KVWriteArgs) -> None:
         if a.reset:
             a.cache.reset()
         for frame_start, latents in a.groups:
@@ -194,24 +180,22 @@ class KVWriteOp(_SoloOp):
             audio = a.audio if (a.audio is not None and a.audio.shape[1] == latents.shape[2]) else None
             self._dit.forward_chunk(latents, t, a.cross, a.cache, frame_start,
                                     action=a.action, audio=audio, write_cache=True)
-        return _keep_window(a.cache, a.window, a.groups), a.cache.frames_written
+        _keep_window(a.cache, a.window, a.groups)
 
 
 def _keep_window(cache: ChunkKVCache, window: torch.Tensor,
-                 groups: Sequence[tuple[int, torch.Tensor]]) -> list[int]:
-    """Keep the clean latents of every cached frame, slot for slot, for later re-caches;
-    -> the cache's slot positions (-1 = empty)."""
+                 groups: Sequence[tuple[int, torch.Tensor]]) -> None:
+    """Keep the clean latents of every cached frame, slot for slot, for later re-caches."""
     latents = {start + i: g[:, :, i] for start, g in groups for i in range(g.shape[2])}
-    positions = [-1 if p is None else p for p in cache.slot_positions]
-    for slot, position in enumerate(positions):
+    for slot, position in enumerate(cache.slot_positions):
         if position in latents:
             window[:, :, slot].copy_(latents[position])
-    return positions
 
 
 @dataclass(frozen=True, slots=True)
 class DecodeArgs:
-    """Decode the next latent frames of a stream (DiT latent space) with its decoder cache.
+    """Decode the next latent frames of a stream (DiT latent space) with its decoder cache,
+    which the decode advances in place (buffers and ``frames_seen``).
 
     ``defer``: the caller can take the frames later (a session's encoder), so an op with
     overlap enabled may return them as ``DeviceFrames`` still being decoded.

@@ -22,6 +22,9 @@ class SessionRequest(msgspec.Struct, frozen=True, kw_only=True):
     height: int | None = None
     fps: int | None = None
     max_chunks: int | None = None  # None: until cancelled
+    # the session's slab of the model's preallocated chunk-KV buffer (admission hands it out);
+    # None: the stream allocates its own cache (tests, benchmarks, offline rollouts)
+    kv_slab: int | None = None
 
 
 class JobRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -94,9 +94,6 @@ TINY_WORLD = ModelCard(
             "chunk_rollout", "chunk_rollout", SCHEDULE, "chunk_causal", components=_COMPONENTS,
             inputs=frozenset({"prompt", "cut", "action", "audio"}),
             uses=("text_encode", "kv_recache", "vae_decode")),
-        "diffusion_denoise": LoopSpec(
-            "diffusion_denoise", "diffusion_denoise", SCHEDULE, "chunk_causal",
-            components=_COMPONENTS, uses=("text_encode", "vae_decode")),
         "kv_recache": LoopSpec("kv_recache", "kv_recache", components=("dit",)),
         "vae_decode": LoopSpec("vae_decode", "vae_decode", components=("vae",)),
         "text_encode": LoopSpec("text_encode", "text_encode", components=("text_encoder",)),

@@ -5,9 +5,10 @@ the DiT's ``models.wan.config.PRESETS`` (``"wan2.1-1.3b"``, ``"tiny"``), the VAE
 ``models.wan.vae_config`` presets (``"wan2.1"``, ``"tiny"``) and the text encoder's
 ``models.wan.text_encoder.UMT5_PRESETS`` (``"umt5-xxl"``, ``"umt5-tiny"``).
 
-Both cards share one loop set: ``chunk_rollout`` (sessions) and ``diffusion_denoise`` (jobs)
-sample with the same chunk-causal 4-step schedule, because that is what the Self-Forcing weights
-were trained under; ``kv_recache``, ``vae_decode`` and ``text_encode`` are helper loops.
+Both cards share one loop set: ``chunk_rollout`` serves sessions and jobs alike (the card's
+``loop_for("text_to_video")``) with the chunk-causal 4-step schedule, because that is what the
+Self-Forcing weights were trained under; ``kv_recache``, ``vae_decode`` and ``text_encode`` are
+helper loops.
 """
 
 from __future__ import annotations
@@ -50,9 +51,6 @@ def _loops(session_inputs: frozenset[str]) -> dict[str, LoopSpec]:
             "chunk_rollout", "chunk_rollout", SELF_FORCING_SCHEDULE, "chunk_causal",
             components=_GENERATION_COMPONENTS, inputs=session_inputs,
             uses=("text_encode", "kv_recache", "vae_decode")),
-        "diffusion_denoise": LoopSpec(
-            "diffusion_denoise", "diffusion_denoise", SELF_FORCING_SCHEDULE, "chunk_causal",
-            components=_GENERATION_COMPONENTS, uses=("text_encode", "vae_decode")),
         "kv_recache": LoopSpec("kv_recache", "kv_recache", components=("dit",)),
         "vae_decode": LoopSpec("vae_decode", "vae_decode", components=("vae",)),
         "text_encode": LoopSpec("text_encode", "text_encode",

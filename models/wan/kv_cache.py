@@ -18,9 +18,12 @@ wraps the filled slots are a prefix: attention reads only that prefix, unmasked
 (``attention_keys``), which lets SDPA use its flash / cuDNN kernels from a stream's first chunk
 on. ``attention_mask`` covers any other layout (a cache restored with holes)
 
-A cache is plain data owned by one session (no ``nn.Module``): allocate it with
-``ChunkKVCache.allocate``, size it beforehand with ``bytes_for`` (admission), fork it with
-``clone``. Writes go through ``plan_write`` -> ``write`` (per layer) -> ``commit``; the plan is
+A cache is plain data and a member of its loop's state: ops read and write it in place and a
+snapshot serializes it directly (a ``msgspec.Struct``; ``slot_positions`` uses -1 for an empty
+slot). Its buffers are either a session's slab of a ``KVSlabBuffer`` (views: no per-session
+allocation, see ``models/wan/kv_slabs.py``) or, for a job or a test, its own (``allocate``).
+Size a geometry beforehand with ``bytes_for`` (admission); ``copy_from`` forks one cache into
+another. Writes go through ``plan_write`` -> ``write`` (per layer) -> ``commit``; the plan is
 host-side integer arithmetic, the writes are slice copies, so nothing syncs with the device.
 """
 
@@ -28,11 +31,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
 import torch
 
 from models.wan.config import WanDiTConfig
 
-__all__ = ["CacheShapeError", "ChunkKVCache", "WriteRun"]
+__all__ = ["EMPTY", "CacheShapeError", "ChunkKVCache", "WriteRun"]
+
+EMPTY = -1  # slot_positions entry of a slot that holds no frame
 
 
 class CacheShapeError(ValueError):
@@ -48,39 +54,41 @@ class WriteRun:
     frames: int
 
 
-class ChunkKVCache:
+class ChunkKVCache(msgspec.Struct, kw_only=True):
     """Per-session self-attention K/V of past latent frames (see the module docstring).
 
     ``k``/``v``: [layers, B, (S + W) * T, heads, head_dim] in the model dtype (zero-filled, so an
-    unfilled slot never injects NaN even though it is masked). ``slot_positions[i]`` is the
-    absolute latent frame (RoPE position) slot ``i`` holds, ``None`` while empty.
+    unfilled slot never injects NaN even though it is masked); ``valid``: [(S + W) * T] bool.
+    ``slot_positions[i]`` is the absolute latent frame (RoPE position) slot ``i`` holds, -1 while
+    empty; ``frames_written`` counts frames since allocation or ``reset`` (write order).
     """
 
-    def __init__(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        valid: torch.Tensor,
-        sink_frames: int,
-        window_frames: int,
-        tokens_per_frame: int,
-    ) -> None:
-        _check_geometry(sink_frames, window_frames, tokens_per_frame)
-        expected = (sink_frames + window_frames) * tokens_per_frame
+    k: torch.Tensor
+    v: torch.Tensor
+    valid: torch.Tensor
+    sink_frames: int
+    window_frames: int
+    tokens_per_frame: int
+    slot_positions: list[int] = []
+    frames_written: int = 0
+
+    def __post_init__(self) -> None:
+        _check_geometry(self.sink_frames, self.window_frames, self.tokens_per_frame)
+        expected = self.capacity_frames * self.tokens_per_frame
+        k, v, valid = self.k, self.v, self.valid
         if (k.shape != v.shape or k.ndim != 5 or k.shape[2] != expected
                 or valid.shape != (expected,)):
             raise CacheShapeError(
                 f"buffers k={tuple(k.shape)} v={tuple(v.shape)} valid={tuple(valid.shape)} do not "
-                f"match S={sink_frames} W={window_frames} T={tokens_per_frame}"
+                f"match S={self.sink_frames} W={self.window_frames} T={self.tokens_per_frame}"
             )
-        self.k = k
-        self.v = v
-        self.valid = valid
-        self.sink_frames = sink_frames
-        self.window_frames = window_frames
-        self.tokens_per_frame = tokens_per_frame
-        self.slot_positions: list[int | None] = [None] * (sink_frames + window_frames)
-        self._frames_written = 0
+        if not self.slot_positions:
+            self.slot_positions = [EMPTY] * self.capacity_frames
+        if len(self.slot_positions) != self.capacity_frames or self.frames_written < 0:
+            raise CacheShapeError(
+                f"{len(self.slot_positions)} slot positions and frames_written="
+                f"{self.frames_written} do not fit S={self.sink_frames} W={self.window_frames}"
+            )
 
     # ---------------------------------------------------------------------------------------
     # construction and sizing
@@ -97,44 +105,19 @@ class ChunkKVCache:
         device: torch.device | str,
         dtype: torch.dtype,
     ) -> ChunkKVCache:
-        """Allocate (zero-filled) buffers for one session; sizes as ``bytes_for`` reports."""
+        """Own (zero-filled) buffers, outside any slab pool; sizes as ``bytes_for`` reports."""
         _check_geometry(sink_frames, window_frames, tokens_per_frame)
         if batch < 1:
             raise CacheShapeError(f"batch must be >= 1, got {batch}")
         shape = (config.num_layers, batch, (sink_frames + window_frames) * tokens_per_frame,
                  config.num_heads, config.head_dim)
         return cls(
-            torch.zeros(shape, device=device, dtype=dtype),
-            torch.zeros(shape, device=device, dtype=dtype),
-            torch.zeros(shape[2], device=device, dtype=torch.bool),
-            sink_frames,
-            window_frames,
-            tokens_per_frame,
+            k=torch.zeros(shape, device=device, dtype=dtype),
+            v=torch.zeros(shape, device=device, dtype=dtype),
+            valid=torch.zeros(shape[2], device=device, dtype=torch.bool),
+            sink_frames=sink_frames, window_frames=window_frames,
+            tokens_per_frame=tokens_per_frame,
         )
-
-    @classmethod
-    def restore(
-        cls,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        valid: torch.Tensor,
-        sink_frames: int,
-        window_frames: int,
-        tokens_per_frame: int,
-        *,
-        slot_positions: list[int | None],
-        frames_written: int,
-    ) -> ChunkKVCache:
-        """A cache over existing buffers and bookkeeping (a loop state's fields; no copies)."""
-        cache = cls(k, v, valid, sink_frames, window_frames, tokens_per_frame)
-        if len(slot_positions) != cache.capacity_frames or frames_written < 0:
-            raise CacheShapeError(
-                f"{len(slot_positions)} slot positions and frames_written={frames_written} do "
-                f"not fit S={sink_frames} W={window_frames}"
-            )
-        cache.slot_positions = list(slot_positions)
-        cache._frames_written = frames_written
-        return cache
 
     @staticmethod
     def bytes_for(
@@ -155,11 +138,6 @@ class ChunkKVCache:
         return self.k.nbytes + self.v.nbytes + self.valid.nbytes
 
     @property
-    def frames_written(self) -> int:
-        """Frames written since allocation or ``reset`` (write order, not RoPE position)."""
-        return self._frames_written
-
-    @property
     def capacity_frames(self) -> int:
         return self.sink_frames + self.window_frames
 
@@ -176,16 +154,31 @@ class ChunkKVCache:
         self.k.zero_()
         self.v.zero_()
         self.valid.zero_()
-        self.slot_positions = [None] * self.capacity_frames
-        self._frames_written = 0
+        self.slot_positions = [EMPTY] * self.capacity_frames
+        self.frames_written = 0
 
     def clone(self) -> ChunkKVCache:
-        """An independent copy (fork of a session at a chunk boundary)."""
-        twin = ChunkKVCache(self.k.clone(), self.v.clone(), self.valid.clone(), self.sink_frames,
-                            self.window_frames, self.tokens_per_frame)
-        twin.slot_positions = list(self.slot_positions)
-        twin._frames_written = self._frames_written
-        return twin
+        """An independent copy with its own buffers."""
+        return ChunkKVCache(
+            k=self.k.clone(), v=self.v.clone(), valid=self.valid.clone(),
+            sink_frames=self.sink_frames, window_frames=self.window_frames,
+            tokens_per_frame=self.tokens_per_frame, slot_positions=list(self.slot_positions),
+            frames_written=self.frames_written)
+
+    def copy_from(self, other: ChunkKVCache) -> None:
+        """Overwrite this cache with ``other``, in place (fork into a slab; a snapshot's cache
+        moved into a session's slab). The geometries must match."""
+        if (other.k.shape != self.k.shape or other.sink_frames != self.sink_frames
+                or other.window_frames != self.window_frames):
+            raise CacheShapeError(
+                f"cannot copy a cache of k={tuple(other.k.shape)} S={other.sink_frames} "
+                f"W={other.window_frames} into one of k={tuple(self.k.shape)} "
+                f"S={self.sink_frames} W={self.window_frames}")
+        self.k.copy_(other.k)
+        self.v.copy_(other.v)
+        self.valid.copy_(other.valid)
+        self.slot_positions = list(other.slot_positions)
+        self.frames_written = other.frames_written
 
     # ---------------------------------------------------------------------------------------
     # reading
@@ -202,7 +195,7 @@ class ChunkKVCache:
         """How many leading slots hold frames when the filled slots are exactly a prefix (the
         case for every cache written in order); ``None`` if some empty slot precedes a filled
         one. Host-side bookkeeping, no device sync."""
-        filled = [p is not None for p in self.slot_positions]
+        filled = [p != EMPTY for p in self.slot_positions]
         count = filled.index(False) if False in filled else len(filled)
         return None if any(filled[count:]) else count
 
@@ -218,7 +211,7 @@ class ChunkKVCache:
     @property
     def full(self) -> bool:
         """Every slot holds a frame (host-side bookkeeping, no device sync)."""
-        return self._frames_written >= self.capacity_frames
+        return self.frames_written >= self.capacity_frames
 
     def attention_mask(self, new_tokens: int) -> torch.Tensor | None:
         """Key mask for a chunk of ``new_tokens`` attending to the cache and to itself.
@@ -247,7 +240,7 @@ class ChunkKVCache:
         targets: list[tuple[int, int]] = []  # (src_frame, dst_slot)
         ring: list[tuple[int, int]] = []
         for src in range(num_frames):
-            n = self._frames_written + src
+            n = self.frames_written + src
             if n < s:
                 targets.append((src, n))
             else:
@@ -283,7 +276,7 @@ class ChunkKVCache:
             self.valid[run.dst_slot * t:(run.dst_slot + run.frames) * t] = True
             for i in range(run.frames):
                 self.slot_positions[run.dst_slot + i] = frame_start + run.src_frame + i
-        self._frames_written += num_frames
+        self.frames_written += num_frames
 
 
 def _check_geometry(sink_frames: int, window_frames: int, tokens_per_frame: int) -> None:

@@ -16,15 +16,18 @@ A cache holds one buffer per slot, allocated once with static shapes and rewritt
 specially at the temporal up/down-samplers.
 
 The cache is per stream (per session): it is the decoder's only per-request state, it never lives
-on the module, and two streams decoded with two caches do not interact.
+on the module, and two streams decoded with two caches do not interact. It is plain data (a
+``msgspec.Struct``), so a session's loop state holds it as a member and a snapshot serializes it
+directly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Self
 
+import msgspec
 import torch
 
 __all__ = ["CacheMismatchError", "CausalCache", "DecoderCache", "EncoderCache", "SlotSpec"]
@@ -47,7 +50,7 @@ class SlotSpec:
     level: int
 
 
-class CausalCache:
+class CausalCache(msgspec.Struct):
     """Per-stream history buffers for every causal slot of one coder (see module docstring).
 
     ``buffers[s]`` has shape ``[batch_size, spec.channels, spec.frames, *level_hw[spec.level]]``.
@@ -55,22 +58,21 @@ class CausalCache:
     Not thread-safe; one stream uses it at a time.
     """
 
-    __slots__ = ("batch_size", "buffers", "frames_seen", "grid_hw", "specs")
+    specs: tuple[SlotSpec, ...]
+    buffers: list[torch.Tensor]
+    grid_hw: tuple[int, int]
+    frames_seen: int = 0
 
-    def __init__(
-        self,
-        specs: Sequence[SlotSpec],
-        buffers: Sequence[torch.Tensor],
-        grid_hw: tuple[int, int],
-        frames_seen: int = 0,
-    ) -> None:
-        if len(specs) != len(buffers):
-            raise CacheMismatchError(f"{len(specs)} slot specs but {len(buffers)} buffers")
-        self.specs: tuple[SlotSpec, ...] = tuple(specs)
-        self.buffers: tuple[torch.Tensor, ...] = tuple(buffers)
-        self.grid_hw = (int(grid_hw[0]), int(grid_hw[1]))
-        self.batch_size = int(buffers[0].shape[0]) if buffers else 0
-        self.frames_seen = int(frames_seen)
+    def __post_init__(self) -> None:
+        if len(self.specs) != len(self.buffers):
+            raise CacheMismatchError(
+                f"{len(self.specs)} slot specs but {len(self.buffers)} buffers")
+        self.specs = tuple(self.specs)
+        self.grid_hw = (int(self.grid_hw[0]), int(self.grid_hw[1]))
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.buffers[0].shape[0]) if self.buffers else 0
 
     # ---------------------------------------------------------------------------------------
     # allocation and size
@@ -113,7 +115,7 @@ class CausalCache:
         """Zero-filled buffers (the history before a stream's first frame is zeros)."""
         shapes = cls.buffer_shapes(specs, level_hw, batch_size)
         buffers = [torch.zeros(shape, device=device, dtype=dtype) for shape in shapes]
-        return cls(specs, buffers, level_hw[0])
+        return cls(tuple(specs), buffers, level_hw[0])
 
     @property
     def nbytes(self) -> int:
@@ -130,9 +132,8 @@ class CausalCache:
 
     def clone(self) -> Self:
         """An independent copy (fork a stream)."""
-        return type(self)(
-            self.specs, [b.clone() for b in self.buffers], self.grid_hw, self.frames_seen
-        )
+        return type(self)(self.specs, [b.clone() for b in self.buffers], self.grid_hw,
+                          self.frames_seen)
 
     def copy_(self, other: CausalCache) -> None:
         """Overwrite this cache's contents with ``other``'s, in place (fork into a pooled cache)."""
@@ -156,34 +157,10 @@ class CausalCache:
                 f"used with batch {batch_size} at grid {tuple(grid_hw)}"
             )
 
-    # ---------------------------------------------------------------------------------------
-    # snapshot support: LoopState fields may be dict[str, torch.Tensor]
-
-    def as_tensors(self) -> dict[str, torch.Tensor]:
-        """``{"slot_000": buffer, ..., "frames_seen": int64 scalar}``; views, not copies."""
-        out = {f"slot_{i:03d}": b for i, b in enumerate(self.buffers)}
-        out["frames_seen"] = torch.tensor(self.frames_seen, dtype=torch.int64)
-        return out
-
-    @classmethod
-    def from_tensors(cls, tensors: Mapping[str, torch.Tensor], specs: Sequence[SlotSpec]) -> Self:
-        """Inverse of ``as_tensors`` for the coder whose ``slot_specs`` are ``specs``."""
-        buffers = [tensors[f"slot_{i:03d}"] for i in range(len(specs))]
-        for spec, buffer in zip(specs, buffers, strict=True):
-            if buffer.shape[1:3] != (spec.channels, spec.frames):
-                raise CacheMismatchError(f"buffer {tuple(buffer.shape)} does not match slot {spec}")
-        level0 = [b for b, s in zip(buffers, specs, strict=True) if s.level == 0]
-        grid_hw = tuple(level0[0].shape[-2:]) if level0 else (0, 0)
-        return cls(specs, buffers, grid_hw, int(tensors["frames_seen"]))
-
 
 class DecoderCache(CausalCache):
     """The decoder's per-session feature cache; made by ``WanVAE.new_decoder_cache``."""
 
-    __slots__ = ()
-
 
 class EncoderCache(CausalCache):
     """The encoder's feature cache for one ``WanVAE.encode`` call."""
-
-    __slots__ = ()

@@ -139,7 +139,7 @@ def test_switch_recaches_and_stream_continues(instance) -> None:
     assert state.prompt == state.active_prompt == "a blue square on sand"
     assert state.segment == 0  # a switch is not a new segment
     # the re-cache rewrote chunk 0's 3 frames; the last chunk's KV update is skipped
-    assert not state.recache_needed and state.kv_frames_written == 3
+    assert not state.recache_needed and state.kv.frames_written == 3
     assert [m["chunk"] for m, _ in _media(emissions)] == [0, 1]
 
 
@@ -162,12 +162,12 @@ def test_cut_abandons_in_flight_chunk_and_starts_a_segment(instance) -> None:
 def test_rolling_window_keeps_sinks_over_long_rollouts(instance) -> None:
     request = SessionRequest(prompt="a green ball", seed=9, max_chunks=5)
     emissions, state, _ = _run(instance, request)
-    sink, ring = state.sink_frames, state.ring_frames
-    assert state.kv_positions[:sink] == list(range(sink))  # the first frames stay as sinks
+    sink, ring = state.kv.sink_frames, state.kv.window_frames
+    assert state.kv.slot_positions[:sink] == list(range(sink))  # the first frames stay as sinks
     # 5 chunks x 3 frames; the last chunk's KV update is skipped: 12 frames written
     last = state.frame_start - state.chunk_frames
-    assert state.kv_frames_written == last == 12
-    assert sorted(state.kv_positions[sink:]) == list(range(last - ring, last))
+    assert state.kv.frames_written == last == 12
+    assert sorted(state.kv.slot_positions[sink:]) == list(range(last - ring, last))
     assert all(torch.isfinite(f.float()).all() for _, f in _media(emissions))
 
 
@@ -196,7 +196,7 @@ def test_snapshot_at_any_boundary_resumes_bit_identically(instance) -> None:
 
 
 def test_job_returns_exactly_the_requested_frames(instance) -> None:
-    loop = instance.loop("diffusion_denoise")
+    loop = instance.loop_for("text_to_video")
     ctx = InlineContext("job")
     result = asyncio.run(Driver(loop, ctx).run(
         JobRequest(task="t2v", prompt="a red ball", num_frames=17, seed=1), instance))
@@ -250,7 +250,7 @@ def test_a_card_whose_last_step_caches_the_kv_skips_the_update_pass(instance) ->
     kinds = [p.kind.value for p in ctx.executed]
     assert "kv_update" not in kinds
     assert kinds.count("chunk_step") == 12 and kinds.count("vae_decode") == 4
-    assert driver.state.kv_frames_written == 6  # chunks 0 and 1; nothing reads the last one's
+    assert driver.state.kv.frames_written == 6  # chunks 0 and 1; nothing reads the last one's
     clean, _, _ = _run(instance, request)
     ours, theirs = _media(ctx.emissions), _media(clean)
     assert torch.equal(ours[0][1], theirs[0][1])  # the first chunk reads no cache

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from models.wan.config import WanDiTConfig
-from models.wan.kv_cache import CacheShapeError, ChunkKVCache, WriteRun
+from models.wan.kv_cache import EMPTY, CacheShapeError, ChunkKVCache, WriteRun
 from models.wan.transformer import InputShapeError, WanDiT
+from runtime.contract import LoopState
+from runtime.snapshot import restore_state, snapshot_state
 
 TOLERANCE = 1e-5
 CHUNK = 2  # latent frames per chunk
@@ -81,7 +83,7 @@ def test_chunked_rollout_equals_one_block_causal_forward() -> None:
         assert rel_err(denoised, denoise_ref[:, :, now]) <= TOLERANCE, f"denoise chunk {i}"
         assert rel_err(updated, update_ref[:, :, now]) <= TOLERANCE, f"update chunk {i}"
     assert cache.frames_written == frames
-    assert cache.slot_positions == list(range(frames)) + [None]
+    assert cache.slot_positions == list(range(frames)) + [EMPTY]
 
 
 @torch.no_grad()
@@ -165,7 +167,7 @@ def test_reset_replays_a_stream_exactly() -> None:
     first = rollout()
     cache.reset()
     assert cache.frames_written == 0 and not cache.valid.any()
-    assert cache.slot_positions == [None, None, None]
+    assert cache.slot_positions == [EMPTY, EMPTY, EMPTY]
     assert all(torch.equal(a, b) for a, b in zip(first, rollout(), strict=True))
 
 
@@ -204,8 +206,12 @@ def test_rejects_impossible_geometry_and_mismatched_chunks() -> None:
         model.forward_chunk(latents(CHUNK, batch=2), torch.zeros(2), cross, cache, 0)
 
 
+class _HoldsCache(LoopState, kw_only=True):
+    kv: ChunkKVCache
+
+
 @torch.no_grad()
-def test_restore_rebuilds_a_cache_from_its_snapshot_fields() -> None:
+def test_a_cache_in_a_loop_state_snapshots_and_resumes_exactly() -> None:
     model = make_model()
     cache = make_cache(model, sink=1, window=2)
     cross = model.cross_kv(torch.randn(1, 4, 20))
@@ -213,18 +219,16 @@ def test_restore_rebuilds_a_cache_from_its_snapshot_fields() -> None:
     for i in range(2):
         model.forward_chunk(x[:, :, i * CHUNK:(i + 1) * CHUNK], torch.zeros(1), cross, cache,
                             i * CHUNK, write_cache=True)
-    twin = cache.clone()
-    restored = ChunkKVCache.restore(twin.k, twin.v, twin.valid, 1, 2, TOKENS,
-                                    slot_positions=twin.slot_positions,
-                                    frames_written=twin.frames_written)
+    restored = restore_state(snapshot_state(_HoldsCache(kv=cache)), _HoldsCache).kv
+    assert restored.k is not cache.k and restored.slot_positions == cache.slot_positions
+    assert restored.frames_written == cache.frames_written == 2 * CHUNK
     last = x[:, :, 2 * CHUNK:]
     a = model.forward_chunk(last, torch.zeros(1), cross, cache, 2 * CHUNK, write_cache=True)
     b = model.forward_chunk(last, torch.zeros(1), cross, restored, 2 * CHUNK, write_cache=True)
     assert torch.equal(a, b) and restored.slot_positions == cache.slot_positions
-    assert restored.k is twin.k  # no copy: the loop state's tensors are the cache
     with pytest.raises(CacheShapeError, match="2 slot positions"):
-        ChunkKVCache.restore(twin.k, twin.v, twin.valid, 1, 2, TOKENS, slot_positions=[0, 1],
-                             frames_written=2)
+        ChunkKVCache(k=cache.k, v=cache.v, valid=cache.valid, sink_frames=1, window_frames=2,
+                     tokens_per_frame=TOKENS, slot_positions=[0, 1], frames_written=2)
 
 
 def test_mask_is_dropped_once_every_slot_is_filled() -> None:
@@ -250,8 +254,8 @@ def test_a_filled_prefix_is_read_unmasked_and_a_cache_with_holes_falls_back_to_t
     cache.commit(cache.plan_write(2), 2, frame_start=0)
     assert cache.prefix_frames == 2 and cache.attention_keys(4) == (4, None)
     valid = torch.tensor([True, True, False, False, True, True])
-    holes = ChunkKVCache.restore(cache.k, cache.v, valid, 1, 2, 2,
-                                 slot_positions=[0, None, 1], frames_written=2)
+    holes = ChunkKVCache(k=cache.k, v=cache.v, valid=valid, sink_frames=1, window_frames=2,
+                         tokens_per_frame=2, slot_positions=[0, EMPTY, 1], frames_written=2)
     tokens, mask = holes.attention_keys(4)
     assert holes.prefix_frames is None and tokens == 6
     assert mask[0, 0, 0].tolist() == [True] * 2 + [False] * 2 + [True] * 6

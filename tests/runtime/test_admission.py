@@ -1,4 +1,4 @@
-"""Admission as reservation: compute share, KV bytes, peak bytes; retry_after; miss feedback."""
+"""Admission as reservation: compute share, KV slabs, peak bytes; retry_after; miss feedback."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from runtime.admission import (
     Admit,
     Reject,
 )
+from runtime.pools import KVSlabPool
 
 GIB = 1 << 30
 
@@ -24,19 +25,24 @@ class FakeClock:
         return self.now_s
 
 
-def make_controller(clock: FakeClock | None = None, **overrides: object) -> AdmissionController:
-    params: dict[str, object] = {"kv_capacity_bytes": 8 * GIB, "peak_capacity_bytes": 4 * GIB}
+def make_controller(
+    clock: FakeClock | None = None, slabs: int = 8, **overrides: object
+) -> AdmissionController:
+    params: dict[str, object] = {"peak_capacity_bytes": 4 * GIB}
     params.update(overrides)
-    return AdmissionController(AdmissionConfig(**params), clock=clock or FakeClock())  # type: ignore[arg-type]
+    ctl = AdmissionController(AdmissionConfig(**params), clock=clock or FakeClock())  # type: ignore[arg-type]
+    ctl.add_pool("g", KVSlabPool(slabs, 1024))
+    return ctl
 
 
 def req(
-    owner: str, share: float = 0.1, kv: int = GIB, peak: int = GIB, duration_s: float | None = None
+    owner: str, share: float = 0.1, kv: bool = True, peak: int = GIB,
+    duration_s: float | None = None,
 ) -> AdmissionRequest:
     return AdmissionRequest(
         owner,
         compute_gpu_s_per_s=share,
-        kv_bytes=kv,
+        kv_pool="g" if kv else None,
         peak_bytes=peak,
         expected_duration_s=duration_s,
     )
@@ -53,11 +59,11 @@ def test_admits_until_full_then_names_compute() -> None:
     ctl = make_controller()
     ids = []
     for i in range(3):
-        verdict = ctl.admit(req(f"s{i}", share=0.3, kv=0, peak=0))
+        verdict = ctl.admit(req(f"s{i}", share=0.3, kv=False, peak=0))
         assert isinstance(verdict, Admit)
         ids.append(verdict.reservation_id)
     assert len(set(ids)) == 3
-    verdict = ctl.admit(req("s3", share=0.05, kv=0, peak=0))
+    verdict = ctl.admit(req("s3", share=0.05, kv=False, peak=0))
     assert isinstance(verdict, Reject)
     assert (verdict.reason, verdict.short, verdict.permanent) == ("compute", ("compute",), False)
     assert "s3" in verdict.detail and "GPU-s/s" in verdict.detail
@@ -66,83 +72,84 @@ def test_admits_until_full_then_names_compute() -> None:
 @pytest.mark.parametrize(
     ("request_", "short"),
     [
-        (req("x", share=0.5, kv=0, peak=0), "compute"),
-        (req("x", share=0.0, kv=5 * GIB, peak=0), "kv_bytes"),
-        (req("x", share=0.0, kv=0, peak=3 * GIB + 1), "peak_bytes"),
+        (req("x", share=0.5, kv=False, peak=0), "compute"),
+        (req("x", share=0.0, kv=True, peak=0), "kv_slabs"),
+        (req("x", share=0.0, kv=False, peak=3 * GIB + 1), "peak_bytes"),
     ],
 )
 def test_rejects_when_any_single_resource_is_short(request_: AdmissionRequest, short: str) -> None:
-    ctl = make_controller(peak_concurrency=2)
-    assert isinstance(ctl.admit(req("held", share=0.5, kv=4 * GIB, peak=GIB)), Admit)
+    ctl = make_controller(slabs=1, peak_concurrency=2)
+    assert isinstance(ctl.admit(req("held", share=0.5, kv=True, peak=GIB)), Admit)
     verdict = ctl.admit(request_)
     assert isinstance(verdict, Reject)
     assert verdict.reason == short and verdict.short == (short,)
     # Everything else was fine: shrinking just the short resource admits it.
     fixed = {
-        "compute": req("x", share=0.3, kv=0, peak=0),
-        "kv_bytes": req("x", share=0.0, kv=4 * GIB, peak=0),
-        "peak_bytes": req("x", share=0.0, kv=0, peak=3 * GIB),
+        "compute": req("x", share=0.3, kv=False, peak=0),
+        "kv_slabs": req("x", share=0.0, kv=False, peak=0),
+        "peak_bytes": req("x", share=0.0, kv=False, peak=3 * GIB),
     }[short]
     assert isinstance(ctl.admit(fixed), Admit)
 
 
 def test_reason_is_first_short_resource_and_short_lists_all() -> None:
-    ctl = make_controller()
-    assert isinstance(ctl.admit(req("a", share=0.8, kv=7 * GIB, peak=GIB)), Admit)
-    verdict = ctl.admit(req("b", share=0.2, kv=2 * GIB, peak=GIB))
+    ctl = make_controller(slabs=1)
+    assert isinstance(ctl.admit(req("a", share=0.8, kv=True, peak=GIB)), Admit)
+    verdict = ctl.admit(req("b", share=0.2, kv=True, peak=GIB))
     assert isinstance(verdict, Reject)
-    assert verdict.reason == "compute" and verdict.short == ("compute", "kv_bytes")
+    assert verdict.reason == "compute" and verdict.short == ("compute", "kv_slabs")
+    assert "all 1 chunk-KV slabs of g are in use" in verdict.detail
 
 
 def test_peak_bytes_counts_the_largest_concurrent_peaks_only() -> None:
     single = make_controller(peak_capacity_bytes=4 * GIB, peak_concurrency=1)
     for i in range(5):  # one batch of one plan at a time: peaks do not add up
-        assert isinstance(single.admit(req(f"s{i}", share=0.0, kv=0, peak=3 * GIB)), Admit)
+        assert isinstance(single.admit(req(f"s{i}", share=0.0, kv=False, peak=3 * GIB)), Admit)
     assert single.usage().peak_bytes == 3 * GIB
     pair = make_controller(peak_capacity_bytes=4 * GIB, peak_concurrency=2)
-    assert isinstance(pair.admit(req("a", share=0.0, kv=0, peak=3 * GIB)), Admit)
-    verdict = pair.admit(req("b", share=0.0, kv=0, peak=2 * GIB))
+    assert isinstance(pair.admit(req("a", share=0.0, kv=False, peak=3 * GIB)), Admit)
+    verdict = pair.admit(req("b", share=0.0, kv=False, peak=2 * GIB))
     assert isinstance(verdict, Reject) and verdict.reason == "peak_bytes"
-    assert isinstance(pair.admit(req("c", share=0.0, kv=0, peak=GIB)), Admit)
+    assert isinstance(pair.admit(req("c", share=0.0, kv=False, peak=GIB)), Admit)
 
 
 def test_release_is_idempotent_and_frees_capacity() -> None:
     ctl = make_controller()
-    verdict = ctl.admit(req("a", share=0.9, kv=0, peak=0))
+    verdict = ctl.admit(req("a", share=0.9, kv=False, peak=0))
     assert isinstance(verdict, Admit)
-    assert isinstance(ctl.admit(req("b", share=0.1, kv=0, peak=0)), Reject)
+    assert isinstance(ctl.admit(req("b", share=0.1, kv=False, peak=0)), Reject)
     assert ctl.release(verdict.reservation_id) is True
     assert ctl.release(verdict.reservation_id) is False
     assert ctl.release("never-issued") is False
     assert ctl.usage().reservations == 0 and ctl.usage().compute_gpu_s_per_s == 0.0
-    assert isinstance(ctl.admit(req("b", share=0.1, kv=0, peak=0)), Admit)
+    assert isinstance(ctl.admit(req("b", share=0.1, kv=False, peak=0)), Admit)
 
 
 def test_retry_after_is_the_earliest_release_that_makes_room() -> None:
     clock = FakeClock()
     ctl = make_controller(clock, default_retry_after_s=7.0, min_retry_after_s=1.0)
-    assert isinstance(ctl.admit(req("forever", share=0.3, kv=0, peak=0)), Admit)
-    assert isinstance(ctl.admit(req("job30", share=0.3, kv=0, peak=0, duration_s=30.0)), Admit)
-    assert isinstance(ctl.admit(req("job12", share=0.3, kv=0, peak=0, duration_s=12.0)), Admit)
+    assert isinstance(ctl.admit(req("forever", share=0.3, kv=False, peak=0)), Admit)
+    assert isinstance(ctl.admit(req("job30", share=0.3, kv=False, peak=0, duration_s=30.0)), Admit)
+    assert isinstance(ctl.admit(req("job12", share=0.3, kv=False, peak=0, duration_s=12.0)), Admit)
     clock.now_s += 2.0
-    small = ctl.admit(req("s", share=0.2, kv=0, peak=0))
+    small = ctl.admit(req("s", share=0.2, kv=False, peak=0))
     assert isinstance(small, Reject) and small.retry_after_s == pytest.approx(
         10.0
     )  # job12 ends at +12
-    big = ctl.admit(req("b", share=0.5, kv=0, peak=0))
+    big = ctl.admit(req("b", share=0.5, kv=False, peak=0))
     assert isinstance(big, Reject) and big.retry_after_s == pytest.approx(28.0)  # needs job30 too
-    huge = ctl.admit(req("h", share=0.7, kv=0, peak=0))
+    huge = ctl.admit(req("h", share=0.7, kv=False, peak=0))
     assert isinstance(huge, Reject) and huge.retry_after_s == 7.0  # "forever" never declared an end
     clock.now_s += 11.5
-    soon = ctl.admit(req("s", share=0.2, kv=0, peak=0))
+    soon = ctl.admit(req("s", share=0.2, kv=False, peak=0))
     assert isinstance(soon, Reject) and soon.retry_after_s == 1.0  # floored at min_retry_after_s
 
 
 def test_request_larger_than_capacity_is_permanent() -> None:
-    ctl = make_controller()
-    verdict = ctl.admit(req("whale", share=0.1, kv=9 * GIB, peak=0))
+    ctl = make_controller(slabs=0)
+    verdict = ctl.admit(req("whale", share=0.1, kv=True, peak=0))
     assert isinstance(verdict, Reject)
-    assert verdict.permanent and verdict.reason == "kv_bytes" and "alone exceeds" in verdict.detail
+    assert verdict.permanent and verdict.reason == "kv_slabs" and "alone exceeds" in verdict.detail
 
 
 def test_deadline_misses_tighten_compute_capacity_and_recover() -> None:
@@ -155,19 +162,45 @@ def test_deadline_misses_tighten_compute_capacity_and_recover() -> None:
     assert not ctl.tightened()  # fewer than min_outcomes
     ctl.record_deadline(missed=True)
     assert ctl.tightened() and ctl.effective_compute_capacity() == pytest.approx(0.45)
-    verdict = ctl.admit(req("s", share=0.6, kv=0, peak=0))
+    verdict = ctl.admit(req("s", share=0.6, kv=False, peak=0))
     assert isinstance(verdict, Reject) and verdict.reason == "compute" and not verdict.permanent
     for _ in range(19):  # window of 20: 1 miss left -> 5% <= 10%
         ctl.record_deadline(missed=False)
     assert ctl.miss_ratio() == pytest.approx(0.05) and not ctl.tightened()
-    assert isinstance(ctl.admit(req("s", share=0.6, kv=0, peak=0)), Admit)
+    assert isinstance(ctl.admit(req("s", share=0.6, kv=False, peak=0)), Admit)
 
 
 def test_invalid_requests_and_configs_raise() -> None:
     ctl = make_controller()
-    with pytest.raises(AdmissionError, match="kv_bytes"):
-        ctl.admit(req("bad", kv=-1))
+    with pytest.raises(AdmissionError, match="no slab pool 'nope'"):
+        ctl.admit(AdmissionRequest("bad", kv_pool="nope"))
+    with pytest.raises(AdmissionError, match="peak_bytes"):
+        ctl.admit(req("bad", peak=-1))
+    with pytest.raises(AdmissionError, match="already registered"):
+        ctl.add_pool("g", KVSlabPool(1, 1))
     with pytest.raises(AdmissionError, match="compute_gpu_s_per_s"):
         ctl.admit(req("bad", share=float("nan")))
     with pytest.raises(AdmissionError, match="tighten_factor"):
-        AdmissionConfig(kv_capacity_bytes=1, peak_capacity_bytes=1, tighten_factor=0.0)
+        AdmissionConfig(peak_capacity_bytes=1, tighten_factor=0.0)
+
+
+def test_the_slab_pool_is_the_one_kv_gate_and_release_returns_the_slab() -> None:
+    clock = FakeClock()
+    ctl = make_controller(clock, slabs=2, default_retry_after_s=9.0)
+    pool = ctl.pool("g")
+    first = ctl.admit(req("a", share=0.0, peak=0))
+    second = ctl.admit(req("b", share=0.0, peak=0, duration_s=4.0))
+    assert isinstance(first, Admit) and isinstance(second, Admit)
+    assert (first.slab.slab_id, second.slab.slab_id) == (0, 1) and pool.free_count == 0
+    assert first.slab.owner == "a" and ctl.usage().kv_slabs == 2
+    full = ctl.admit(req("c", share=0.0, peak=0))
+    assert isinstance(full, Reject) and full.reason == "kv_slabs" and not full.permanent
+    assert full.retry_after_s == pytest.approx(4.0)  # b declared it ends in 4 s
+    assert ctl.admit(req("job", share=0.0, kv=False, peak=0)).slab is None  # no KV, no slab
+    assert ctl.release(second.reservation_id) and pool.free_count == 1
+    assert not ctl.release(second.reservation_id) and pool.free_count == 1  # idempotent
+    third = ctl.admit(req("c", share=0.0, peak=0))
+    assert isinstance(third, Admit) and third.slab.slab_id == 1
+    ctl.release(first.reservation_id)
+    fork = pool.fork(third.slab, "c/fork")  # a slab taken outside admission still counts
+    assert fork is not None and isinstance(ctl.admit(req("d", share=0.0, peak=0)), Reject)

@@ -1,31 +1,16 @@
-"""KV slab pool and feature cache bookkeeping."""
+"""KV slab pool bookkeeping."""
 
 from __future__ import annotations
 
 import pytest
 
-from runtime.contract import CacheKey
-from runtime.pools import FeatureCache, FeatureCacheError, KVSlabPool, SlabOwnershipError
-
-
-def key(text: str, **overrides: object) -> CacheKey:
-    fields: dict[str, object] = {
-        "model_id": "m",
-        "component": "text_encoder",
-        "weights_version": "1",
-        "precision": "bf16",
-        "shape_sig": "512",
-        "input_hash": text,
-    }
-    fields.update(overrides)
-    return CacheKey(**fields)  # type: ignore[arg-type]
+from runtime.pools import KVSlabPool, SlabOwnershipError
 
 
 def test_allocate_until_exhausted_then_none_and_free_restores() -> None:
     pool = KVSlabPool(num_slabs=3, slab_bytes=1024)
     slabs = [pool.allocate(f"s{i}") for i in range(3)]
     assert [s.slab_id for s in slabs if s] == [0, 1, 2]
-    assert [s.offset_bytes for s in slabs if s] == [0, 1024, 2048]
     assert pool.allocate("s3") is None and pool.free_count == 0 and pool.used_count == 3
     pool.free(slabs[1])  # type: ignore[arg-type]
     assert pool.free_count == 1 and pool.owner_of(1) is None
@@ -65,32 +50,3 @@ def test_fork_allocates_a_child_and_records_parentage() -> None:
     with pytest.raises(SlabOwnershipError, match="free"):
         pool.fork(parent, "late")
     assert [s.owner for s in pool.slabs_of("sess/fork1")] == ["sess/fork1"]
-
-
-def test_feature_cache_hits_misses_and_lru_eviction_of_unreferenced_only() -> None:
-    cache = FeatureCache(max_entries=2)
-    assert cache.get(key("a")) is None and cache.misses == 1
-    assert cache.put(key("a"), "A") and cache.put(key("b"), "B")
-    assert cache.get(key("a")) == "A"  # a is now most recent
-    assert cache.put(key("c"), "C")  # evicts b (least recently used)
-    assert key("b") not in cache and key("a") in cache and cache.evictions == 1
-    assert cache.acquire(key("a")) == "A" and cache.refs(key("a")) == 1
-    assert cache.acquire(key("c")) == "C"
-    assert cache.put(key("d"), "D") is False  # everything pinned: not cached
-    cache.release(key("c"))
-    assert cache.put(key("d"), "D") and key("c") not in cache and key("a") in cache
-    cache.release(key("a"))
-    with pytest.raises(FeatureCacheError, match="not acquired"):
-        cache.release(key("a"))
-
-
-def test_feature_cache_key_fields_separate_entries() -> None:
-    cache = FeatureCache(max_entries=8)
-    cache.put(key("p"), "bf16")
-    cache.put(key("p", precision="fp32"), "fp32")
-    cache.put(key("p", seed=3), "seeded")
-    assert cache.get(key("p")) == "bf16"
-    assert cache.get(key("p", precision="fp32")) == "fp32"
-    assert cache.get(key("p", seed=3)) == "seeded"
-    assert cache.get(key("p", adapter_versions=(("lora", "2"),))) is None
-    assert cache.put(key("p"), "bf16-v2") and cache.get(key("p")) == "bf16-v2" and len(cache) == 3

@@ -12,7 +12,6 @@ from models.instance import load_instance
 from runtime.admission import AdmissionConfig, AdmissionController, Reject
 from runtime.cost import CostModel, DeviceConstants
 from runtime.engine import Engine
-from runtime.pools import KVSlabPool
 from sessions.host import HostError, SessionHost, UnsupportedTaskError
 from sessions.store import Store
 
@@ -26,11 +25,7 @@ def instance():
 
 @pytest.fixture
 async def host(instance, tmp_path):
-    profile = instance.card.default_profile
-    slab = instance.kv_slab_bytes(profile)
-    admission = AdmissionController(
-        AdmissionConfig(kv_capacity_bytes=slab * 3, peak_capacity_bytes=1 << 40)
-    )
+    admission = AdmissionController(AdmissionConfig(peak_capacity_bytes=1 << 40))
     engine = Engine(cost=CostModel(DeviceConstants.cpu()), admission=admission)
     await engine.start()
     store = Store(tmp_path / "db.sqlite3")
@@ -40,8 +35,9 @@ async def host(instance, tmp_path):
         default_model=MODEL,
         store=store,
         artifact_dir=tmp_path / "artifacts",
-        kv_pool=KVSlabPool(2, slab),
+        slabs_per_geometry=2,
     )
+    session_host.preallocate()
     yield session_host
     await session_host.close()
     await engine.close()
@@ -54,7 +50,10 @@ async def test_sessions_take_a_slab_and_a_reservation_and_give_both_back(host: S
     second = host.create_session(prompt="b", seed=2, priority_class="batch")
     refused = host.create_session(prompt="c")
     assert isinstance(refused, Reject) and refused.reason == "kv_slabs"
-    assert host.kv_pool.free_count == 0 and host.engine.admission.usage().reservations == 2
+    assert host.slab_counts() == (0, 2) and host.engine.admission.usage().reservations == 2
+    buffer = host.models[MODEL].slab_buffer(host.models[MODEL].slab_geometry(
+        host.models[MODEL].card.default_profile))
+    assert buffer is not None and buffer.num_slabs == 2  # one tensor for both sessions' slabs
     assert host.counts()["rejections"] == {"kv_slabs": 1}
     assert first.config.record_template["timesteps"] == [1000, 750, 500, 250]
     assert first.config.record_template["loop_id"] == "chunk_rollout"
@@ -62,16 +61,16 @@ async def test_sessions_take_a_slab_and_a_reservation_and_give_both_back(host: S
     assert await host.close_session(first.id)
     assert not await host.close_session(first.id)
     assert host.session(first.id) is None and first.state.value == "closed"
-    assert host.kv_pool.free_count == 1 and host.engine.admission.usage().reservations == 1
+    assert host.slab_counts() == (1, 2) and host.engine.admission.usage().reservations == 1
     third = host.create_session(prompt="c")
     assert not isinstance(third, Reject)
 
 
-async def test_admission_reject_frees_the_slab_it_took(host: SessionHost) -> None:
-    host.engine.admission.config = AdmissionConfig(kv_capacity_bytes=1, peak_capacity_bytes=1 << 40)
+async def test_an_admission_reject_takes_no_slab(host: SessionHost) -> None:
+    host.engine.admission.config = AdmissionConfig(peak_capacity_bytes=1)
     refused = host.create_session(prompt="a")
-    assert isinstance(refused, Reject) and refused.reason == "kv_bytes" and refused.permanent
-    assert host.kv_pool.free_count == host.kv_pool.capacity
+    assert isinstance(refused, Reject) and refused.reason == "peak_bytes" and refused.permanent
+    assert host.slab_counts() == (2, 2)
 
 
 async def test_requests_the_model_cannot_serve_are_typed_errors(host: SessionHost) -> None:
@@ -86,7 +85,7 @@ async def test_requests_the_model_cannot_serve_are_typed_errors(host: SessionHos
     with pytest.raises(UnsupportedTaskError) as frames:
         host.submit_job(task="t2i", prompt="a", num_frames=2)
     assert frames.value.field == "num_frames"
-    assert host.kv_pool.free_count == host.kv_pool.capacity
+    assert host.slab_counts() == (2, 2)  # a refused request holds nothing
 
 
 async def test_jobs_run_without_a_viewer_and_resume_after_a_restart(host: SessionHost) -> None:
@@ -141,8 +140,8 @@ async def test_sessions_nobody_watches_are_closed_and_their_slabs_return(host: S
     assert await host.close_unwatched(10.0) == []
     assert await host.close_unwatched(0.01) == [abandoned.id]
     assert abandoned.state.value == "closed" and watched.state.value == "negotiating"
-    assert host.kv_pool.free_count == 1
+    assert host.slab_counts()[0] == 1
     watched.viewer_left()
     host.start_reaper(0.01, interval_s=0.02)
     await asyncio.wait_for(watched.wait_finished(), 5)
-    assert watched.state.value == "closed" and host.kv_pool.free_count == 2
+    assert watched.state.value == "closed" and host.slab_counts()[0] == 2

@@ -1,0 +1,65 @@
+"""What a loop needs from a loaded model: the ``LoopModel`` protocol.
+
+Loops are written against this protocol, never against a concrete instance class, so
+``models/instance.py`` imports the loops (through ``models.loops.LOOPS``) and no loop imports
+the instance. ``models.instance.WanInstance`` implements it for every Wan-architecture card
+(including tiny-world, whose components have the same interfaces).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from models.card import LatentSpec, ModelCard, Profile
+from models.loops.ops import (
+    ChunkDenoiseOp,
+    DecodeOp,
+    DiffusionStepOp,
+    KVWriteOp,
+    TextEmbedOp,
+    TextEncodeOp,
+)
+from models.wan.config import WanDiTConfig
+from models.wan.kv_cache import ChunkKVCache
+from models.wan.kv_slabs import SlabGeometry
+from models.wan.vae_cache import DecoderCache
+
+__all__ = ["LoopModel"]
+
+
+class LoopModel(Protocol):
+    """A resident model as the loops use it (implements ``runtime.contract.ModelState``)."""
+
+    card: ModelCard
+    instance_id: str
+    device: torch.device
+    dtype: torch.dtype
+    precision: str
+    latent: LatentSpec
+    text_len: int
+    dit_config: WanDiTConfig
+    components: Any
+    # the step bodies the loops put into their WorkPlans
+    text_encode_op: TextEncodeOp
+    text_embed_op: TextEmbedOp
+    chunk_step_op: ChunkDenoiseOp
+    kv_write_op: KVWriteOp
+    decode_op: DecodeOp
+    diffusion_step_op: DiffusionStepOp
+
+    def slab_geometry(self, profile: Profile) -> SlabGeometry:
+        """The chunk-KV geometry of a session at ``profile``."""
+        ...
+
+    def kv_cache(self, geometry: SlabGeometry, slab: int | None) -> ChunkKVCache:
+        """A fresh cache: a view of slab ``slab`` of the preallocated buffer of ``geometry``,
+        or, with ``slab=None`` (jobs, tests), one with its own buffers."""
+        ...
+
+    def new_decoder_cache(self, latent_h: int, latent_w: int) -> DecoderCache:
+        """A fresh per-stream VAE decoder cache."""
+        ...
+
+    def tokens_per_frame(self, latent_h: int, latent_w: int) -> int: ...
