@@ -170,7 +170,7 @@ async def test_one_loop_runs_to_completion_with_stats_and_emissions(model: ToyMo
 
 
 async def test_cancellation_frees_every_reservation_and_queued_plan() -> None:
-    admission = AdmissionController(AdmissionConfig(kv_capacity_bytes=100, peak_capacity_bytes=100))
+    admission = AdmissionController(AdmissionConfig(peak_capacity_bytes=100))
     engine = make_engine(admission=admission)
     await engine.start()
     op = GateOp()
@@ -179,7 +179,7 @@ async def test_cancellation_frees_every_reservation_and_queued_plan() -> None:
     try:
         for name in ("a", "b", "c"):
             verdict = admission.admit(
-                AdmissionRequest(name, compute_gpu_s_per_s=0.2, kv_bytes=10, peak_bytes=5)
+                AdmissionRequest(name, compute_gpu_s_per_s=0.2, peak_bytes=5)
             )
             assert isinstance(verdict, Admit)
             emitted[name] = []
@@ -237,7 +237,7 @@ async def test_failure_isolation_one_loop_fails_the_others_finish(
         for k, r in requests.items()
         if k != "bad"
     }
-    admission = AdmissionController(AdmissionConfig(kv_capacity_bytes=100, peak_capacity_bytes=100))
+    admission = AdmissionController(AdmissionConfig(peak_capacity_bytes=100))
     spy = AttemptSpy()
     engine = make_engine(
         max_batch=3, deterministic=True, observers=[spy, NaNWatch()], admission=admission
@@ -428,7 +428,7 @@ async def test_lead_limit_keeps_a_realtime_loop_behind_its_playout(model: ToyMod
 
 async def test_deadline_misses_are_counted_and_reported_to_admission(model: ToyModel) -> None:
     admission = AdmissionController(
-        AdmissionConfig(kv_capacity_bytes=1, peak_capacity_bytes=1, min_outcomes=3)
+        AdmissionConfig(peak_capacity_bytes=1, min_outcomes=3)
     )
     engine = make_engine(admission=admission, max_lead_s=1000.0)
     await engine.start()
@@ -500,7 +500,7 @@ async def test_spawn_rejects_duplicate_loop_ids() -> None:
 
 
 async def test_failed_loop_releases_its_reservation() -> None:
-    admission = AdmissionController(AdmissionConfig(kv_capacity_bytes=1, peak_capacity_bytes=1))
+    admission = AdmissionController(AdmissionConfig(peak_capacity_bytes=1))
     engine = make_engine(admission=admission)
     await engine.start()
 
