@@ -31,6 +31,7 @@ from runtime.cost import CostModel
 from runtime.driver import restore_state, run_inline
 from runtime.engine import Engine, EngineError
 from runtime.observers import BatchInfo, NaNWatch, Observation
+from runtime.step_edf import StepEdfScheduler
 from tests.runtime.toy_loops import ToyDenoiseLoop, ToyDenoiser, ToyModel, ToyRequest, ToyState
 
 RT = Priority.REALTIME
@@ -240,7 +241,10 @@ async def test_failure_isolation_one_loop_fails_the_others_finish(
     admission = AdmissionController(AdmissionConfig(kv_capacity_bytes=100, peak_capacity_bytes=100))
     spy = AttemptSpy()
     engine = make_engine(
-        max_batch=3, deterministic=True, observers=[spy, NaNWatch()], admission=admission
+        scheduler=StepEdfScheduler(max_batch=3),
+        deterministic=True,
+        observers=[spy, NaNWatch()],
+        admission=admission,
     )
     await engine.start()
     emitted: dict[str, list[int]] = {k: [] for k in requests}

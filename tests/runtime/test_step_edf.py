@@ -1,77 +1,32 @@
-"""Scheduler on plain tickets with a FakeClock and a FakeExecutor (no torch, no asyncio)."""
+"""step-edf on plain tickets with a FakeClock and a FakeExecutor (no torch, no asyncio)."""
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
 from runtime.contract import Priority
-from runtime.scheduler import Batch, PickReason, Scheduler, SchedulerError, Ticket
+from runtime.scheduler import Batch, PickReason, SchedulerError, Ticket
+from runtime.step_edf import StepEdfScheduler
+from tests.runtime.tickets import KEY, FakeClock, FakeExecutor, ticket
 
 RT = Priority.REALTIME
 BATCH = Priority.BATCH
-KEY = ("inst", "diffusion_step", "8x16", "fp32")
 
 
-def make_scheduler(**overrides: object) -> Scheduler:
+def make_scheduler(**overrides: object) -> StepEdfScheduler:
     params: dict[str, object] = {"max_batch": 1, "max_batch_wait_s": 10.0}
     params.update(overrides)
-    return Scheduler(**params)  # type: ignore[arg-type]
-
-
-def ticket(
-    plan_id: int,
-    loop_id: str,
-    priority: Priority = RT,
-    *,
-    deadline_s: float | None = None,
-    cost_gpu_s: float = 0.1,
-    enqueued_s: float = 0.0,
-    eligible_s: float | None = None,
-    batch_key: tuple[str, ...] = KEY,
-    batchable: bool = True,
-) -> Ticket:
-    return Ticket(
-        plan_id=plan_id,
-        loop_id=loop_id,
-        priority=priority,
-        batch_key=batch_key,
-        batchable=batchable,
-        deadline_s=deadline_s,
-        cost_gpu_s=cost_gpu_s,
-        enqueued_s=enqueued_s,
-        eligible_s=enqueued_s if eligible_s is None else eligible_s,
-    )
-
-
-@dataclass
-class FakeClock:
-    now_s: float = 0.0
-
-    def advance(self, dt_s: float) -> None:
-        self.now_s += dt_s
-
-
-@dataclass
-class FakeExecutor:
-    """Runs a picked batch for its predicted cost on the fake clock, records intervals."""
-
-    clock: FakeClock
-    runs: list[tuple[Batch, float, float]] = field(default_factory=list)
-
-    def run(self, batch: Batch) -> None:
-        start = self.clock.now_s
-        self.clock.advance(batch.cost_gpu_s)
-        self.runs.append((batch, start, self.clock.now_s))
+    return StepEdfScheduler(**params)  # type: ignore[arg-type]
 
 
 class Checked:
     """Wraps a scheduler; checks postconditions after every pick."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: StepEdfScheduler) -> None:
         self.s = scheduler
         self.picked: set[int] = set()
         self.history: list[Batch] = []
@@ -344,7 +299,7 @@ def test_protocol_misuse_raises() -> None:
     with pytest.raises(SchedulerError, match="cost_gpu_s"):
         sched.submit(ticket(1, "a", cost_gpu_s=-1.0))
     with pytest.raises(SchedulerError, match="max_batch"):
-        Scheduler(max_batch=0)
+        StepEdfScheduler(max_batch=0)
 
 
 @dataclass
