@@ -3,10 +3,11 @@
 Two measurements, both without tensor work:
 
 - **scheduler**: the pure decision path the engine runs per plan: cost prediction and
-  deadline arithmetic for the next plan, ``StepEdfScheduler.submit``, ``pick``, ``complete``. Realtime
-  loops at 16 fps on a simulated clock that advances by each batch's predicted cost (the
-  device is overloaded, so every ticket is eligible: the worst case for ``pick``). Reported as
-  the median over rounds of (round time / plans in the round), for max_batch 1 and 8.
+  deadline arithmetic for the next plan, ``StepEdfScheduler.submit``, ``pick``,
+  ``complete``. Realtime loops at 16 fps on a simulated clock that advances by each batch's
+  predicted cost (the device is overloaded, so every ticket is eligible: the worst case for
+  ``pick``). Reported as the median over rounds of (round time / plans in the round), for
+  max_batch 1 and 8.
 - **engine**: the same loops through the real ``Engine`` (asyncio driver coroutines, the
   scheduling task, the executor thread, ``call_soon_threadsafe``) with a no-op op; wall time
   per executed plan. This includes everything the runtime adds around an op.
