@@ -9,6 +9,9 @@
 
 - One asyncio task picks batches; one executor thread runs them; one batch is in flight at a
   time, so plans are preempted only at step boundaries. The event loop never runs an op.
+- **The scheduler is a policy object** (``runtime.scheduler.Scheduler``) given to the engine:
+  step-level EDF (``runtime.step_edf.StepEdfScheduler``) by default, or a request-level
+  baseline (``runtime.baseline_schedulers``); the engine loop does not change with it.
 - **Deadlines** (realtime loops, ``runtime.scheduler.PlayoutDeadlines``): ``deadline_s =
   media_t0_s + plan.due_media_s + playout_buffer_s - sum(predicted cost of plan.followups)``,
   eligible from ``deadline_s - max_lead_s`` (lead limit). ``media_t0_s`` is on the engine
@@ -17,7 +20,7 @@
   Batch loops and plans without ``due_media_s`` have no deadline. A late plan still runs and
   is counted (``EngineStats.deadline_misses``, ``AdmissionController.record_deadline``).
 - **Batching key** is the plan's ``batch_key`` plus the op object's identity: only plans that
-  name the same op object run as one call.
+  name the same op object run as one call (if the policy batches at all).
 - **Cancellation** (``LoopHandle.cancel``) drops the loop's queued plans at once; a plan that is
   executing finishes and its result is discarded; the driver sees ``Cancelled`` at that step
   boundary. On every loop end (succeeded, failed, cancelled) the engine releases the loop's
@@ -39,8 +42,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,11 +59,13 @@ from runtime.contract import (
 )
 from runtime.cost import CostModel
 from runtime.driver import Driver
+from runtime.engine_stats import EngineCounters, EngineStats
 from runtime.executor import ExecJob, Executor, JobOutcome
 from runtime.loop_handle import EngineContext, LoopHandle, LoopRecord, LoopStatus, LoopStatusError
-from runtime.observers import Observer
-from runtime.scheduler import Batch, PlayoutDeadlines, Scheduler, Ticket
+from runtime.observers import BatchListener, BatchReport, Observer
+from runtime.scheduler import Batch, PlayoutDeadlines, Scheduler, Ticket, ends_chunk
 from runtime.snapshot import resolve_state_type
+from runtime.step_edf import StepEdfScheduler
 
 __all__ = ["Engine", "EngineError", "EngineState", "EngineStats", "LoopHandle", "LoopStatus"]
 
@@ -87,24 +91,6 @@ _ENGINE_ALLOWED = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """Counters since start. ``latency_samples_s``: per plan kind, recent batch wall times."""
-
-    queue_depth: int
-    running_loops: int
-    paused_loops: int
-    executing: bool
-    plans_executed: int
-    batches_executed: int
-    deadline_misses: int
-    deadlines_met: int
-    loops_succeeded: int
-    loops_failed: int
-    loops_cancelled: int
-    latency_samples_s: Mapping[str, tuple[float, ...]]
-
-
 @dataclass(slots=True)
 class _PlanEntry:
     plan_id: int
@@ -116,19 +102,22 @@ class _PlanEntry:
 
 class Engine:
     """Runs loops: admits nothing itself (``admission`` is the server's gate), schedules their
-    plans, executes them on one thread, feeds results back. See the module docstring."""
+    plans with ``scheduler`` (default: a new ``StepEdfScheduler()``; a scheduler serves one
+    engine), executes them on one thread, feeds results back. ``observers`` run around each
+    batch on the executor thread; ``listeners`` hear each finished batch on the event loop.
+    See the module docstring."""
 
     def __init__(
         self,
         *,
         cost: CostModel,
+        scheduler: Scheduler | None = None,
         admission: AdmissionController | None = None,
-        max_batch: int = 8,
         deterministic: bool = False,
         playout_buffer_s: float = 0.25,
         max_lead_s: float = 1.0,
-        max_batch_wait_s: float = 2.0,
         observers: Sequence[Observer] = (),
+        listeners: Sequence[BatchListener] = (),
         clock: Callable[[], float] = time.monotonic,
         latency_samples_per_kind: int = 512,
     ) -> None:
@@ -136,8 +125,10 @@ class Engine:
         self.admission = admission
         self.deterministic = deterministic
         self.deadlines = PlayoutDeadlines(playout_buffer_s=playout_buffer_s, max_lead_s=max_lead_s)
-        self.scheduler = Scheduler(max_batch=max_batch, max_batch_wait_s=max_batch_wait_s)
+        self.scheduler: Scheduler = StepEdfScheduler() if scheduler is None else scheduler
         self.executor = Executor(observers=observers, deterministic=deterministic, clock=clock)
+        self._counters = EngineCounters(latency_samples_per_kind)
+        self.listeners = (self._counters, *listeners)  # the engine's own counters hear first
         self._clock = clock
         self._state = EngineState.CREATED
         self._loops: dict[str, LoopRecord] = {}
@@ -147,10 +138,9 @@ class Engine:
         self._wake: asyncio.Event | None = None
         self._aloop: asyncio.AbstractEventLoop | None = None
         self._scheduler_task: asyncio.Task[None] | None = None
+        self._closed: asyncio.Event | None = None  # set on CLOSED (a second close waits on it)
+        self._executor_exited: asyncio.Event | None = None
         self._broken: BaseException | None = None
-        self._latency: dict[str, deque[float]] = {}
-        self._latency_maxlen = latency_samples_per_kind
-        self._counts: Counter[str] = Counter()  # plans, batches, missed, met, loop outcomes
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -163,7 +153,9 @@ class Engine:
         self._transition(EngineState.RUNNING)
         self._aloop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self.executor.start(self._deliver)
+        self._closed = asyncio.Event()
+        self._executor_exited = asyncio.Event()
+        self.executor.start(self._deliver, on_exit=self._signal_executor_exit)
         self._scheduler_task = asyncio.create_task(self._run_scheduler(), name="dreamrt-scheduler")
 
     async def close(self, *, timeout_s: float = 30.0) -> None:
@@ -172,10 +164,9 @@ class Engine:
         daemon thread cannot be interrupted); otherwise nothing of the engine is left running."""
         if self._state is EngineState.CREATED:
             self._transition(EngineState.CLOSED)
-            return
         if self._state is not EngineState.RUNNING:
-            while self._state is not EngineState.CLOSED:
-                await asyncio.sleep(0.005)
+            if self._closed is not None:  # started: the first close sets it when done
+                await self._closed.wait()
             return
         self._transition(EngineState.CLOSING)
         records = list(self._loops.values())
@@ -192,13 +183,15 @@ class Engine:
         if self._scheduler_task is not None:
             await asyncio.gather(self._scheduler_task, return_exceptions=True)
         self.executor.stop()
-        give_up_s = time.monotonic() + timeout_s
-        while self.executor.is_alive() and time.monotonic() < give_up_s:
-            await asyncio.sleep(0.005)
-        if self.executor.is_alive():
+        # The exit signal is posted after the executor's last delivery, so once it is seen
+        # every completion callback has run.
+        exited = self._executor_exited
+        try:
+            await asyncio.wait_for(exited.wait(), timeout_s)  # type: ignore[union-attr]
+        except TimeoutError:
             logger.error("engine close: an op is still running after %.1f s; abandoned", timeout_s)
-        await asyncio.sleep(0)  # run a completion callback the executor posted last
         self._transition(EngineState.CLOSED)
+        self._closed.set()  # type: ignore[union-attr]
 
     # -- loops ------------------------------------------------------------------------------
 
@@ -256,20 +249,11 @@ class Engine:
 
     def stats(self) -> EngineStats:
         records = self._loops.values()
-        counts = self._counts
-        return EngineStats(
+        return self._counters.snapshot(
             queue_depth=self.scheduler.depth(),
             running_loops=sum(1 for r in records if r.status is LoopStatus.RUNNING),
             paused_loops=sum(1 for r in records if r.paused),
             executing=self._in_flight is not None,
-            plans_executed=counts["plans"],
-            batches_executed=counts["batches"],
-            deadline_misses=counts["missed"],
-            deadlines_met=counts["met"],
-            loops_succeeded=counts[LoopStatus.SUCCEEDED.value],
-            loops_failed=counts[LoopStatus.FAILED.value],
-            loops_cancelled=counts[LoopStatus.CANCELLED.value],
-            latency_samples_s={kind: tuple(s) for kind, s in sorted(self._latency.items())},
         )
 
     # -- driving ----------------------------------------------------------------------------
@@ -304,7 +288,7 @@ class Engine:
         if record.reservation_id is not None and self.admission is not None:
             self.admission.release(record.reservation_id)
         record.transition(status)
-        self._counts[status.value] += 1
+        self._counters.loop_ended(status.value)
         record.fail_snapshots(
             LoopStatusError(
                 f"loop {record.loop_id!r} ended ({status.value}) before a step boundary"
@@ -313,6 +297,7 @@ class Engine:
         if self._loops.get(record.loop_id) is record:
             del self._loops[record.loop_id]
         record.finished.set()
+        self._poke()  # a policy that reserved the executor for this loop may now pick another
 
     # -- plans ------------------------------------------------------------------------------
 
@@ -344,6 +329,7 @@ class Engine:
                 ),
                 enqueued_s=now_s,
                 eligible_s=eligible_s,
+                ends_chunk=ends_chunk(plan.emits),
             )
         )
         record.queued_plan = plan_id
@@ -386,7 +372,7 @@ class Engine:
             self.scheduler.pause_loop(record.loop_id)
         else:
             self.scheduler.resume_loop(record.loop_id)
-            self._poke()
+        self._poke()
 
     def set_loop_media_t0(self, record: LoopRecord, t0_s: float) -> None:
         record.media_t0_s = t0_s
@@ -429,15 +415,9 @@ class Engine:
             entry.record.queued_plan = None
         self._in_flight = batch
         plans = [e.plan for e in entries]
-        self.executor.submit(
-            ExecJob.for_plans(
-                batch.batch_id,
-                batch.plan_ids,
-                batch.loop_ids,
-                plans,
-                deterministic=self.deterministic,
-            )
-        )
+        job = ExecJob.for_plans(batch.batch_id, batch.plan_ids, batch.loop_ids, plans,
+                                deterministic=self.deterministic)
+        self.executor.submit(job)
 
     def _deliver(self, job: ExecJob, outcome: JobOutcome) -> None:
         """Executor thread -> event loop."""
@@ -449,20 +429,20 @@ class Engine:
         info = job.info
         self.scheduler.complete(info.batch_id)
         self._in_flight = None
-        self._counts["batches"] += 1
-        samples = self._latency.get(info.kind)
-        if samples is None:
-            samples = self._latency[info.kind] = deque(maxlen=self._latency_maxlen)
-        samples.append(outcome.wall_s)
+        step_wall_s: list[float] = []
+        missed = met = 0
         for plan_id, result in zip(info.plan_ids, outcome.plans, strict=True):
             entry = self._plans.pop(plan_id, None)
             if entry is None:
                 continue
             record = entry.record
             if result.failure is None:
-                self._counts["plans"] += 1
+                step_wall_s.append(result.wall_s)
                 if entry.deadline_s is not None:
-                    self._record_deadline(missed=outcome.finished_s > entry.deadline_s)
+                    late = outcome.finished_s > entry.deadline_s
+                    missed, met = missed + late, met + (not late)
+                    if self.admission is not None:
+                        self.admission.record_deadline(missed=late)
             if entry.future.done():
                 continue
             if record.cancel_reason is not None:
@@ -474,12 +454,25 @@ class Engine:
                 entry.future.set_result(
                     StepResult(result.output, result.wall_s, result.device_s, result.batch_size)
                 )
+        failed = sum(1 for result in outcome.plans if result.failure is not None)
+        self._tell_listeners(
+            BatchReport(info.batch_id, info.kind, outcome.wall_s, tuple(step_wall_s),
+                        failed, met, missed)
+        )
         self._poke()
 
-    def _record_deadline(self, *, missed: bool) -> None:
-        self._counts["missed" if missed else "met"] += 1
-        if self.admission is not None:
-            self.admission.record_deadline(missed=missed)
+    def _tell_listeners(self, report: BatchReport) -> None:
+        for listener in self.listeners:
+            try:
+                listener.batch_done(report)
+            except Exception:  # metrics and the like never break scheduling
+                logger.exception("batch listener %r raised; ignored", listener)
+
+    def _signal_executor_exit(self) -> None:
+        """Executor thread: its last act, after its last delivery."""
+        aloop, exited = self._aloop, self._executor_exited
+        if aloop is not None and exited is not None and not aloop.is_closed():
+            aloop.call_soon_threadsafe(exited.set)
 
     def _poke(self) -> None:
         if self._wake is not None:

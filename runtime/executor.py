@@ -141,11 +141,19 @@ class Executor:
         self._jobs: queue.SimpleQueue[ExecJob | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._deliver: Callable[[ExecJob, JobOutcome], None] | None = None
+        self._on_exit: Callable[[], None] | None = None
 
-    def start(self, deliver: Callable[[ExecJob, JobOutcome], None]) -> None:
+    def start(
+        self,
+        deliver: Callable[[ExecJob, JobOutcome], None],
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
+        """Launch the thread. ``deliver`` gets every job's outcome; ``on_exit`` is called on the
+        executor thread as its last act, after the last ``deliver`` (however it exits)."""
         if self._thread is not None:
             raise RuntimeError(f"executor {self._name!r} already started")
         self._deliver = deliver
+        self._on_exit = on_exit
         self._thread = threading.Thread(target=self._main, name=self._name, daemon=True)
         self._thread.start()
 
@@ -163,6 +171,16 @@ class Executor:
             self._thread.join(timeout_s)
 
     def _main(self) -> None:
+        try:
+            self._serve()
+        finally:
+            if self._on_exit is not None:
+                try:
+                    self._on_exit()
+                except Exception:  # e.g. the event loop is already closed
+                    logger.exception("executor: exit signal failed")
+
+    def _serve(self) -> None:
         deliver = self._deliver
         while (job := self._jobs.get()) is not None:
             try:

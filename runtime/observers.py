@@ -8,6 +8,11 @@ on the executor thread. An engine without observers runs no hook code at all.
 (the engine re-runs a faulted batch of several plans one by one first, like an exception),
 ``device_s`` is reported in ``StepResult.device_s``. Observers never change outputs.
 
+A ``BatchListener`` is the engine-side counterpart: it hears each batch once, as the engine
+accounted it (``BatchReport``: plans that succeeded and their step times, failures, deadlines
+met and missed), on the event loop after the results went back to the loops. Metrics
+(``server.metrics``) count from it, so totals never depend on a bounded sample window.
+
 - ``Profiler``: wall time per batch and, on CUDA, ``torch.cuda.Event`` time; feeds the cost
   model with the wall time (the executor's occupancy is what the scheduler budgets); keeps
   per-kind latency samples for median/p95 reporting.
@@ -32,6 +37,8 @@ from runtime.cost import CostModel
 
 __all__ = [
     "BatchInfo",
+    "BatchListener",
+    "BatchReport",
     "LatencySummary",
     "NaNWatch",
     "Observation",
@@ -84,6 +91,28 @@ class Observer(Protocol):
     def after_batch(
         self, info: BatchInfo, outputs: Sequence[Any], wall_s: float
     ) -> Observation | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReport:
+    """One executed batch as the engine accounted it. ``step_wall_s``: for each plan that
+    succeeded, the wall time of the run that produced its output (seconds); ``failed``: plans
+    that failed; deadlines of realtime plans that succeeded, ``met`` or ``missed``."""
+
+    batch_id: int
+    kind: str
+    wall_s: float  # the whole job, solo re-runs included
+    step_wall_s: tuple[float, ...]
+    failed: int = 0
+    deadlines_met: int = 0
+    deadlines_missed: int = 0
+
+
+class BatchListener(Protocol):
+    """Hears every finished batch once, on the event loop; must not block. A listener that
+    raises is logged and ignored."""
+
+    def batch_done(self, report: BatchReport) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

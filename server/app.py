@@ -4,7 +4,8 @@ loads the model and wires sessions, store, auth, WebRTC and metrics together.
 ``create_app(ServerConfig(...))`` returns an app whose lifespan does the work:
 
 startup   store (SQLite under ``data_dir``) + recovery -> model instance(s) -> engine (cost model,
-          admission with KV/peak/compute capacities, one executor thread) -> KV slab pool ->
+          the scheduling policy ``config.scheduler``, admission with KV/peak/compute
+          capacities, one executor thread, metrics as a batch listener) -> KV slab pool ->
           session host (resumes unfinished jobs) -> ICE host restriction and encoder bitrate
 shutdown  viewers' peers -> sessions and jobs -> engine -> store, then the process-wide
           aiortc/aioice settings are restored. Nothing of the server keeps running.
@@ -63,6 +64,8 @@ class ServerConfig:
     playout_buffer_s: float = 0.25
     max_lead_s: float = 1.0
     max_batch: int = 8
+    # step-edf (default) | chunk-rr | fifo: the request-level baselines exist to be measured
+    scheduler: str = "step-edf"
     deterministic: bool = False  # batched plans bit-identical to solo runs (replay, A/B tests)
     compile: bool = False  # GPU serving: WanInstance.compile()
     # one internal session before serving, so no user waits for compilation (None: if compiled)
@@ -109,7 +112,6 @@ class ServerContext:
         counts = self.host.counts()
         stats = self.engine.stats()
         slabs_free, slabs_capacity = self.host.slab_counts()
-        samples = stats.latency_samples_s
         return MetricsSnapshot(
             sessions_by_state=counts["sessions_by_state"],
             jobs_by_state=counts["jobs_by_state"],
@@ -120,10 +122,6 @@ class ServerContext:
             queue_depth=stats.queue_depth,
             running_loops=stats.running_loops,
             executing=stats.executing,
-            plans_executed=stats.plans_executed,
-            deadline_misses=stats.deadline_misses,
-            step_latency_s={kind: list(s) for kind, s in samples.items()},
-            steps_by_kind={kind: len(s) for kind, s in samples.items()},
             kv_slabs_free=slabs_free,
             kv_slabs_capacity=slabs_capacity,
             server_tasks=self.server_tasks(),
@@ -165,8 +163,11 @@ async def _build(config: ServerConfig) -> ServerContext:
     from runtime.cost import CostModel, DeviceConstants
     from runtime.engine import Engine
     from runtime.observers import NaNWatch, Profiler
+    from runtime.policies import make_scheduler
 
     mode = resolve_auth_mode(config.host, config.auth, force=config.force_no_auth)
+    # before any slow work: an unknown policy name fails here, naming the known ones
+    scheduler = make_scheduler(config.scheduler, max_batch=config.max_batch)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(config.data_dir / "dreamrt.sqlite3")
     unfinished_jobs = store.recover()
@@ -190,10 +191,12 @@ async def _build(config: ServerConfig) -> ServerContext:
             peak_concurrency=config.max_batch,
         )
     )
+    # the metrics read live state through ``ctx`` (bound below, before the first scrape)
+    metrics = ServerMetrics(lambda: ctx.metrics_snapshot())
     engine = Engine(
         cost=cost,
+        scheduler=scheduler,
         admission=admission,
-        max_batch=config.max_batch,
         deterministic=config.deterministic,
         playout_buffer_s=config.playout_buffer_s,
         max_lead_s=config.max_lead_s,
@@ -201,7 +204,9 @@ async def _build(config: ServerConfig) -> ServerContext:
         # deadlines then use what this machine really does); NaNWatch fails a session whose
         # step produced a non-finite value instead of streaming garbage.
         observers=(Profiler(cost), NaNWatch()),
+        listeners=(metrics,),
     )
+    log.info("scheduling policy: %s", scheduler.name)
     await engine.start()
 
     def validate_action(keys: list[str], mouse: tuple[float, float]) -> list[str]:
@@ -225,7 +230,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         engine=engine,
         host=host,
         auth=auth,
-        metrics=ServerMetrics(lambda: ctx.metrics_snapshot()),
+        metrics=metrics,
         device=device,
         model_id=model_id,
     )

@@ -8,7 +8,8 @@ carries ``Authorization: Bearer <token>`` where the token is one of:
 - a token issued by ``POST /v1/tokens`` with scope ``admin`` or ``user`` (``user``: every
   route except issuing tokens), expiring after its ``ttl_s``;
 - a **session token** returned by ``POST /v1/sessions`` (scope ``session:<id>``): the routes
-  of that session only, for the session's lifetime plus a day.
+  of that session only, expiring 7 days after it was issued (``SESSION_TOKEN_TTL_S``), however
+  long the session runs (it is not revoked when the session ends).
 
 Tokens are random (256 bits, ``drt_`` prefix); only their sha256 is stored (SQLite ``tokens``)
 and cached in memory, so a stolen database does not leak usable tokens. Missing or unknown
@@ -38,7 +39,7 @@ __all__ = [
     "resolve_auth_mode",
 ]
 
-SESSION_TOKEN_TTL_S = 7 * 24 * 3600.0
+SESSION_TOKEN_TTL_S = 7 * 24 * 3600.0  # seconds from issue
 
 
 class AuthMode(str, enum.Enum):

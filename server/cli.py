@@ -12,7 +12,11 @@ import logging
 import sys
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["SCHEDULERS", "main"]
+
+# runtime.policies.SCHEDULER_POLICIES, spelled out so the parser imports no runtime module
+# (a test keeps the two equal)
+SCHEDULERS = ("step-edf", "chunk-rr", "fifo")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -67,6 +71,14 @@ def _build_parser() -> argparse.ArgumentParser:
         default=300.0,
         metavar="SECONDS",
         help="close sessions without a viewer for this long (0: never)",
+    )
+    serve.add_argument(
+        "--scheduler",
+        choices=SCHEDULERS,
+        default=SCHEDULERS[0],
+        help="scheduling policy: step-edf (step-level earliest deadline first, default); "
+        "chunk-rr (whole chunks, sessions in turn) and fifo (one request at a time, in "
+        "arrival order) are request-level baselines to measure against",
     )
     serve.add_argument(
         "--deterministic",
@@ -152,6 +164,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         video_bitrate_bps=args.bitrate,
         deterministic=args.deterministic,
+        scheduler=args.scheduler,
         compile=args.compile,
         warmup=False if args.no_warmup else None,
         checkpoint_dir=args.checkpoint,

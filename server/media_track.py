@@ -15,8 +15,11 @@ thread pool). Contract:
   cut, the next fresh frame leaves at once and the session re-anchors the playout (and the
   engine's deadlines) on it; a frame due more than ``max_hold_s`` ahead is treated the same
   way, so a stale anchor can never freeze the picture.
-- It never blocks the event loop: it only awaits ``asyncio.sleep`` and queue events, and the
+- It never blocks the event loop: it only awaits ``sleep`` and queue events, and the
   ``av.VideoFrame`` it builds is a cheap copy of one uint8 ``[H, W, 3]`` array.
+- Time is the injected ``clock`` (seconds) and every wait for time to pass is the injected
+  ``sleep`` (default ``time.monotonic`` and ``asyncio.sleep``), so a test drives the pacing
+  with a fake clock whose ``sleep`` advances it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import asyncio
 import fractions
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
@@ -52,6 +55,7 @@ class SessionVideoTrack(MediaStreamTrack):
         *,
         max_hold_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         super().__init__()
         self._session = session
@@ -59,6 +63,7 @@ class SessionVideoTrack(MediaStreamTrack):
         self._frame_s = 1.0 / self._fps
         self._max_hold_s = max_hold_s
         self._clock = clock
+        self._sleep = sleep
         self._started = False
         self._last: MediaFrame | None = None
         self._last_pts = -1
@@ -115,8 +120,8 @@ class SessionVideoTrack(MediaStreamTrack):
         media = self._session.media
         now = self._clock()
         slot_s = now if self._last_sent_s is None else max(now, self._last_sent_s + self._frame_s)
-        if media.peek() is None and not await media.wait_nonempty(timeout_s=slot_s - now):
-            await asyncio.sleep(max(0.0, slot_s - self._clock()))
+        if media.peek() is None and not await self._wait_frame(slot_s - now):
+            await self._sleep(max(0.0, slot_s - self._clock()))
             return media.pop()  # a frame that arrived during the last instants is still fresh
         frame = media.peek()
         if frame is None:  # closed
@@ -131,8 +136,21 @@ class SessionVideoTrack(MediaStreamTrack):
                 due_s = max(slot_s, by_pts)
         delay = due_s - self._clock()
         if delay > 0:
-            await asyncio.sleep(delay)
+            await self._sleep(delay)
         return media.pop()
+
+    async def _wait_frame(self, timeout_s: float) -> bool:
+        """True once a frame is queued (or the queue closed), False after ``timeout_s`` of the
+        track's own time (``sleep``) passed first."""
+        media = self._session.media
+        arrival = asyncio.ensure_future(media.wait_nonempty())
+        timer = asyncio.ensure_future(self._sleep(max(0.0, timeout_s)))
+        try:
+            await asyncio.wait({arrival, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            arrival.cancel()
+            timer.cancel()
+        return arrival.done() and not arrival.cancelled() and arrival.result()
 
     def stop(self) -> None:
         """Ends the track (idempotent); the session is not closed by this."""

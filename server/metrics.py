@@ -1,33 +1,51 @@
-"""Prometheus metrics (``GET /metrics``), collected from live state at scrape time.
+"""Prometheus metrics (``GET /metrics``) in a private ``CollectorRegistry`` per app, so several
+apps in one process (tests) never share series.
 
-Nothing is counted twice: at each scrape a ``MetricsSnapshot`` is taken from the sessions,
-jobs and engine (the composition root supplies ``snapshot_fn``) and rendered into a private
-``CollectorRegistry``, so several apps in one process (tests) never share series.
+Two sources, each counted once:
 
-Series (all prefixed ``dreamrt_``): ``sessions{state}``, ``jobs{state}``,
-``frames_sent_total``, ``stalls_total``, ``media_dropped_frames_total``,
-``admission_rejections_total{reason}``, ``scheduler_queue_depth``, ``engine_running_loops``, ``engine_executing``,
-``engine_plans_executed_total``, ``engine_deadline_misses_total``,
-``step_latency_seconds{kind,quantile}`` (median and p95 of the engine's recent samples) with
-``steps_total{kind}``, ``kv_slabs_free`` / ``kv_slabs_capacity``, and ``server_tasks`` (background
-tasks the server owns: 0 when idle).
+- **The engine** reports every finished batch to ``ServerMetrics.batch_done`` (it is one of
+  the engine's batch listeners, ``runtime.observers.BatchListener``): prometheus ``Counter``s
+  ``steps_total{kind}`` (plans that ran), ``engine_plans_executed_total``,
+  ``engine_plan_failures_total``, ``engine_deadline_misses_total``, and the ``Histogram``
+  ``step_latency_seconds{kind}`` (wall time of the run that produced each plan's output,
+  buckets 1 ms .. 2 s). These are unbounded totals, not a window of recent samples.
+- **Live state**, read at scrape time from a ``MetricsSnapshot`` (the composition root supplies
+  ``snapshot_fn``): gauges ``sessions{state}``, ``jobs{state}``, ``scheduler_queue_depth``,
+  ``engine_running_loops``, ``engine_executing``, ``kv_slabs_free`` / ``kv_slabs_capacity``,
+  ``server_tasks`` (background tasks the server owns: 0 when idle); and the session-side
+  totals ``frames_sent_total``, ``stalls_total``, ``media_dropped_frames_total``,
+  ``admission_rejections_total{reason}``. Sessions count those themselves (including ended
+  sessions); the ``Counter``s here are advanced to their totals at each scrape.
+
+Every series is prefixed ``dreamrt_``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 
-__all__ = ["CONTENT_TYPE", "MetricsSnapshot", "ServerMetrics"]
+__all__ = ["CONTENT_TYPE", "STEP_LATENCY_BUCKETS_S", "MetricsSnapshot", "ServerMetrics"]
+
+log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# 1 ms .. 2 s: a tiny-model step on CPU is a few ms, a large DiT step on a GPU tens to hundreds
+# of ms, a first-chunk decode or a compile-cold step up to seconds.
+STEP_LATENCY_BUCKETS_S = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, float("inf")
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class MetricsSnapshot:
+    """Live state and session-side totals at one instant (see the module docstring)."""
+
     sessions_by_state: Mapping[str, int] = field(default_factory=dict)
     jobs_by_state: Mapping[str, int] = field(default_factory=dict)
     frames_sent: int = 0
@@ -37,29 +55,79 @@ class MetricsSnapshot:
     queue_depth: int = 0
     running_loops: int = 0
     executing: bool = False
-    plans_executed: int = 0
-    deadline_misses: int = 0
-    step_latency_s: Mapping[str, Sequence[float]] = field(
-        default_factory=dict
-    )  # kind -> recent samples
-    steps_by_kind: Mapping[str, int] = field(default_factory=dict)
     kv_slabs_free: int | None = None
     kv_slabs_capacity: int | None = None
     server_tasks: int = 0
 
 
-def _quantile(samples: Sequence[float], q: float) -> float:
-    ordered = sorted(samples)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
+class BatchReport(Protocol):
+    """What the engine reports per finished batch (``runtime.observers.BatchReport``)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def step_wall_s(self) -> Sequence[float]: ...
+
+    @property
+    def failed(self) -> int: ...
+
+    @property
+    def deadlines_missed(self) -> int: ...
+
+
+class _Totals:
+    """Session-side totals as ``Counter``s: each scrape advances them to the sessions' own
+    totals. Not registered in the registry: the snapshot collector yields them after the
+    advance, so a scrape never shows a stale total."""
+
+    def __init__(self) -> None:
+        self.frames_sent = Counter(
+            "dreamrt_frames_sent", "Video frames put on the wire (fresh and repeated)",
+            registry=None,
+        )
+        self.stalls = Counter(
+            "dreamrt_stalls", "Frames repeated because generation was late", registry=None
+        )
+        self.media_dropped = Counter(
+            "dreamrt_media_dropped_frames", "Frames dropped by full media queues", registry=None
+        )
+        self.rejections = Counter(
+            "dreamrt_admission_rejections", "Sessions refused by admission", ["reason"],
+            registry=None,
+        )
+        self._seen: dict[tuple[str, str], float] = {}
+
+    def advance(self, s: MetricsSnapshot) -> None:
+        self._advance("frames_sent", "", self.frames_sent, s.frames_sent)
+        self._advance("stalls", "", self.stalls, s.stalls)
+        self._advance("media_dropped", "", self.media_dropped, s.media_dropped)
+        for reason, count in sorted(s.admission_rejections.items()):
+            self._advance("rejections", reason, self.rejections.labels(reason), count)
+
+    def collect(self) -> Iterator[Metric]:
+        for counter in (self.frames_sent, self.stalls, self.media_dropped, self.rejections):
+            yield from counter.collect()
+
+    def _advance(self, name: str, label: str, counter: Counter, total: float) -> None:
+        seen = self._seen.get((name, label), 0.0)
+        if total < seen:  # a session total never decreases; a drop is a bug upstream
+            log.warning("metrics: %s%s went down from %s to %s", name, label, seen, total)
+            return
+        if total > seen:
+            counter.inc(total - seen)
+            self._seen[(name, label)] = total
 
 
 class _SnapshotCollector:
-    def __init__(self, snapshot_fn: Callable[[], MetricsSnapshot]) -> None:
+    def __init__(self, snapshot_fn: Callable[[], MetricsSnapshot], totals: _Totals) -> None:
         self._snapshot_fn = snapshot_fn
+        self._totals = totals
 
     def collect(self) -> Iterator[Metric]:
         s = self._snapshot_fn()
+        self._totals.advance(s)
+        yield from self._totals.collect()
         sessions = GaugeMetricFamily(
             "dreamrt_sessions", "Sessions by lifecycle state", labels=["state"]
         )
@@ -70,25 +138,6 @@ class _SnapshotCollector:
         for state, count in sorted(s.jobs_by_state.items()):
             jobs.add_metric([state], count)
         yield jobs
-        yield CounterMetricFamily(
-            "dreamrt_frames_sent",
-            "Video frames put on the wire (fresh and repeated)",
-            value=s.frames_sent,
-        )
-        yield CounterMetricFamily(
-            "dreamrt_stalls", "Frames repeated because generation was late", value=s.stalls
-        )
-        yield CounterMetricFamily(
-            "dreamrt_media_dropped_frames",
-            "Frames dropped by full media queues",
-            value=s.media_dropped,
-        )
-        rejections = CounterMetricFamily(
-            "dreamrt_admission_rejections", "Sessions refused by admission", labels=["reason"]
-        )
-        for reason, count in sorted(s.admission_rejections.items()):
-            rejections.add_metric([reason], count)
-        yield rejections
         yield GaugeMetricFamily(
             "dreamrt_scheduler_queue_depth", "Plans waiting in the scheduler", value=s.queue_depth
         )
@@ -100,28 +149,6 @@ class _SnapshotCollector:
             "1 while a batch runs on the executor",
             value=int(s.executing),
         )
-        yield CounterMetricFamily(
-            "dreamrt_engine_plans_executed", "Plans executed", value=s.plans_executed
-        )
-        yield CounterMetricFamily(
-            "dreamrt_engine_deadline_misses",
-            "Realtime plans that finished late",
-            value=s.deadline_misses,
-        )
-        latency = GaugeMetricFamily(
-            "dreamrt_step_latency_seconds",
-            "Step latency of recent plans",
-            labels=["kind", "quantile"],
-        )
-        for kind, samples in sorted(s.step_latency_s.items()):
-            if samples:
-                latency.add_metric([kind, "0.5"], _quantile(samples, 0.5))
-                latency.add_metric([kind, "0.95"], _quantile(samples, 0.95))
-        yield latency
-        steps = CounterMetricFamily("dreamrt_steps", "Plans executed by kind", labels=["kind"])
-        for kind, count in sorted(s.steps_by_kind.items()):
-            steps.add_metric([kind], count)
-        yield steps
         if s.kv_slabs_capacity is not None:
             yield GaugeMetricFamily(
                 "dreamrt_kv_slabs_capacity", "Chunk-KV slabs in the pool", value=s.kv_slabs_capacity
@@ -135,11 +162,44 @@ class _SnapshotCollector:
 
 
 class ServerMetrics:
-    """A private registry rendering ``snapshot_fn()`` at every scrape."""
+    """One app's registry: engine-fed counters and histogram (``batch_done``, called by the
+    engine on the event loop) plus live state rendered from ``snapshot_fn()`` at every scrape."""
 
     def __init__(self, snapshot_fn: Callable[[], MetricsSnapshot]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_SnapshotCollector(snapshot_fn))
+        r = self.registry
+        self.steps = Counter("dreamrt_steps", "Plans executed by kind", ["kind"], registry=r)
+        self.step_latency = Histogram(
+            "dreamrt_step_latency_seconds",
+            "Wall time of the run that produced each executed plan's output",
+            ["kind"],
+            buckets=STEP_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.plans_executed = Counter(
+            "dreamrt_engine_plans_executed", "Plans executed", registry=r
+        )
+        self.plan_failures = Counter(
+            "dreamrt_engine_plan_failures", "Plans that failed (exception or NaN)", registry=r
+        )
+        self.deadline_misses = Counter(
+            "dreamrt_engine_deadline_misses", "Realtime plans that finished late", registry=r
+        )
+        r.register(_SnapshotCollector(snapshot_fn, _Totals()))
+
+    def batch_done(self, report: BatchReport) -> None:
+        """The engine finished a batch (event loop; must not block)."""
+        steps = len(report.step_wall_s)
+        if steps:
+            self.steps.labels(report.kind).inc(steps)
+            self.plans_executed.inc(steps)
+            latency = self.step_latency.labels(report.kind)
+            for wall_s in report.step_wall_s:
+                latency.observe(wall_s)
+        if report.failed:
+            self.plan_failures.inc(report.failed)
+        if report.deadlines_missed:
+            self.deadline_misses.inc(report.deadlines_missed)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,10 +3,11 @@
 Two measurements, both without tensor work:
 
 - **scheduler**: the pure decision path the engine runs per plan: cost prediction and
-  deadline arithmetic for the next plan, ``Scheduler.submit``, ``pick``, ``complete``. Realtime
-  loops at 16 fps on a simulated clock that advances by each batch's predicted cost (the
-  device is overloaded, so every ticket is eligible: the worst case for ``pick``). Reported as
-  the median over rounds of (round time / plans in the round), for max_batch 1 and 8.
+  deadline arithmetic for the next plan, ``StepEdfScheduler.submit``, ``pick``,
+  ``complete``. Realtime loops at 16 fps on a simulated clock that advances by each batch's
+  predicted cost (the device is overloaded, so every ticket is eligible: the worst case for
+  ``pick``). Reported as the median over rounds of (round time / plans in the round), for
+  max_batch 1 and 8.
 - **engine**: the same loops through the real ``Engine`` (asyncio driver coroutines, the
   scheduling task, the executor thread, ``call_soon_threadsafe``) with a no-op op; wall time
   per executed plan. This includes everything the runtime adds around an op.
@@ -30,7 +31,8 @@ import msgspec
 from runtime.contract import Done, LoopResult, LoopState, PlanKind, Priority, StepResult, WorkPlan
 from runtime.cost import CostModel
 from runtime.engine import Engine
-from runtime.scheduler import Scheduler, Ticket
+from runtime.scheduler import Ticket
+from runtime.step_edf import StepEdfScheduler
 
 LOOP_COUNTS = (1, 8, 64)
 FPS_PERIOD_S = 1.0 / 16
@@ -41,7 +43,7 @@ def scheduler_us_per_plan(
     num_loops: int, max_batch: int, *, rounds: int, plans_per_round: int
 ) -> float:
     cost = CostModel()
-    sched = Scheduler(max_batch=max_batch)
+    sched = StepEdfScheduler(max_batch=max_batch)
     now_s = 0.0
     steps = [0] * num_loops
     loop_ids = [f"loop{i}" for i in range(num_loops)]
@@ -127,7 +129,7 @@ class _NoOpLoop:
 
 
 async def _engine_us_per_plan(num_loops: int, max_batch: int, steps: int) -> float:
-    engine = Engine(cost=CostModel(), max_batch=max_batch)
+    engine = Engine(cost=CostModel(), scheduler=StepEdfScheduler(max_batch=max_batch))
     await engine.start()
     loop = _NoOpLoop()
     try:

@@ -38,6 +38,7 @@ from runtime.cost import CostModel
 from runtime.driver import run_inline
 from runtime.engine import Engine
 from runtime.observers import BatchInfo, Observation
+from runtime.step_edf import StepEdfScheduler
 
 pytestmark = pytest.mark.slow
 
@@ -121,7 +122,8 @@ async def alone(instance: Any, accepts_audio: bool) -> dict[str, list]:
 
 async def interleaved(instance: Any, accepts_audio: bool) -> tuple[dict[str, list], OrderSpy]:
     spy = OrderSpy()
-    engine = Engine(cost=CostModel(), max_batch=1, observers=[spy], max_lead_s=1000.0)
+    engine = Engine(cost=CostModel(), scheduler=StepEdfScheduler(max_batch=1), observers=[spy],
+                    max_lead_s=1000.0)
     await engine.start()
     emitted: dict[str, list[Emission]] = {}
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -30,7 +31,10 @@ from runtime.contract import (
 from runtime.cost import CostModel
 from runtime.driver import restore_state, run_inline
 from runtime.engine import Engine, EngineError
-from runtime.observers import BatchInfo, NaNWatch, Observation
+from runtime.baseline_schedulers import ChunkRoundRobinScheduler, FifoScheduler
+from runtime.observers import BatchInfo, BatchReport, NaNWatch, Observation
+from runtime.policies import SCHEDULER_POLICIES, make_scheduler
+from runtime.step_edf import StepEdfScheduler
 from tests.runtime.toy_loops import ToyDenoiseLoop, ToyDenoiser, ToyModel, ToyRequest, ToyState
 
 RT = Priority.REALTIME
@@ -240,7 +244,10 @@ async def test_failure_isolation_one_loop_fails_the_others_finish(
     admission = AdmissionController(AdmissionConfig(peak_capacity_bytes=100))
     spy = AttemptSpy()
     engine = make_engine(
-        max_batch=3, deterministic=True, observers=[spy, NaNWatch()], admission=admission
+        scheduler=StepEdfScheduler(max_batch=3),
+        deterministic=True,
+        observers=[spy, NaNWatch()],
+        admission=admission,
     )
     await engine.start()
     emitted: dict[str, list[int]] = {k: [] for k in requests}
@@ -471,8 +478,12 @@ async def test_close_leaves_nothing_running_and_is_idempotent() -> None:
     await until(op.entered.is_set)
     closing = asyncio.create_task(engine.close())
     await asyncio.sleep(0.01)
+    second = asyncio.create_task(engine.close())  # waits for the first close to finish
+    await asyncio.sleep(0.01)
+    assert not second.done() and engine.state.value == "closing"
     op.gate.set()
-    await closing
+    await within(closing)
+    await within(second)
     await engine.close()
     with pytest.raises(Cancelled, match="engine_closed"):
         await within(handle.result())
@@ -622,3 +633,114 @@ async def test_inline_runs_resolve_pending_outputs() -> None:
         lambda: asyncio.run(run_inline(loop, 2, None))))
     await producer
     assert [e.output for e in emissions] == ["frame-0", "frame-1"] and result.outputs["steps"] == 2
+
+
+# --------------------------------------------------------------------------------------------
+# scheduling policies end to end
+
+
+class ChunkedToyLoop(ToyDenoiseLoop):
+    """The toy loop with sessions' chunk structure: every second step emits a chunk's final
+    media (``final`` False on the step before, like a first decode part)."""
+
+    def next(self, state: ToyState) -> WorkPlan | Done:
+        plan = super().next(state)
+        if isinstance(plan, Done):
+            return plan
+        media = EmitSpec("media", {"chunk": state.step // 2, "final": state.step % 2 == 1})
+        return dataclasses.replace(plan, emits=(*plan.emits, media))
+
+
+class StepNames:
+    """Observer naming every executed plan ``<loop><index>`` in execution order."""
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+        self._counts: dict[str, int] = {}
+
+    def before_batch(self, info: BatchInfo) -> None:
+        for loop_id in info.loop_ids:
+            index = self._counts.get(loop_id, 0)
+            self._counts[loop_id] = index + 1
+            self.order.append(f"{loop_id}{index}")
+
+    def after_batch(
+        self, info: BatchInfo, outputs: Sequence[Any], wall_s: float
+    ) -> Observation | None:
+        return None
+
+
+class Reports:
+    def __init__(self) -> None:
+        self.reports: list[BatchReport] = []
+
+    def batch_done(self, report: BatchReport) -> None:
+        self.reports.append(report)
+
+
+async def run_two_sessions_and_a_job(
+    model: ToyModel, scheduler: Any
+) -> tuple[dict[str, torch.Tensor], list[str], Engine, Reports]:
+    names, reports = StepNames(), Reports()
+    engine = make_engine(
+        scheduler=scheduler, deterministic=True, observers=[names], listeners=[reports]
+    )
+    await engine.start()
+    try:
+        spawned = {
+            "A": (ChunkedToyLoop(model), ToyRequest(seed=1), RT),
+            "B": (ChunkedToyLoop(model), ToyRequest(seed=2), RT),
+            "J": (ToyDenoiseLoop(model), ToyRequest(seed=3), BATCH),
+        }
+        handles = {
+            loop_id: engine.spawn(loop, request, model, loop_id=loop_id, priority=priority,
+                                  on_emit=no_emit)
+            for loop_id, (loop, request, priority) in spawned.items()
+        }
+        results = {k: (await within(h.result())).outputs["x"] for k, h in handles.items()}
+    finally:
+        await engine.close()
+    return results, names.order, engine, reports
+
+
+@pytest.mark.parametrize("policy", SCHEDULER_POLICIES)
+async def test_every_policy_runs_sessions_and_a_job_to_the_solo_results(
+    model: ToyModel, policy: str
+) -> None:
+    scheduler = make_scheduler(policy)
+    results, order, engine, reports = await run_two_sessions_and_a_job(model, scheduler)
+    assert engine.scheduler is scheduler
+    for loop_id, seed in (("A", 1), ("B", 2), ("J", 3)):
+        solo, _ = await run_inline(ToyDenoiseLoop(model), ToyRequest(seed=seed), model)
+        assert torch.equal(results[loop_id], solo.outputs["x"]), loop_id
+    assert sorted(order) == sorted(f"{k}{i}" for k in "ABJ" for i in range(6))
+    stats = engine.stats()
+    assert stats.plans_executed == 18 and stats.loops_succeeded == 3
+    assert sum(len(r.step_wall_s) for r in reports.reports) == 18
+    assert len(reports.reports) == stats.batches_executed
+
+
+async def test_engine_with_chunk_rr_gives_sessions_whole_chunks_in_turn(model: ToyModel) -> None:
+    _, order, _, _ = await run_two_sessions_and_a_job(model, ChunkRoundRobinScheduler())
+    assert order == [
+        "A0", "A1", "B0", "B1",
+        "J0", "J1", "J2", "J3", "J4", "J5",  # the job emits no media: one turn, its whole run
+        "A2", "A3", "B2", "B3", "A4", "A5", "B4", "B5",
+    ]  # fmt: skip
+
+
+async def test_engine_with_fifo_runs_each_loop_to_completion_in_arrival_order(
+    model: ToyModel,
+) -> None:
+    _, order, _, _ = await run_two_sessions_and_a_job(model, FifoScheduler())
+    assert order == [f"{k}{i}" for k in "ABJ" for i in range(6)]
+
+
+async def test_engine_with_step_edf_interleaves_the_sessions_step_by_step(
+    model: ToyModel,
+) -> None:
+    _, order, _, _ = await run_two_sessions_and_a_job(model, StepEdfScheduler(max_batch=1))
+    sessions = [name for name in order if name[0] in "AB"]
+    # equal media times: EDF alternates the two sessions (running loops first at a tie)
+    assert [name[0] for name in sessions] == list("AB" * 6)
+

@@ -13,6 +13,10 @@ import pytest
 RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
 PURE = [
     "runtime.scheduler",
+    "runtime.step_edf",
+    "runtime.baseline_schedulers",
+    "runtime.policies",
+    "runtime.engine_stats",
     "runtime.admission",
     "runtime.cost",
     "runtime.pools",

@@ -24,6 +24,7 @@ from runtime.cost import CostModel
 from runtime.driver import run_inline
 from runtime.engine import Engine
 from runtime.observers import BatchInfo, NaNWatch, Observation
+from runtime.step_edf import StepEdfScheduler
 from tests.runtime.toy_loops import ToyDenoiseLoop, ToyDenoiser, ToyModel, ToyRequest
 
 # Stated tolerance for batched (non-deterministic) execution: float32 GEMMs over a batch may
@@ -79,7 +80,7 @@ async def concurrently(
     spy = OrderSpy()
     engine = Engine(
         cost=CostModel(),
-        max_batch=max_batch,
+        scheduler=StepEdfScheduler(max_batch=max_batch),
         deterministic=deterministic,
         observers=[spy, NaNWatch()],
         max_lead_s=10.0,

@@ -88,3 +88,28 @@ def test_bench_rejects_an_unknown_name(capsys) -> None:
         main(["bench", "warp-speed"])
     assert exc.value.code == 2
     assert "invalid choice: 'warp-speed'" in capsys.readouterr().err
+
+
+def test_serve_takes_a_scheduling_policy(monkeypatch) -> None:
+    import uvicorn
+
+    from runtime.policies import SCHEDULER_POLICIES
+    from server.cli import SCHEDULERS
+
+    assert SCHEDULERS == SCHEDULER_POLICIES
+    parser = _build_parser()
+    assert parser.parse_args(["serve"]).scheduler == "step-edf"
+    for name in SCHEDULERS:
+        assert parser.parse_args(["serve", "--scheduler", name]).scheduler == name
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    assert main(["serve", "--scheduler", "chunk-rr", "--port", "9"]) == 0
+    assert served[0].state.config.scheduler == "chunk-rr"
+
+
+def test_serve_rejects_an_unknown_scheduler(capsys) -> None:
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_info:
+        _build_parser().parse_args(["serve", "--scheduler", "round-robin"])
+    assert exit_info.value.code == 2 and "step-edf" in capsys.readouterr().err

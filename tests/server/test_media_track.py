@@ -1,6 +1,8 @@
+"""The paced video track on a fake clock: exact send times, no wall-clock timing."""
+
 import asyncio
 import itertools
-import time
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -11,11 +13,28 @@ from server.media_track import SessionVideoTrack
 from sessions.session import Session, SessionConfig
 from tests.sessions.fakes import FakeHandle
 
-FPS = 50
+FPS = 16  # 1/16 s and 5625 ticks per frame: every send time is an exact binary fraction
+FRAME_S = 1 / FPS
+TICKS = 90_000 // FPS
 N = 5  # frames per chunk
 
 
-def make_live_session() -> tuple[Session, FakeHandle]:
+@dataclass
+class FakeClock:
+    """The track's and the session's time. ``sleep`` lets ``dt_s`` pass at once (and yields
+    once to the event loop), so the test decides when frames arrive, in frame slots."""
+
+    now_s: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    async def sleep(self, dt_s: float) -> None:
+        self.now_s += max(0.0, dt_s)
+        await asyncio.sleep(0)
+
+
+def make_live_session(clock: FakeClock) -> tuple[Session, FakeHandle]:
     config = SessionConfig(
         session_id="s",
         model_id="m",
@@ -27,44 +46,52 @@ def make_live_session() -> tuple[Session, FakeHandle]:
         priority_class="realtime",
         capabilities=frozenset({"prompt.switch"}),
     )
-    session = Session(config, media_capacity_frames=64)
+    session = Session(config, media_capacity_frames=64, clock=clock)
     handle = FakeHandle()
     session.attach(handle)
     session.begin_negotiation()
     return session, handle
 
 
+def make_track(session: Session, clock: FakeClock) -> SessionVideoTrack:
+    return SessionVideoTrack(session, clock=clock, sleep=clock.sleep)
+
+
 def chunk(k: int) -> Emission:
     frames = np.full((N, 8, 8, 3), k, dtype=np.uint8)
-    return Emission(
-        EmitSpec(
-            Stream.MEDIA,
-            MediaMeta(chunk=k, segment=0, frame_start=k * N, pts_90k=k * N * 90000 // FPS,
-                      num_frames=N, fps=FPS),
-        ),
-        frames,
-    )
+    meta = MediaMeta(chunk=k, segment=0, frame_start=k * N, pts_90k=k * N * TICKS,
+                     num_frames=N, fps=FPS)
+    return Emission(EmitSpec(Stream.MEDIA, meta), frames)
 
 
-async def pull(track: SessionVideoTrack, n: int) -> list[tuple[int, int, float]]:
+async def pull(
+    track: SessionVideoTrack, clock: FakeClock, n: int
+) -> list[tuple[int, int, float]]:
+    """``n`` frames as (wire pts, chunk value of the picture, send time)."""
     out = []
     for _ in range(n):
-        frame = await track.recv()
-        out.append((frame.pts, int(frame.to_ndarray(format="rgb24")[0, 0, 0]), time.monotonic()))
+        frame = await asyncio.wait_for(track.recv(), 5.0)
+        out.append((frame.pts, int(frame.to_ndarray(format="rgb24")[0, 0, 0]), clock()))
     return out
 
 
+async def yield_a_while() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
 async def test_steady_stream_is_paced_by_pts_without_stalls() -> None:
-    session, handle = make_live_session()
+    clock = FakeClock(100.0)
+    session, handle = make_live_session(clock)
     for k in range(4):
         session.on_emission(chunk(k))
-    track = SessionVideoTrack(session)
-    got = await pull(track, 20)
+    track = make_track(session, clock)
+    got = await pull(track, clock, 20)
     assert session.state.value == "live" and ("resume",) in handle.calls
-    assert [pts for pts, _, _ in got] == [i * 90000 // FPS for i in range(20)]
+    assert [pts for pts, _, _ in got] == [i * TICKS for i in range(20)]
     assert [value for _, value, _ in got] == [i // N for i in range(20)]
-    elapsed = got[-1][2] - got[0][2]
-    assert elapsed == pytest.approx(19 / FPS, abs=0.06)
+    assert [t for _, _, t in got] == [100.0 + i * FRAME_S for i in range(20)]
+    assert session.playout_anchor_s == 100.0
     assert session.stalls == 0 and track.repeated_frames == 0 and session.frames_sent == 20
     await session.close()
     with pytest.raises(MediaStreamError):
@@ -74,83 +101,79 @@ async def test_steady_stream_is_paced_by_pts_without_stalls() -> None:
 async def test_late_generation_repeats_the_last_frame_with_increasing_pts_and_counts_stalls() -> (
     None
 ):
-    session, _ = make_live_session()
+    clock = FakeClock()
+    session, _ = make_live_session(clock)
     session.on_emission(chunk(0))
-    track = SessionVideoTrack(session)
-    first = await pull(track, N)
-
-    async def late_producer() -> None:
-        await asyncio.sleep(0.2)  # ~10 frame slots late
-        session.on_emission(chunk(1))
-
-    producer = asyncio.create_task(late_producer())
-    rest = await pull(track, 14)
-    await producer
-    ptss = [pts for pts, _, _ in first + rest]
+    track = make_track(session, clock)
+    first = await pull(track, clock, N)
+    assert [t for _, _, t in first] == [i * FRAME_S for i in range(N)]
+    repeats = await pull(track, clock, 10)  # chunk 1 is 10 frame slots late
+    session.on_emission(chunk(1))
+    fresh = await pull(track, clock, N)
+    ptss = [pts for pts, _, _ in first + repeats + fresh]
     assert all(b > a for a, b in itertools.pairwise(ptss))
-    repeats = [(pts, value) for pts, value, _ in rest if value == 0]
-    assert len(repeats) >= 6 and session.stalls == len(repeats)
-    assert [pts for pts, _ in repeats] == [first[-1][0] + i for i in range(1, len(repeats) + 1)]
-    fresh = [(pts, value) for pts, value, _ in rest if value == 1]
-    assert fresh[0][0] == N * 90000 // FPS  # wire PTS of a fresh frame is its generation PTS
-    # after the stall the fresh frames flow at once and the playout re-anchored on them
-    assert session.playout_anchor_s == pytest.approx(
-        rest[len(repeats)][2] - fresh[0][0] / 90000, abs=0.02
-    )
+    # each empty slot repeats the last frame, pts + 1, one frame period apart, and is a stall
+    last_pts = first[-1][0]
+    assert repeats == [
+        (last_pts + i, 0, (N - 1 + i) * FRAME_S) for i in range(1, 11)
+    ]
+    assert session.stalls == 10 and track.repeated_frames == 10
+    # after the stall the late chunk leaves at once, at the next slot, with its generation pts,
+    # and the playout (and the engine's deadlines) re-anchor on it
+    resumed_s = (N + 10) * FRAME_S
+    assert fresh == [(N * TICKS + i * TICKS, 1, resumed_s + i * FRAME_S) for i in range(N)]
+    assert session.playout_anchor_s == resumed_s - N * TICKS / 90_000
     await session.close()
 
 
 async def test_paused_session_sends_nothing_until_resumed() -> None:
-    session, _ = make_live_session()
+    clock = FakeClock()
+    session, _ = make_live_session(clock)
     for k in range(3):
         session.on_emission(chunk(k))
-    track = SessionVideoTrack(session)
-    await pull(track, 2)
+    track = make_track(session, clock)
+    await pull(track, clock, 2)
     session.pause()
     waiter = asyncio.create_task(track.recv())
-    await asyncio.sleep(0.15)
-    assert not waiter.done() and session.stalls == 0
+    await yield_a_while()
+    assert not waiter.done() and session.stalls == 0 and clock() == FRAME_S
+    clock.now_s = 10.0  # paused for ~10 s
     session.resume()
-    frame = await asyncio.wait_for(waiter, 1.0)
-    assert frame.pts == 2 * 90000 // FPS
+    frame = await asyncio.wait_for(waiter, 5.0)
+    assert frame.pts == 2 * TICKS and session.stalls == 0
     await session.close()
 
 
 async def test_flush_on_prompt_switch_plays_the_new_chunk_at_once() -> None:
-    session, _ = make_live_session()
+    clock = FakeClock()
+    session, _ = make_live_session(clock)
     for k in range(3):
         session.on_emission(chunk(k))
-    track = SessionVideoTrack(session)
-    await pull(track, 2)
+    track = make_track(session, clock)
+    await pull(track, clock, 2)
     seq, _ = session.push_prompt("new")
-    session.on_emission(
-        Emission(
-            EmitSpec(
-                Stream.APPLIED,
-                AppliedMeta(kind=InputKind.PROMPT, seq=seq, chunk=6,
-                            pts_90k=6 * N * 90000 // FPS),
-            ),
-            None,
-        )
-    )
+    applied = AppliedMeta(kind=InputKind.PROMPT, seq=seq, chunk=6, pts_90k=6 * N * TICKS)
+    session.on_emission(Emission(EmitSpec(Stream.APPLIED, applied), None))
     assert len(session.media) == 0
     session.on_emission(chunk(6))
-    start = time.monotonic()
-    frame = await track.recv()
-    assert frame.pts == 6 * N * 90000 // FPS
-    assert time.monotonic() - start < 0.1  # not held back until its (stale-anchor) due time
+    frame = await asyncio.wait_for(track.recv(), 5.0)
+    assert frame.pts == 6 * N * TICKS
+    # at the next frame slot, not held back until its due time under the stale anchor (1.875 s)
+    assert clock() == 2 * FRAME_S
     await session.close()
 
 
 async def test_first_recv_before_any_frame_waits_without_counting_stalls() -> None:
-    session, _ = make_live_session()
-    track = SessionVideoTrack(session)
+    clock = FakeClock()
+    session, _ = make_live_session(clock)
+    track = make_track(session, clock)
     waiter = asyncio.create_task(track.recv())
-    await asyncio.sleep(0.1)
+    await yield_a_while()
     assert not waiter.done() and session.state.value == "live" and session.stalls == 0
+    clock.now_s = 3.0
     session.on_emission(chunk(0))
-    frame = await asyncio.wait_for(waiter, 1.0)
-    assert frame.pts == 0 and frame.width == 8
+    frame = await asyncio.wait_for(waiter, 5.0)
+    assert frame.pts == 0 and frame.width == 8 and clock() == 3.0  # at once, not paced
     track.stop()
     track.stop()
     with pytest.raises(MediaStreamError):

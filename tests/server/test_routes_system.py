@@ -1,7 +1,6 @@
 from fastapi.testclient import TestClient
 
 from server.app import DEFAULT_MODEL
-from server.metrics import MetricsSnapshot, ServerMetrics
 from tests.e2e.test_sessions_e2e import parse_metrics
 
 
@@ -30,17 +29,3 @@ def test_metrics_from_loopback_without_auth_reflect_sessions(client: TestClient)
     assert m['dreamrt_admission_rejections_total{reason="kv_slabs"}'] == 1
     assert (m["dreamrt_kv_slabs_capacity"], m["dreamrt_kv_slabs_free"]) == (2, 0)
     assert m["dreamrt_engine_running_loops"] == 2 and m["dreamrt_frames_sent_total"] == 0
-
-
-def test_metrics_render_latency_quantiles() -> None:
-    snapshot = MetricsSnapshot(
-        step_latency_s={"vae_decode": [0.1, 0.2, 0.3, 0.4, 1.0]},
-        steps_by_kind={"vae_decode": 5},
-        stalls=3,
-        sessions_by_state={"live": 1},
-    )
-    m = parse_metrics(ServerMetrics(lambda: snapshot).render().decode())
-    assert m['dreamrt_step_latency_seconds{kind="vae_decode",quantile="0.5"}'] == 0.3
-    assert m['dreamrt_step_latency_seconds{kind="vae_decode",quantile="0.95"}'] == 1.0
-    assert m['dreamrt_steps_total{kind="vae_decode"}'] == 5 and m["dreamrt_stalls_total"] == 3
-    assert m['dreamrt_sessions{state="live"}'] == 1
