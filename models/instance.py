@@ -150,6 +150,13 @@ class WanInstance:
             self.vae.decoder.compile()
         self._compiled = True
 
+    def batch_sessions(self, enabled: bool) -> None:
+        """Let the engine run compatible denoising steps of several sessions as one DiT forward
+        (``ChunkDenoiseOp``). Off by default: batched steps agree with solo ones only within a
+        tolerance, and it pays only where one session's step leaves the GPU underused (measured
+        per profile and N in infra/bench/RESULTS.md, ``dreamrt bench multisession``)."""
+        self.chunk_step_op.batchable = enabled
+
     # ---------------------------------------------------------------------------------------
     # loops
 

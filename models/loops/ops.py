@@ -121,28 +121,88 @@ class ChunkDenoiseArgs:
 
 class ChunkDenoiseOp(_SoloOp):
     """Self-Forcing-style step: predict x0 from x_t, re-noise to the next level (with
-    ``args.window``: also cache the chunk's K/V in the session's cache, in place)."""
+    ``args.window``: also cache the chunk's K/V in the session's cache, in place).
+
+    Batchable when enabled (``batchable``, off by default: ``WanInstance.batch_sessions``): the
+    engine may then hand it several sessions' steps of one shape. Those whose caches
+    present the same keys (steady state: every cache full) and that write no K/V run as ONE
+    DiT forward (``WanDiT.forward_chunks``: latents stacked, each session's K/V gathered from
+    its slab, its own timestep, RoPE position, prompt and inputs); the rest run one by one.
+    ``deterministic=True`` runs every step alone (bit-identical to a batch of one).
+    """
 
     name = "chunk_step"
 
     def __init__(self, dit: WanDiT) -> None:
         self._dit = dit
+        self.batchable = False
+
+    def __call__(self, args: Sequence[ChunkDenoiseArgs], *,
+                 deterministic: bool = False) -> list[torch.Tensor]:
+        with torch.inference_mode():
+            if deterministic or len(args) == 1:
+                return [self.run(a) for a in args]
+            groups: dict[tuple, list[int]] = {}
+            for i, a in enumerate(args):
+                groups.setdefault(_batch_group(a), []).append(i)
+            out: list[torch.Tensor | None] = [None] * len(args)
+            for key, members in groups.items():
+                if key[0] is None or len(members) == 1:  # not batchable: one by one
+                    for i in members:
+                        out[i] = self.run(args[i])
+                    continue
+                for i, y in zip(members, self._run_batch([args[i] for i in members]),
+                                strict=True):
+                    out[i] = y
+            return out  # type: ignore[return-value]
 
     def run(self, a: ChunkDenoiseArgs) -> torch.Tensor:
         # a.x: [1, C, f, h, w] -> [1, C, f, h, w]
-        x = a.x if a.init_seed is None else _noise_like(a.x, a.init_seed)
+        x = _start(a)
         t = torch.full((x.shape[0],), a.timestep, device=x.device, dtype=torch.float32)
         write = a.window is not None
         v = self._dit.forward_chunk(x, t, a.cross, a.cache, a.frame_start,
                                     action=a.action, audio=a.audio, write_cache=write)
-        x0 = (x.float() - a.sigma * v.float())
-        if a.sigma_next > 0.0:
-            noise = _noise_like(x0, a.noise_seed)
-            x0 = (1.0 - a.sigma_next) * x0 + a.sigma_next * noise.float()
-        out = x0.to(a.x.dtype)
+        out = _renoise(a, x, v)
         if write:
             _keep_window(a.cache, a.window, ((a.frame_start, out),))
         return out
+
+    def _run_batch(self, batch: list[ChunkDenoiseArgs]) -> list[torch.Tensor]:
+        # B sessions' [1, C, f, h, w] -> B x [1, C, f, h, w]
+        xs = [_start(a) for a in batch]
+        x = torch.cat(xs)
+        t = torch.tensor([a.timestep for a in batch], device=x.device, dtype=torch.float32)
+        cross = CrossKV(torch.cat([a.cross.k for a in batch], dim=1),
+                        torch.cat([a.cross.v for a in batch], dim=1))
+        action = None if batch[0].action is None else torch.cat([a.action for a in batch])
+        audio = None if batch[0].audio is None else torch.cat([a.audio for a in batch])
+        v = self._dit.forward_chunks(x, t, cross, [a.cache for a in batch],
+                                     [a.frame_start for a in batch], action=action, audio=audio)
+        return [_renoise(a, xi, v[i:i + 1]) for i, (a, xi) in enumerate(zip(batch, xs))]
+
+
+def _batch_group(a: ChunkDenoiseArgs) -> tuple:
+    """Steps with equal keys may share a forward; ``(None, i)`` never batches (it writes K/V,
+    or its cache reads keys under a mask)."""
+    prefix = a.cache.prefix_frames
+    if a.window is not None or prefix is None:
+        return (None, id(a))
+    return (tuple(a.x.shape), prefix, a.action is None, a.audio is None,
+            None if a.audio is None else tuple(a.audio.shape))
+
+
+def _start(a: ChunkDenoiseArgs) -> torch.Tensor:
+    return a.x if a.init_seed is None else _noise_like(a.x, a.init_seed)
+
+
+def _renoise(a: ChunkDenoiseArgs, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    # x, v: [1, C, f, h, w]: x0 = x - sigma * v, re-noised to sigma_next with the step's noise
+    x0 = (x.float() - a.sigma * v.float())
+    if a.sigma_next > 0.0:
+        noise = _noise_like(x0, a.noise_seed)
+        x0 = (1.0 - a.sigma_next) * x0 + a.sigma_next * noise.float()
+    return x0.to(a.x.dtype)
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,7 +82,7 @@ class WanSelfAttention(_Projections):
         past: tuple[torch.Tensor, torch.Tensor] | None = None,
         mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # x: [B, N, dim]; cos, sin: [N, D/2]; past: 2 x [B, P, H, D]; mask: [N | 1, P + N]
+        # x: [B, N, dim]; cos, sin: [N | B, N, D/2]; past: 2 x [B, P, H, D]; mask: [N | 1, P + N]
         # -> out [B, N, dim], k [B, N, H, D], v [B, N, H, D]
         q = apply_rope(self._heads(self.norm_q(self.q(x))), cos, sin)
         k = apply_rope(self._heads(self.norm_k(self.k(x))), cos, sin)

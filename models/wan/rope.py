@@ -63,11 +63,12 @@ def rope_cos_sin(
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate channel pairs of ``x`` (computed in float32, returned in ``x``'s dtype).
 
-    x: [B, N, H, D]; cos, sin: [N, D/2] -> [B, N, H, D]
+    x: [B, N, H, D]; cos, sin: [N, D/2], or [B, N, D/2] (one position table per sample: a
+    batch of sessions at different stream positions) -> [B, N, H, D]
     """
     pairs = x.float().unflatten(-1, (-1, 2))  # [B, N, H, D/2, 2]
     x1, x2 = pairs[..., 0], pairs[..., 1]
-    c = cos[None, :, None, :]
-    s = sin[None, :, None, :]
+    c = cos[None, :, None, :] if cos.ndim == 2 else cos[:, :, None, :]
+    s = sin[None, :, None, :] if sin.ndim == 2 else sin[:, :, None, :]
     rotated = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)  # [B, N, H, D/2, 2]
     return rotated.flatten(-2).type_as(x)

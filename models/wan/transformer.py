@@ -19,6 +19,7 @@ Forward paths have no host syncs and no data-dependent control flow.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -259,11 +260,46 @@ class WanDiT(nn.Module):
         e, e0 = self._embed_time(timestep, action, grid[0])
         runs = cache.plan_write(frames) if write_cache else ()
         past_tokens, mask = cache.attention_keys(frames * tokens_per_frame)
-        out = self._run(tokens, grid, frame_start, e, e0, cross, mask=mask, cache=cache,
-                        past_tokens=past_tokens, runs=runs)
+        out = self._run(tokens, grid, frame_start, e, e0, cross, mask=mask, caches=(cache,),
+                        past_tokens=past_tokens, runs=(runs,) if runs else ())
         if write_cache:
             cache.commit(runs, frames, frame_start)
         return out
+
+    def forward_chunks(
+        self,
+        x: torch.Tensor,
+        timestep: torch.Tensor,
+        cross: CrossKV,
+        caches: Sequence[ChunkKVCache],
+        frame_starts: Sequence[int],
+        action: torch.Tensor | None = None,
+        audio: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Several sessions' chunks as one batch: sample i attends to ``caches[i]`` (one cache
+        per sample, batch 1 each) at RoPE position ``frame_starts[i]``; no cache is written.
+
+        Every cache must present the same keys to attend to (the same filled prefix, read
+        unmasked: what streams in steady state have); otherwise ``InputShapeError`` and the
+        caller runs the chunks one by one. Within a stated tolerance of one ``forward_chunk``
+        per sample (batched GEMMs may accumulate differently).
+        x: [B, C, f, H, W]; timestep: [B]; cross: k, v [layers, B, L, H, D]; action: [B, a];
+        audio: [B, f, audio_dim] -> [B, out_channels, f, H, W]
+        """
+        grid = self._check_latents(x, timestep)
+        frames, tokens_per_frame = grid[0], grid[1] * grid[2]
+        if len(caches) != x.shape[0] or len(frame_starts) != x.shape[0]:
+            raise InputShapeError(f"batch {x.shape[0]} with {len(caches)} caches and "
+                                  f"{len(frame_starts)} frame starts")
+        keys = {c.attention_keys(frames * tokens_per_frame)[0] for c in caches}
+        if (len(keys) != 1 or any(c.prefix_frames is None for c in caches)
+                or any(c.tokens_per_frame != tokens_per_frame or c.batch != 1 for c in caches)):
+            raise InputShapeError("batched chunks need caches of batch 1 with one filled prefix "
+                                  f"of {tokens_per_frame} tokens/frame; got keys {sorted(keys)}")
+        tokens = self._embed_tokens(x, audio, grid)
+        e, e0 = self._embed_time(timestep, action, grid[0])
+        return self._run(tokens, grid, tuple(frame_starts), e, e0, cross, caches=tuple(caches),
+                         past_tokens=keys.pop())
 
     def flops_per_chunk(self, tokens_q: int, tokens_kv: int, text_len: int | None = None,
                         batch: int = 1) -> float:
@@ -345,30 +381,36 @@ class WanDiT(nn.Module):
         self,
         tokens: torch.Tensor,
         grid: tuple[int, int, int],
-        frame_start: int,
+        frame_start: int | tuple[int, ...],
         e: torch.Tensor,
         e0: torch.Tensor,
         cross: CrossKV,
         *,
         mask: torch.Tensor | None = None,
-        cache: ChunkKVCache | None = None,
+        caches: tuple[ChunkKVCache, ...] = (),
         past_tokens: int = 0,
-        runs: tuple[WriteRun, ...] = (),
+        runs: tuple[tuple[WriteRun, ...], ...] = (),
     ) -> torch.Tensor:
         # tokens: [B, N, dim]; e: [B, 1 | F, dim]; e0: [B, 1 | F, 6, dim] -> [B, C, F, H, W]
-        # past_tokens: leading cache tokens each block attends to (0: none, no concatenation)
+        # frame_start: one position for the batch, or one per sample (cos/sin [B, N, D/2]);
+        # caches: one per sample (or one of batch B); past_tokens: leading cache tokens each
+        # block attends to (0: none, no concatenation); runs: per cache, its K/V writes
         tokens_per_frame = grid[1] * grid[2]
         if e.shape[1] > 1:  # per-frame conditioning: spread to that frame's tokens
             e = e.repeat_interleave(tokens_per_frame, dim=1)
             e0 = e0.repeat_interleave(tokens_per_frame, dim=1)
-        cos, sin = rope_cos_sin(self.config.rope_split(), grid, frame_start,
-                                self.config.rope_theta, tokens.device)
+        starts = frame_start if isinstance(frame_start, tuple) else (frame_start,)
+        tables = [rope_cos_sin(self.config.rope_split(), grid, start, self.config.rope_theta,
+                               tokens.device) for start in starts]
+        cos, sin = tables[0] if len(tables) == 1 else (torch.stack(t) for t in zip(*tables))
         x = tokens
         for index, block in enumerate(self.blocks):
-            past = cache.layer(index, past_tokens) if cache is not None and past_tokens else None
+            past = _gather_past(caches, index, past_tokens)
             x, k, v = block(x, e0, cos, sin, cross.k[index], cross.v[index], past, mask)
-            if runs:
-                cache.write(index, k, v, runs)
+            for i, (cache, cache_runs) in enumerate(zip(caches, runs, strict=False)):
+                if cache_runs:
+                    rows = slice(None) if len(caches) == 1 else slice(i, i + 1)
+                    cache.write(index, k[rows], v[rows], cache_runs)
         return self._unpatchify(self.head(x, e), grid)
 
     def _unpatchify(self, y: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
@@ -377,6 +419,18 @@ class WanDiT(nn.Module):
         y = y.reshape(y.shape[0], f, h, w, pt, ph, pw, self.config.out_channels)
         y = y.permute(0, 7, 1, 4, 2, 5, 3, 6)  # [B, C, f, pt, h, ph, w, pw]
         return y.reshape(y.shape[0], self.config.out_channels, f * pt, h * ph, w * pw)
+
+
+def _gather_past(caches: tuple[ChunkKVCache, ...], layer: int,
+                 tokens: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Layer ``layer``'s first ``tokens`` cached K/V of every sample: 2 x [B, tokens, H, D]
+    (the cache's own views for one cache; concatenated for a batch of sessions)."""
+    if not caches or not tokens:
+        return None
+    if len(caches) == 1:
+        return caches[0].layer(layer, tokens)
+    pairs = [c.layer(layer, tokens) for c in caches]
+    return torch.cat([k for k, _ in pairs]), torch.cat([v for _, v in pairs])
 
 
 def dit_flops(
