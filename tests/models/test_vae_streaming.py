@@ -9,6 +9,8 @@ import torch
 from models.wan.vae import VAEShapeError, WanVAE
 from models.wan.vae_cache import CacheMismatchError, DecoderCache
 from models.wan.vae_config import WanVAEConfig
+from runtime.contract import LoopState
+from runtime.snapshot import restore_state, snapshot_state
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -177,16 +179,20 @@ def test_reset_and_copy_restart_and_fork_in_place(vae: WanVAE) -> None:
     assert torch.equal(vae.decode_chunk(z[:, :, 1:4], pooled), expected[1])
 
 
+class _HoldsDecoder(LoopState, kw_only=True):
+    decoder: DecoderCache
+
+
 @torch.no_grad()
-def test_tensor_snapshot_restores_a_stream(vae: WanVAE) -> None:
+def test_a_loop_state_snapshot_restores_a_stream(vae: WanVAE) -> None:
     z = latents(7, seed=15)
     expected = decode_stream(vae, z, [1, 3, 3])
     cache = vae.new_decoder_cache(1, *LATENT_HW)
     vae.decode_chunk(z[:, :, :1], cache)
     vae.decode_chunk(z[:, :, 1:4], cache)
-    snapshot = {k: v.clone() for k, v in cache.as_tensors().items()}
+    blob = snapshot_state(_HoldsDecoder(decoder=cache))  # the cache is loop state as it is
     vae.decode_chunk(latents(3, seed=16), cache)  # the live cache moves on
-    restored = DecoderCache.from_tensors(snapshot, vae.decoder.slot_specs)
+    restored = restore_state(blob, _HoldsDecoder).decoder
     assert isinstance(restored, DecoderCache) and restored.frames_seen == 4
     assert restored.grid_hw == LATENT_HW
     assert torch.equal(vae.decode_chunk(z[:, :, 4:7], restored), expected[2])
