@@ -45,6 +45,7 @@ from runtime.contract import (
     InputEvent,
     InputKind,
     LoopFailed,
+    PTS_HZ,
     MediaMeta,
     PromptInput,
     PromptMode,
