@@ -312,7 +312,7 @@ def _cast_dit(dit: WanDiT, dtype: torch.dtype) -> None:
 
 def _load_checkpoint(card: ModelCard, checkpoint_dir: str | Path | None, device: torch.device,
                      dtype: torch.dtype) -> tuple[WanDiT, WanVAE, UMT5TextEncoder]:
-    from models.loading import load_transformer, load_vae
+    from models.checkpoint import load_transformer, load_vae
 
     if checkpoint_dir is None:
         raise InstanceError(
