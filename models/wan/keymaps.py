@@ -7,8 +7,8 @@ module is the data and the small functions it applies for the DiT.
 ``WanDiT`` uses the original Wan names, so:
 
 - (a) diffusers (``WanTransformer3DModel``: ``condition_embedder.time_proj``,
-  ``blocks.N.attn1.to_q`` ...) maps name by name through ``DIFFUSERS_RULES`` (every rule is a bijection, so the same
-  table writes diffusers names back);
+  ``blocks.N.attn1.to_q`` ...) maps name by name through ``DIFFUSERS_RULES`` (every rule is a
+  bijection, so the same table writes diffusers names back);
 - (b) original Wan / Self-Forcing / CausVid / LongLive (``blocks.N.self_attn.q``, ``head.head``
   ...) is our own naming once wrapper prefixes (``model.``, ``generator.``, ``module.`` ...) are
   stripped; ``ORIGINAL_RULES`` lists every accepted name, so anything else is "unexpected".

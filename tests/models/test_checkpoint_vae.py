@@ -1,6 +1,7 @@
-"""models/checkpoint.py for the VAE (load_vae): diffusers and original Wan checkpoints (single, sharded, .pth, directory layouts) load
-into identical modules; every missing/unexpected/mis-shaped key is reported in one error; the key
-table agrees with diffusers' module and with diffusers' own single-file converter."""
+"""models/checkpoint.py for the VAE (``load_vae``): diffusers and original Wan checkpoints
+(single, sharded, .pth, directory layouts) load into identical modules; every missing or
+unexpected key is reported in one error, wrong shapes in another; the key table agrees with
+diffusers' module and with diffusers' own single-file converter."""
 
 from __future__ import annotations
 
