@@ -4,6 +4,7 @@ Imports only ``runtime.contract`` from the runtime (ARCHITECTURE.md §2). Public
 
     models.load_transformer(path, device=..., dtype=...)  # diffusers-format or original Wan
     models.load_vae(path, device=..., dtype=...)          # AutoencoderKLWan-compatible
+    models.save_original_format(module, path)             # either, in Wan's original names
     models.registry.get(model_id) / list_cards()          # cards
     models.instance.load_instance(card, device=...)       # a resident instance with its loops
 
@@ -15,12 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["load_transformer", "load_vae"]
+__all__ = ["load_transformer", "load_vae", "save_original_format"]
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from models import loading
+        from models import checkpoint
 
-        return getattr(loading, name)
+        return getattr(checkpoint, name)
     raise AttributeError(f"module 'models' has no attribute {name!r}")

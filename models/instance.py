@@ -360,7 +360,8 @@ def _cast_dit(dit: WanDiT, dtype: torch.dtype) -> None:
 
 def _load_checkpoint(card: ModelCard, checkpoint_dir: str | Path | None, device: torch.device,
                      dtype: torch.dtype) -> tuple[WanDiT, WanVAE, UMT5TextEncoder]:
-    from models.loading import load_transformer, load_vae
+    from models.checkpoint import load_transformer, load_vae
+    from models.wan.text_encoder import require_transformers
 
     if checkpoint_dir is None:
         raise InstanceError(
@@ -373,6 +374,7 @@ def _load_checkpoint(card: ModelCard, checkpoint_dir: str | Path | None, device:
     if missing:
         raise InstanceError(f"checkpoint {str(root)!r} for card {card.model_id!r} lacks: "
                             + ", ".join(missing))
+    require_transformers()  # before gigabytes of DiT weights load, not after
     dit = load_transformer(root / entries["dit"].path_hint, device=device, dtype=dtype)
     vae = load_vae(root / entries["vae"].path_hint, device=device, dtype=dtype)
     encoder = UMT5TextEncoder.from_pretrained(

@@ -178,7 +178,9 @@ async def _build(config: ServerConfig) -> ServerContext:
                                        checkpoint_dir=config.checkpoint_dir)
     device = str(instance.device)
     profile = card.default_profile
-    if config.warmup if config.warmup is not None else config.compile:
+    # a job-only card (bidirectional) has no sessions: no chunk-KV, no session warm-up
+    streams = "session.realtime" in card.capabilities
+    if streams and (config.warmup if config.warmup is not None else config.compile):
         log.info("warming up %s on %s (compiling every graph a session uses)", model_id,
                  instance.device)
         warm_s = await _warm_up(instance, profile, config.max_sessions)
@@ -187,7 +189,8 @@ async def _build(config: ServerConfig) -> ServerContext:
     cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
     admission = AdmissionController(
         AdmissionConfig(
-            peak_capacity_bytes=instance.peak_bytes(profile) * config.max_batch * 4,
+            peak_capacity_bytes=(instance.peak_bytes(profile) if streams else 0)
+            * config.max_batch * 4,
             peak_concurrency=config.max_batch,
         )
     )

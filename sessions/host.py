@@ -285,7 +285,8 @@ class SessionHost:
         if self.engine.admission is None:
             return
         for served in self.models.values():
-            self._slab_pool(served, served.card.default_profile)
+            if "session.realtime" in served.card.capabilities:  # job-only cards hold no KV
+                self._slab_pool(served, served.card.default_profile)
 
     def slab_counts(self) -> tuple[int, int]:
         """(free, capacity) chunk-KV slabs over every pool (metrics)."""

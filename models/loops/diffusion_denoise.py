@@ -4,10 +4,11 @@ Plans: ``text_encode`` of the prompt (and of the negative prompt when CFG is on)
 ``diffusion_step`` per schedule step over the whole latent clip (CFG as a policy: both branches
 in one batch of 2), then the clip's ``vae_decode`` in chunks through the causal decoder cache.
 Distilled few-step schedules (``guidance_scale`` 1, x0-prediction + re-noising) and multi-step
-Euler schedules share the same body; ``renoise`` picks the update rule.
+Euler schedules share the same body; ``renoise`` picks the update rule. A job may lower or raise
+the guidance scale (``JobRequest.guidance_scale``; 1 turns CFG off); the steps are the recipe's.
 
 Causal (chunk-causal) cards do not use this loop for jobs: their recipe trained chunk by chunk,
-so ``WanInstance.loop`` serves their jobs with ``chunk_rollout`` instead.
+so their cards name ``chunk_rollout`` for jobs (``ModelCard.loop_for``).
 """
 
 from __future__ import annotations
@@ -76,15 +77,18 @@ class DiffusionDenoise:
         # A distilled schedule (few steps, no CFG) predicts x0 and re-noises; else Euler.
         self._renoise = spec.schedule.guidance_scale == 1.0 and len(self._steps) <= 8
 
-    def init(self, request: JobRequest, model: Any, ctx: LoopContext | None = None) -> DiffusionState:
+    def init(self, request: JobRequest, model: Any,
+             ctx: LoopContext | None = None) -> DiffusionState:
+        """Raises ``ValueError`` naming the request field the card cannot honour."""
         m = self._m
         profile = m.card.resolve_profile(width=request.width, height=request.height)
         num_frames = 1 if request.task == "t2i" else (request.num_frames or profile.fps * 2)
+        guidance = (request.guidance_scale if request.guidance_scale is not None
+                    else self._schedule.guidance_scale)
+        self._check(request, num_frames, guidance)
         latent_frames = 1 + math.ceil((num_frames - 1) / m.latent.temporal_stride)
         s = m.latent.spatial_stride
         lh, lw = profile.height // s, profile.width // s
-        guidance = (request.guidance_scale if request.guidance_scale is not None
-                    else self._schedule.guidance_scale)
         return DiffusionState(
             loop_id=ctx.loop_id if ctx is not None else "loop", seed=request.seed,
             prompt=request.prompt, guidance_scale=guidance, latent_frames=latent_frames,
@@ -119,8 +123,10 @@ class DiffusionDenoise:
                 text=state.text,
                 negative=state.negative if cfg else None, guidance_scale=state.guidance_scale,
                 renoise=self._renoise)
+            # CFG doubles the batch: a different cost, so a different shape signature
             return self._plan(state, PlanKind.DIFFUSION_STEP, self._m.diffusion_step_op, args,
-                              f"clip{state.latent_frames}x{state.latent_h}x{state.latent_w}",
+                              f"clip{state.latent_frames}x{state.latent_h}x{state.latent_w}"
+                              f"{':cfg' if cfg else ''}",
                               flops=self._flops(state) * (2 if cfg else 1))
         if state.decoded_latents < state.latent_frames:
             start = state.decoded_latents
@@ -151,6 +157,19 @@ class DiffusionDenoise:
         return LoopResult({"frames": frames, "latents": state.latents})
 
     # ---------------------------------------------------------------------------------------
+
+    def _check(self, request: JobRequest, num_frames: int, guidance: float) -> None:
+        model_id = self._m.card.model_id
+        if request.task not in ("t2v", "t2i"):
+            raise ValueError(f"model {model_id!r}: task {request.task!r} is not t2v or t2i")
+        if num_frames < 1:
+            raise ValueError(f"model {model_id!r}: num_frames={num_frames} must be >= 1")
+        if request.steps is not None and request.steps != len(self._steps):
+            raise ValueError(f"model {model_id!r}: steps={request.steps}, but its recipe samples "
+                             f"with {len(self._steps)} steps")
+        if not (math.isfinite(guidance) and guidance >= 1.0):
+            raise ValueError(f"model {model_id!r}: guidance_scale={guidance} must be finite "
+                             "and >= 1 (1 turns classifier-free guidance off)")
 
     def _total_plans(self, state: DiffusionState) -> int:
         encodes = 2 if state.guidance_scale != 1.0 else 1

@@ -1,14 +1,19 @@
-"""The Wan cards: the Wan2.1-1.3B chunk-causal DiT (Self-Forcing recipe) and its tiny CPU twin.
+"""The Wan cards: the Wan2.1-1.3B chunk-causal DiT (Self-Forcing recipe) and its tiny CPU twin,
+and the bidirectional base model Wan2.1-T2V-1.3B (offline jobs) and its tiny CPU twin.
 
 Pure data (no torch at import). Component presets name entries of the family's preset tables:
 the DiT's ``models.wan.config.PRESETS`` (``"wan2.1-1.3b"``, ``"tiny"``), the VAE's
 ``models.wan.vae_config`` presets (``"wan2.1"``, ``"tiny"``) and the text encoder's
 ``models.wan.text_encoder.UMT5_PRESETS`` (``"umt5-xxl"``, ``"umt5-tiny"``).
 
-Both cards share one loop set: ``chunk_rollout`` serves sessions and jobs alike (the card's
-``loop_for("text_to_video")``) with the chunk-causal 4-step schedule, because that is what the
-Self-Forcing weights were trained under; ``kv_recache``, ``vae_decode`` and ``text_encode`` are
-helper loops.
+The causal cards share one loop set: ``chunk_rollout`` serves sessions and jobs alike (the
+card's ``loop_for("text_to_video")``) with the chunk-causal 4-step schedule, because that is what
+the Self-Forcing weights were trained under; ``kv_recache``, ``vae_decode`` and ``text_encode``
+are helper loops.
+
+The base cards serve jobs only: ``diffusion_denoise`` with bidirectional attention over the whole
+clip, 50 Euler steps of the flow-matching ODE with classifier-free guidance, as the base weights
+were trained (no chunk-KV cache, so no realtime sessions).
 """
 
 from __future__ import annotations
@@ -28,10 +33,22 @@ from models.card import (
     ScheduleSpec,
 )
 
-__all__ = ["CARDS", "WAN21_13B_CAUSAL", "WAN_TINY_RANDOM", "cards"]
+__all__ = [
+    "CARDS",
+    "WAN21_13B_CAUSAL",
+    "WAN21_T2V_13B",
+    "WAN21_T2V_SCHEDULE",
+    "WAN21_T2V_TINY_RANDOM",
+    "WAN_TINY_RANDOM",
+    "cards",
+]
 
 # Self-Forcing's denoising_step_list on the 1000-step grid, warped with shift 5 by the sampler.
 SELF_FORCING_SCHEDULE = ScheduleSpec(timesteps=(1000, 750, 500, 250), flow_shift=5.0)
+# Wan2.1's own T2V sampling defaults (generate.py: 50 steps, sample_shift 5, guide_scale 5):
+# 50 evenly spaced timesteps from pure noise, warped with shift 5, CFG against an empty prompt.
+WAN21_T2V_SCHEDULE = ScheduleSpec(timesteps=tuple(range(1000, 0, -20)), flow_shift=5.0,
+                                  guidance_scale=5.0)
 
 # Wan2.1 VAE: z 16, 4x temporal, 8x spatial; DiT patch (1, 2, 2) -> 1560 tokens at 832x480.
 WAN_LATENT = LatentSpec(channels=16, temporal_stride=4, spatial_stride=8, patch=(1, 2, 2))
@@ -147,7 +164,102 @@ WAN_TINY_RANDOM = ModelCard(
     weights_version="random-seed-0",
 )
 
-CARDS: tuple[ModelCard, ...] = (WAN21_13B_CAUSAL, WAN_TINY_RANDOM)
+_JOB_CAPABILITIES = frozenset({"text_to_video", "text_to_image"})
+
+
+def _job_loops() -> dict[str, LoopSpec]:
+    return {
+        "diffusion_denoise": LoopSpec(
+            "diffusion_denoise", "diffusion_denoise", WAN21_T2V_SCHEDULE, "bidirectional",
+            components=_GENERATION_COMPONENTS, uses=("text_encode", "vae_decode")),
+        "vae_decode": LoopSpec("vae_decode", "vae_decode", components=("vae",)),
+        "text_encode": LoopSpec("text_encode", "text_encode",
+                                components=("text_encoder", "tokenizer")),
+    }
+
+
+# A bidirectional card has no chunk-KV: its decode still streams through the causal VAE cache.
+_JOB_CACHES = {
+    "text_embedding": CacheContract("feature", "text_encoder"),
+    "vae_decoder": CacheContract("decoder_feature", "vae"),
+}
+
+
+def _job_recipe(method: str, parents: tuple[str, ...], data_contract: str,
+                precision: str) -> RecipeSpec:
+    return RecipeSpec(method=method, parents=parents, data_contract=data_contract,
+                      assumes_loop="diffusion_denoise", assumes_precision=precision,
+                      consistency_required="C1")
+
+
+def _diffusers(path_hint: str) -> ComponentEntry:
+    return ComponentEntry(path_hint, "diffusers", required_for=_JOB_CAPABILITIES)
+
+
+WAN21_T2V_13B = ModelCard(
+    model_id="wan2.1-t2v-1.3b",
+    family="wan",
+    description=("Wan2.1-T2V-1.3B, the base model: bidirectional attention over the whole clip, "
+                 "50 flow-matching steps with classifier-free guidance; offline text-to-video "
+                 "and text-to-image jobs at 832x480, 16 fps. External weights: the operator "
+                 "points at a Wan2.1-T2V-1.3B-Diffusers directory."),
+    components={
+        "dit": ComponentSpec("dit", "dit", "wan2.1-1.3b"),
+        "vae": ComponentSpec("vae", "vae", "wan2.1"),
+        "text_encoder": ComponentSpec("text_encoder", "text_encoder", "umt5-xxl"),
+        "tokenizer": ComponentSpec("tokenizer", "tokenizer", "umt5-xxl"),
+    },
+    loops=_job_loops(),
+    capabilities=_JOB_CAPABILITIES,
+    recipe=_job_recipe("flow_matching_pretraining", (),
+                       "Wan2.1 pretraining on captioned images and videos (Wan technical report)",
+                       "bf16"),
+    parity=ParitySpec("C1", _PARITY_TOLERANCES),
+    caches=_JOB_CACHES,
+    precision=PrecisionContract(("bf16", "fp32")),
+    checkpoint=CheckpointManifest({
+        # the Wan-AI/Wan2.1-T2V-1.3B-Diffusers layout
+        "dit": _diffusers("transformer"),
+        "vae": _diffusers("vae"),
+        "text_encoder": _diffusers("text_encoder"),
+        "tokenizer": _diffusers("tokenizer"),
+    }),
+    # chunk_latent_frames: for a job only the VAE decode chunk (the DiT sees the whole clip)
+    default_profile=Profile(fps=16, width=832, height=480, chunk_latent_frames=3,
+                            steps=WAN21_T2V_SCHEDULE.steps),
+    latent=WAN_LATENT,
+    weights="external",
+    weights_version="wan2.1-t2v-1.3b",
+)
+
+WAN21_T2V_TINY_RANDOM = ModelCard(
+    model_id="wan2.1-t2v-tiny-random",
+    family="wan",
+    description=("The wan2.1-t2v-1.3b loop and schedule (bidirectional, 50 steps, CFG 5) at "
+                 "tiny CPU dimensions. random weights: for tests and development, shows noise."),
+    components={
+        "dit": ComponentSpec("dit", "dit", "tiny"),
+        "vae": ComponentSpec("vae", "vae", "tiny"),
+        "text_encoder": ComponentSpec("text_encoder", "text_encoder", "umt5-tiny"),
+        "tokenizer": ComponentSpec("tokenizer", "tokenizer", "byte-fallback"),
+    },
+    loops=_job_loops(),
+    capabilities=_JOB_CAPABILITIES,
+    recipe=_job_recipe("random_init", (), "none: seeded random initialisation, never trained",
+                       "fp32"),
+    parity=ParitySpec("C1", _PARITY_TOLERANCES),
+    caches=_JOB_CACHES,
+    precision=PrecisionContract(("fp32", "bf16")),
+    checkpoint=CheckpointManifest(),
+    default_profile=Profile(fps=8, width=64, height=64, chunk_latent_frames=3,
+                            steps=WAN21_T2V_SCHEDULE.steps),
+    latent=WAN_LATENT,
+    weights="random",
+    weights_version="random-seed-0",
+)
+
+CARDS: tuple[ModelCard, ...] = (WAN21_13B_CAUSAL, WAN_TINY_RANDOM, WAN21_T2V_13B,
+                                WAN21_T2V_TINY_RANDOM)
 
 
 def cards() -> tuple[ModelCard, ...]:

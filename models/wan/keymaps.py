@@ -1,10 +1,14 @@
-"""Explicit parameter-name maps between WanDiT and the two checkpoint formats in the wild.
+"""What a Wan DiT checkpoint looks like: parameter-name maps for the two formats in the wild,
+the wrappers training code puts around them, and the config the names and shapes imply.
+
+``models/checkpoint.py`` runs the generic mechanics (files, shards, validation, writing); this
+module is the data and the small functions it applies for the DiT.
 
 ``WanDiT`` uses the original Wan names, so:
 
 - (a) diffusers (``WanTransformer3DModel``: ``condition_embedder.time_proj``,
-  ``blocks.N.attn1.to_q`` ...) maps name by name through ``DIFFUSERS_RULES`` (every rule is a bijection, so the same
-  table writes diffusers names back);
+  ``blocks.N.attn1.to_q`` ...) maps name by name through ``DIFFUSERS_RULES`` (every rule is a
+  bijection, so the same table writes diffusers names back);
 - (b) original Wan / Self-Forcing / CausVid / LongLive (``blocks.N.self_attn.q``, ``head.head``
   ...) is our own naming once wrapper prefixes (``model.``, ``generator.``, ``module.`` ...) are
   stripped; ``ORIGINAL_RULES`` lists every accepted name, so anything else is "unexpected".
@@ -15,23 +19,45 @@ and carry the same names in both formats.
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from models.wan.config import WanDiTConfig
 
 __all__ = [
+    "CONFIG_METADATA_KEY",
     "DIFFUSERS",
     "HOOK_PREFIXES",
     "ORIGINAL",
     "ORIGINAL_PREFIXES",
+    "SHAPE_KEYS",
+    "adopt_hooks",
+    "config_from_json",
+    "config_from_metadata",
+    "config_from_shapes",
     "detect_format",
     "from_native",
     "is_hook_key",
+    "pick_wrapper",
     "strip_prefix",
     "to_native",
 ]
 
+log = logging.getLogger(__name__)
+
 DIFFUSERS = "diffusers"
 ORIGINAL = "original"
+
+# safetensors metadata key under which the files we write carry the config (original form)
+CONFIG_METADATA_KEY = "dreamrt.wan_config"
+# the tensors whose shapes determine a config when nothing describes it
+SHAPE_KEYS = ("patch_embedding.weight", "text_embedding.0.weight", "time_embedding.0.weight",
+              "blocks.0.ffn.0.weight", "head.head.weight")
+_ASSUMED_HEAD_DIM = 128  # invisible in shapes; true for every released Wan2.1
 
 # {n}: block or layer index; {p}: weight | bias. Left: checkpoint name; right: WanDiT name.
 _HOOKS = (
@@ -127,6 +153,16 @@ def strip_prefix(key: str, only: str | None = None) -> str | None:
     return key
 
 
+def pick_wrapper(keys: Iterable[str]) -> str | None:
+    """The model to take from a multi-model training checkpoint (the generator, not its EMA or
+    critic), or None when the checkpoint holds one model."""
+    keys = list(keys)
+    for wrapper in ("generator.", "generator_ema."):
+        if any(k.startswith(wrapper) for k in keys):
+            return wrapper
+    return None
+
+
 def is_hook_key(native_key: str) -> bool:
     return native_key.startswith(HOOK_PREFIXES)
 
@@ -139,3 +175,62 @@ def detect_format(keys: Iterable[str]) -> str | None:
     if any(k.startswith(("head.head.", "time_embedding.")) or ".self_attn." in k for k in keys):
         return ORIGINAL
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# the config a checkpoint implies
+
+
+def config_from_json(cfg: Mapping[str, Any], name: str) -> WanDiTConfig | None:
+    """A diffusers ``WanTransformer3DModel`` or Wan ``config.json``; None for anything else."""
+    if cfg.get("_class_name") == "WanTransformer3DModel" or "num_attention_heads" in cfg:
+        return WanDiTConfig.from_diffusers_config(cfg, name=name)
+    if "dim" in cfg and "num_heads" in cfg:
+        return WanDiTConfig.from_original_config(cfg, name=name)
+    return None
+
+
+def config_from_metadata(metadata: Mapping[str, str]) -> WanDiTConfig | None:
+    """The config embedded by ``models.checkpoint.save_original_format``, if any."""
+    text = metadata.get(CONFIG_METADATA_KEY)
+    return WanDiTConfig.from_original_config(json.loads(text), name="embedded") if text else None
+
+
+def config_from_shapes(shapes: Mapping[str, Sequence[int]]) -> WanDiTConfig:
+    """A config from WanDiT-named tensor shapes alone (every ``SHAPE_KEYS`` entry present).
+
+    Heads are invisible in shapes: head_dim 128 is assumed; ``ValueError`` if ``dim`` is not a
+    multiple of it.
+    """
+    dim, in_channels, *patch = shapes["patch_embedding.weight"]
+    if dim % _ASSUMED_HEAD_DIM:
+        raise ValueError(f"dim={dim} is not a multiple of {_ASSUMED_HEAD_DIM}; cannot infer "
+                         "num_heads, pass config=WanDiTConfig(...)")
+    layers = 1 + max(int(m.group(1)) for k in shapes if (m := re.match(r"blocks\.(\d+)\.", k)))
+    cfg = WanDiTConfig(
+        name="inferred",
+        dim=dim,
+        num_layers=layers,
+        num_heads=dim // _ASSUMED_HEAD_DIM,
+        ffn_dim=shapes["blocks.0.ffn.0.weight"][0],
+        freq_dim=shapes["time_embedding.0.weight"][1],
+        patch_size=tuple(patch),
+        in_channels=in_channels,
+        out_channels=shapes["head.head.weight"][0] // math.prod(patch),
+        text_dim=shapes["text_embedding.0.weight"][1],
+        qk_norm="rms_norm_across_heads" if "blocks.0.self_attn.norm_q.weight" in shapes else None,
+        cross_attn_norm="blocks.0.norm3.weight" in shapes,
+    )
+    log.warning("no config; inferred %s from tensor shapes (head_dim %d assumed)", cfg,
+                _ASSUMED_HEAD_DIM)
+    return cfg
+
+
+def adopt_hooks(cfg: WanDiTConfig, shapes: Mapping[str, Sequence[int]]) -> WanDiTConfig:
+    """Hook widths from the checkpoint when its config predates the hooks."""
+    changes = {}
+    for field, key in (("action_dim", "action_embedding.0.weight"),
+                       ("audio_dim", "audio_embedding.0.weight")):
+        if key in shapes and getattr(cfg, field) == 0:
+            changes[field] = shapes[key][1]
+    return cfg.replace(**changes) if changes else cfg

@@ -8,6 +8,10 @@ Tokenizers: a real checkpoint directory brings its own tokenizer files (``from_p
 nothing is ever downloaded). For random-weight cards and tests there is ``ByteFallbackTokenizer``,
 an OFFLINE STAND-IN that is not the UMT5 vocabulary: its embeddings mean nothing to a trained
 DiT, and ``from_pretrained`` never falls back to it.
+
+``transformers`` is an optional extra (``reference``): this module imports without it (the cache
+and the byte tokenizer serve every card), and building a UMT5 encoder without it raises
+``MissingExtraError`` naming the extra to install.
 """
 
 from __future__ import annotations
@@ -20,24 +24,28 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from transformers import AutoTokenizer, UMT5Config, UMT5EncoderModel
 
 from runtime.contract import CacheKey
+
+if TYPE_CHECKING:
+    from transformers import UMT5EncoderModel
 
 __all__ = [
     "ByteFallbackTokenizer",
     "CachedTextEncoder",
     "EmbeddingStore",
     "HFTokenizer",
+    "MissingExtraError",
     "TextEmbeddingCache",
     "TextEncoderError",
     "UMT5_PRESETS",
     "UMT5Preset",
     "UMT5TextEncoder",
     "clean_prompt",
+    "require_transformers",
 ]
 
 log = logging.getLogger(__name__)
@@ -48,6 +56,22 @@ _CLEANING = "ws1"  # version of clean_prompt; part of every tokenizer signature
 
 class TextEncoderError(ValueError):
     """A text encoder cannot be built or loaded (names the path, preset or value)."""
+
+
+class MissingExtraError(ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it."""
+
+
+def require_transformers() -> Any:
+    """The ``transformers`` package, imported on first use (only UMT5 encoders need it);
+    ``MissingExtraError`` when it is not installed."""
+    try:
+        import transformers
+    except ImportError as exc:
+        raise MissingExtraError(
+            "the UMT5 text encoder of the Wan cards needs the optional package 'transformers': "
+            "pip install 'dreamrt[reference]'") from exc
+    return transformers
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +174,8 @@ class HFTokenizer:
         if not files:
             raise TextEncoderError(f"no tokenizer files in {str(root)!r}; a checkpoint directory "
                                    f"must bring its tokenizer (nothing is downloaded)")
-        tokenizer = AutoTokenizer.from_pretrained(str(root), local_files_only=True)
+        auto = require_transformers().AutoTokenizer
+        tokenizer = auto.from_pretrained(str(root), local_files_only=True)
         digest = hashlib.sha256()
         for p in files:
             digest.update(p.name.encode() + b"\0" + p.read_bytes())
@@ -188,13 +213,14 @@ class UMT5TextEncoder:
         """Random weights from ``UMT5_PRESETS[name]``, deterministic for (seed, device type),
         with the byte fallback tokenizer."""
         preset = _preset(name)
-        config = UMT5Config(**preset.config)
+        transformers = require_transformers()
+        config = transformers.UMT5Config(**preset.config)
         device = torch.device(device)
         cuda = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(seed)
             with device:
-                model = UMT5EncoderModel(config)
+                model = transformers.UMT5EncoderModel(config)
         tokenizer = ByteFallbackTokenizer(config.vocab_size)
         return cls(model.to(dtype=dtype), tokenizer, preset.text_len)
 
@@ -211,13 +237,14 @@ class UMT5TextEncoder:
         encoder_dir = Path(encoder_dir)
         if not (encoder_dir / "config.json").is_file():
             raise TextEncoderError(f"{str(encoder_dir)!r} has no config.json")
-        config = UMT5Config.from_pretrained(str(encoder_dir), local_files_only=True)
+        transformers = require_transformers()
+        config = transformers.UMT5Config.from_pretrained(str(encoder_dir), local_files_only=True)
         if preset is not None and config.d_model != _preset(preset).text_dim:
             raise TextEncoderError(f"{str(encoder_dir)!r} has d_model={config.d_model}, "
                                    f"preset {preset!r} expects {_preset(preset).text_dim}")
         tokenizer = HFTokenizer.from_dir(tokenizer_dir)
-        model = UMT5EncoderModel.from_pretrained(str(encoder_dir), config=config,
-                                                 local_files_only=True, dtype=dtype)
+        model = transformers.UMT5EncoderModel.from_pretrained(
+            str(encoder_dir), config=config, local_files_only=True, dtype=dtype)
         return cls(model.to(device=device), tokenizer, text_len)
 
     @property

@@ -1,7 +1,8 @@
-"""Explicit parameter-name map of the Wan2.1 VAE: ours <-> diffusers <-> original Wan.
+"""What a Wan2.1 VAE checkpoint looks like: the parameter-name map ours <-> diffusers <->
+original Wan, how the naming is recognised, and where the config comes from.
 
-The table is generated from the config (not from a module), one row per tensor, so that the
-loader can check our module against it and report every missing or unexpected checkpoint key.
+The table is generated from the config (not from a module), one row per tensor, so that
+``models/checkpoint.py`` (the generic mechanics) can report every missing or unexpected key.
 
 Original Wan naming (``Wan2.1_VAE.pth``; learnt from diffusers' single-file converter)::
 
@@ -24,21 +25,28 @@ and Wan: ``resample.1``) and a decoder block's upsampler is ``upsampler`` (diffu
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Iterator
+import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
+from models.wan.keymaps import DIFFUSERS, ORIGINAL
 from models.wan.vae_config import WanVAEConfig
 
-__all__ = ["CheckpointFormat", "KeyRow", "vae_key_table"]
+__all__ = [
+    "CONFIG_METADATA_KEY",
+    "FORMATS",
+    "KeyRow",
+    "config_from_json",
+    "config_from_metadata",
+    "detect_format",
+    "vae_key_table",
+]
 
-
-class CheckpointFormat(str, enum.Enum):
-    """Parameter naming of a VAE checkpoint."""
-
-    DIFFUSERS = "diffusers"
-    ORIGINAL = "original"
+FORMATS = (DIFFUSERS, ORIGINAL)
+# safetensors metadata key under which the files we write carry the config (diffusers form)
+CONFIG_METADATA_KEY = "dreamrt.wan_vae_config"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +57,9 @@ class KeyRow:
     diffusers: str
     original: str
 
-    def name_in(self, fmt: CheckpointFormat) -> str:
-        return self.diffusers if fmt is CheckpointFormat.DIFFUSERS else self.original
+    def name_in(self, fmt: str) -> str:
+        """The name in naming ``fmt`` (``keymaps.DIFFUSERS`` or ``keymaps.ORIGINAL``)."""
+        return self.diffusers if fmt == DIFFUSERS else self.original
 
 
 _CONV = ("weight", "bias")
@@ -148,3 +157,25 @@ def vae_key_table(config: WanVAEConfig) -> tuple[KeyRow, ...]:
         *_decoder(config),
     ]
     return tuple(rows)
+
+
+def detect_format(keys: Iterable[str], table: tuple[KeyRow, ...]) -> str | None:
+    """The naming most of ``keys`` follow, or None when no key is a VAE name in either."""
+    keys = set(keys)
+    hits = {fmt: sum(row.name_in(fmt) in keys for row in table) for fmt in FORMATS}
+    best = max(FORMATS, key=lambda fmt: hits[fmt])
+    return best if hits[best] > 0 else None
+
+
+def config_from_json(cfg: Mapping[str, Any], name: str = "") -> WanVAEConfig | None:
+    """An ``AutoencoderKLWan`` ``config.json``; None for anything else (a Wan root holds the
+    DiT's config.json next to ``Wan2.1_VAE.pth``)."""
+    if cfg.get("_class_name") != "AutoencoderKLWan":
+        return None
+    return WanVAEConfig.from_diffusers_config(cfg)
+
+
+def config_from_metadata(metadata: Mapping[str, str]) -> WanVAEConfig | None:
+    """The config embedded by ``models.checkpoint.save_original_format``, if any."""
+    text = metadata.get(CONFIG_METADATA_KEY)
+    return WanVAEConfig.from_diffusers_config(json.loads(text)) if text else None

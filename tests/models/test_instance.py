@@ -16,11 +16,10 @@ import pytest
 import torch
 
 from models.instance import InstanceError, load_instance
-from models.loading import save_original_format
+from models.checkpoint import save_original_format
 from models.loops.requests import SessionRequest
 from models.registry import get
 from models.wan.card import WAN21_13B_CAUSAL
-from models.wan.vae_loading import save_original_format as save_vae_original
 from runtime.driver import run_inline
 from tests.models.test_text_encoder import write_checkpoint
 
@@ -37,7 +36,7 @@ def _write_checkpoint(root: Path, source) -> None:
     save_original_format(source.dit, root / "transformer" / "model.safetensors")
     (root / "vae").mkdir()
     # Wan's original VAE names in a diffusers-layout folder: the loader detects the naming.
-    save_vae_original(source.vae, root / "vae" / "diffusion_pytorch_model.safetensors")
+    save_original_format(source.vae, root / "vae" / "diffusion_pytorch_model.safetensors")
     config = {"_class_name": "AutoencoderKLWan", **source.vae.config.to_diffusers_config()}
     (root / "vae" / "config.json").write_text(json.dumps(config))
     write_checkpoint(root, d_model=source.dit.config.text_dim)

@@ -9,12 +9,11 @@ import pytest
 import torch
 
 import models
-from models.loading import save_original_format
+from models.checkpoint import save_original_format
 from models.wan.config import WanDiTConfig
 from models.wan.transformer import WanDiT
 from models.wan.vae import WanVAE
 from models.wan.vae_config import WanVAEConfig
-from models.wan.vae_loading import save_original_format as save_vae_original
 
 
 def test_load_transformer_and_vae_from_the_package(tmp_path) -> None:
@@ -29,7 +28,7 @@ def test_load_transformer_and_vae_from_the_package(tmp_path) -> None:
         assert torch.equal(loaded(x, t, text), dit(x, t, text))
 
     vae = WanVAE(WanVAEConfig.preset("tiny")).eval()
-    save_vae_original(vae, tmp_path / "vae.safetensors")
+    models.save_original_format(vae, tmp_path / "vae.safetensors")
     loaded_vae = models.load_vae(tmp_path / "vae.safetensors", config=WanVAEConfig.preset("tiny"))
     z = torch.randn(1, 16, 2, 4, 4)
     with torch.no_grad():

@@ -16,7 +16,7 @@ from models.card import CardError, RecipeMismatchError, ScheduleSpec, WeightsKin
 from models.registry import CardRegistry, UnknownModelError, builtin_registry
 
 REPO = Path(__file__).resolve().parents[2]
-WAN_IDS = ["wan-tiny-random", "wan2.1-1.3b-causal"]
+WAN_IDS = ["wan-tiny-random", "wan2.1-1.3b-causal", "wan2.1-t2v-1.3b", "wan2.1-t2v-tiny-random"]
 BUILTIN_IDS = ["tiny-world", *WAN_IDS]
 
 
@@ -24,7 +24,7 @@ def test_builtin_cards_are_listed_sorted_and_found_by_id():
     cards = registry.list_cards()
     assert [c.model_id for c in cards] == BUILTIN_IDS
     assert registry.get("wan2.1-1.3b-causal") is cards[2]
-    assert len(builtin_registry()) == 3 and "wan-tiny-random" in builtin_registry()
+    assert len(builtin_registry()) == 5 and "wan-tiny-random" in builtin_registry()
 
 
 def test_unknown_model_lists_the_known_ids():
@@ -32,7 +32,7 @@ def test_unknown_model_lists_the_known_ids():
         registry.get("wan2.2-5b")
     assert info.value.known == tuple(BUILTIN_IDS)
     assert str(info.value) == ("unknown model 'wan2.2-5b'; known models: "
-                               "['tiny-world', 'wan-tiny-random', 'wan2.1-1.3b-causal']")
+                               f"{BUILTIN_IDS}")
 
 
 def test_register_validates_and_refuses_duplicates():
@@ -61,7 +61,7 @@ def test_registry_imports_without_torch():
             "print(len(registry.list_cards()), 'transformers' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
-    assert (done.returncode, done.stdout.strip()) == (0, "3 False"), done.stderr
+    assert (done.returncode, done.stdout.strip()) == (0, "5 False"), done.stderr
 
 
 # --------------------------------------------------------------------------------------------
@@ -92,13 +92,15 @@ def test_causal_card_is_the_self_forcing_recipe():
 def test_causal_card_refuses_other_samplers_and_fp16():
     card = registry.get("wan2.1-1.3b-causal")
     assert card.check_serving("chunk_rollout", "bf16").loop_id == "chunk_rollout"
-    assert card.check_serving("diffusion_denoise", "bf16").loop_id == "diffusion_denoise"
+    assert card.loop_for("text_to_video").loop_id == "chunk_rollout"  # jobs too, by the card
     with pytest.raises(RecipeMismatchError, match=r"at 'fp16': its recipe assumes loop "
                                                   r"'chunk_rollout' at 'bf16'"):
         card.check_serving("chunk_rollout", "fp16")
     fifty = ScheduleSpec(tuple(range(1000, 0, -20)), 5.0, guidance_scale=5.0)
     with pytest.raises(RecipeMismatchError, match=r"recipe 'self_forcing' assumes chunk_rollout"):
-        card.check_serving("diffusion_denoise", "bf16", fifty)
+        card.check_serving("chunk_rollout", "bf16", fifty)
+    with pytest.raises(RecipeMismatchError, match=r"no loop 'diffusion_denoise'"):
+        card.check_serving("diffusion_denoise", "bf16")  # no hidden job loop
 
 
 def test_tiny_card_is_labelled_random_and_has_the_hooks():

@@ -285,19 +285,6 @@ def test_any_get_put_store_can_stand_in_for_the_runtime_cache(tiny):
     assert list(store.data) == [cached.key_for("fox")]
 
 
-def test_runtime_feature_cache_is_a_drop_in_store(tiny):
-    from runtime.pools import FeatureCache
-
-    store = FeatureCache(max_entries=1)
-    cached = make_cached(tiny, store)
-    fox = cached.encode(["a red fox"])
-    assert torch.equal(cached.encode(["a red fox"]), fox)
-    cached.encode(["blue whale"])  # evicts the fox: capacity 1
-    cached.encode(["a red fox"])
-    assert (cached.hits, cached.misses) == (1, 3)
-    assert (store.hits, store.misses, store.evictions) == (1, 3, 2)
-
-
 def test_lru_store_evicts_least_recently_used():
     store = TextEmbeddingCache(max_entries=2)
     keys = [CacheKey("m", "text_encoder", "v", "fp32", "s", str(i)) for i in range(3)]

@@ -15,7 +15,7 @@ from diffusers import AutoencoderKLWan
 
 from models.wan.vae import VAEShapeError, WanVAE, video_to_uint8
 from models.wan.vae_config import WanVAEConfig
-from models.wan.vae_loading import load_vae
+from models.checkpoint import load_vae
 
 
 @pytest.fixture(scope="module", autouse=True)

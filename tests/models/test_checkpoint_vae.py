@@ -1,6 +1,7 @@
-"""load_vae: diffusers and original Wan checkpoints (single, sharded, .pth, directory layouts) load
-into identical modules; every missing/unexpected/mis-shaped key is reported in one error; the key
-table agrees with diffusers' module and with diffusers' own single-file converter."""
+"""models/checkpoint.py for the VAE (``load_vae``): diffusers and original Wan checkpoints
+(single, sharded, .pth, directory layouts) load into identical modules; every missing or
+unexpected key is reported in one error, wrong shapes in another; the key table agrees with
+diffusers' module and with diffusers' own single-file converter."""
 
 from __future__ import annotations
 
@@ -14,17 +15,19 @@ import torch
 from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 
-from models.loading import CheckpointError, CheckpointFormatError, CheckpointKeyError
-from models.loading import load_vae as models_load_vae
-from models.wan.vae import WanVAE
-from models.wan.vae_config import VAEConfigError, WanVAEConfig
-from models.wan.vae_keymap import CheckpointFormat, vae_key_table
-from models.wan.vae_loading import (
-    VAECheckpointKeyError,
+import models
+from models.checkpoint import (
+    CheckpointError,
+    CheckpointFormatError,
+    CheckpointKeyError,
+    CheckpointShapeError,
     load_vae,
-    read_vae_state_dict,
     save_original_format,
 )
+from models.wan.keymaps import DIFFUSERS, ORIGINAL
+from models.wan.vae import WanVAE
+from models.wan.vae_config import VAEConfigError, WanVAEConfig
+from models.wan.vae_keymap import CONFIG_METADATA_KEY, vae_key_table
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -97,11 +100,11 @@ def test_every_checkpoint_form_loads_the_same_module(
     save_original_format(base, tmp_path / "wan_root" / "Wan2.1_VAE.safetensors")
     (tmp_path / "wan_root" / "config.json").write_text(json.dumps({"dim": 1536, "num_layers": 30}))
     forms["original-wan-root"] = tmp_path / "wan_root"
-    # original naming as a .pth pickle of tensors
-    original = read_vae_state_dict(tmp_path / "wan_vae.safetensors")
+    # original naming as a .pth pickle of tensors (carries no config)
+    original = safetensors.torch.load_file(tmp_path / "wan_vae.safetensors")
     torch.save(original, tmp_path / "Wan2.1_VAE.pth")
     forms["original-pth"] = tmp_path / "Wan2.1_VAE.pth"
-    # original naming, sharded by hand
+    # original naming, sharded by hand (no config either)
     names = sorted(original)
     half = len(names) // 2
     (tmp_path / "orig_sharded").mkdir()
@@ -119,22 +122,24 @@ def test_every_checkpoint_form_loads_the_same_module(
     expected = base.decode(z)
     assert (expected - ref.decode(z).sample).abs().max() <= 1e-4 * ref.decode(z).sample.abs().max()
     for form, path in forms.items():
-        needs_config = form.startswith("original")  # original checkpoints carry no config
+        # files we write carry their config; Wan's own original files do not
+        needs_config = form in ("original-pth", "original-sharded")
         vae = load_vae(path, config=config if needs_config else None)
         assert vae.config == config, form
         assert_same_module(vae, base)
         assert torch.equal(vae.decode(z), expected), form
-    # an original file carries no config: without one the wan2.1 preset is assumed, and the
-    # tiny weights do not fit it
-    with pytest.raises(CheckpointKeyError, match="shape mismatch"):
-        load_vae(forms["original-file"])
+    # without any config the wan2.1 preset is assumed, and the tiny weights do not fit it
+    # (wrong shapes for the Wan2.1 layout, other key names for the other layout)
+    with pytest.raises(CheckpointError, match=re.escape(str(forms["original-pth"]))) as info:
+        load_vae(forms["original-pth"])
+    assert isinstance(info.value, (CheckpointShapeError, CheckpointKeyError))
 
 
 def test_original_naming_matches_diffusers_single_file_converter(tmp_path: Path) -> None:
     ref = make_reference(WAN21_TINY)
     ref.save_pretrained(tmp_path / "vae")
     save_original_format(load_vae(tmp_path / "vae"), tmp_path / "orig.safetensors")
-    original = read_vae_state_dict(tmp_path / "orig.safetensors")
+    original = safetensors.torch.load_file(tmp_path / "orig.safetensors")
     assert "decoder.middle.0.residual.0.gamma" in original  # diffusers' detection key
     converted = convert_wan_vae_to_diffusers(original)
     expected = ref.state_dict()
@@ -172,43 +177,71 @@ def test_dtype_and_eval_mode(diffusers_dir: tuple[Path, AutoencoderKLWan]) -> No
 # errors
 
 
-@pytest.mark.parametrize("fmt", list(CheckpointFormat))
-def test_key_errors_are_listed_in_one_error(fmt: CheckpointFormat, tmp_path: Path) -> None:
-    table = vae_key_table(WAN21_TINY)
+def _zeros_state(fmt: str) -> dict[str, torch.Tensor]:
+    """A WAN21_TINY-shaped state in naming ``fmt``."""
     with torch.device("meta"):
         params = WanVAE(WAN21_TINY).state_dict()
-    shapes = {r.name_in(fmt): params[r.ours].shape for r in table}
-    state = {name: torch.zeros(shape) for name, shape in shapes.items()}
+    return {r.name_in(fmt): torch.zeros(params[r.ours].shape) for r in vae_key_table(WAN21_TINY)}
+
+
+@pytest.mark.parametrize("fmt", [DIFFUSERS, ORIGINAL])
+def test_key_errors_are_listed_in_one_error(fmt: str, tmp_path: Path) -> None:
+    table = vae_key_table(WAN21_TINY)
+    state = _zeros_state(fmt)
     dropped = [table[3].name_in(fmt), table[-1].name_in(fmt)]
     for name in dropped:
         del state[name]
     state["decoder.extra_head.weight"] = torch.zeros(2)
-    state["encoder.conv_in.bias" if fmt is CheckpointFormat.DIFFUSERS else "encoder.conv1.bias"] = (
-        torch.zeros(3)
-    )
     safetensors.torch.save_file(state, tmp_path / "broken.safetensors")
 
-    with pytest.raises(CheckpointKeyError) as info:  # the models.loading error family
-        models_load_vae(tmp_path / "broken.safetensors", config=WAN21_TINY)
+    with pytest.raises(CheckpointKeyError) as info:  # also through the package entry point
+        models.load_vae(tmp_path / "broken.safetensors", config=WAN21_TINY)
     err = info.value
-    assert isinstance(err, VAECheckpointKeyError) and isinstance(err, CheckpointError)
-    assert err.fmt is fmt
+    assert isinstance(err, CheckpointError)
+    assert (err.fmt, err.component) == (fmt, "WanVAE")
     assert err.missing == sorted(dropped)
     assert err.unexpected == ["decoder.extra_head.weight"]
-    assert [m[0] for m in err.mismatched] == [
-        "encoder.conv_in.bias" if fmt is CheckpointFormat.DIFFUSERS else "encoder.conv1.bias"
-    ]
-    assert err.mismatched[0][1:] == ((3,), (4,))
     message = str(err)
-    for name in [*dropped, "decoder.extra_head.weight", "file (3,) vs module (4,)"]:
+    for name in [*dropped, "decoder.extra_head.weight", str(tmp_path / "broken.safetensors")]:
         assert name in message
-    assert f"({fmt.value} naming)" in message
+    assert f"({fmt} naming) does not fit WanVAE" in message
+
+
+@pytest.mark.parametrize("fmt", [DIFFUSERS, ORIGINAL])
+def test_shape_errors_name_the_checkpoint_key_and_both_shapes(fmt: str, tmp_path: Path) -> None:
+    state = _zeros_state(fmt)
+    bias = "encoder.conv_in.bias" if fmt == DIFFUSERS else "encoder.conv1.bias"
+    state[bias] = torch.zeros(3)
+    safetensors.torch.save_file(state, tmp_path / "shapes.safetensors")
+    with pytest.raises(CheckpointShapeError) as info:
+        load_vae(tmp_path / "shapes.safetensors", config=WAN21_TINY)
+    assert info.value.mismatches == [(bias, (3,), (4,))]
+    assert f"{bias}: file (3,) vs module (4,)" in str(info.value)
+
+
+def test_validation_runs_before_any_tensor_reaches_the_device(tmp_path: Path) -> None:
+    """The target device does not exist: moving any tensor there would raise a RuntimeError, so
+    getting the shape error proves validation came first."""
+    state = _zeros_state(ORIGINAL)
+    state["encoder.conv1.bias"] = torch.zeros(3)
+    safetensors.torch.save_file(state, tmp_path / "shapes.safetensors")
+    with pytest.raises(CheckpointShapeError):
+        load_vae(tmp_path / "shapes.safetensors", config=WAN21_TINY, device="cuda:99")
+
+
+def test_written_files_carry_their_config(tmp_path: Path) -> None:
+    vae = WanVAE(WAN21_TINY)
+    path = save_original_format(vae, tmp_path / "vae.safetensors")
+    with safetensors.safe_open(str(path), framework="pt") as fh:
+        embedded = json.loads(fh.metadata()[CONFIG_METADATA_KEY])
+    assert WanVAEConfig.from_diffusers_config(embedded) == WAN21_TINY
+    assert load_vae(path).config == WAN21_TINY
 
 
 def test_unrelated_checkpoint_is_a_format_error_listing_its_keys(tmp_path: Path) -> None:
     dit_like = {f"blocks.{i}.self_attn.q.weight": torch.zeros(2, 2) for i in range(70)}
     safetensors.torch.save_file(dit_like, tmp_path / "dit.safetensors")
-    with pytest.raises(CheckpointFormatError, match="not a Wan VAE checkpoint") as info:
+    with pytest.raises(CheckpointFormatError, match="not a WanVAE checkpoint") as info:
         load_vae(tmp_path / "dit.safetensors", config=WAN21_TINY)
     message = str(info.value)
     assert "keys found (70)" in message and "blocks.0.self_attn.q.weight" in message
@@ -218,7 +251,7 @@ def test_unrelated_checkpoint_is_a_format_error_listing_its_keys(tmp_path: Path)
 def test_missing_checkpoint_names_what_was_looked_for(tmp_path: Path) -> None:
     with pytest.raises(CheckpointFormatError, match=re.escape("Wan2.1_VAE.pth")):
         load_vae(tmp_path)
-    with pytest.raises(CheckpointFormatError, match="no such VAE checkpoint"):
+    with pytest.raises(CheckpointFormatError, match="nope.safetensors does not exist"):
         load_vae(tmp_path / "nope.safetensors")
 
 

@@ -1,4 +1,4 @@
-"""Checkpoint loading: diffusers and original formats load into identical modules.
+"""models/checkpoint.py for the DiT: diffusers and original formats load into identical modules.
 
 Every checkpoint here is written by the test into tmp_path from one random diffusers model.
 """
@@ -14,7 +14,7 @@ from diffusers import WanTransformer3DModel
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from models.loading import (
+from models.checkpoint import (
     CheckpointFormatError,
     CheckpointKeyError,
     CheckpointShapeError,
@@ -159,9 +159,16 @@ def test_wrong_config_raises_one_shape_error(tmp_path, reference):
         ((0, "weight"), (0, "bias"), (2, "weight"))}
 
 
+def test_validation_runs_before_any_tensor_reaches_the_device(tmp_path, reference):
+    # the target device does not exist: a tensor moved there first would raise RuntimeError
+    path = save_original_format(reference, tmp_path / "dit.safetensors")
+    with pytest.raises(CheckpointShapeError, match=r"blocks\.0\.ffn\.0\.weight: file \(64, 48\)"):
+        load_transformer(path, config=CFG.replace(ffn_dim=32), device="cuda:99")
+
+
 def test_unrecognised_files_raise_a_format_error(tmp_path):
     save_file({"encoder.conv_in.weight": torch.zeros(1)}, str(tmp_path / "vae.safetensors"))
-    with pytest.raises(CheckpointFormatError, match="neither diffusers nor original"):
+    with pytest.raises(CheckpointFormatError, match="not a WanDiT checkpoint: neither diffusers"):
         load_transformer(tmp_path / "vae.safetensors")
     with pytest.raises(CheckpointFormatError, match="does not exist"):
         load_transformer(tmp_path / "nothing")
@@ -211,3 +218,25 @@ def test_reduced_precision_keeps_the_timestep_path_in_float32(diffusers_dir, inp
     with torch.no_grad():
         out = model(*inputs)
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
+def test_missing_shard_and_ambiguous_directory_are_named(tmp_path, reference):
+    index = save_original_format(reference, tmp_path / "orig" / "model.safetensors",
+                                 max_shard_bytes=40_000)
+    shard = sorted(set(json.loads(index.read_text())["weight_map"].values()))[1]
+    (tmp_path / "orig" / shard).unlink()
+    with pytest.raises(CheckpointFormatError, match=f"shards missing.*{shard}"):
+        load_transformer(tmp_path / "orig")
+
+    two = tmp_path / "two"
+    save_original_format(reference, two / "a.safetensors")
+    save_original_format(reference, two / "b.safetensors")
+    with pytest.raises(CheckpointFormatError, match=r"no unambiguous WanDiT weights.*a\.safe"):
+        load_transformer(two)
+
+
+def test_diffusers_weights_win_over_variants_in_the_same_directory(tmp_path, reference, baseline,
+                                                                   inputs):
+    reference.save_pretrained(tmp_path / "diff")
+    save_file({"junk": torch.zeros(1)}, str(tmp_path / "diff" / "model.fp16.safetensors"))
+    assert_same_module(load_transformer(tmp_path / "diff"), baseline, inputs)
