@@ -58,7 +58,8 @@ class Control:
         return {"kind": self.kind.value, "inputs": list(self.inputs), "does": self.does}
 
     def describe(self) -> str:
-        return f"{'/'.join(self.inputs)} {self.does}"
+        """One line, e.g. ``key w/a/s/d: move the sprite``."""
+        return f"{self.kind.value} {'/'.join(self.inputs)}: {self.does}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,5 @@ class CardUI:
             if not control.does.strip():
                 found.append(f"{where} does not say what it does")
             if control.kind.capability not in capabilities:
-                found.append(f"{where} is a {control.kind.value} control but the card lacks "
-                             f"{control.kind.capability!r}")
+                found.append(f"{where} needs {control.kind.capability!r}, which the card lacks")
         return found

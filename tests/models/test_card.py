@@ -229,19 +229,19 @@ CASES = [
      "model_id 'Toy Model' must match ^[a-z0-9][a-z0-9._-]*$"),
     ("audio control without input.audio",
      dict(ui=CardUI(("a toy town",), (Control("audio", ("talk",), "sing"),))),
-     "ui control 'talk sing' is a audio control but the card lacks 'input.audio'"),
+     "ui control 'audio talk: sing' needs 'input.audio', which the card lacks"),
     ("key control without input.action",
      dict(capabilities=CAPS - {"input.action"},
           checkpoint=CheckpointManifest({k: dataclasses.replace(
               e, required_for=e.required_for - {"input.action"})
               for k, e in base.checkpoint.components.items()})),
-     "ui control 'w/s walk' is a key control but the card lacks 'input.action'"),
+     "ui control 'key w/s: walk' needs 'input.action', which the card lacks"),
     ("blank example", dict(ui=CardUI(("a toy town", " "))),
      "ui example ' ' must be non-blank and at most 200 characters"),
     ("repeated example", dict(ui=CardUI(("a toy town", "a toy town"))),
      "ui.examples repeats a prompt"),
     ("control that does nothing", dict(ui=CardUI(("a toy town",), (Control("key", ("w",), ""),))),
-     "ui control 'w ' does not say what it does"),
+     "ui control 'key w: ' does not say what it does"),
 ]
 
 
