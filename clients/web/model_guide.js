@@ -9,7 +9,9 @@
  */
 
 /** Key name -> label on a <kbd>. */
-const KEY_LABELS = { w: "W", a: "A", s: "S", d: "D", q: "Q", e: "E", space: "Space", shift: "Shift", drag: "drag", talk: "Space" };
+const KEY_LABELS = {
+  w: "W", a: "A", s: "S", d: "D", q: "Q", e: "E", space: "Space", shift: "Shift", drag: "drag", talk: "Space",
+};
 /** Arrow keycaps (data-key) -> the WASD key they alias. */
 const ARROW_OF = { up: "w", left: "a", down: "s", right: "d" };
 
