@@ -182,6 +182,11 @@ def _models() -> int:
     for card in registry.list_cards():
         label = "  (random weights)" if card.weights.value == "random" else ""
         sys.stdout.write(card.summary_line() + label + "\n")
+        # Indented detail lines under each card: what to type and which inputs it obeys.
+        if card.ui.examples:
+            sys.stdout.write("    examples: " + " | ".join(card.ui.examples) + "\n")
+        for control in card.ui.controls:
+            sys.stdout.write(f"    {control.describe()}\n")
     return 0
 
 

@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 
 from server.auth import AuthError, Grant, is_loopback
 from server.metrics import CONTENT_TYPE
-from server.schemas import TokenBody, TokenIssued
+from server.schemas import ModelInfo, TokenBody, TokenIssued
 
 __all__ = ["ApiError", "AuthGrant", "authorize", "ctx_of", "field_error", "mount_web", "router"]
 
@@ -118,8 +118,10 @@ def metrics(request: Request) -> Response:
     return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", response_model=list[ModelInfo], response_model_exclude_none=True)
 def list_models(request: Request, grant: AuthGrant) -> list[dict[str, Any]]:
+    """Every card; ``served`` marks those this process serves, ``examples`` and ``controls``
+    are what a page shows of a card (example prompts, the controls legend)."""
     require_general(grant)
     from models import registry
 

@@ -6,18 +6,20 @@ the field rather than a silently ignored value. Nothing past this module sees py
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "ActionsBody",
     "ChooseBody",
+    "ControlInfo",
     "FeedbackBody",
     "ForkBody",
     "JobBody",
     "JobCreated",
     "LiveKitBody",
+    "ModelInfo",
     "OfferBody",
     "PromptAccepted",
     "PromptBody",
@@ -137,3 +139,30 @@ class TokenIssued(BaseModel):
     token: str
     scope: str
     expires_at: float
+
+
+class ControlInfo(BaseModel):
+    """One entry of a card's controls legend: the inputs it names and what they do."""
+
+    kind: Literal["key", "mouse", "audio"]
+    inputs: list[str]
+    does: str
+
+
+class ModelInfo(BaseModel):
+    """One card as ``GET /v1/models`` serves it. The typed fields are what clients rely on;
+    the card's other public fields (loops, parity, components, ...) pass through as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    family: str
+    description: str
+    capabilities: list[str]
+    recipe: dict[str, Any]
+    default_profile: dict[str, int]
+    weights: str
+    examples: list[str]
+    controls: list[ControlInfo]
+    served: bool
+    label: str | None = None

@@ -84,6 +84,11 @@ export class ApiClient {
     return this.request("GET", "/healthz");
   }
 
+  /** GET /v1/models -> [{id, served, examples, controls, ...}] (every card of the server). */
+  models() {
+    return this.request("GET", "/v1/models");
+  }
+
   /** POST /v1/sessions -> {id, token, state, profile: {fps, width, height}}. */
   createSession(body) {
     return this.request("POST", "/v1/sessions", { body });

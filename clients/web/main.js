@@ -3,8 +3,10 @@
  * actions, push-to-talk, ratings, fork picker) and the views (state, stats, event log).
  *
  * window.dreamrt exposes the running app for tests and benchmarks: {state, session, pc, events,
- * frames (FrameClock), log (EventLog), start(prompt)}. Performance marks "dreamrt.start",
- * "dreamrt.connected" (control channel open) and "dreamrt.first_frame" time the start-up.
+ * frames (FrameClock), log (EventLog), guide (ModelGuide: the served card), start(prompt)}.
+ * Performance marks "dreamrt.start", "dreamrt.connected" (control channel open) and
+ * "dreamrt.first_frame" time the start-up. The prompt box offers the served card's examples; an
+ * empty Start uses the first one.
  */
 
 import { ActionInput, isTextTarget } from "./action_input.js";
@@ -14,6 +16,8 @@ import { EventLog } from "./event_log.js";
 import { ForkPicker } from "./fork_picker.js";
 import { FrameClock } from "./frame_clock.js";
 import { LiveSession } from "./live_session.js";
+import { Keycaps } from "./keycaps.js";
+import { ModelGuide } from "./model_guide.js";
 import { HttpPcmTransport, PushToTalk, TrackTransport } from "./microphone.js";
 import { PageState, PageStateMachine } from "./page_state.js";
 import { StatsView } from "./stats_view.js";
@@ -49,19 +53,21 @@ class App {
     this.stage = $("stage");
     this.prompt = $("prompt");
     this.frames = new FrameClock(this.video);
+    this.keycaps = new Keycaps(document.querySelector(".keycaps"));
     this.stats = new StatsView();
     this.log = new EventLog($("event-log"), { verboseToggle: $("log-verbose"), countLabel: $("event-count") });
     this.actions = new ActionInput({
       send: (message) => this.session?.action(message) ?? false,
       stage: this.stage,
       video: this.video,
-      onChange: (keys, dragging) => this._showKeys(keys, dragging),
+      onChange: (keys, dragging) => this.keycaps.showHeld(keys, dragging),
     });
     this.fork = new ForkPicker($("fork"), {
       getSession: () => this.session?.rest ?? null,
       openPreview: (id, video) => this._openPreview(id, video),
       log: (type, fields) => this.log.note(type, fields),
     });
+    this.guide = new ModelGuide({ chips: $("examples"), legend: $("controls-legend"), onPick: (t) => this._pick(t) });
     this.machine.subscribe((next, previous, detail) => this._renderState(next, previous, detail));
   }
 
@@ -78,6 +84,9 @@ class App {
     window.addEventListener("pagehide", () => this.session?.close({ keepalive: true }));
     this.prompt.value = this.config.prompt;
     this._renderState(PageState.IDLE, PageState.IDLE, "");
+    this.guide
+      .load(this.api, { prompt: this.prompt, stage: this.stage, keycaps: this.keycaps })
+      .catch((err) => this.log.note("card_unavailable", { message: err.message }));
     if (this.config.autostart && this.prompt.value.trim()) this.start(this.prompt.value.trim());
   }
 
@@ -244,7 +253,7 @@ class App {
       },
       onStateChange: (talking, err) => {
         $("talk").setAttribute("aria-pressed", String(talking));
-        document.querySelector('.keycap[data-key="talk"]').classList.toggle("held", talking);
+        this.keycaps.setTalking(talking);
         if (err) this.log.note("microphone_error", { message: err.message });
         if (talking) this.log.note("talk", { transport: transport.name });
       },
@@ -271,12 +280,13 @@ class App {
   }
 
   _submitPrompt(mode) {
+    const live = this.session && [PageState.LIVE, PageState.PAUSED, PageState.CONNECTING].includes(this.machine.state);
+    if (!this.prompt.value.trim() && !live) this.prompt.value = this.guide.firstExample; // empty Start
     const text = this.prompt.value.trim();
     if (!text) {
       this.prompt.focus();
       return;
     }
-    const live = this.session && [PageState.LIVE, PageState.PAUSED, PageState.CONNECTING].includes(this.machine.state);
     if (!live) {
       this.start(text);
       return;
@@ -286,12 +296,19 @@ class App {
     else this._toast("prompt not sent: the control channel is not open");
   }
 
+  /** A chip fills the prompt box; while a session is live or paused it is sent at once. */
+  _pick(text) {
+    this.prompt.value = text;
+    if (this.session && [PageState.LIVE, PageState.PAUSED].includes(this.machine.state)) this._submitPrompt("switch");
+    else this.prompt.focus();
+  }
+
   _bindControls() {
     $("end-session").addEventListener("click", () => this.end());
     $("overlay-action").addEventListener("click", () => {
       if (this.machine.state === PageState.PAUSED) this.session?.resume();
       else {
-        const text = this.prompt.value.trim();
+        const text = this.prompt.value.trim() || this.guide.firstExample;
         if (text) this.start(text);
         else this.prompt.focus();
       }
@@ -345,19 +362,10 @@ class App {
 
   /** On-screen keycaps press the same action keys (they take pointers only on touch screens). */
   _bindKeycaps() {
-    for (const cap of document.querySelectorAll(".keycap")) {
-      const name = cap.dataset.key;
-      if (name === "drag") continue;
-      const down = (event) => {
-        event.stopPropagation(); // not a drag on the stage
-        cap.setPointerCapture(event.pointerId);
-        if (name === "talk") this.talk?.press();
-        else if (this.actions.enabled) this.actions.setKey(name, true);
-      };
-      const up = () => (name === "talk" ? this.talk?.release() : this.actions.setKey(name, false));
-      cap.addEventListener("pointerdown", down);
-      for (const type of ["pointerup", "pointercancel"]) cap.addEventListener(type, up);
-    }
+    this.keycaps.bind({
+      press: (name) => (name === "talk" ? this.talk?.press() : this.actions.enabled && this.actions.setKey(name, true)),
+      release: (name) => (name === "talk" ? this.talk?.release() : this.actions.setKey(name, false)),
+    });
   }
 
   _bindShortcuts() {
@@ -444,15 +452,6 @@ class App {
     if (state === PageState.LIVE && previous === PageState.CONNECTING && document.activeElement !== this.prompt)
       this.stage.focus();
   }
-
-  _showKeys(keys, dragging) {
-    for (const cap of document.querySelectorAll(".keycap")) {
-      const name = cap.dataset.key;
-      if (name === "talk") continue;
-      cap.classList.toggle("held", name === "drag" ? dragging : keys.includes(name));
-    }
-    document.querySelector(".keycaps").classList.toggle("active", keys.length > 0 || dragging);
-  }
 }
 
 function boot() {
@@ -484,6 +483,7 @@ function boot() {
     },
     frames: app.frames,
     log: app.log,
+    guide: app.guide,
     start: (prompt) => app.start(prompt),
   };
   app.init();

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from models.card import (
     CacheContract,
+    CardUI,
     CheckpointManifest,
     ComponentEntry,
     ComponentSpec,
+    Control,
     LoopSpec,
     ModelCard,
     ParitySpec,
@@ -126,6 +128,17 @@ TINY_WORLD = ModelCard(
     latent=LATENT,
     weights="trained",
     weights_version="tinyworld-v2",
+    # Every example names a colour, a shape and a terrain of models/tinyworld/vocab.py, so the
+    # model draws exactly what it says; WASD + shift and audio are all world.py reacts to (q, e,
+    # space and the mouse have no effect, so they are not offered).
+    ui=CardUI(
+        examples=("a red ball on grass", "a blue square on snow at night",
+                  "a yellow triangle on sand", "a white ball on water",
+                  "a purple square on stone", "a green triangle on grass at night"),
+        controls=(Control("key", ("w", "a", "s", "d"), "move the sprite up, left, down, right"),
+                  Control("key", ("shift",), "sprint while held with a direction"),
+                  Control("audio", ("talk",), "the sprite pulses with your voice")),
+    ),
 )
 
 

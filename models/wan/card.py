@@ -20,9 +20,11 @@ from __future__ import annotations
 
 from models.card import (
     CacheContract,
+    CardUI,
     CheckpointManifest,
     ComponentEntry,
     ComponentSpec,
+    Control,
     LatentSpec,
     LoopSpec,
     ModelCard,
@@ -129,6 +131,13 @@ WAN21_13B_CAUSAL = ModelCard(
     latent=WAN_LATENT,
     weights="external",
     weights_version="self-forcing-dmd-v1",
+    # Prompts only: the recipe takes no actions or audio, so the card offers no controls.
+    ui=CardUI(examples=(
+        "a lantern-lit canal town at dusk, gentle rain",
+        "a red fox running through a snowy pine forest, morning light",
+        "waves breaking on a rocky coast under storm clouds",
+        "a busy night market with neon signs and steam rising from food stalls",
+    )),
 )
 
 WAN_TINY_RANDOM = ModelCard(
@@ -162,6 +171,13 @@ WAN_TINY_RANDOM = ModelCard(
     latent=WAN_LATENT,
     weights="random",
     weights_version="random-seed-0",
+    # Random weights: every input is wired into the conditioning hooks, the picture is noise.
+    ui=CardUI(
+        examples=("a lantern-lit canal town at dusk", "a red kite over green hills"),
+        controls=(Control("key", ("w", "a", "s", "d"), "action input (noise: random weights)"),
+                  Control("mouse", ("drag",), "mouse input (noise: random weights)"),
+                  Control("audio", ("talk",), "audio input (noise: random weights)")),
+    ),
 )
 
 _JOB_CAPABILITIES = frozenset({"text_to_video", "text_to_image"})

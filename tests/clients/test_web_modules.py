@@ -327,3 +327,104 @@ def test_event_log_hides_high_rate_events_unless_verbose(page: Any) -> None:
         ["log-row  in", "pong", "t: 1"],
     ]
     assert result["total"] == 3 and result["hasChunk"] is True
+
+
+TOY_CARDS = [
+    {"id": "other", "served": False, "examples": ["elsewhere"], "controls": []},
+    {
+        "id": "toy",
+        "served": True,
+        "examples": ["a red ball on grass", "a blue square on snow"],
+        "controls": [
+            {"kind": "key", "inputs": ["w", "a", "s", "d"], "does": "move"},
+            {"kind": "key", "inputs": ["shift"], "does": "sprint"},
+            {"kind": "audio", "inputs": ["talk"], "does": "pulse"},
+        ],
+    },
+]
+
+
+def test_model_guide_picks_the_served_card_and_its_keycaps(page: Any) -> None:
+    result = page.evaluate(
+        """async (cards) => {
+        const { describeControl, keycapsFor, pickServedCard } = await import('/model_guide.js');
+        return {
+            byId: pickServedCard(cards, 'other').id,
+            byServed: pickServedCard(cards, 'unknown').id,
+            none: pickServedCard([], 'toy'),
+            notAList: pickServedCard({ detail: 'unauthorized' }, 'toy'),
+            caps: [...keycapsFor(cards[1].controls)].sort(),
+            mouse: [...keycapsFor([{ kind: 'mouse', inputs: ['drag'], does: 'look' }])],
+            lines: cards[1].controls.map(describeControl),
+        };
+    }""",
+        TOY_CARDS,
+    )
+    assert (result["byId"], result["byServed"]) == ("other", "toy")
+    assert result["none"] is None and result["notAList"] is None
+    # Arrows come with WASD (the server aliases them); Q, E and drag are not the card's.
+    assert result["caps"] == sorted(
+        ["w", "a", "s", "d", "up", "left", "down", "right", "shift", "talk"]
+    )
+    assert result["mouse"] == ["drag"]
+    assert result["lines"] == ["W A S D — move", "Shift — sprint", "hold Space — pulse"]
+
+
+def test_model_guide_renders_chips_that_pick_and_a_legend(page: Any) -> None:
+    result = page.evaluate(
+        """async (cards) => {
+        const { ModelGuide } = await import('/model_guide.js');
+        const chips = document.createElement('div');
+        chips.hidden = true;
+        const legend = document.createElement('ul');
+        legend.innerHTML = '<li>generic</li>';
+        const picked = [];
+        const guide = new ModelGuide({ chips, legend, onPick: (text) => picked.push(text) });
+        const before = guide.firstExample;
+        guide.render(cards[1]);
+        const buttons = [...chips.querySelectorAll('button.chip')];
+        buttons[1].click();
+        buttons[0].click();
+        const shown = {
+            before, first: guide.firstExample, hidden: chips.hidden, picked,
+            chips: buttons.map((b) => b.textContent),
+            legend: [...legend.children].map((li) => [li.dataset.kind, li.textContent]),
+        };
+        guide.render({ id: 'quiet', examples: ['a calm sea'], controls: [] });
+        shown.promptsOnly = [...legend.children].map((li) => li.textContent);
+        return shown;
+    }""",
+        TOY_CARDS,
+    )
+    assert result["before"] == "" and result["first"] == "a red ball on grass"
+    assert result["hidden"] is False
+    assert result["chips"] == ["a red ball on grass", "a blue square on snow"]
+    assert result["picked"] == ["a blue square on snow", "a red ball on grass"]
+    assert result["legend"] == [
+        ["key", "WASD / arrows — move"],
+        ["key", "Shift — sprint"],
+        ["audio", "hold Space — pulse"],
+    ]
+    assert result["promptsOnly"] == ["quiet takes prompts only."]
+
+
+def test_empty_start_uses_the_first_example(page: Any) -> None:
+    """A fresh page (no API behind the static server, so the session cannot start): an empty
+    Start fills the box with the card's first example and starts with it."""
+    fresh = page.context.new_page()
+    try:
+        fresh.goto(page.url)
+        fresh.wait_for_function("window.dreamrt !== undefined")
+        fresh.evaluate("(cards) => window.dreamrt.guide.render(cards[1])", TOY_CARDS)
+        assert fresh.input_value("#prompt") == ""
+        fresh.click("#prompt-submit")
+        fresh.wait_for_function(
+            "window.dreamrt.events.some((e) => e.type === 'page.connecting')"
+        )
+        connecting = fresh.evaluate(
+            "window.dreamrt.events.find((e) => e.type === 'page.connecting')"
+        )
+        assert connecting["prompt"] == "a red ball on grass"
+        assert fresh.input_value("#prompt") == "a red ball on grass"
+    finally:
+        fresh.close()

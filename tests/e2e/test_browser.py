@@ -225,6 +225,80 @@ def test_microphone_audio_reaches_the_session(live_page: Any, server: ServerProc
     assert snapshot["audio_seconds_in"] > 0, snapshot
 
 
+def _served_card(server: ServerProcess) -> dict[str, Any]:
+    cards = httpx.get(f"{server.url}/v1/models", timeout=5.0).json()
+    return next(card for card in cards if card["served"])
+
+
+def test_page_speaks_the_served_cards_language(live_page: Any, server: ServerProcess) -> None:
+    card = _served_card(server)
+    assert card["examples"] and card["controls"], card
+    live_page.wait_for_selector("#examples button.chip")
+    chips = live_page.eval_on_selector_all(
+        "#examples button.chip", "buttons => buttons.map(b => b.textContent)"
+    )
+    assert chips == card["examples"]
+    placeholder = live_page.get_attribute("#prompt", "placeholder")
+    assert placeholder is not None and placeholder.endswith(card["examples"][0])
+    legend = live_page.eval_on_selector_all(
+        "#controls-legend li", "items => items.map(li => [li.dataset.kind, li.textContent])"
+    )
+    assert [kind for kind, _ in legend] == [c["kind"] for c in card["controls"]]
+    assert all(text.endswith(c["does"]) for (_, text), c in zip(legend, card["controls"]))
+    # Only the keycaps of inputs the card obeys are shown (tiny-world ignores Q, E and the mouse).
+    shown = set(
+        live_page.eval_on_selector_all(
+            ".keycap", "caps => caps.filter(c => !c.hidden).map(c => c.dataset.key)"
+        )
+    )
+    keys = {k for c in card["controls"] if c["kind"] == "key" for k in c["inputs"]}
+    assert keys <= shown
+    assert ("talk" in shown) == any(c["kind"] == "audio" for c in card["controls"])
+    assert ("drag" in shown) == any(c["kind"] == "mouse" for c in card["controls"])
+
+
+def test_example_chip_while_live_is_sent_as_a_prompt(
+    live_page: Any, server: ServerProcess
+) -> None:
+    example = _served_card(server)["examples"][1]
+    since = _new_events_since(live_page)
+    live_page.click("#examples button.chip:nth-child(2)")
+    assert live_page.input_value("#prompt") == example
+    _wait_acked(live_page, since, "prompt", "prompt.applied", server)
+    applied = live_page.evaluate(
+        f"window.dreamrt.events.slice({since}).filter((e) => e.type === 'prompt.applied')"
+    )
+    assert [e["text"] for e in applied][-1] == example
+
+
+def test_empty_start_on_a_fresh_page_uses_the_first_example(
+    live_page: Any, server: ServerProcess
+) -> None:
+    first = _served_card(server)["examples"][0]
+    fresh = live_page.context.new_page()
+    try:
+        fresh.goto(f"{server.url}/")
+        fresh.wait_for_selector("#examples button.chip")
+        assert fresh.input_value("#prompt") == ""
+        fresh.click("#prompt-submit")
+        fresh.wait_for_function(
+            "window.dreamrt.session && window.dreamrt.session.id", timeout=30_000
+        )
+        session_id, token = fresh.evaluate(
+            "[window.dreamrt.session.id, window.dreamrt.session.info.token]"
+        )
+        snapshot = httpx.get(
+            f"{server.url}/v1/sessions/{session_id}",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=5.0,
+        ).json()
+        assert snapshot["prompt"] == first and fresh.input_value("#prompt") == first
+        fresh.click("#end-session")
+        fresh.wait_for_function("window.dreamrt.state === 'closed'")
+    finally:
+        fresh.close()
+
+
 def test_screenshot_shows_the_stream_and_controls(live_page: Any) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     live_page.focus("#stage")

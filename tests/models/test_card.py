@@ -11,9 +11,11 @@ import pytest
 from models.card import (
     CacheContract,
     CardError,
+    CardUI,
     CheckpointManifest,
     ComponentEntry,
     ComponentSpec,
+    Control,
     LatentSpec,
     LoopSpec,
     ModelCard,
@@ -76,6 +78,9 @@ def make_card(**overrides: Any) -> ModelCard:
         latent=LatentSpec(channels=16, temporal_stride=4, spatial_stride=8, patch=(1, 2, 2)),
         weights="external",
         weights_version="toy-v1",
+        ui=CardUI(examples=("a toy town", "a toy sea"),
+                  controls=(Control("key", ("w", "s"), "walk"),
+                            Control("mouse", ("drag",), "look"))),
     )
     fields.update(overrides)
     return ModelCard(**fields)
@@ -222,6 +227,21 @@ CASES = [
      "components['vae'] has component_id 'decoder'"),
     ("bad model id", dict(model_id="Toy Model"),
      "model_id 'Toy Model' must match ^[a-z0-9][a-z0-9._-]*$"),
+    ("audio control without input.audio",
+     dict(ui=CardUI(("a toy town",), (Control("audio", ("talk",), "sing"),))),
+     "ui control 'audio talk: sing' needs 'input.audio', which the card lacks"),
+    ("key control without input.action",
+     dict(capabilities=CAPS - {"input.action"},
+          checkpoint=CheckpointManifest({k: dataclasses.replace(
+              e, required_for=e.required_for - {"input.action"})
+              for k, e in base.checkpoint.components.items()})),
+     "ui control 'key w/s: walk' needs 'input.action', which the card lacks"),
+    ("blank example", dict(ui=CardUI(("a toy town", " "))),
+     "ui example ' ' must be non-blank and at most 200 characters"),
+    ("repeated example", dict(ui=CardUI(("a toy town", "a toy town"))),
+     "ui.examples repeats a prompt"),
+    ("control that does nothing", dict(ui=CardUI(("a toy town",), (Control("key", ("w",), ""),))),
+     "ui control 'key w: ' does not say what it does"),
 ]
 
 
@@ -354,6 +374,20 @@ def test_to_public_is_json_and_carries_the_api_fields():
     assert (public["weights"], public["weights_version"]) == ("external", "toy-v1")
     assert public["loops"] == ["chunk_rollout", "diffusion_denoise", "vae_decode"]
     assert public["components"]["dit"] == {"kind": "dit", "preset": "toy"}
+    assert public["examples"] == ["a toy town", "a toy sea"]
+    assert public["controls"] == [{"kind": "key", "inputs": ["w", "s"], "does": "walk"},
+                                  {"kind": "mouse", "inputs": ["drag"], "does": "look"}]
+
+
+def test_a_card_without_ui_is_valid_and_serves_empty_lists():
+    card = make_card(ui=CardUI())
+    assert card.validate() is card
+    assert (card.to_public()["examples"], card.to_public()["controls"]) == ([], [])
+
+
+def test_bad_control_kind_fails_at_construction():
+    with pytest.raises(CardError, match="control kind='gaze' is not one of"):
+        Control("gaze", ("eyes",), "look")
 
 
 def test_summary_line_is_one_line_with_the_essentials():
@@ -400,3 +434,54 @@ def test_serving_checks_on_an_unvalidated_broken_card_raise_card_error():
         card.check_serving("chunk_rollout", "bf16")
     with pytest.raises(CardError, match="recipe.assumes_loop 'ddim_50' is not one of"):
         card.loop_for("text_to_video")
+
+
+# --------------------------------------------------------------------------------------------
+# the built-in cards' ui: prompts they can draw, controls their loops absorb
+
+
+def _builtin_cards() -> list[ModelCard]:
+    from models import registry
+
+    return registry.list_cards()
+
+
+@pytest.mark.parametrize("card", _builtin_cards(), ids=lambda c: c.model_id)
+def test_every_builtin_card_offers_examples(card: ModelCard):
+    assert card.ui.examples, f"{card.model_id} has no example prompts"
+
+
+@pytest.mark.parametrize("card", _builtin_cards(), ids=lambda c: c.model_id)
+def test_builtin_key_controls_name_keys_the_action_input_takes(card: ModelCard):
+    from models.loops.inputs import normalize_keys
+
+    session_loop = card.loops.get("chunk_rollout")
+    for control in card.ui.controls:
+        assert session_loop is not None and control.kind.capability in card.capabilities
+        if control.kind.value == "key":
+            assert normalize_keys(control.inputs) == list(control.inputs)
+
+
+def test_builtin_cards_without_actions_offer_no_key_or_mouse_controls():
+    for card in _builtin_cards():
+        kinds = {c.kind.value for c in card.ui.controls}
+        if "input.action" not in card.capabilities:
+            assert kinds.isdisjoint({"key", "mouse"}), card.model_id
+
+
+def test_tiny_world_examples_name_a_colour_a_shape_and_a_terrain_it_draws():
+    from models.tinyworld.card import TINY_WORLD
+    from models.tinyworld.vocab import COLOURS, SHAPES, TERRAINS, WORDS, parse_prompt, word_ids
+
+    worlds = set()
+    for text in TINY_WORLD.ui.examples:
+        words = {WORDS[i - 1] for i in word_ids(text, 16) if i}
+        assert words & set(COLOURS) and words & set(SHAPES) and words & set(TERRAINS), text
+        world = parse_prompt(text)
+        # Nothing is left to the defaults: the picture is the one the prompt names.
+        assert world.describe() in text, (text, world.describe())
+        worlds.add(world)
+    assert len(worlds) == len(TINY_WORLD.ui.examples)
+    assert TINY_WORLD.ui.examples[0] == "a red ball on grass"
+    keys = [i for c in TINY_WORLD.ui.controls if c.kind.value == "key" for i in c.inputs]
+    assert set(keys) == {"w", "a", "s", "d", "shift"}

@@ -8,7 +8,10 @@ def test_models_prints_one_summary_line_per_card_and_labels_random_weights(capsy
     from models import registry
 
     assert main(["models"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    # One unindented summary line per card; its examples and controls follow indented.
+    lines = [
+        line for line in capsys.readouterr().out.strip().splitlines() if not line.startswith(" ")
+    ]
     cards = registry.list_cards()
     assert len(lines) == len(cards)
     for card, line in zip(cards, lines):
@@ -17,6 +20,24 @@ def test_models_prints_one_summary_line_per_card_and_labels_random_weights(capsy
     assert any(
         line.startswith("wan-tiny-random") and "profile=64x64@8fps" in line for line in lines
     )
+
+
+def test_models_prints_each_cards_examples_and_controls(capsys) -> None:
+    from models import registry
+
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    for card in registry.list_cards():
+        at = next(i for i, line in enumerate(out) if line.startswith(card.model_id + " "))
+        detail = []
+        for line in out[at + 1 :]:
+            if not line.startswith("    "):
+                break
+            detail.append(line.strip())
+        assert detail[0] == "examples: " + " | ".join(card.ui.examples)
+        assert detail[1:] == [c.describe() for c in card.ui.controls]
+    assert "    examples: a red ball on grass | a blue square on snow at night" in "\n".join(out)
+    assert "    audio talk: the sprite pulses with your voice" in out
 
 
 def test_serve_refuses_no_auth_on_a_public_address() -> None:

@@ -18,6 +18,30 @@ def test_models_lists_every_card_and_labels_random_weights(client: TestClient) -
     assert cards["wan2.1-1.3b-causal"]["served"] is False
 
 
+def test_models_serve_each_cards_examples_and_controls(client: TestClient) -> None:
+    from models import registry
+
+    served = {c["id"]: c for c in client.get("/v1/models").json()}
+    for card in registry.list_cards():
+        got = served[card.model_id]
+        assert got["examples"] == list(card.ui.examples) and got["examples"]
+        assert got["controls"] == [
+            {"kind": c.kind.value, "inputs": list(c.inputs), "does": c.does}
+            for c in card.ui.controls
+        ]
+    tiny = served[DEFAULT_MODEL]
+    assert tiny["examples"][0] == "a red ball on grass"
+    assert {"kind": "audio", "inputs": ["talk"], "does": "the sprite pulses with your voice"} in (
+        tiny["controls"]
+    )
+    keys = {k for c in tiny["controls"] if c["kind"] == "key" for k in c["inputs"]}
+    assert keys == {"w", "a", "s", "d", "shift"}
+    # A card whose recipe takes no actions offers no key or mouse controls.
+    assert served["wan2.1-1.3b-causal"]["controls"] == []
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["ModelInfo"]
+    assert {"examples", "controls", "served"} <= set(schema["required"])
+
+
 def test_metrics_from_loopback_without_auth_reflect_sessions(client: TestClient) -> None:
     client.post("/v1/sessions", json={"prompt": "a"})
     client.post("/v1/sessions", json={"prompt": "b"})
