@@ -246,6 +246,12 @@ WAN21_T2V_13B = ModelCard(
     latent=WAN_LATENT,
     weights="external",
     weights_version="wan2.1-t2v-1.3b",
+    # jobs only: prompts, no live controls
+    ui=CardUI(examples=(
+        "a red fox running through a snowy pine forest, morning light",
+        "a lantern-lit canal town at dusk, gentle rain",
+        "a hot air balloon drifting over green hills, aerial view",
+    )),
 )
 
 WAN21_T2V_TINY_RANDOM = ModelCard(
@@ -272,6 +278,7 @@ WAN21_T2V_TINY_RANDOM = ModelCard(
     latent=WAN_LATENT,
     weights="random",
     weights_version="random-seed-0",
+    ui=CardUI(examples=("a red kite over a beach (noise: random weights)",)),
 )
 
 CARDS: tuple[ModelCard, ...] = (WAN21_13B_CAUSAL, WAN_TINY_RANDOM, WAN21_T2V_13B,
