@@ -75,7 +75,7 @@ class LoopStream:
             output = plan.op([plan.args])[0]
             wall_s = time.perf_counter() - start
             self.plan_wall_s.append((plan.kind.value, wall_s))
-            self.state = self._loop.advance(self.state, StepResult(output, wall_s))
+            self.state = self._loop.advance(self.state, StepResult(output, wall_s, kind=plan.kind))
             final = False
             for spec in plan.emits:
                 emission = Emission(spec, output)
