@@ -82,6 +82,7 @@ _PERSISTED = frozenset(
         "audio.applied",
         "error",
         "feedback.recorded",
+        "livekit.state",
     }
 )
 
