@@ -73,3 +73,15 @@ def test_without_the_sdk_the_livekit_block_is_501_naming_the_extra(
     assert response.status_code == 501 and response.json()["code"] == "livekit_unavailable"
     assert "dreamrt[livekit]" in response.json()["detail"]
     assert client.post("/v1/sessions", json={"prompt": "a"}).status_code == 201
+
+
+def test_the_server_imports_without_the_livekit_packages() -> None:
+    import subprocess
+
+    code = (
+        "import sys; sys.modules['livekit'] = None; sys.modules['livekit.rtc'] = None; "
+        "sys.modules['livekit.api'] = None; import server.app, server.cli, server.livekit_room"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
