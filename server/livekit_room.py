@@ -38,6 +38,7 @@ __all__ = [
     "RoomConnection",
     "RoomEvents",
     "i420_frame",
+    "publish_options",
 ]
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,17 @@ def i420_frame(rgb: np.ndarray) -> Any:
         width, height, rtc.VideoBufferType.RGB24, np.ascontiguousarray(rgb).tobytes()
     )
     return frame.convert(rtc.VideoBufferType.I420)
+
+
+def publish_options(fps: int, bitrate_bps: int) -> Any:
+    """Camera source, simulcast off, one encoding capped at ``fps`` and ``bitrate_bps``."""
+    from livekit import rtc
+
+    return rtc.TrackPublishOptions(
+        source=rtc.TrackSource.SOURCE_CAMERA,
+        simulcast=False,
+        video_encoding=rtc.VideoEncoding(max_framerate=float(fps), max_bitrate=bitrate_bps),
+    )
 
 
 class LiveKitRoom:
@@ -170,12 +182,7 @@ class LiveKitRoom:
 
         self._source = rtc.VideoSource(width, height)
         track = rtc.LocalVideoTrack.create_video_track("dreamrt", self._source)
-        options = rtc.TrackPublishOptions(
-            source=rtc.TrackSource.SOURCE_CAMERA,
-            simulcast=False,
-            video_encoding=rtc.VideoEncoding(max_framerate=float(fps), max_bitrate=bitrate_bps),
-        )
-        await self._room.local_participant.publish_track(track, options)
+        await self._room.local_participant.publish_track(track, publish_options(fps, bitrate_bps))
 
     def capture(self, rgb: np.ndarray, timestamp_us: int) -> None:
         source = self._source

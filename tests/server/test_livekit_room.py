@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 from livekit import rtc
 
-from server.livekit_room import LiveKitRoom, RoomConnectError, i420_frame
+from server.livekit_room import (
+    CONTROL_TOPIC,
+    LiveKitRoom,
+    RoomConnectError,
+    i420_frame,
+    publish_options,
+)
+from server.livekit_sink import timestamp_us
 
 
 def closed_port() -> int:
@@ -43,3 +50,52 @@ async def test_a_refused_connect_raises_room_connect_error_quickly() -> None:
         await room.connect(f"ws://127.0.0.1:{closed_port()}", "not-a-token", NoEvents())
     assert time.monotonic() - start < 5.0
     await room.disconnect()  # idempotent after a failed join
+
+
+def test_publish_options_turn_simulcast_off_and_cap_fps_and_bitrate() -> None:
+    options = publish_options(16, 400_000)
+    assert options.simulcast is False and options.source == rtc.TrackSource.SOURCE_CAMERA
+    assert options.video_encoding.max_framerate == 16.0
+    assert options.video_encoding.max_bitrate == 400_000
+
+
+def test_capture_feeds_a_real_video_source_with_the_pts_timestamp() -> None:
+    room = LiveKitRoom()
+    room._source = rtc.VideoSource(64, 36)  # what publish_video creates, without a server
+    rgb = np.full((36, 64, 3), 128, dtype=np.uint8)
+    for pts in (0, 5625, 11250):
+        room.capture(rgb, timestamp_us(pts))  # raises if the FFI refuses the frame
+
+
+class Recorder(NoEvents):
+    def __init__(self) -> None:
+        self.data = []
+
+    def on_data(self, payload, sender):
+        self.data.append((payload, sender))
+
+
+class Packet:
+    def __init__(self, data: bytes, topic: str, identity: str) -> None:
+        self.data, self.topic = data, topic
+        self.participant = type("P", (), {"identity": identity})()
+
+
+async def test_control_packets_and_bounded_text_streams_reach_the_events() -> None:
+    events = Recorder()
+    room = LiveKitRoom(max_text_bytes=100)
+    room._events = events
+    room._on_packet(Packet(b'{"type":"ping","t":1}', CONTROL_TOPIC, "alice"))
+    room._on_packet(Packet(b"other", "another.topic", "alice"))
+
+    async def chunks(parts):
+        for part in parts:
+            yield part
+
+    await room._read_text(chunks(['{"type":', '"pause"}']), "bob")
+    await room._read_text(chunks(["x" * 60] * 10), "eve")  # stops reading past the limit
+    assert events.data[:2] == [
+        (b'{"type":"ping","t":1}', "alice"),
+        (b'{"type":"pause"}', "bob"),
+    ]
+    assert events.data[2][1] == "eve" and 100 < len(events.data[2][0]) <= 160
