@@ -129,8 +129,9 @@ class AvatarBridge:
             except ValueError:
                 rate = channels = 0
             if rate <= 0 or channels <= 0:
-                log.warning("session %s: lk.audio_stream without sample_rate/num_channels",
-                            self.session.id)
+                log.warning(
+                    "session %s: lk.audio_stream without sample_rate/num_channels", self.session.id
+                )
                 continue
             await self._play_segment(chunks, rate, channels)
 
@@ -196,8 +197,9 @@ class AvatarBridge:
         try:
             await self.room.perform_rpc(self.agent_identity, method, payload)
         except Exception as exc:  # noqa: BLE001 - an agent without the method is not fatal
-            log.warning("session %s: %s on %r failed: %s", self.session.id, method,
-                        self.agent_identity, exc)
+            log.warning(
+                "session %s: %s on %r failed: %s", self.session.id, method, self.agent_identity, exc
+            )
 
     async def close(self) -> None:
         tasks: list[Any] = [*self._rpc_tasks, *([self._task] if self._task else [])]

@@ -198,4 +198,3 @@ class RoomInputs:
                 await task
         for inbox in self._inboxes.values():
             await inbox.close()
-

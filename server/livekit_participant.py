@@ -126,9 +126,8 @@ class LiveKitParticipant:
         try:
             await self.room.connect(self.url, self._token, self)
         except RoomConnectError as exc:
-            session.fail(
-                "livekit_connect", f"cannot join LiveKit room {self.room_name!r} at {self.url}: {exc}"
-            )
+            where = f"LiveKit room {self.room_name!r} at {self.url}"
+            session.fail("livekit_connect", f"cannot join {where}: {exc}")
             await self.close()
             return
         except Exception as exc:

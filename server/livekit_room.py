@@ -75,7 +75,9 @@ class RoomConnection(Protocol):
 
     async def connect(self, url: str, token: str, events: RoomEvents) -> None: ...
 
-    async def publish_video(self, width: int, height: int, *, fps: int, bitrate_bps: int) -> None: ...
+    async def publish_video(
+        self, width: int, height: int, *, fps: int, bitrate_bps: int
+    ) -> None: ...
 
     def capture(self, rgb: np.ndarray, timestamp_us: int) -> None: ...
 
@@ -284,7 +286,7 @@ class LiveKitRoom:
         if room is not None:
             try:
                 await room.disconnect()
-            except Exception:  # noqa: BLE001 - leaving must not fail the caller's close
+            except Exception:  # leaving must not fail the caller's close
                 log.warning("LiveKit disconnect failed", exc_info=True)
         if self._source is not None:
             await self._source.aclose()

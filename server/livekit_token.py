@@ -37,8 +37,10 @@ class LiveKitMissingError(RuntimeError):
 def require_sdk() -> None:
     """Raises ``LiveKitMissingError`` unless both SDK packages import."""
     try:
-        import livekit.api  # noqa: F401
-        import livekit.rtc  # noqa: F401
+        import importlib
+
+        importlib.import_module("livekit.api")
+        importlib.import_module("livekit.rtc")
     except ImportError as exc:
         raise LiveKitMissingError(
             f"the LiveKit SDK is not installed ({exc}); install the extra: "

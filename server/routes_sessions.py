@@ -4,8 +4,9 @@ pause/resume, delete, and the SSE event stream.
 Status codes: 201 created, 202 accepted (the two-phase ack follows on the event stream), 204
 deleted, 400 malformed offer/audio, 401/403 auth, 404 unknown id, 409 the session's state
 forbids it (the message names the state), 422 invalid body or an input the model cannot take
-(naming the field), 501 LiveKit (the ``livekit`` extra is not installed), 503 + ``Retry-After`` when admission
-refuses.
+(naming the field), 501 LiveKit (the ``livekit`` extra is not installed), 503 +
+``Retry-After`` when admission refuses. A ``livekit`` block joins the room in the background
+(``server.livekit_participant``): a failed join makes the session ``failed``, after its 201.
 """
 
 from __future__ import annotations

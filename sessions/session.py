@@ -337,7 +337,9 @@ class Session:
         until a new viewer arrives."""
         self._viewers.discard(viewer)
         if self._viewers and self._state is SessionState.LIVE:
-            log.info("session %s: %s; %d sink(s) still watching", self.id, reason, len(self._viewers))
+            log.info(
+                "session %s: %s; %d sink(s) still watching", self.id, reason, len(self._viewers)
+            )
             return
         self._unwatched_since = self._clock()
         if self._state in (SessionState.LIVE, SessionState.NEGOTIATING):

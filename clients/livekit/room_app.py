@@ -61,9 +61,7 @@ class RoomReport:
 
 def viewer_token(key: str, secret: str, room: str, identity: str) -> str:
     grants = api.VideoGrants(room_join=True, room=room, can_publish=True, can_publish_data=True)
-    return (
-        api.AccessToken(key, secret).with_identity(identity).with_grants(grants).to_jwt()
-    )
+    return api.AccessToken(key, secret).with_identity(identity).with_grants(grants).to_jwt()
 
 
 async def run(
@@ -182,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
             dreamrt_token=args.token,
         )
     )
-    print(f"session {report.session_id}: {len(report.frame_times_s)} frames, "
-          f"{report.fps(2.0):.1f} fps; prompt acks {report.acks(1)}")
+    print(
+        f"session {report.session_id}: {len(report.frame_times_s)} frames, "
+        f"{report.fps(2.0):.1f} fps; prompt acks {report.acks(1)}"
+    )
     return 0
 
 

@@ -11,9 +11,7 @@ from server.livekit_room import ByteStreamHandler, RoomConnectError, RoomEvents,
 
 
 class FakeRoom:
-    def __init__(
-        self, *, connect_error: str | None = None, capture_delay_s: float = 0.0
-    ) -> None:
+    def __init__(self, *, connect_error: str | None = None, capture_delay_s: float = 0.0) -> None:
         self.identity = ""
         self.connect_error = connect_error
         self.capture_delay_s = capture_delay_s

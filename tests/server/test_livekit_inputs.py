@@ -30,7 +30,8 @@ def make_session(caps: set[str] | None = None) -> tuple[Session, FakeHandle]:
 
 
 def applied(kind: str, seq: int, chunk: int = 0) -> Emission:
-    return Emission(EmitSpec("applied", {"kind": kind, "seq": seq, "chunk": chunk, "pts_90k": 0}), None)
+    meta = {"kind": kind, "seq": seq, "chunk": chunk, "pts_90k": 0}
+    return Emission(EmitSpec("applied", meta), None)
 
 
 async def settle(room: FakeRoom, n: int, timeout_s: float = 2.0) -> None:

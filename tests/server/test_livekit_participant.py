@@ -84,7 +84,7 @@ async def test_reconnects_are_events_and_a_deleted_room_closes_the_session() -> 
 
 async def test_avatar_convention_plays_agent_speech_and_answers_clear_buffer() -> None:
     room = FakeRoom()
-    session, handle, participant = make(room, avatar_of="agent-1")
+    _, handle, participant = make(room, avatar_of="agent-1")
     participant.start()
     await until(lambda: room.events is not None and participant.avatar._task is not None)
     assert set(room.rpc_handlers) == {RPC_CLEAR_BUFFER}

@@ -25,7 +25,9 @@ def closed_port() -> int:
 
 class NoEvents:
     def on_data(self, payload, sender): ...
-    def wants_audio(self, identity): return False
+    def wants_audio(self, identity):
+        return False
+
     def on_audio(self, identity, blocks): ...
     def on_state(self, state, reason): ...
 

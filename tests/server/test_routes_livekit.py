@@ -83,5 +83,7 @@ def test_the_server_imports_without_the_livekit_packages() -> None:
         "sys.modules['livekit.api'] = None; import server.app, server.cli, server.livekit_room"
     )
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stderr
