@@ -3,7 +3,8 @@
 The sink is a pacer reader like the WebRTC track (same playout, same stall accounting: a
 repeat goes out with ``pts = previous + 1``), so a session can have both at once. Each paced
 frame is captured with ``timestamp_us`` = its wire PTS converted from 90 kHz. Conversion and
-capture run in a worker thread, one frame at a time; while a frame is in flight the pacer goes
+capture run in the sink's own worker thread, one frame at a time (``close()`` waits for the
+frame in flight, so nothing is captured into a source that is gone); while a frame is in flight the pacer goes
 on and the sink later takes the newest frame, counting the skipped ones in ``dropped``: a sink
 that cannot keep up drops frames, it never blocks the engine or the other sink.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 from server.frame_pacer import FramePacer, PacedFrame
 from server.livekit_room import RoomConnection
@@ -48,6 +50,7 @@ class LiveKitVideoSink:
         self._room = room
         self._reader = pacer.reader(viewer=self)
         self._task: asyncio.Task[None] | None = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="livekit-capture")
         self.frames_published = 0
         self.last_timestamp_us = -1
 
@@ -72,7 +75,8 @@ class LiveKitVideoSink:
 
     async def _publish(self, frame: PacedFrame) -> None:
         stamp = timestamp_us(frame.pts_90k)
-        await asyncio.to_thread(self._room.capture, frame.rgb, stamp)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._thread, self._room.capture, frame.rgb, stamp)
         self.frames_published += 1
         self.last_timestamp_us = stamp
 
@@ -82,3 +86,4 @@ class LiveKitVideoSink:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        await asyncio.to_thread(self._thread.shutdown, wait=True)

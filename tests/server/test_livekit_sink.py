@@ -80,3 +80,17 @@ async def test_a_sink_that_cannot_keep_up_drops_frames_and_never_slows_the_other
     assert sink.dropped > 0 and sink.frames_published < 6 * N
     stamps = [ts for _, ts in room.captured]
     assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
+
+
+async def test_close_waits_for_the_frame_in_flight() -> None:
+    session, _ = make_live_session()
+    session.on_emission(chunk(0))
+    room = FakeRoom(capture_delay_s=0.2)
+    sink = LiveKitVideoSink(FramePacer(session), room)
+    sink.start()
+    await asyncio.sleep(0.05)  # the first capture is in the worker thread now
+    await sink.close()
+    after_close = len(room.captured)
+    await asyncio.sleep(0.3)
+    assert after_close == 1 and len(room.captured) == 1
+    await sink.close()  # idempotent
