@@ -14,8 +14,8 @@ against an in-process fake room; ``LiveKitRoom`` maps the port onto ``rtc.Room``
 - Inputs: data packets and text streams on ``control_topic`` reach ``events.on_data`` (a text
   stream is read up to ``max_text_bytes`` + 1: an oversize one still reaches the validator,
   which refuses it); every subscribed audio track reaches ``events.on_audio`` as an async
-  iterator of 16 kHz mono float32 blocks from ``rtc.AudioStream`` (only tracks
-  ``events.wants_audio`` accepts are decoded; bounded: ``capacity``
+  iterator of 16 kHz mono float32 blocks from ``rtc.AudioStream`` (only audio tracks
+  ``events.wants_audio`` accepts are subscribed; bounded: ``capacity``
   frames, the oldest dropped by the SDK when the reader lags). Byte streams and RPC methods
   are registered for the avatar convention.
 - Room state: ``reconnecting`` / ``reconnected`` / ``disconnected`` (with the SDK's
@@ -147,6 +147,7 @@ class LiveKitRoom:
         self._events = events
         room = self._room = rtc.Room()
         room.on("data_received", self._on_packet)
+        room.on("track_published", self._on_published)
         room.on("track_subscribed", self._on_track)
         room.on("reconnecting", lambda: events.on_state("reconnecting", ""))
         room.on("reconnected", lambda: events.on_state("reconnected", ""))
@@ -154,7 +155,8 @@ class LiveKitRoom:
         room.register_text_stream_handler(self._control_topic, self._on_text_stream)
         for topic, handler in self._byte_streams.items():
             room.register_byte_stream_handler(topic, self._byte_stream_adapter(handler))
-        options = rtc.RoomOptions(auto_subscribe=True, connect_timeout=self._connect_timeout_s)
+        # Only the audio tracks the session hears are subscribed (never other video).
+        options = rtc.RoomOptions(auto_subscribe=False, connect_timeout=self._connect_timeout_s)
         try:
             await asyncio.wait_for(room.connect(url, token, options), self._connect_timeout_s * 2)
         except rtc.ConnectError as exc:
@@ -164,6 +166,9 @@ class LiveKitRoom:
                 f"no answer from {url} within {self._connect_timeout_s * 2:g} s"
             ) from None
         self.identity = room.local_participant.identity
+        for participant in room.remote_participants.values():
+            for publication in participant.track_publications.values():
+                self._on_published(publication, participant)
         for method, handler in self._rpc.items():
             self._register_rpc_now(method, handler)
 
@@ -223,6 +228,15 @@ class LiveKitRoom:
             self._events.on_data(b"".join(parts), sender)
 
     # ---------------------------------------------------------------- audio in
+
+    def _on_published(self, publication: Any, participant: Any) -> None:
+        from livekit import rtc
+
+        events = self._events
+        if publication.kind != rtc.TrackKind.KIND_AUDIO or events is None:
+            return
+        if events.wants_audio(participant.identity):
+            publication.set_subscribed(True)
 
     def _on_track(self, track: Any, publication: Any, participant: Any) -> None:
         from livekit import rtc

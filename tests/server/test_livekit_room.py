@@ -101,3 +101,37 @@ async def test_control_packets_and_bounded_text_streams_reach_the_events() -> No
         (b'{"type":"pause"}', "bob"),
     ]
     assert events.data[2][1] == "eve" and 100 < len(events.data[2][0]) <= 160
+
+
+class Publication:
+    def __init__(self, kind: int) -> None:
+        self.kind = kind
+        self.subscribed = False
+
+    def set_subscribed(self, subscribed: bool) -> None:
+        self.subscribed = subscribed
+
+
+def test_only_the_audio_tracks_the_session_hears_are_subscribed() -> None:
+    class Hears(NoEvents):
+        def wants_audio(self, identity):
+            return identity == "mic"
+
+    room = LiveKitRoom()
+    room._events = Hears()
+    mic = type("P", (), {"identity": "mic"})()
+    other = type("P", (), {"identity": "other"})()
+    audio, video, others = (
+        Publication(rtc.TrackKind.KIND_AUDIO),
+        Publication(rtc.TrackKind.KIND_VIDEO),
+        Publication(rtc.TrackKind.KIND_AUDIO),
+    )
+    room._on_published(audio, mic)
+    room._on_published(video, mic)
+    room._on_published(others, other)
+    assert (audio.subscribed, video.subscribed, others.subscribed) == (True, False, False)
+
+
+async def test_a_malformed_url_is_a_connect_error_too() -> None:
+    with pytest.raises(RoomConnectError, match="(?i)url"):
+        await LiveKitRoom(connect_timeout_s=5.0).connect("not a url", "t", NoEvents())
