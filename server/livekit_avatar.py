@@ -76,6 +76,7 @@ class AvatarBridge:
             asyncio.Queue(maxsize=8)
         )
         self._cleared = False
+        self._playing = False  # a segment is being read or played out
         self._task: asyncio.Task[None] | None = None
         self._rpc_tasks: set[asyncio.Task[None]] = set()
         self.segments_played = 0
@@ -108,6 +109,8 @@ class AvatarBridge:
     async def _on_clear_buffer(self, caller: str, payload: str) -> str:
         if caller != self.agent_identity:
             return "reject"
+        if not self._playing:
+            return "ok"  # nothing to interrupt (like livekit-agents' AvatarRunner)
         self._cleared = True
         session = self.session
         if session.accepts_inputs and "prompt.cut" in session.config.capabilities:
@@ -133,7 +136,11 @@ class AvatarBridge:
                     "session %s: lk.audio_stream without sample_rate/num_channels", self.session.id
                 )
                 continue
-            await self._play_segment(chunks, rate, channels)
+            self._playing = True
+            try:
+                await self._play_segment(chunks, rate, channels)
+            finally:
+                self._playing = False
 
     async def _play_segment(self, chunks: AsyncIterator[bytes], rate: int, channels: int) -> None:
         push_n = int(AUDIO_PUSH_S * rate) * channels * 2  # bytes per push

@@ -100,6 +100,9 @@ async def test_avatar_convention_plays_agent_speech_and_answers_clear_buffer() -
     assert json.loads(p2) == {"playback_position": 1.0, "interrupted": False}
     audio = [e for e in handle.inputs if e.kind == "audio"]
     assert [len(e.payload["samples"]) for e in audio] == [8_000, 8_000]  # 16 kHz mono
+    # between segments there is nothing to interrupt: no cut
+    assert await room.rpc_handlers[RPC_CLEAR_BUFFER]("agent-1", "") == "ok"
+    assert [e.kind for e in handle.inputs] == ["audio", "audio"]
     # a stranger cannot interrupt; the agent can: a cut at the next step, interrupted: true
     assert await room.rpc_handlers[RPC_CLEAR_BUFFER]("mallory", "") == "reject"
     room.stream_bytes(
