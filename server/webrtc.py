@@ -5,7 +5,8 @@ complete answer (aiortc gathers ICE before answering: no trickle). The offer mus
 m-line the server can send on (``recvonly`` or ``sendrecv``); it may carry
 
 - a data channel labelled ``control`` (created by the client): client messages are validated
-  and applied by ``server.control_inbox`` (shared with LiveKit), every session event is sent back as JSON;
+  and applied by ``server.control_inbox`` (shared with LiveKit), every session event is sent
+  back as JSON;
 - an audio m-line (``sendonly`` from the client, e.g. push-to-talk): for cards with
   ``input.audio`` the frames are resampled to 16 kHz mono and pushed to the session every
   ``AUDIO_PUSH_S`` seconds; for other cards the m-line is answered ``inactive``.
