@@ -30,6 +30,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from server.auth import Authenticator, AuthMode, resolve_auth_mode
+from server.frame_pacer import FramePacer
+from server.livekit_participant import LiveKitParticipant
+from server.livekit_room import LiveKitRoom, RoomConnection
+from server.livekit_token import LiveKitCredentials
 from server.metrics import MetricsSnapshot, ServerMetrics
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
 from sessions.host import SessionHost
@@ -73,6 +77,8 @@ class ServerConfig:
     checkpoint_dir: Path | None = None  # weights of a card with external weights
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
     control_rate_per_s: float = 30.0
+    livekit_key: str | None = None  # None: LIVEKIT_API_KEY (to mint join tokens)
+    livekit_secret: str | None = None  # None: LIVEKIT_API_SECRET
     web_dir: Path | None = field(default=_WEB_DIR)
 
 
@@ -90,6 +96,46 @@ class ServerContext:
     model_id: str
     peers: dict[str, ViewerPeer] = field(default_factory=dict)
     undo: list[Callable[[], None]] = field(default_factory=list)
+    rooms: dict[str, LiveKitParticipant] = field(default_factory=dict)
+    pacers: dict[str, FramePacer] = field(default_factory=dict)
+    room_factory: Callable[[], RoomConnection] = LiveKitRoom
+
+    @property
+    def livekit_credentials(self) -> LiveKitCredentials:
+        return LiveKitCredentials.resolve(self.config.livekit_key, self.config.livekit_secret)
+
+    def pacer_for(self, session: Any) -> FramePacer:
+        """The one pacer of ``session``'s video, shared by its WebRTC viewer and LiveKit sink."""
+        for sid in [sid for sid, p in self.pacers.items() if p.session.terminal]:
+            del self.pacers[sid]
+        pacer = self.pacers.get(session.id)
+        if pacer is None or pacer.session is not session:
+            pacer = self.pacers[session.id] = FramePacer(session)
+        return pacer
+
+    def open_room(
+        self, session: Any, *, url: str, room: str, token: str, **options: Any
+    ) -> LiveKitParticipant:
+        """Starts ``session``'s LiveKit participant (joins in the background)."""
+        participant = LiveKitParticipant(
+            session,
+            self.room_factory(),
+            url=url,
+            room_name=room,
+            token=token,
+            pacer=self.pacer_for(session),
+            store=self.store,
+            control_rate_per_s=self.config.control_rate_per_s,
+            on_closed=self._room_closed,
+            **options,
+        )
+        self.rooms[session.id] = participant
+        participant.start()
+        return participant
+
+    def _room_closed(self, participant: LiveKitParticipant) -> None:
+        if self.rooms.get(participant.session.id) is participant:
+            del self.rooms[participant.session.id]
 
     def open_peer(self, session: Any) -> ViewerPeer:
         """A new viewer peer for ``session`` (the caller closes any previous one first)."""
@@ -100,6 +146,7 @@ class ServerContext:
             control_rate_per_s=self.config.control_rate_per_s,
             control_burst=int(2 * self.config.control_rate_per_s),
             on_closed=self._peer_closed,
+            pacer=self.pacer_for(session),
         )
         self.peers[session.id] = peer
         return peer
@@ -289,6 +336,9 @@ async def _warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
 
 
 async def _teardown(ctx: ServerContext) -> None:
+    for participant in list(ctx.rooms.values()):
+        with contextlib.suppress(Exception):
+            await participant.close()
     for peer in list(ctx.peers.values()):
         with contextlib.suppress(Exception):
             await peer.close()

@@ -103,6 +103,16 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --compile: skip the warm-up (the first session then pays compilation)",
     )
+    serve.add_argument(
+        "--livekit-key",
+        default=None,
+        help="LiveKit API key that mints the engine's join tokens (default: $LIVEKIT_API_KEY)",
+    )
+    serve.add_argument(
+        "--livekit-secret",
+        default=None,
+        help="LiveKit API secret (default: $LIVEKIT_API_SECRET)",
+    )
 
     sub.add_parser("models", help="list the model cards", parents=[common])
     _add_bench_parser(sub)
@@ -169,6 +179,8 @@ def _serve(args: argparse.Namespace) -> int:
         warmup=False if args.no_warmup else None,
         checkpoint_dir=args.checkpoint,
         unwatched_timeout_s=args.unwatched_timeout,
+        livekit_key=args.livekit_key,
+        livekit_secret=args.livekit_secret,
     )
     sys.stdout.write(f"dreamrt: open http://{args.host}:{args.port}/  (auth {mode.value})\n")
     sys.stdout.flush()

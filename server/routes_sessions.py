@@ -4,8 +4,9 @@ pause/resume, delete, and the SSE event stream.
 Status codes: 201 created, 202 accepted (the two-phase ack follows on the event stream), 204
 deleted, 400 malformed offer/audio, 401/403 auth, 404 unknown id, 409 the session's state
 forbids it (the message names the state), 422 invalid body or an input the model cannot take
-(naming the field), 501 LiveKit (not in this build), 503 + ``Retry-After`` when admission
-refuses.
+(naming the field), 501 LiveKit (the ``livekit`` extra is not installed), 503 +
+``Retry-After`` when admission refuses. A ``livekit`` block joins the room in the background
+(``server.livekit_participant``): a failed join makes the session ``failed``, after its 201.
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ from fastapi.responses import StreamingResponse
 
 from runtime.admission import Reject
 from server.auth import Grant
+from server.livekit_token import (
+    AVATAR_ATTRIBUTE,
+    LiveKitMissingError,
+    identity_for,
+    mint_join_token,
+    require_sdk,
+)
 from server.routes_system import (
     ApiError,
     AuthGrant,
@@ -33,6 +41,7 @@ from server.schemas import (
     ChooseBody,
     FeedbackBody,
     ForkBody,
+    LiveKitBody,
     OfferBody,
     PromptAccepted,
     PromptBody,
@@ -76,10 +85,7 @@ def _conflict(exc: Exception) -> ApiError:
 async def create_session(body: SessionBody, request: Request, grant: AuthGrant) -> SessionCreated:
     require_general(grant)
     ctx = ctx_of(request)
-    if body.livekit is not None:
-        raise ApiError(
-            501, "livekit_unavailable", "this build has no LiveKit participant; connect over WebRTC"
-        )
+    livekit_token = _livekit_token_check(ctx, body)
     with creation_errors():
         answer = ctx.host.create_session(
             prompt=body.prompt,
@@ -102,6 +108,8 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
             permanent=answer.permanent,
         )
     session = answer
+    if body.livekit is not None:
+        _join_room(ctx, session, body.livekit, livekit_token)
     token = ctx.auth.issue_session_token(session.id)
     config = session.config
     return SessionCreated(
@@ -109,6 +117,43 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
         token=token,
         state=session.state.value,
         profile={"fps": config.fps, "width": config.width, "height": config.height},
+    )
+
+
+def _livekit_token_check(ctx: Any, body: SessionBody) -> str | None:
+    """Before admission: 501 without the SDK, 422 when no token can be had for the room."""
+    if body.livekit is None:
+        return None
+    try:
+        require_sdk()
+    except LiveKitMissingError as exc:
+        raise ApiError(501, "livekit_unavailable", str(exc)) from None
+    if body.livekit.token is None and not ctx.livekit_credentials.complete:
+        raise field_error(
+            "livekit.token",
+            "no token given and the server has no LiveKit API key/secret to mint one "
+            "(dreamrt serve --livekit-key/--livekit-secret or LIVEKIT_API_KEY/LIVEKIT_API_SECRET)",
+        )
+    return body.livekit.token
+
+
+def _join_room(ctx: Any, session: Session, block: LiveKitBody, token: str | None) -> None:
+    if token is None:
+        attributes = {AVATAR_ATTRIBUTE: block.avatar_of} if block.avatar_of else None
+        token = mint_join_token(
+            ctx.livekit_credentials,
+            room=block.room,
+            identity=identity_for(session.id),
+            name=session.config.model_id,
+            attributes=attributes,
+        )
+    ctx.open_room(
+        session,
+        url=block.url,
+        room=block.room,
+        token=token,
+        audio_identity=block.audio_identity,
+        avatar_of=block.avatar_of,
     )
 
 

@@ -43,6 +43,10 @@ class LiveKitBody(_Body):
     url: Annotated[str, Field(min_length=1)]
     room: Annotated[str, Field(min_length=1)]
     token: str | None = None
+    # only this participant's audio feeds the session (default: every participant's)
+    audio_identity: str | None = None
+    # LiveKit Agents avatar convention: the agent identity this engine publishes on behalf of
+    avatar_of: str | None = None
 
 
 class SessionBody(_Body):

@@ -5,7 +5,8 @@ complete answer (aiortc gathers ICE before answering: no trickle). The offer mus
 m-line the server can send on (``recvonly`` or ``sendrecv``); it may carry
 
 - a data channel labelled ``control`` (created by the client): client messages are validated
-  by ``server.control`` and applied to the session, every session event is sent back as JSON;
+  and applied by ``server.control_inbox`` (shared with LiveKit), every session event is sent
+  back as JSON;
 - an audio m-line (``sendonly`` from the client, e.g. push-to-talk): for cards with
   ``input.audio`` the frames are resampled to 16 kHz mono and pushed to the session every
   ``AUDIO_PUSH_S`` seconds; for other cards the m-line is answered ``inactive``.
@@ -39,21 +40,12 @@ from aiortc import (
 )
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from server.control import (
-    ActionMessage,
-    ControlError,
-    FeedbackMessage,
-    PauseMessage,
-    PingMessage,
-    PromptMessage,
-    ResumeMessage,
-    TokenBucket,
-    decode_control,
-)
+from server.control_inbox import ControlInbox
+from server.frame_pacer import FramePacer
 from server.media_track import SessionVideoTrack
 from sessions.audio import TARGET_RATE_HZ, AudioClip
-from sessions.events import FeedbackRecorded, Pong, encode_event
-from sessions.session import Session, SessionStateError, UnsupportedInputError
+from sessions.events import encode_event
+from sessions.session import Session
 from sessions.store import Store
 
 __all__ = [
@@ -145,13 +137,19 @@ class ViewerPeer:
         control_rate_per_s: float = 30.0,
         control_burst: int = 60,
         on_closed: Callable[[ViewerPeer], None] | None = None,
+        pacer: FramePacer | None = None,
     ) -> None:
         self.session = session
-        self._store = store
         config = RTCConfiguration(iceServers=[RTCIceServer(urls=url) for url in ice_servers])
         self.pc = RTCPeerConnection(configuration=config)
-        self.track = SessionVideoTrack(session)
-        self._bucket = TokenBucket(control_rate_per_s, control_burst)
+        self.track = SessionVideoTrack(session, pacer=pacer)
+        self.inbox = ControlInbox(
+            session,
+            store=store,
+            reply=self._send,
+            rate_per_s=control_rate_per_s,
+            burst=control_burst,
+        )
         self._on_closed = on_closed
         self._tasks: set[asyncio.Task[None]] = set()
         self._channel: Any = None
@@ -228,51 +226,7 @@ class ViewerPeer:
             self._subscription.close()
 
     def _on_message(self, message: str | bytes) -> None:
-        session = self.session
-        if not self._bucket.take():
-            session.report_error(
-                "rate_limited", f"more than {self._bucket.rate_per_s:g} control messages per second"
-            )
-            return
-        try:
-            msg = decode_control(message)
-        except ControlError as exc:
-            session.report_error(exc.code, exc.message)
-            return
-        try:
-            self._apply(msg)
-        except (UnsupportedInputError, SessionStateError, ValueError) as exc:
-            session.report_error("rejected", str(exc))
-
-    def _apply(self, msg: Any) -> None:
-        session = self.session
-        if isinstance(msg, PromptMessage):
-            session.push_prompt(msg.text, msg.mode)
-        elif isinstance(msg, ActionMessage):
-            session.push_action(msg.keys, msg.mouse)
-        elif isinstance(msg, PingMessage):
-            self._send(encode_event(Pong(t=msg.t)))
-        elif isinstance(msg, PauseMessage):
-            session.pause()
-        elif isinstance(msg, ResumeMessage):
-            session.resume()
-        elif isinstance(msg, FeedbackMessage):
-            self._spawn(self._record_feedback(msg), "feedback")
-
-    async def _record_feedback(self, msg: FeedbackMessage) -> None:
-        if self._store is None:
-            return
-        chunk = msg.chunk if msg.chunk is not None else max(self.session.last_chunk, 0)
-        feedback_id = await self._store.run(
-            self._store.add_feedback,
-            session_id=self.session.id,
-            rating=msg.rating,
-            chunk=chunk,
-            note=msg.note,
-        )
-        self.session.publish(
-            FeedbackRecorded(feedback_id=feedback_id, rating=msg.rating, chunk=chunk)
-        )
+        self.inbox.handle(message)
 
     # ---------------------------------------------------------------- audio from the viewer
 
@@ -353,6 +307,7 @@ class ViewerPeer:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self.inbox.close()
         await self.pc.close()
         if not self.session.terminal:
             self.session.viewer_left()

@@ -38,6 +38,7 @@ __all__ = [
     "MediaChunk",
     "Pong",
     "PromptApplied",
+    "RoomStateChanged",
     "SessionStateChanged",
     "Subscription",
     "decode_event",
@@ -128,6 +129,15 @@ class FeedbackRecorded(_Base, tag="feedback.recorded"):
     chunk: int | None = None
 
 
+class RoomStateChanged(_Base, tag="livekit.state"):
+    """The session's LiveKit participant: ``connecting``, ``connected``, ``reconnecting``,
+    ``reconnected`` or ``disconnected``; ``reason`` is the SDK's (e.g. ``ROOM_DELETED``)."""
+
+    state: str
+    room: str
+    reason: str = ""
+
+
 class JobStateChanged(_Base, tag="job.state"):
     state: str
     previous: str | None = None
@@ -156,6 +166,7 @@ Event = (
     | ErrorEvent
     | Pong
     | FeedbackRecorded
+    | RoomStateChanged
     | JobStateChanged
     | JobProgress
     | JobArtifact

@@ -96,6 +96,7 @@ _PERSISTED = frozenset(
         "audio.applied",
         "error",
         "feedback.recorded",
+        "livekit.state",
     }
 )
 
@@ -172,7 +173,7 @@ class Session:
         self._watcher: asyncio.Task[None] | None = None
         self._finished = asyncio.Event()
         self._on_finished: list[Callable[[Session], None]] = []
-        self._viewer_attached = False
+        self._viewers: set[object | None] = set()  # sinks pulling video (None: WebRTC)
         self._unwatched_since: float | None = clock()  # no viewer and no offer in progress since
         self.playout = Playout(config.fps, clock=clock)
         self._playing = asyncio.Event()  # set while live or terminal: wakes the track
@@ -279,6 +280,19 @@ class Session:
             )
         self.events.close()
 
+    def fail(self, code: str, message: str) -> None:
+        """Something the session depends on outside the engine failed (e.g. its LiveKit room):
+        ``error`` event, ``failed``, and the loop is cancelled (its slab and reservation are
+        returned when it ends). No-op once terminal."""
+        if self.terminal:
+            return
+        self._fail(code, message)
+        if self._handle is None:
+            self._shutdown_streams()
+            self._finished.set()
+            return
+        self._handle.cancel(f"{code}: {message}")
+
     async def close(self, reason: str = "deleted") -> None:
         """Cancels the loop and waits until the session is closed. Idempotent."""
         if self._state is SessionState.CLOSING or self.terminal:
@@ -302,6 +316,10 @@ class Session:
         """An offer arrived (created or paused -> negotiating)."""
         if not self.accepts_inputs:
             raise SessionClosedError(f"session {self.id} is {self._state.value}")
+        if self._state is SessionState.LIVE and self._viewers:
+            # another sink (a LiveKit room) keeps it live; the new viewer just joins
+            self._unwatched_since = None
+            return
         self._transition(SessionState.NEGOTIATING, "offer")
         self._unwatched_since = None
 
@@ -312,20 +330,31 @@ class Session:
             self._transition(previous, f"offer failed: {reason}")
             self._unwatched_since = self._clock()
 
-    def viewer_started(self) -> None:
-        """The viewer's track was pulled for the first time: anchor deadlines, run, go live."""
+    def viewer_started(self, viewer: object | None = None) -> None:
+        """A sink's video was pulled for the first time: anchor deadlines, run, go live.
+        ``viewer`` names the sink (None: the WebRTC viewer)."""
         if self._state is not SessionState.NEGOTIATING:
+            if self._state is SessionState.LIVE:
+                self._viewers.add(viewer)
             log.debug("session %s: viewer started in state %s", self.id, self._state.value)
             return
-        self._viewer_attached = True
+        self._viewers.add(viewer)
         self._anchor_now()
         if self._handle is not None:
             self._handle.resume()
         self._transition(SessionState.LIVE, "viewer connected")
 
-    def viewer_left(self, reason: str = "viewer disconnected") -> None:
-        """The peer connection ended: stop generating until a new viewer arrives."""
-        self._viewer_attached = False
+    def viewer_left(
+        self, reason: str = "viewer disconnected", viewer: object | None = None
+    ) -> None:
+        """A sink ended (None: the WebRTC viewer): when it was the last one, stop generating
+        until a new viewer arrives."""
+        self._viewers.discard(viewer)
+        if self._viewers and self._state is SessionState.LIVE:
+            log.info(
+                "session %s: %s; %d sink(s) still watching", self.id, reason, len(self._viewers)
+            )
+            return
         self._unwatched_since = self._clock()
         if self._state in (SessionState.LIVE, SessionState.NEGOTIATING):
             if self._handle is not None:
@@ -350,7 +379,7 @@ class Session:
             raise SessionStateError(
                 f"session {self.id} is {self._state.value}; only a paused session can resume"
             )
-        if not self._viewer_attached:
+        if not self._viewers:
             raise SessionStateError(f"session {self.id} has no viewer; send a new offer to resume")
         self._anchor_now()
         if self._handle is not None:

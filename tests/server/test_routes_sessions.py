@@ -61,13 +61,6 @@ def test_invalid_session_bodies_are_422_naming_the_field(
     assert field in [str(part) for part in response.json()["detail"][0]["loc"]]
 
 
-def test_livekit_is_501_in_this_build(client: TestClient) -> None:
-    response = client.post(
-        "/v1/sessions", json={"prompt": "a", "livekit": {"url": "wss://x", "room": "r"}}
-    )
-    assert response.status_code == 501 and response.json()["code"] == "livekit_unavailable"
-
-
 def test_inputs_are_accepted_with_sequence_numbers(client: TestClient) -> None:
     sid = create(client)["id"]
     prompt = client.post(f"/v1/sessions/{sid}/prompt", json={"text": "a desert"})

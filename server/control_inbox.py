@@ -1,0 +1,120 @@
+"""Applies control messages from one peer to its session: the one path shared by the WebRTC
+``control`` data channel and the LiveKit ``dreamrt.control`` topic.
+
+``handle(message)`` runs the message through the peer's ``TokenBucket`` and
+``server.control.decode_control`` (size limit, msgspec validation) and applies it: prompts,
+actions, pause/resume to the session; ``ping`` is answered with a ``pong`` through ``reply``;
+feedback is stored (a background task) and published as ``feedback.recorded``. A refused or
+malformed message becomes an ``error`` event on the session's stream; the session goes on.
+It returns the sequence number of an accepted input (prompt, action), so the caller can route
+that input's two-phase acks (``input.received``, then ``*.applied``) back to the sender.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from server.control import (
+    ActionMessage,
+    ControlError,
+    FeedbackMessage,
+    PauseMessage,
+    PingMessage,
+    PromptMessage,
+    ResumeMessage,
+    TokenBucket,
+    decode_control,
+)
+from sessions.events import FeedbackRecorded, Pong, encode_event
+from sessions.session import Session, SessionStateError, UnsupportedInputError
+from sessions.store import Store
+
+__all__ = ["ControlInbox"]
+
+log = logging.getLogger(__name__)
+
+
+class ControlInbox:
+    """Rate limit + validation + application of one peer's control messages (module doc)."""
+
+    def __init__(
+        self,
+        session: Session,
+        *,
+        store: Store | None,
+        reply: Callable[[bytes], None],
+        rate_per_s: float = 30.0,
+        burst: int = 60,
+    ) -> None:
+        self.session = session
+        self._store = store
+        self._reply = reply
+        self.bucket = TokenBucket(rate_per_s, burst)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def handle(self, message: str | bytes) -> int | None:
+        """Applies one message; returns the accepted input's seq (prompt/action) or None."""
+        session = self.session
+        if not self.bucket.take():
+            session.report_error(
+                "rate_limited", f"more than {self.bucket.rate_per_s:g} control messages per second"
+            )
+            return None
+        try:
+            msg = decode_control(message)
+        except ControlError as exc:
+            session.report_error(exc.code, exc.message)
+            return None
+        try:
+            return self._apply(msg)
+        except (UnsupportedInputError, SessionStateError, ValueError) as exc:
+            session.report_error("rejected", str(exc))
+            return None
+
+    def _apply(self, msg: Any) -> int | None:
+        session = self.session
+        if isinstance(msg, PromptMessage):
+            return session.push_prompt(msg.text, msg.mode)[0]
+        if isinstance(msg, ActionMessage):
+            return session.push_action(msg.keys, msg.mouse)
+        if isinstance(msg, PingMessage):
+            self._reply(encode_event(Pong(t=msg.t)))
+        elif isinstance(msg, PauseMessage):
+            session.pause()
+        elif isinstance(msg, ResumeMessage):
+            session.resume()
+        elif isinstance(msg, FeedbackMessage):
+            task = asyncio.get_running_loop().create_task(
+                self._record_feedback(msg), name=f"peer-{session.id}-feedback"
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return None
+
+    async def _record_feedback(self, msg: FeedbackMessage) -> None:
+        if self._store is None:
+            return
+        chunk = msg.chunk if msg.chunk is not None else max(self.session.last_chunk, 0)
+        feedback_id = await self._store.run(
+            self._store.add_feedback,
+            session_id=self.session.id,
+            rating=msg.rating,
+            chunk=chunk,
+            note=msg.note,
+        )
+        self.session.publish(
+            FeedbackRecorded(feedback_id=feedback_id, rating=msg.rating, chunk=chunk)
+        )
+
+    async def close(self) -> None:
+        """Cancels feedback writes still in flight (idempotent)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
