@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.admission import Admit, AdmissionConfig, AdmissionController, AdmissionRequest, Reject
+from runtime.admission import AdmissionConfig, AdmissionController, AdmissionRequest, Admit, Reject
 from runtime.contract import Priority
 from runtime.cost import CostModel, DeviceConstants
 from runtime.policies import make_scheduler
