@@ -3,7 +3,7 @@
 The serving path as ``dreamrt serve --compile`` runs it, minus the network: one loaded (and on
 CUDA compiled) instance, warmed up once per profile; for every (scenario, scheduler) a fresh
 ``Engine`` with ``make_scheduler(name)`` and a ``Profiler`` calibrating one shared cost model
-(the warm-up calibrates it first, so no policy starts on priors); sessions' ``chunk_rollout``
+(a warm pass after the compiling warm-up calibrates it first, so no policy starts on priors); sessions' ``chunk_rollout``
 loops spawned with ``Priority.REALTIME`` on their slab of the preallocated K/V buffer, with
 ``media_t0_s`` (the engine's playout deadlines); frames reach the host as uint8 (the engine
 resolves a decode's ``PendingOutput`` off the event loop) and a simulated viewer per session
@@ -22,7 +22,8 @@ Scenarios (``--scenarios``; the card's default profile unless said):
   N = the admission limit, started one every ``--ramp`` seconds. Then ``small+1`` (policies in
   ``--refusal-schedulers``): the same, and after the ramp one more is asked for; it must be
   refused (``Reject`` with ``retry_after_s``), and the admitted sessions' numbers are compared
-  with the ``small`` run. The limit from the calibrated (measured) costs is reported beside it.
+  with the ``small`` run. The limit from the calibrated (measured) costs is reported beside it;
+  ``--admit-from measured`` admits from those instead.
 
 Every session gets one prompt switch (at 35 % of the run) and, where the card takes actions,
 one action (60 %); inputs go through ``LoopHandle.push_input`` and are timed until the first
@@ -59,6 +60,7 @@ from infra.bench.multisession_admission import (
 )
 from infra.bench.multisession_report import (
     ShapeProfiler,
+    compare_refusal,
     cost_snapshot,
     format_costs,
     format_table,
@@ -106,6 +108,7 @@ class Bench:
     chunk_seconds: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     job_alone_s: float | None = None
+    admit_share: float | None = None  # None: admission's share is the prior of chunk_flops
 
     def write(self) -> None:
         write_json(self.args.json, {**self.meta, **self.extra, "job_alone_s": self.job_alone_s,
@@ -121,14 +124,15 @@ def _key(p: Profile) -> str:
 # -- warm-up and the job alone ------------------------------------------------------------
 
 
-async def _warm_up(bench: Bench, profile: Profile) -> float:
+async def _warm_up(bench: Bench, profile: Profile, cost: CostModel) -> float:
     """Like ``server.app._warm_up``: one bounded session through every K/V-prefix length into
     steady state, both parts of a first chunk, on slab 0 - plus prompt switches at several
-    chunks (re-cache graphs) and an action, so no measured run compiles. -> seconds."""
+    chunks (re-cache graphs) and an action, so no measured run compiles. Its plan times feed
+    ``cost`` (a compiling pass must not calibrate the bench's cost model). -> seconds."""
     inst = bench.instance
     sink, ring = inst.kv_geometry(profile.chunk_latent_frames)
     fill = -(-(sink + ring) // profile.chunk_latent_frames)
-    engine = Engine(cost=bench.cost, observers=(Profiler(bench.cost),))
+    engine = Engine(cost=cost, observers=(Profiler(cost),))
     await engine.start()
     viewer = SimViewer(profile.fps)
     handles: list[Any] = []
@@ -163,8 +167,10 @@ async def _job_alone(bench: Bench, profile: Profile) -> float:
     """The job on an otherwise idle engine (run twice; the first warms up) -> seconds."""
     seconds = math.nan
     for attempt in range(2):
-        engine = Engine(cost=bench.cost, scheduler=make_scheduler("step-edf"),
-                        observers=(Profiler(bench.cost),))
+        # the first attempt compiles the job's own graphs: its times calibrate nothing
+        cost = bench.cost if attempt else CostModel(bench.cost.device)
+        engine = Engine(cost=cost, scheduler=make_scheduler("step-edf"),
+                        observers=(Profiler(cost),))
         await engine.start()
         try:
             start = time.monotonic()
@@ -240,7 +246,8 @@ async def _run(bench: Bench, scenario: Scenario, scheduler: str) -> dict[str, An
             if admission is None:
                 slabs.append((i, None))
                 continue
-            answer = admission.admit(session_request(inst, bench.cost, f"s{i}", profile))
+            answer = admission.admit(session_request(inst, bench.cost, f"s{i}", profile,
+                                                     share=bench.admit_share))
             if not isinstance(answer, Admit) or answer.slab is None:
                 raise RuntimeError(f"{tag}: admission refused session {i} of its limit: {answer}")
             slabs.append((answer.slab.slab_id, answer.reservation_id))
@@ -258,7 +265,8 @@ async def _run(bench: Bench, scenario: Scenario, scheduler: str) -> dict[str, An
             inputs.append(asyncio.create_task(
                 _drive_inputs(bench, live, scenario, i, tag, stop)))
         if scenario.one_more:
-            answer = admission.admit(session_request(inst, bench.cost, "one-more", profile))
+            answer = admission.admit(session_request(inst, bench.cost, "one-more", profile,
+                                                     share=bench.admit_share))
             refusal = {"refused": isinstance(answer, Reject),
                        "answer": dataclasses.asdict(answer)}
             if isinstance(answer, Admit):
@@ -289,7 +297,7 @@ async def _run(bench: Bench, scenario: Scenario, scheduler: str) -> dict[str, An
         "sessions": {sid: live.viewer.summary(live.spawned_s, end_s)
                      for sid, live in lives.items()},
         "failures": failures, "job": job, "refusal": refusal,
-        "deadline_misses": getattr(stats, "deadline_misses", None),
+        "plan_deadlines": {"met": stats.deadlines_met, "missed": stats.deadline_misses},
         "costs_ms": {k: {"median": s.median_s * 1e3, "p95": s.p95_s * 1e3, "n": s.count}
                      for k, s in profiler.summary().items()},
     }
@@ -373,31 +381,33 @@ async def _bench(bench: Bench, names: list[str], schedulers: list[str]) -> None:
     sizes = [1] + [int(n[1]) for n in names if n[:1] == "n" and n[1:2].isdigit()]
     inst.reserve_kv_slabs(default, max(sizes))  # one buffer per geometry: sized once, here
     profiles = [default]
-    small_limit = 0
     if "small" in names:
         w, h, fps = _parse_profile(args.small_profile)
         small = inst.card.resolve_profile(width=w, height=h, fps=fps)
-        limit = admission_limit(inst, bench.cost, small, slabs=args.small_max,
-                                max_batch=args.max_batch)
-        small_limit = limit["limit"]
-        # one slab more than the limit: the next session is refused for compute, not slabs
-        inst.reserve_kv_slabs(small, min(small_limit + 1, args.small_max))
-        bench.extra["small_admission"] = limit
+        inst.reserve_kv_slabs(small, args.small_max)
         profiles.append(small)
-        print(f"small {_key(small)}: admission limit {small_limit} (prior share "
-              f"{limit['share_prior']:.3f} GPU-s/s of {limit['capacity']}, next refused for "
-              f"{limit['reject_reason']})", flush=True)
     for profile in profiles:
         bench.chunk_seconds[_key(profile)] = inst.chunk_seconds(profile)
-        seconds = await _warm_up(bench, profile)
-        print(f"warm-up {_key(profile)}: {seconds:.1f} s", flush=True)
-    if "small" in names:  # what admission would say from the warm-up's measured costs
-        share = measured_share(inst, bench.cost, small)
-        bench.extra["small_admission"]["share_measured"] = share
-        bench.extra["small_admission"]["limit_measured"] = (
-            None if not share else int(limit["capacity"] / share + 1e-9))
-        print(f"small {_key(small)}: measured share {share} GPU-s/s -> limit "
-              f"{bench.extra['small_admission']['limit_measured']}", flush=True)
+        # compile on a throwaway cost model, then calibrate the bench's on a warm pass
+        seconds = await _warm_up(bench, profile, CostModel(bench.cost.device))
+        calibrate_s = await _warm_up(bench, profile, bench.cost)
+        print(f"warm-up {_key(profile)}: {seconds:.1f} s, calibration pass {calibrate_s:.1f} s",
+              flush=True)
+    small_limit = 0
+    if "small" in names:  # the prior (as the server admits today) and the measured costs
+        measured = measured_share(inst, bench.cost, small)
+        if args.admit_from == "measured" and measured is None:
+            raise SystemExit("multisession: no measured costs of the small profile to admit from")
+        bench.admit_share = measured if args.admit_from == "measured" else None
+        limit = admission_limit(inst, bench.cost, small, slabs=args.small_max,
+                                max_batch=args.max_batch, share=bench.admit_share)
+        small_limit = limit["limit"]
+        limit.update(admit_from=args.admit_from, share_measured=measured)
+        bench.extra["small_admission"] = limit
+        print(f"small {_key(small)}: admission ({args.admit_from}) limit {small_limit}, next "
+              f"refused for {limit['reject_reason']}; share per session: prior "
+              f"{limit['share_prior']:.3f}, measured {measured} GPU-s/s (capacity "
+              f"{limit['capacity']})", flush=True)
     if "n2job" in names:
         bench.job_alone_s = await _job_alone(bench, default)
         print(f"t2v job alone ({_JOB_FRAMES} frames): {bench.job_alone_s:.2f} s", flush=True)
@@ -410,26 +420,8 @@ async def _bench(bench: Bench, names: list[str], schedulers: list[str]) -> None:
             for scheduler in policies:
                 bench.runs.append(await _run(bench, variant, scheduler))
                 bench.write()
-    _compare_refusal(bench)
-
-
-def _compare_refusal(bench: Bench) -> None:
-    """small+1 vs small: was the next one refused, and did the admitted sessions notice?"""
-    base = {r["scheduler"]: r for r in bench.runs if r["scenario"] == "small"}
-    for run in (r for r in bench.runs if r["scenario"] == "small+1"):
-        ref = base.get(run["scheduler"])
-        deltas = {sid: {"fps": s["fps"] - ref["sessions"][sid]["fps"],
-                        "stalls_per_min": (s["stalls_per_min"] or 0)
-                        - (ref["sessions"][sid]["stalls_per_min"] or 0)}
-                  for sid, s in run["sessions"].items()} if ref else {}
-        run["vs_small"] = deltas
-        answer = run["refusal"]["answer"]
-        verdict = ("admission refused the next one" if run["refusal"]["refused"]
-                   else "ADMISSION ADMITTED THE NEXT ONE")
-        worst = max((abs(d["fps"]) for d in deltas.values()), default=float("nan"))
-        print(f"small+1 / {run['scheduler']}: {verdict} ({answer.get('reason')}, retry after "
-              f"{answer.get('retry_after_s')} s); admitted sessions vs N=limit: max |delta fps| "
-              f"{worst:.2f}", flush=True)
+    for line in compare_refusal(bench.runs):
+        print(line, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -447,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="WxH@FPS (default 480x272@16 cuda, 32x32@8 cpu)")
     parser.add_argument("--small-max", type=int, default=None,
                         help="slabs of the small profile's pool (default 12 cuda, 4 cpu)")
+    parser.add_argument("--admit-from", choices=["prior", "measured"], default="prior",
+                        help="small's compute share: the prior (as sessions.host) or measured")
     parser.add_argument("--ramp", type=float, default=0.5, help="seconds between small's starts")
     parser.add_argument("--switch-every", type=float, default=3.0)
     parser.add_argument("--max-batch", type=int, default=8)

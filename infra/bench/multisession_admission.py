@@ -24,11 +24,12 @@ def slab_pool_key(instance: WanInstance, profile: Profile) -> str:
     return f"{instance.card.model_id}:{instance.slab_geometry(profile).key}"
 
 
-def session_request(instance: WanInstance, cost: CostModel, owner: str,
-                    profile: Profile) -> AdmissionRequest:
-    chunk_s = instance.chunk_seconds(profile)
-    chunk_cost_s = cost.prior(instance.chunk_flops(profile), 0.0)
-    return AdmissionRequest(owner=owner, compute_gpu_s_per_s=chunk_cost_s / chunk_s,
+def session_request(instance: WanInstance, cost: CostModel, owner: str, profile: Profile, *,
+                    share: float | None = None) -> AdmissionRequest:
+    """``share``: the compute share to ask for (default: the prior, as ``sessions.host``)."""
+    if share is None:
+        share = cost.prior(instance.chunk_flops(profile), 0.0) / instance.chunk_seconds(profile)
+    return AdmissionRequest(owner=owner, compute_gpu_s_per_s=share,
                             kv_pool=slab_pool_key(instance, profile),
                             peak_bytes=instance.peak_bytes(profile))
 
@@ -46,18 +47,19 @@ def admission_controller(instance: WanInstance, profile: Profile, slabs: int, *,
 
 
 def admission_limit(instance: WanInstance, cost: CostModel, profile: Profile, *, slabs: int,
-                    max_batch: int) -> dict[str, Any]:
+                    max_batch: int, share: float | None = None) -> dict[str, Any]:
     """How many sessions of ``profile`` one controller admits (pool of ``slabs``), and why
     it refuses the next."""
     ctl = admission_controller(instance, profile, slabs, max_batch=max_batch)
     limit = 0
     while True:
-        answer = ctl.admit(session_request(instance, cost, f"probe-{limit}", profile))
+        answer = ctl.admit(session_request(instance, cost, f"probe-{limit}", profile,
+                                           share=share))
         if isinstance(answer, Reject):
             break
         limit += 1
-    share = session_request(instance, cost, "probe", profile).compute_gpu_s_per_s
-    return {"limit": limit, "share_prior": share, "reject_reason": answer.reason,
+    prior = session_request(instance, cost, "probe", profile).compute_gpu_s_per_s
+    return {"limit": limit, "share_prior": prior, "share": share or prior, "reject_reason": answer.reason,
             "retry_after_s": answer.retry_after_s, "capacity": ctl.config.compute_capacity}
 
 

@@ -30,7 +30,7 @@ from infra.bench.sim_viewer import percentile
 from runtime.cost import CostModel
 from runtime.observers import BatchInfo, Observation, Profiler
 
-__all__ = ["ShapeProfiler", "cost_snapshot", "format_costs", "format_table", "write_json"]
+__all__ = ["ShapeProfiler", "compare_refusal", "cost_snapshot", "format_costs", "format_table", "write_json"]
 
 
 class ShapeProfiler(Profiler):
@@ -76,6 +76,28 @@ def cost_snapshot(meta: dict[str, Any], samples: dict[str, dict[tuple[str, str],
                                  "n": len(wall), "device_median_s": percentile(dev, 0.5)}
         profiles[key] = {"chunk_seconds": chunk_seconds.get(key), "shapes": dict(shapes)}
     return {**meta, "profiles": profiles, "cost_model": cost.snapshot()}
+
+
+def compare_refusal(runs: list[dict[str, Any]]) -> list[str]:
+    """small+1 vs small, per policy: was the next session refused, and did the admitted
+    sessions notice (``vs_small``: per-session delta of fps and stalls/min, stored in the run)?"""
+    base = {r["scheduler"]: r for r in runs if r["scenario"] == "small"}
+    lines = []
+    for run in (r for r in runs if r["scenario"] == "small+1"):
+        ref = base.get(run["scheduler"])
+        deltas = {sid: {"fps": s["fps"] - ref["sessions"][sid]["fps"],
+                        "stalls_per_min": (s["stalls_per_min"] or 0)
+                        - (ref["sessions"][sid]["stalls_per_min"] or 0)}
+                  for sid, s in run["sessions"].items()} if ref else {}
+        run["vs_small"] = deltas
+        answer = run["refusal"]["answer"]
+        verdict = ("admission refused the next one" if run["refusal"]["refused"]
+                   else "ADMISSION ADMITTED THE NEXT ONE")
+        worst = max((abs(d["fps"]) for d in deltas.values()), default=float("nan"))
+        lines.append(f"small+1 / {run['scheduler']}: {verdict} ({answer.get('reason')}, retry "
+                     f"after {answer.get('retry_after_s')} s); admitted sessions vs N=limit: "
+                     f"max |delta fps| {worst:.2f}")
+    return lines
 
 
 def write_json(path: str | None, data: dict[str, Any]) -> None:
