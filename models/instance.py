@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from models.card import ModelCard, Profile
+from models.card import KVUpdate, ModelCard, Profile
 from models.loops.inputs import ACTION_DIM, AUDIO_DIM
 from models.loops.registry import build_loop
 from models.loops.ops import (
@@ -265,13 +265,23 @@ class WanInstance:
         return scores + tokens
 
     def chunk_flops(self, profile: Profile) -> float:
-        """DiT FLOPs of one chunk (all denoise steps plus the KV update)."""
+        """FLOPs of one steady-state chunk: the denoise steps, the KV update (once: a card
+        whose last step writes the cache has no separate pass) and the VAE decode."""
         lh, lw = self._latent_hw(profile)
         sink, ring = self.kv_geometry(profile.chunk_latent_frames)
         t = self.tokens_per_frame(lh, lw)
         q = profile.chunk_latent_frames * t
         per = dit_flops(self.dit.config, q, (sink + ring) * t + q, self.text_len)
-        return per * (profile.steps + 1)
+        spec = self.card.loops.get("chunk_rollout")
+        kv_passes = 0 if spec is not None and spec.kv_update is KVUpdate.LAST_STEP else 1
+        return per * (profile.steps + kv_passes) + self.decode_flops(profile)
+
+    def decode_flops(self, profile: Profile) -> float:
+        """VAE-decode FLOPs of one steady-state chunk (0 for a codec that does not count them,
+        e.g. pixel latents)."""
+        count = getattr(self.vae, "decode_flops", None)
+        return 0.0 if count is None else count(profile.chunk_latent_frames,
+                                               *self._latent_hw(profile))
 
     def chunk_seconds(self, profile: Profile) -> float:
         """Media seconds one steady-state chunk covers."""

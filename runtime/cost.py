@@ -15,6 +15,10 @@ Two layers:
    (clock changes, thermal throttling) within ~1/alpha samples; the Profiler keeps raw samples
    for median/p95 reporting.
 
+**Persistence**: ``snapshot()`` is the calibration as plain data and ``load(snapshot)`` puts it
+back (a restarted server predicts from measured costs from its first plan). A snapshot taken on
+another device is refused: its seconds describe other hardware.
+
 Thread safety: ``observe`` runs on the engine's executor thread while ``predict`` runs on the
 event loop, so both take one lock (uncontended cost ~100 ns). Pure: imports neither torch nor
 asyncio.
@@ -24,7 +28,9 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["CostModel", "CostModelError", "DeviceConstants"]
 
@@ -177,3 +183,30 @@ class CostModel:
             "min_samples": self.min_samples,
             "entries": entries,
         }
+
+    def load(self, snapshot: Mapping[str, Any]) -> int:
+        """Restore the calibration of a ``snapshot()`` (entries replace those of equal keys);
+        -> entries loaded. ``CostModelError`` for another device's snapshot or a malformed one
+        (then nothing is loaded)."""
+        device = snapshot.get("device")
+        name = device.get("name") if isinstance(device, Mapping) else None
+        if name != self.device.name:
+            raise CostModelError(f"cost snapshot of device {name!r} cannot calibrate "
+                                 f"device {self.device.name!r}")
+        entries = snapshot.get("entries")
+        if not isinstance(entries, list):
+            raise CostModelError("cost snapshot has no list of entries")
+        loaded: dict[tuple[str, str], _Calibration] = {}
+        for entry in entries:
+            try:
+                key = (str(entry["kind"]), str(entry["shape_sig"]))
+                gpu_s, samples = float(entry["gpu_s"]), int(entry["samples"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CostModelError(f"malformed cost snapshot entry {entry!r}: {exc}") from None
+            if not (math.isfinite(gpu_s) and gpu_s >= 0 and samples >= 1):
+                raise CostModelError(f"cost snapshot entry {entry!r}: gpu_s must be finite and "
+                                     f">= 0, samples >= 1")
+            loaded[key] = _Calibration(ewma_s=gpu_s, samples=samples)
+        with self._lock:
+            self._calibration.update(loaded)
+        return len(loaded)

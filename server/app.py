@@ -3,12 +3,14 @@ loads the model and wires sessions, store, auth, WebRTC and metrics together.
 
 ``create_app(ServerConfig(...))`` returns an app whose lifespan does the work:
 
-startup   store (SQLite under ``data_dir``) + recovery -> model instance(s) -> engine (cost model,
-          the scheduling policy ``config.scheduler``, admission with KV/peak/compute
-          capacities, one executor thread, metrics as a batch listener) -> KV slab pool ->
-          session host (resumes unfinished jobs) -> ICE host restriction and encoder bitrate
+startup   store (SQLite under ``data_dir``) + recovery -> model instance(s) -> engine (cost model
+          calibrated from ``data_dir/cost/<card>@<device>.json`` when present, the scheduling
+          policy ``config.scheduler``, admission with KV/peak/compute capacities, one executor
+          thread, metrics as a batch listener) -> KV slab pool -> session host (resumes
+          unfinished jobs) -> ICE host restriction and encoder bitrate
 shutdown  viewers' peers -> sessions and jobs -> engine -> store, then the process-wide
-          aiortc/aioice settings are restored. Nothing of the server keeps running.
+          aiortc/aioice settings are restored and the cost calibration is saved to that file.
+          Nothing of the server keeps running.
 
 Routes live in ``server.routes_sessions``, ``server.routes_jobs`` and ``server.routes_system``;
 they reach these objects through ``request.app.state.ctx`` (a ``ServerContext``).
@@ -234,6 +236,9 @@ async def _build(config: ServerConfig) -> ServerContext:
         log.info("warm-up done in %.1f s", warm_s)
     on_gpu = device.startswith("cuda")
     cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
+    # measured plan costs of the last run on this card and device: admitted from the start
+    cost_path = config.data_dir / "cost" / f"{model_id}@{device.replace(':', '-')}.json"
+    _load_cost(cost, cost_path)
     admission = AdmissionController(
         AdmissionConfig(
             peak_capacity_bytes=(instance.peak_bytes(profile) if streams else 0)
@@ -284,6 +289,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         device=device,
         model_id=model_id,
     )
+    ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
     if config.ice_hosts:
         ctx.undo.append(restrict_host_candidates(config.ice_hosts))
     if config.video_bitrate_bps is not None:
@@ -301,6 +307,32 @@ async def _build(config: ServerConfig) -> ServerContext:
         config.max_sessions,
     )
     return ctx
+
+
+def _load_cost(cost: Any, path: Path) -> None:
+    """Calibrate ``cost`` from the snapshot at ``path`` if there is a usable one."""
+    import json
+
+    from runtime.cost import CostModelError
+
+    if not path.exists():
+        return
+    try:
+        entries = cost.load(json.loads(path.read_text()))
+    except (OSError, ValueError, CostModelError) as exc:  # JSONDecodeError is a ValueError
+        log.warning("cost calibration %s not loaded: %s", path, exc)
+        return
+    log.info("cost calibration: %d measured plan costs from %s", entries, path)
+
+
+def _save_cost(cost: Any, path: Path) -> None:
+    import json
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cost.snapshot(), indent=1))
+    except OSError as exc:
+        log.warning("cost calibration not saved to %s: %s", path, exc)
 
 
 async def _warm_up(instance: Any, profile: Any, num_slabs: int) -> float:

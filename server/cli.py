@@ -256,6 +256,7 @@ BENCHMARKS = {
     "scheduler-overhead": "infra.bench.scheduler_overhead",
     "gpu-smoke": "infra.bench.gpu_smoke",
     "gpu-session": "infra.bench.gpu_session",
+    "multisession": "infra.bench.multisession",
     "vae-decode": "infra.bench.vae_decode",
     "browser-latency": "infra.bench.browser_latency",
 }

@@ -146,6 +146,31 @@ class WanVAE(nn.Module):
         cache.check_compatible(self.decoder.slot_specs, (z.shape[3], z.shape[4]), z.shape[0])
         return self.decoder(self.post_quant_conv(z), cache).clamp(-1.0, 1.0)
 
+    def decode_flops(self, latent_frames: int, latent_height: int, latent_width: int, *,
+                     first: bool = False) -> float:
+        """Multiply-add FLOPs (2 per MAC) of ``decode_chunk`` of ``latent_frames`` frames on a
+        ``latent_height x latent_width`` grid: every convolution (causal history included in
+        its taps, as the cache makes it) and the mid-block's per-frame attention; norms and
+        activations are left out (memory-bound, a few % of the time). ``first``: the stream's
+        first chunk (its first latent frame is not doubled in time). For the cost prior."""
+        h, w = latent_height, latent_width
+        frames = float(latent_frames)
+        dec = self.decoder
+        total = _conv_flops(dec.conv_in, frames, h, w) + _conv_flops(self.post_quant_conv,
+                                                                     frames, h, w)
+        total += _mid_flops(dec.mid_block, frames, h, w)
+        for block in dec.up_blocks:
+            total += sum(_residual_flops(r, frames, h, w) for r in block.resnets)
+            up = block.upsampler
+            if up is None:
+                continue
+            if up.time_conv is not None:  # a first chunk's first frame is not doubled
+                total += _conv_flops(up.time_conv, frames - first, h, w)
+                frames = 2 * frames - first
+            h, w = 2 * h, 2 * w
+            total += _conv_flops(up.spatial_conv, frames, h, w)
+        return total + _conv_flops(dec.conv_out, frames, h, w)
+
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """Decode a whole clip in one pass (one fresh cache, one chunk).
 
@@ -175,6 +200,29 @@ class WanVAE(nn.Module):
         # z: [B, z_dim, f, h, w] -> same
         mean, std = self._latent_stats(z)
         return z * std + mean
+
+
+def _conv_flops(conv: nn.Conv3d | nn.Conv2d, frames: float, h: int, w: int) -> float:
+    """A stride-1, size-preserving convolution over ``frames`` frames of ``h x w`` outputs."""
+    taps = 1
+    for k in conv.kernel_size:
+        taps *= k
+    macs_per_output = conv.in_channels // conv.groups * taps
+    return 2.0 * macs_per_output * conv.out_channels * frames * h * w
+
+
+def _residual_flops(block: nn.Module, frames: float, h: int, w: int) -> float:
+    convs = (block.conv1, block.conv2, block.conv_shortcut)
+    return sum(_conv_flops(c, frames, h, w) for c in convs if c is not None)
+
+
+def _mid_flops(mid: nn.Module, frames: float, h: int, w: int) -> float:
+    total = sum(_residual_flops(r, frames, h, w) for r in mid.resnets)
+    for attn in mid.attentions:
+        dim, positions = attn.proj.in_channels, h * w
+        total += _conv_flops(attn.to_qkv, frames, h, w) + _conv_flops(attn.proj, frames, h, w)
+        total += 4.0 * positions * positions * dim * frames  # q k^T and (attn) v, per frame
+    return total
 
 
 def video_to_uint8(video: torch.Tensor) -> torch.Tensor:

@@ -78,3 +78,41 @@ def test_bad_inputs_raise() -> None:
         CostModel(DEV, alpha=0.0)
     with pytest.raises(CostModelError, match="sustained_flops"):
         DeviceConstants("x", 0.0, 1.0)
+
+
+def test_load_restores_a_snapshot_through_json() -> None:
+    cost = CostModel(DEV, alpha=0.5)
+    for seconds in (0.2, 0.4, 0.3):
+        cost.observe("chunk_step", "c3x60x104", seconds)
+    cost.observe("vae_decode", "decode:0:3:c3x60x104", 0.14)
+    wire = msgspec.json.encode(cost.snapshot())
+
+    restarted = CostModel(DEV, alpha=0.5)
+    assert restarted.predict("chunk_step", "c3x60x104", 1e12) == pytest.approx(1.0001)  # prior
+    assert restarted.load(msgspec.json.decode(wire)) == 2
+    for kind, sig in (("chunk_step", "c3x60x104"), ("vae_decode", "decode:0:3:c3x60x104")):
+        assert restarted.predict(kind, sig, 1e12) == pytest.approx(cost.predict(kind, sig))
+        assert restarted.samples(kind, sig) == cost.samples(kind, sig)
+    # calibration goes on from the loaded state, as if the process had never stopped
+    cost.observe("chunk_step", "c3x60x104", 0.5)
+    restarted.observe("chunk_step", "c3x60x104", 0.5)
+    assert restarted.predict("chunk_step", "c3x60x104") == pytest.approx(
+        cost.predict("chunk_step", "c3x60x104"))
+    assert restarted.snapshot() == cost.snapshot()
+
+
+def test_load_refuses_another_device_and_malformed_entries() -> None:
+    cost = CostModel(DEV)
+    cost.observe("chunk_step", "a", 0.1)
+    other = CostModel(DeviceConstants.cpu())
+    with pytest.raises(CostModelError, match="device 'test'"):
+        other.load(cost.snapshot())
+    snap = cost.snapshot()
+    fresh = CostModel(DEV)
+    bad = {**snap, "entries": [*snap["entries"], {"kind": "x", "shape_sig": "y", "gpu_s": -1,
+                                                   "samples": 1}]}
+    with pytest.raises(CostModelError, match="gpu_s"):
+        fresh.load(bad)
+    with pytest.raises(CostModelError, match="malformed"):
+        fresh.load({**snap, "entries": [{"kind": "x"}]})
+    assert fresh.samples("chunk_step", "a") == 0  # a refused snapshot loads nothing

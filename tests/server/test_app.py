@@ -33,3 +33,30 @@ def test_an_unknown_policy_fails_startup_naming_the_known_ones(tmp_path: Path) -
     with pytest.raises(SchedulerError, match="step-edf, chunk-rr, fifo"):
         with make_client(tmp_path, scheduler="round-robin"):
             pass
+
+
+def test_cost_calibration_survives_a_restart(tmp_path: Path) -> None:
+    with make_client(tmp_path) as client:
+        ctx = client.app.state.ctx
+        cost = ctx.engine.cost
+        assert cost.samples("chunk_step", "c4x96x96") == 0  # nothing saved yet: priors
+        for seconds in (0.02, 0.03):  # what the profiler does after each batch
+            cost.observe("chunk_step", "c4x96x96", seconds)
+        measured = cost.predict("chunk_step", "c4x96x96")
+        model_id, device = ctx.model_id, ctx.device
+    path = tmp_path / "data" / "cost" / f"{model_id}@{device}.json"
+    assert path.exists()
+    with make_client(tmp_path) as client:
+        cost = client.app.state.ctx.engine.cost
+        assert cost.samples("chunk_step", "c4x96x96") == 2
+        assert cost.predict("chunk_step", "c4x96x96", 1e15) == pytest.approx(measured)
+
+
+def test_an_unreadable_cost_file_is_ignored(tmp_path: Path) -> None:
+    with make_client(tmp_path) as client:
+        ctx = client.app.state.ctx
+        path = tmp_path / "data" / "cost" / f"{ctx.model_id}@{ctx.device}.json"
+    path.write_text("{not json")
+    with make_client(tmp_path) as client:  # starts on priors, and saves a good file again
+        assert client.app.state.ctx.engine.cost.snapshot()["entries"] == []
+    assert path.read_text().startswith("{\n")
