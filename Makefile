@@ -7,7 +7,7 @@ PORT ?= 8000
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test install browser clean
+.PHONY: run test lint install browser clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,7 +30,12 @@ browser:
 run: $(STAMP)
 	$(BIN)/dreamrt serve --host $(HOST) --port $(PORT)
 
-test: $(STAMP) browser
+# The linter configured in pyproject.toml (ruff: lint rules and the formatter's check).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -51,12 +51,36 @@ from models.card_vocabulary import (
 )
 
 __all__ = [
-    "CAPABILITIES", "DENOISING_LOOPS", "INPUT_KINDS", "PRECISIONS", "AttentionMode",
-    "CacheContract", "CacheKind", "CardError", "CardUI", "CheckpointFormat", "CheckpointManifest",
-    "ComponentEntry", "ComponentKind", "ComponentSpec", "Control", "ControlKind", "KVUpdate",
-    "LatentSpec", "LoopKind", "LoopSpec", "ModelCard", "ParityLevel", "ParitySpec",
-    "PrecisionContract", "Profile", "ProfileError", "RecipeMismatchError", "RecipeSpec",
-    "ScheduleSpec", "WeightsKind",
+    "CAPABILITIES",
+    "DENOISING_LOOPS",
+    "INPUT_KINDS",
+    "PRECISIONS",
+    "AttentionMode",
+    "CacheContract",
+    "CacheKind",
+    "CardError",
+    "CardUI",
+    "CheckpointFormat",
+    "CheckpointManifest",
+    "ComponentEntry",
+    "ComponentKind",
+    "ComponentSpec",
+    "Control",
+    "ControlKind",
+    "KVUpdate",
+    "LatentSpec",
+    "LoopKind",
+    "LoopSpec",
+    "ModelCard",
+    "ParityLevel",
+    "ParitySpec",
+    "PrecisionContract",
+    "Profile",
+    "ProfileError",
+    "RecipeMismatchError",
+    "RecipeSpec",
+    "ScheduleSpec",
+    "WeightsKind",
 ]
 
 _MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -102,17 +126,23 @@ class ModelCard:
     def validate(self) -> ModelCard:
         """Raise ``CardError`` listing every inconsistency; return ``self`` when there is none."""
         problems = [
-            *self._identity_problems(), *self._component_problems(), *self._loop_problems(),
-            *self._recipe_problems(), *self._capability_problems(), *self._cache_problems(),
-            *self._manifest_problems(), *self._profile_problems(),
+            *self._identity_problems(),
+            *self._component_problems(),
+            *self._loop_problems(),
+            *self._recipe_problems(),
+            *self._capability_problems(),
+            *self._cache_problems(),
+            *self._manifest_problems(),
+            *self._profile_problems(),
             *self.ui.problems(self.capabilities),
         ]
         if problems:
             raise CardError(problems, self.model_id)
         return self
 
-    def check_serving(self, loop_id: str, precision: str,
-                      schedule: ScheduleSpec | None = None) -> LoopSpec:
+    def check_serving(
+        self, loop_id: str, precision: str, schedule: ScheduleSpec | None = None
+    ) -> LoopSpec:
         """Return the LoopSpec for ``loop_id`` if the recipe's weights are valid under it at
         ``precision`` (and, for a denoising loop, under ``schedule`` when the request overrides
         the card's); raise ``RecipeMismatchError`` otherwise.
@@ -125,21 +155,30 @@ class ModelCard:
 
         def mismatch(reason: str) -> RecipeMismatchError:
             return RecipeMismatchError(
-                self.model_id, requested_loop=loop_id, requested_precision=precision,
-                assumed_loop=r.assumes_loop, assumed_precision=r.assumes_precision, reason=reason)
+                self.model_id,
+                requested_loop=loop_id,
+                requested_precision=precision,
+                assumed_loop=r.assumes_loop,
+                assumed_precision=r.assumes_precision,
+                reason=reason,
+            )
 
         spec = self.loops.get(loop_id)
         if spec is None:
             raise mismatch(f"the card has no loop {loop_id!r}; its loops: {sorted(self.loops)}")
         if precision not in self.precision.allowed:
-            raise mismatch(f"precision {precision!r} is not among the card's allowed "
-                           f"{list(self.precision.allowed)}")
+            raise mismatch(
+                f"precision {precision!r} is not among the card's allowed "
+                f"{list(self.precision.allowed)}"
+            )
         if spec.denoises:
             assumed = self._assumed_loop()
             requested = replace(spec, schedule=schedule) if schedule is not None else spec
             if requested.sampler() != assumed.sampler():
-                raise mismatch(f"requested {requested.describe()}, recipe {r.method!r} "
-                               f"assumes {assumed.describe()}")
+                raise mismatch(
+                    f"requested {requested.describe()}, recipe {r.method!r} "
+                    f"assumes {assumed.describe()}"
+                )
         return spec
 
     def loop_for(self, capability: str) -> LoopSpec | None:
@@ -152,26 +191,35 @@ class ModelCard:
             return None
         kinds, needed_input = CAPABILITIES[capability]
         assumed = self._assumed_loop()
-        candidates = [assumed] + [s for i, s in sorted(self.loops.items())
-                                  if i != assumed.loop_id]
+        candidates = [assumed] + [s for i, s in sorted(self.loops.items()) if i != assumed.loop_id]
         for spec in candidates:
-            if (spec.kind in kinds and (not needed_input or needed_input in spec.inputs)
-                    and spec.sampler() == assumed.sampler()):
+            if (
+                spec.kind in kinds
+                and (not needed_input or needed_input in spec.inputs)
+                and spec.sampler() == assumed.sampler()
+            ):
                 return spec
         return None
 
-    def resolve_profile(self, *, fps: int | None = None, width: int | None = None,
-                        height: int | None = None) -> Profile:
+    def resolve_profile(
+        self, *, fps: int | None = None, width: int | None = None, height: int | None = None
+    ) -> Profile:
         """The default profile with the given overrides; ``ProfileError`` names a bad field."""
-        profile = replace(self.default_profile, **{
-            k: v for k, v in (("fps", fps), ("width", width), ("height", height))
-            if v is not None})
+        profile = replace(
+            self.default_profile,
+            **{
+                k: v
+                for k, v in (("fps", fps), ("width", width), ("height", height))
+                if v is not None
+            },
+        )
         multiple = self.latent.pixel_multiple
         for name in ("width", "height"):
             value = getattr(profile, name)
             if value < multiple or value % multiple:
-                raise ProfileError(self.model_id, name,
-                                   f"{value} must be a positive multiple of {multiple}")
+                raise ProfileError(
+                    self.model_id, name, f"{value} must be a positive multiple of {multiple}"
+                )
         if profile.fps < 1:
             raise ProfileError(self.model_id, "fps", f"{profile.fps} must be >= 1")
         return profile
@@ -188,8 +236,10 @@ class ModelCard:
             "description": self.description,
             "capabilities": sorted(self.capabilities),
             "recipe": {
-                "method": r.method, "parents": list(r.parents),
-                "data_contract": r.data_contract, "assumes_loop": r.assumes_loop,
+                "method": r.method,
+                "parents": list(r.parents),
+                "data_contract": r.data_contract,
+                "assumes_loop": r.assumes_loop,
                 "assumes_precision": r.assumes_precision,
                 "consistency_required": r.consistency_required.value,
             },
@@ -198,10 +248,14 @@ class ModelCard:
             "weights_version": self.weights_version,
             "loops": sorted(self.loops),
             "precision": {"allowed": list(self.precision.allowed)},
-            "parity": {"level": self.parity.level.value,
-                       "tolerances": dict(self.parity.tolerances)},
-            "components": {c: {"kind": s.kind.value, "preset": s.preset}
-                           for c, s in sorted(self.components.items())},
+            "parity": {
+                "level": self.parity.level.value,
+                "tolerances": dict(self.parity.tolerances),
+            },
+            "components": {
+                c: {"kind": s.kind.value, "preset": s.preset}
+                for c, s in sorted(self.components.items())
+            },
             "examples": list(self.ui.examples),
             "controls": [c.to_public() for c in self.ui.controls],
         }
@@ -210,10 +264,12 @@ class ModelCard:
         """One line for ``dreamrt models``."""
         p = self.default_profile
         r = self.recipe
-        return (f"{self.model_id}  weights={self.weights.value}  "
-                f"recipe={r.method}:{r.assumes_loop}@{r.assumes_precision}  "
-                f"profile={p.width}x{p.height}@{p.fps}fps chunk={p.chunk_latent_frames} "
-                f"steps={p.steps}  capabilities={','.join(sorted(self.capabilities))}")
+        return (
+            f"{self.model_id}  weights={self.weights.value}  "
+            f"recipe={r.method}:{r.assumes_loop}@{r.assumes_precision}  "
+            f"profile={p.width}x{p.height}@{p.fps}fps chunk={p.chunk_latent_frames} "
+            f"steps={p.steps}  capabilities={','.join(sorted(self.capabilities))}"
+        )
 
     # ---------------------------------------------------------------------------------------
     # validation, one concern each
@@ -221,8 +277,13 @@ class ModelCard:
     def _assumed_loop(self) -> LoopSpec:
         spec = self.loops.get(self.recipe.assumes_loop)
         if spec is None:  # only on a card that skipped validate()
-            raise CardError([f"recipe.assumes_loop {self.recipe.assumes_loop!r} is not one of "
-                             f"the card's loops {sorted(self.loops)}"], self.model_id)
+            raise CardError(
+                [
+                    f"recipe.assumes_loop {self.recipe.assumes_loop!r} is not one of "
+                    f"the card's loops {sorted(self.loops)}"
+                ],
+                self.model_id,
+            )
         return spec
 
     def _identity_problems(self) -> list[str]:
@@ -258,10 +319,14 @@ class ModelCard:
                     found.append(f"{where} denoises but declares no schedule and attention")
                 else:
                     found.extend(f"{where}: {p}" for p in spec.schedule.problems())
-                if (spec.kind is LoopKind.CHUNK_ROLLOUT
-                        and spec.attention is not AttentionMode.CHUNK_CAUSAL):
-                    found.append(f"{where} is a chunk_rollout but its attention is "
-                                 f"{spec.attention.value}, not chunk_causal")
+                if (
+                    spec.kind is LoopKind.CHUNK_ROLLOUT
+                    and spec.attention is not AttentionMode.CHUNK_CAUSAL
+                ):
+                    found.append(
+                        f"{where} is a chunk_rollout but its attention is "
+                        f"{spec.attention.value}, not chunk_causal"
+                    )
             elif spec.schedule is not None or spec.attention is not None:
                 found.append(f"{where} ({spec.kind.value}) does not denoise but has a schedule")
             for c in spec.components:
@@ -273,11 +338,16 @@ class ModelCard:
             for i in sorted(spec.inputs - INPUT_KINDS):
                 found.append(f"{where} absorbs unknown input {i!r}; known: {sorted(INPUT_KINDS)}")
             for i in sorted(spec.inputs & INPUT_HOOKS.keys()):
-                hooked = any(INPUT_HOOKS[i] in self.components[c].conditioning
-                             for c in spec.components if c in self.components)
+                hooked = any(
+                    INPUT_HOOKS[i] in self.components[c].conditioning
+                    for c in spec.components
+                    if c in self.components
+                )
                 if not hooked:
-                    found.append(f"{where} absorbs {i!r} but none of its components "
-                                 f"{list(spec.components)} has a {INPUT_HOOKS[i]!r} hook")
+                    found.append(
+                        f"{where} absorbs {i!r} but none of its components "
+                        f"{list(spec.components)} has a {INPUT_HOOKS[i]!r} hook"
+                    )
         return found
 
     def _recipe_problems(self) -> list[str]:
@@ -287,25 +357,35 @@ class ModelCard:
             found.append("recipe.method is empty")
         assumed = self.loops.get(r.assumes_loop)
         if assumed is None:
-            found.append(f"recipe.assumes_loop {r.assumes_loop!r} is not one of the card's "
-                         f"loops {sorted(self.loops)}")
+            found.append(
+                f"recipe.assumes_loop {r.assumes_loop!r} is not one of the card's "
+                f"loops {sorted(self.loops)}"
+            )
         elif not assumed.denoises:
-            found.append(f"recipe.assumes_loop {r.assumes_loop!r} is a {assumed.kind.value} "
-                         f"loop; a recipe assumes a denoising loop")
+            found.append(
+                f"recipe.assumes_loop {r.assumes_loop!r} is a {assumed.kind.value} "
+                f"loop; a recipe assumes a denoising loop"
+            )
         elif assumed.schedule is not None and assumed.schedule.steps != self.default_profile.steps:
-            found.append(f"default_profile.steps={self.default_profile.steps} but loop "
-                         f"{r.assumes_loop!r} has {assumed.schedule.steps} timesteps")
+            found.append(
+                f"default_profile.steps={self.default_profile.steps} but loop "
+                f"{r.assumes_loop!r} has {assumed.schedule.steps} timesteps"
+            )
         for name in self.precision.allowed:
             if name not in PRECISIONS:
                 found.append(f"precision {name!r} is unknown; known: {sorted(PRECISIONS)}")
         if not self.precision.allowed:
             found.append("precision.allowed is empty")
         if r.assumes_precision not in self.precision.allowed:
-            found.append(f"recipe.assumes_precision {r.assumes_precision!r} is not in "
-                         f"precision.allowed {list(self.precision.allowed)}")
+            found.append(
+                f"recipe.assumes_precision {r.assumes_precision!r} is not in "
+                f"precision.allowed {list(self.precision.allowed)}"
+            )
         if self.parity.level.rank < r.consistency_required.rank:
-            found.append(f"parity level {self.parity.level.value} is below the recipe's "
-                         f"consistency_required {r.consistency_required.value}")
+            found.append(
+                f"parity level {self.parity.level.value} is below the recipe's "
+                f"consistency_required {r.consistency_required.value}"
+            )
         for name, tol in self.parity.tolerances.items():
             if not (math.isfinite(tol) and tol > 0):
                 found.append(f"parity tolerance {name!r}={tol} must be finite and > 0")
@@ -320,8 +400,10 @@ class ModelCard:
             elif servable and self.loop_for(cap) is None:
                 kinds, needed_input = CAPABILITIES[cap]
                 extra = f" absorbing {needed_input!r}" if needed_input else ""
-                found.append(f"capability {cap!r} has no loop that serves it (needs one of "
-                             f"{sorted(k.value for k in kinds)}{extra}, with the recipe's sampler)")
+                found.append(
+                    f"capability {cap!r} has no loop that serves it (needs one of "
+                    f"{sorted(k.value for k in kinds)}{extra}, with the recipe's sampler)"
+                )
         return found
 
     def _cache_problems(self) -> list[str]:
@@ -333,8 +415,10 @@ class ModelCard:
                 found.append(f"{where} belongs to component {c.component!r}, which the card lacks")
             if c.kind is CacheKind.CHUNK_KV:
                 if c.window_latent_frames < chunk:
-                    found.append(f"{where}: window_latent_frames={c.window_latent_frames} cannot "
-                                 f"hold one chunk of {chunk} latent frames")
+                    found.append(
+                        f"{where}: window_latent_frames={c.window_latent_frames} cannot "
+                        f"hold one chunk of {chunk} latent frames"
+                    )
                 if c.sink_latent_frames < 0:
                     found.append(f"{where}: sink_latent_frames={c.sink_latent_frames} < 0")
             elif c.window_latent_frames or c.sink_latent_frames:
@@ -347,31 +431,40 @@ class ModelCard:
         for key, e in entries.items():
             where = f"checkpoint component {key!r}"
             if key not in self.components:
-                found.append(f"{where} is not among the card's components "
-                             f"{sorted(self.components)}")
+                found.append(
+                    f"{where} is not among the card's components {sorted(self.components)}"
+                )
             if not e.path_hint:
                 found.append(f"{where} has no path_hint")
             for task in sorted((e.required_for | e.optional_for) - self.capabilities):
                 found.append(f"{where} names task {task!r}, which is not a capability")
             if e.required_for & e.optional_for:
-                found.append(f"{where} is both required and optional for "
-                             f"{sorted(e.required_for & e.optional_for)}")
+                found.append(
+                    f"{where} is both required and optional for "
+                    f"{sorted(e.required_for & e.optional_for)}"
+                )
             if not (e.required_for or e.optional_for):
                 found.append(f"{where} is neither required nor optional for any task")
         if self.weights is not WeightsKind.RANDOM:
             for key in sorted(set(self.components) - set(entries)):
-                found.append(f"component {key!r} has {self.weights.value} weights but no "
-                             f"checkpoint manifest entry")
+                found.append(
+                    f"component {key!r} has {self.weights.value} weights but no "
+                    f"checkpoint manifest entry"
+                )
         return found
 
     def _profile_problems(self) -> list[str]:
         p = self.default_profile
-        found = [f"default_profile.{n}={getattr(p, n)} must be >= 1"
-                 for n in ("fps", "width", "height", "chunk_latent_frames", "steps")
-                 if getattr(p, n) < 1]
+        found = [
+            f"default_profile.{n}={getattr(p, n)} must be >= 1"
+            for n in ("fps", "width", "height", "chunk_latent_frames", "steps")
+            if getattr(p, n) < 1
+        ]
         multiple = self.latent.pixel_multiple
         for name in ("width", "height"):
             if getattr(p, name) % multiple:
-                found.append(f"default_profile.{name}={getattr(p, name)} is not a multiple of "
-                             f"{multiple} (VAE stride x patch)")
+                found.append(
+                    f"default_profile.{name}={getattr(p, name)} is not a multiple of "
+                    f"{multiple} (VAE stride x patch)"
+                )
         return found

@@ -23,8 +23,16 @@ class CardError(ValueError):
 class RecipeMismatchError(ValueError):
     """A card was asked to serve under a loop or precision its recipe does not assume."""
 
-    def __init__(self, model_id: str, *, requested_loop: str, requested_precision: str,
-                 assumed_loop: str, assumed_precision: str, reason: str) -> None:
+    def __init__(
+        self,
+        model_id: str,
+        *,
+        requested_loop: str,
+        requested_precision: str,
+        assumed_loop: str,
+        assumed_precision: str,
+        reason: str,
+    ) -> None:
         self.model_id = model_id
         self.requested_loop = requested_loop
         self.requested_precision = requested_precision

@@ -26,8 +26,9 @@ class LatentSpec:
         return self.spatial_stride * max(self.patch[1], self.patch[2])
 
     def tokens_per_latent_frame(self, width: int, height: int) -> int:
-        return ((height // self.spatial_stride // self.patch[1])
-                * (width // self.spatial_stride // self.patch[2]))
+        return (height // self.spatial_stride // self.patch[1]) * (
+            width // self.spatial_stride // self.patch[2]
+        )
 
     def pixel_frames(self, latent_frames: int, *, includes_first: bool) -> int:
         """Video frames a causal VAE decodes from ``latent_frames``; the stream's first latent
@@ -49,5 +50,10 @@ class Profile:
     steps: int
 
     def as_dict(self) -> dict[str, int]:
-        return {"fps": self.fps, "width": self.width, "height": self.height,
-                "chunk_latent_frames": self.chunk_latent_frames, "steps": self.steps}
+        return {
+            "fps": self.fps,
+            "width": self.width,
+            "height": self.height,
+            "chunk_latent_frames": self.chunk_latent_frames,
+            "steps": self.steps,
+        }

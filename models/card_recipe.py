@@ -31,8 +31,11 @@ class RecipeSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parents", tuple(self.parents))
-        object.__setattr__(self, "consistency_required",
-                           coerce(ParityLevel, self.consistency_required, "consistency_required"))
+        object.__setattr__(
+            self,
+            "consistency_required",
+            coerce(ParityLevel, self.consistency_required, "consistency_required"),
+        )
 
 
 @dataclass(frozen=True, slots=True)

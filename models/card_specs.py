@@ -93,8 +93,9 @@ class LoopSpec:
         object.__setattr__(self, "kind", coerce(LoopKind, self.kind, "loop kind"))
         object.__setattr__(self, "kv_update", coerce(KVUpdate, self.kv_update, "kv_update"))
         if self.attention is not None:
-            object.__setattr__(self, "attention",
-                               coerce(AttentionMode, self.attention, "attention"))
+            object.__setattr__(
+                self, "attention", coerce(AttentionMode, self.attention, "attention")
+            )
         object.__setattr__(self, "components", tuple(self.components))
         object.__setattr__(self, "inputs", frozenset(self.inputs))
         object.__setattr__(self, "uses", tuple(self.uses))
@@ -112,8 +113,10 @@ class LoopSpec:
             return f"{self.loop_id} ({self.kind.value})"
         att = self.attention.value if self.attention else "?"
         s = self.schedule
-        return (f"{self.loop_id} ({att}, timesteps {list(s.timesteps)}, shift {s.flow_shift:g}, "
-                f"cfg {s.guidance_scale:g})")
+        return (
+            f"{self.loop_id} ({att}, timesteps {list(s.timesteps)}, shift {s.flow_shift:g}, "
+            f"cfg {s.guidance_scale:g})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,4 +140,3 @@ class CacheContract:
     @property
     def capacity_latent_frames(self) -> int:
         return self.window_latent_frames + self.sink_latent_frames
-

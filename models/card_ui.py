@@ -78,8 +78,10 @@ class CardUI:
         found = []
         for text in self.examples:
             if not text.strip() or len(text) > MAX_EXAMPLE_CHARS:
-                found.append(f"ui example {text!r} must be non-blank and at most "
-                             f"{MAX_EXAMPLE_CHARS} characters")
+                found.append(
+                    f"ui example {text!r} must be non-blank and at most "
+                    f"{MAX_EXAMPLE_CHARS} characters"
+                )
         if len(set(self.examples)) != len(self.examples):
             found.append("ui.examples repeats a prompt")
         for control in self.controls:

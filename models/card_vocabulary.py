@@ -16,9 +16,21 @@ from typing import Any
 from models.card_errors import CardError
 
 __all__ = [
-    "CAPABILITIES", "DENOISING_LOOPS", "INPUT_HOOKS", "INPUT_KINDS", "PRECISIONS", "AttentionMode",
-    "CacheKind", "CheckpointFormat", "ComponentKind", "KVUpdate", "LoopKind", "ParityLevel",
-    "WeightsKind", "coerce", "frozen_mapping",
+    "CAPABILITIES",
+    "DENOISING_LOOPS",
+    "INPUT_HOOKS",
+    "INPUT_KINDS",
+    "PRECISIONS",
+    "AttentionMode",
+    "CacheKind",
+    "CheckpointFormat",
+    "ComponentKind",
+    "KVUpdate",
+    "LoopKind",
+    "ParityLevel",
+    "WeightsKind",
+    "coerce",
+    "frozen_mapping",
 ]
 
 
@@ -92,15 +104,17 @@ PRECISIONS = frozenset({"fp32", "bf16", "fp16", "fp8_e4m3", "nvfp4"})
 INPUT_KINDS = frozenset({"prompt", "cut", "action", "audio"})
 
 # capability -> (loop kinds that can serve it, live input such a loop must absorb or "")
-CAPABILITIES: Mapping[str, tuple[frozenset[LoopKind], str]] = MappingProxyType({
-    "session.realtime": (frozenset({LoopKind.CHUNK_ROLLOUT}), ""),
-    "text_to_video": (DENOISING_LOOPS, ""),
-    "text_to_image": (DENOISING_LOOPS, ""),
-    "prompt.switch": (frozenset({LoopKind.CHUNK_ROLLOUT}), "prompt"),
-    "prompt.cut": (frozenset({LoopKind.CHUNK_ROLLOUT}), "cut"),
-    "input.action": (frozenset({LoopKind.CHUNK_ROLLOUT}), "action"),
-    "input.audio": (frozenset({LoopKind.CHUNK_ROLLOUT}), "audio"),
-})
+CAPABILITIES: Mapping[str, tuple[frozenset[LoopKind], str]] = MappingProxyType(
+    {
+        "session.realtime": (frozenset({LoopKind.CHUNK_ROLLOUT}), ""),
+        "text_to_video": (DENOISING_LOOPS, ""),
+        "text_to_image": (DENOISING_LOOPS, ""),
+        "prompt.switch": (frozenset({LoopKind.CHUNK_ROLLOUT}), "prompt"),
+        "prompt.cut": (frozenset({LoopKind.CHUNK_ROLLOUT}), "cut"),
+        "input.action": (frozenset({LoopKind.CHUNK_ROLLOUT}), "action"),
+        "input.audio": (frozenset({LoopKind.CHUNK_ROLLOUT}), "audio"),
+    }
+)
 
 # live inputs that need a conditioning hook on a component the loop uses
 INPUT_HOOKS: Mapping[str, str] = MappingProxyType({"action": "action", "audio": "audio"})

@@ -85,16 +85,24 @@ class CheckpointKeyError(CheckpointError):
     that map onto no parameter; ``ambiguous``: module names several checkpoint keys map onto.
     """
 
-    def __init__(self, source: str, component: str, fmt: str, missing: Iterable[str],
-                 unexpected: Iterable[str], ambiguous: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        source: str,
+        component: str,
+        fmt: str,
+        missing: Iterable[str],
+        unexpected: Iterable[str],
+        ambiguous: Iterable[str] = (),
+    ) -> None:
         self.source, self.component, self.fmt = source, component, fmt
         self.missing, self.unexpected = sorted(missing), sorted(unexpected)
         self.ambiguous = sorted(ambiguous)
         parts = [f"missing {_listing(self.missing)}", f"unexpected {_listing(self.unexpected)}"]
         if self.ambiguous:
             parts.append(f"ambiguous (pass prefix=...) {_listing(self.ambiguous)}")
-        super().__init__(f"checkpoint {source} ({fmt} naming) does not fit {component}: "
-                         + "; ".join(parts))
+        super().__init__(
+            f"checkpoint {source} ({fmt} naming) does not fit {component}: " + "; ".join(parts)
+        )
 
 
 class CheckpointShapeError(CheckpointError):
@@ -103,12 +111,18 @@ class CheckpointShapeError(CheckpointError):
     ``mismatches``: ``(checkpoint key, file shape, module shape)``.
     """
 
-    def __init__(self, source: str, component: str,
-                 mismatches: list[tuple[str, tuple[int, ...], tuple[int, ...]]]) -> None:
+    def __init__(
+        self,
+        source: str,
+        component: str,
+        mismatches: list[tuple[str, tuple[int, ...], tuple[int, ...]]],
+    ) -> None:
         self.source, self.component, self.mismatches = source, component, sorted(mismatches)
         listed = [f"{k}: file {c} vs module {m}" for k, c, m in self.mismatches]
-        super().__init__(f"checkpoint {source} has wrongly shaped tensors for {component} "
-                         f"(wrong config?) {_listing(listed)}")
+        super().__init__(
+            f"checkpoint {source} has wrongly shaped tensors for {component} "
+            f"(wrong config?) {_listing(listed)}"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,11 +140,14 @@ class Layout:
 
 
 # diffusers' own names win over other *.safetensors in the directory (fp16 variants, ...)
-_DIFFUSERS_FILES = ("diffusion_pytorch_model.safetensors.index.json",
-                    "diffusion_pytorch_model.safetensors")
+_DIFFUSERS_FILES = (
+    "diffusion_pytorch_model.safetensors.index.json",
+    "diffusion_pytorch_model.safetensors",
+)
 DIT_LAYOUT = Layout("WanDiT", "transformer", _DIFFUSERS_FILES)
-VAE_LAYOUT = Layout("WanVAE", "vae",
-                    ("Wan2.1_VAE.safetensors", "Wan2.1_VAE.pth", *_DIFFUSERS_FILES))
+VAE_LAYOUT = Layout(
+    "WanVAE", "vae", ("Wan2.1_VAE.safetensors", "Wan2.1_VAE.pth", *_DIFFUSERS_FILES)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,11 +178,17 @@ def resolve(path: str | Path, layout: Layout) -> Resolved:
     elif not indexes and len(singles) == 1:
         files = singles
     else:
-        looked = [f"{layout.subfolder}/", *layout.named_files, "one *.safetensors.index.json",
-                  "one *.safetensors"]
+        looked = [
+            f"{layout.subfolder}/",
+            *layout.named_files,
+            "one *.safetensors.index.json",
+            "one *.safetensors",
+        ]
         found = [p.name for p in indexes + singles]
-        raise CheckpointFormatError(f"no unambiguous {layout.component} weights in {path}: "
-                                    f"looked for {looked}, found {found}")
+        raise CheckpointFormatError(
+            f"no unambiguous {layout.component} weights in {path}: "
+            f"looked for {looked}, found {found}"
+        )
     return Resolved(tuple(files), _json_next_to(path), path)
 
 
@@ -237,8 +260,12 @@ class KeyMapping:
     name_in_fmt: Callable[[str], str | None]
 
 
-def map_keys(keys: Iterable[str], fmt: str, rename: Callable[[str], str | None],
-             name_in_fmt: Callable[[str], str | None] = lambda name: name) -> KeyMapping:
+def map_keys(
+    keys: Iterable[str],
+    fmt: str,
+    rename: Callable[[str], str | None],
+    name_in_fmt: Callable[[str], str | None] = lambda name: name,
+) -> KeyMapping:
     """Apply a family's ``rename`` (checkpoint key -> module name or None) to every key;
     ``name_in_fmt`` is its inverse (module name -> name in ``fmt``)."""
     native: dict[str, str] = {}
@@ -255,28 +282,44 @@ def map_keys(keys: Iterable[str], fmt: str, rename: Callable[[str], str | None],
     return KeyMapping(fmt, native, unexpected, sorted(ambiguous), name_in_fmt)
 
 
-def validate(source: str, component: str, mapping: KeyMapping,
-             tensors: Mapping[str, torch.Tensor], model: nn.Module,
-             optional: Callable[[str], bool] = lambda name: False) -> None:
+def validate(
+    source: str,
+    component: str,
+    mapping: KeyMapping,
+    tensors: Mapping[str, torch.Tensor],
+    model: nn.Module,
+    optional: Callable[[str], bool] = lambda name: False,
+) -> None:
     """Keys first (every problem in one ``CheckpointKeyError``), then shapes (one
     ``CheckpointShapeError``) against ``model`` (on the meta device). ``optional`` module names
     may be absent. Reads shapes only: no tensor data is touched."""
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    missing = [mapping.name_in_fmt(k) or k for k in expected
-               if k not in mapping.native and not optional(k)]
-    unexpected = mapping.unexpected + [mapping.native[k] for k in mapping.native
-                                       if k not in expected]
+    missing = [
+        mapping.name_in_fmt(k) or k for k in expected if k not in mapping.native and not optional(k)
+    ]
+    unexpected = mapping.unexpected + [
+        mapping.native[k] for k in mapping.native if k not in expected
+    ]
     if missing or unexpected or mapping.ambiguous:
-        raise CheckpointKeyError(source, component, mapping.fmt, missing, unexpected,
-                                 mapping.ambiguous)
-    wrong = [(key, tuple(tensors[key].shape), expected[name])
-             for name, key in mapping.native.items() if tuple(tensors[key].shape) != expected[name]]
+        raise CheckpointKeyError(
+            source, component, mapping.fmt, missing, unexpected, mapping.ambiguous
+        )
+    wrong = [
+        (key, tuple(tensors[key].shape), expected[name])
+        for name, key in mapping.native.items()
+        if tuple(tensors[key].shape) != expected[name]
+    ]
     if wrong:
         raise CheckpointShapeError(source, component, wrong)
 
 
-def assign(model: nn.Module, mapping: KeyMapping, tensors: dict[str, torch.Tensor],
-           device: torch.device | str, dtype_of: Callable[[str], torch.dtype]) -> None:
+def assign(
+    model: nn.Module,
+    mapping: KeyMapping,
+    tensors: dict[str, torch.Tensor],
+    device: torch.device | str,
+    dtype_of: Callable[[str], torch.dtype],
+) -> None:
     """Fill ``model`` (built on the meta device) with validated tensors on ``device``.
 
     copy=True: fresh, allocator-aligned storage (safetensors hands out tensors at whatever
@@ -284,8 +327,10 @@ def assign(model: nn.Module, mapping: KeyMapping, tensors: dict[str, torch.Tenso
     ones keep the file mapped). Tensors are popped as they are copied so the host copy is freed
     progressively. Parameters the mapping lacks stay on the meta device for the caller.
     """
-    state = {name: tensors.pop(key).to(device=device, dtype=dtype_of(name), copy=True)
-             for name, key in mapping.native.items()}
+    state = {
+        name: tensors.pop(key).to(device=device, dtype=dtype_of(name), copy=True)
+        for name, key in mapping.native.items()
+    }
     model.load_state_dict(state, strict=False, assign=True)
 
 
@@ -293,9 +338,14 @@ def assign(model: nn.Module, mapping: KeyMapping, tensors: dict[str, torch.Tenso
 # the DiT
 
 
-def load_transformer(path: str | Path, *, device: torch.device | str = "cpu",
-                     dtype: torch.dtype = torch.float32, config: WanDiTConfig | None = None,
-                     prefix: str | None = None) -> WanDiT:
+def load_transformer(
+    path: str | Path,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    config: WanDiTConfig | None = None,
+    prefix: str | None = None,
+) -> WanDiT:
     """A Wan2.1 ``WanDiT`` in eval mode on ``device`` (parameters in ``dtype`` except the
     timestep path and modulation tables, float32).
 
@@ -309,15 +359,23 @@ def load_transformer(path: str | Path, *, device: torch.device | str = "cpu",
     if prefix is None and (prefix := keymaps.pick_wrapper(tensors)) is not None:
         log.info("using the %r weights of a multi-model checkpoint", prefix)
     # keys outside the chosen wrapper (a critic, an EMA copy) are not ours to report
-    short = {k: keymaps.strip_prefix(s) for k in tensors
-             if (s := keymaps.strip_prefix(k, prefix)) is not None}
+    short = {
+        k: keymaps.strip_prefix(s)
+        for k in tensors
+        if (s := keymaps.strip_prefix(k, prefix)) is not None
+    }
     fmt = keymaps.detect_format(short.values())
     if fmt is None:
         raise CheckpointFormatError(
             f"{source}: not a WanDiT checkpoint: neither diffusers nor original Wan key names "
-            f"under prefix {prefix!r}; keys found {_listing(sorted(tensors))}")
-    mapping = map_keys(short, fmt, lambda k: keymaps.to_native(short[k], fmt),
-                       lambda name: keymaps.from_native(name, fmt))
+            f"under prefix {prefix!r}; keys found {_listing(sorted(tensors))}"
+        )
+    mapping = map_keys(
+        short,
+        fmt,
+        lambda k: keymaps.to_native(short[k], fmt),
+        lambda name: keymaps.from_native(name, fmt),
+    )
     shapes = {name: tuple(tensors[key].shape) for name, key in mapping.native.items()}
     cfg = config or _dit_config(found, metadata, shapes, source, fmt)
 
@@ -337,10 +395,14 @@ def load_transformer(path: str | Path, *, device: torch.device | str = "cpu",
     return model.eval()
 
 
-def _dit_config(found: Resolved, metadata: Mapping[str, str], shapes: Mapping[str, tuple],
-                source: str, fmt: str) -> WanDiTConfig:
-    cfg = (keymaps.config_from_json(found.config_json, found.config_dir.name)
-           if found.config_json is not None else None)
+def _dit_config(
+    found: Resolved, metadata: Mapping[str, str], shapes: Mapping[str, tuple], source: str, fmt: str
+) -> WanDiTConfig:
+    cfg = (
+        keymaps.config_from_json(found.config_json, found.config_dir.name)
+        if found.config_json is not None
+        else None
+    )
     cfg = cfg or keymaps.config_from_metadata(metadata)
     if cfg is None:
         absent = [k for k in keymaps.SHAPE_KEYS if k not in shapes]
@@ -369,23 +431,35 @@ def _materialise_hooks(model: WanDiT, device: torch.device | str, dtype: torch.d
 # the VAE
 
 
-def load_vae(path: str | Path, *, device: torch.device | str = "cpu",
-             dtype: torch.dtype = torch.float32, config: WanVAEConfig | None = None) -> WanVAE:
+def load_vae(
+    path: str | Path,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    config: WanVAEConfig | None = None,
+) -> WanVAE:
     """A ``WanVAE`` in eval mode on ``device`` in ``dtype``; ``VAEConfigError`` for a diffusers
     config we do not implement."""
     source = str(path)
     found = resolve(path, VAE_LAYOUT)
     tensors, metadata = read_tensors(found.files)
     if config is None:
-        config = ((vae_keymap.config_from_json(found.config_json)
-                   if found.config_json is not None else None)
-                  or vae_keymap.config_from_metadata(metadata) or WanVAEConfig.preset("wan2.1"))
+        config = (
+            (
+                vae_keymap.config_from_json(found.config_json)
+                if found.config_json is not None
+                else None
+            )
+            or vae_keymap.config_from_metadata(metadata)
+            or WanVAEConfig.preset("wan2.1")
+        )
     table = vae_keymap.vae_key_table(config)
     fmt = vae_keymap.detect_format(tensors, table)
     if fmt is None:
         raise CheckpointFormatError(
             f"{source}: not a WanVAE checkpoint: neither diffusers nor original Wan VAE names; "
-            f"keys found {_listing(sorted(tensors))}")
+            f"keys found {_listing(sorted(tensors))}"
+        )
     by_name = {row.name_in(fmt): row.ours for row in table}
     by_ours = {row.ours: row.name_in(fmt) for row in table}
     mapping = map_keys(tensors, fmt, by_name.get, by_ours.get)
@@ -401,8 +475,9 @@ def load_vae(path: str | Path, *, device: torch.device | str = "cpu",
 # writing
 
 
-def save_original_format(module: nn.Module, path: str | Path, *, prefix: str = "",
-                         max_shard_bytes: int | None = None) -> Path:
+def save_original_format(
+    module: nn.Module, path: str | Path, *, prefix: str = "", max_shard_bytes: int | None = None
+) -> Path:
     """Write ``module`` (``WanDiT``, diffusers ``WanTransformer3DModel`` or ``WanVAE``) with
     original Wan names, its config in the safetensors metadata.
 
@@ -429,18 +504,24 @@ def _dit_native(module: nn.Module) -> tuple[WanDiTConfig, dict[str, torch.Tensor
         return module.config, dict(module.state_dict())
     if type(module).__name__ != "WanTransformer3DModel":
         raise TypeError(f"cannot write a {type(module).__name__} in the original Wan format")
-    mapping = map_keys(module.state_dict(), keymaps.DIFFUSERS,
-                       lambda k: keymaps.to_native(k, keymaps.DIFFUSERS))
+    mapping = map_keys(
+        module.state_dict(), keymaps.DIFFUSERS, lambda k: keymaps.to_native(k, keymaps.DIFFUSERS)
+    )
     if mapping.unexpected:
-        raise CheckpointKeyError(type(module).__name__, "WanDiT", keymaps.DIFFUSERS, [],
-                                 mapping.unexpected)
+        raise CheckpointKeyError(
+            type(module).__name__, "WanDiT", keymaps.DIFFUSERS, [], mapping.unexpected
+        )
     state = module.state_dict()
     cfg = WanDiTConfig.from_diffusers_config(dict(module.config))
     return cfg, {name: state[key] for name, key in mapping.native.items()}
 
 
-def _write(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str],
-           max_shard_bytes: int | None) -> Path:
+def _write(
+    tensors: dict[str, torch.Tensor],
+    path: Path,
+    metadata: dict[str, str],
+    max_shard_bytes: int | None,
+) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if max_shard_bytes is None:
         save_file(tensors, str(path), metadata=metadata)
@@ -461,6 +542,9 @@ def _write(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str
         weight_map.update(dict.fromkeys(shard, name))
     index = path.parent / (path.name + ".index.json")
     total = sum(t.nbytes for t in tensors.values())
-    index.write_text(json.dumps({"metadata": {"total_size": total, **metadata},
-                                 "weight_map": weight_map}, indent=1))
+    index.write_text(
+        json.dumps(
+            {"metadata": {"total_size": total, **metadata}, "weight_map": weight_map}, indent=1
+        )
+    )
     return index

@@ -23,7 +23,6 @@ import torch
 
 from models.card import KVUpdate, ModelCard, Profile
 from models.loops.inputs import ACTION_DIM, AUDIO_DIM
-from models.loops.registry import build_loop
 from models.loops.ops import (
     ChunkDenoiseOp,
     DecodeOp,
@@ -32,6 +31,7 @@ from models.loops.ops import (
     TextEmbedOp,
     TextEncodeOp,
 )
+from models.loops.registry import build_loop
 from models.wan.attention import ATTENTION_BACKENDS, WanSelfAttention
 from models.wan.config import WanDiTConfig
 from models.wan.fp8 import quantize_linears
@@ -54,9 +54,16 @@ class InstanceError(RuntimeError):
 class ComponentBuilder(Protocol):
     """Builds a card's (dit, vae, text_encoder) on ``device`` (text encoder in ``dtype``)."""
 
-    def __call__(self, card: ModelCard, *, device: torch.device, dtype: torch.dtype, seed: int,
-                 random_weights: bool, checkpoint_dir: str | Path | None) -> tuple[Any, Any, Any]:
-        ...
+    def __call__(
+        self,
+        card: ModelCard,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        seed: int,
+        random_weights: bool,
+        checkpoint_dir: str | Path | None,
+    ) -> tuple[Any, Any, Any]: ...
 
 
 # family -> module providing ``build_components`` (a ComponentBuilder); imported on first use.
@@ -79,8 +86,16 @@ class WanInstance:
     live in one preallocated ``KVSlabBuffer`` per geometry (``reserve_kv_slabs``).
     """
 
-    def __init__(self, card: ModelCard, dit: WanDiT, vae: WanVAE, text: CachedTextEncoder, *,
-                 device: torch.device, precision: str) -> None:
+    def __init__(
+        self,
+        card: ModelCard,
+        dit: WanDiT,
+        vae: WanVAE,
+        text: CachedTextEncoder,
+        *,
+        device: torch.device,
+        precision: str,
+    ) -> None:
         self.card = card
         self.instance_id = f"{card.model_id}@{device}"
         self.dit = dit
@@ -103,8 +118,9 @@ class WanInstance:
         self._compiled = False
         self._fp8 = False
 
-    def compile(self, *, attention: str = "auto", fp8: str | None = None,
-                overlap_decode: bool = True) -> None:
+    def compile(
+        self, *, attention: str = "auto", fp8: str | None = None, overlap_decode: bool = True
+    ) -> None:
         """Optimise the step bodies for serving (GPU); measured in infra/bench/RESULTS.md.
 
         - ``torch.compile`` of every DiT block (one graph serves all of them: same code, same
@@ -126,8 +142,9 @@ class WanInstance:
         are one-way.
         """
         if attention not in ATTENTION_BACKENDS:
-            raise InstanceError(f"attention {attention!r} is not one of "
-                                f"{sorted(ATTENTION_BACKENDS)}")
+            raise InstanceError(
+                f"attention {attention!r} is not one of {sorted(ATTENTION_BACKENDS)}"
+            )
         for module in self.dit.modules():
             if isinstance(module, WanSelfAttention):
                 module.backends = ATTENTION_BACKENDS[attention]
@@ -135,8 +152,9 @@ class WanInstance:
         if fp8 not in (None, "row", "tensor"):
             raise InstanceError(f"fp8 {fp8!r} is not one of None, 'row', 'tensor'")
         if fp8 is not None and not self._fp8:
-            quantize_linears(self.dit, lambda name: name.startswith("blocks."),
-                             per_tensor=fp8 == "tensor")
+            quantize_linears(
+                self.dit, lambda name: name.startswith("blocks."), per_tensor=fp8 == "tensor"
+            )
             self._fp8 = True
         if self._compiled:
             return
@@ -146,7 +164,8 @@ class WanInstance:
             for module in self.vae.modules():
                 if isinstance(module, torch.nn.Conv3d):
                     module.weight.data = module.weight.data.contiguous(
-                        memory_format=torch.channels_last_3d)
+                        memory_format=torch.channels_last_3d
+                    )
             self.vae.decoder.compile()
         self._compiled = True
 
@@ -175,8 +194,10 @@ class WanInstance:
         answers ``chunk_rollout``, a bidirectional one ``diffusion_denoise``)."""
         spec = self.card.loop_for(capability)
         if spec is None:
-            raise InstanceError(f"card {self.card.model_id!r} has no loop for {capability!r} "
-                                f"(capabilities: {sorted(self.card.capabilities)})")
+            raise InstanceError(
+                f"card {self.card.model_id!r} has no loop for {capability!r} "
+                f"(capabilities: {sorted(self.card.capabilities)})"
+            )
         return self.loop(spec.loop_id)
 
     # ---------------------------------------------------------------------------------------
@@ -190,7 +211,8 @@ class WanInstance:
         if ring < 1:
             raise InstanceError(
                 f"card {self.card.model_id!r}: window of {contract.window_latent_frames} latent "
-                f"frames leaves no room for history beyond a {chunk_latent_frames}-frame chunk")
+                f"frames leaves no room for history beyond a {chunk_latent_frames}-frame chunk"
+            )
         return contract.sink_latent_frames, ring
 
     def tokens_per_frame(self, latent_h: int, latent_w: int) -> int:
@@ -209,8 +231,9 @@ class WanInstance:
         geometry = self.slab_geometry(profile)
         buffer = self._slab_buffers.get(geometry)
         if buffer is None:
-            buffer = KVSlabBuffer(self.dit.config, geometry, num_slabs=num_slabs,
-                                  device=self.device, dtype=self.dtype)
+            buffer = KVSlabBuffer(
+                self.dit.config, geometry, num_slabs=num_slabs, device=self.device, dtype=self.dtype
+            )
             self._slab_buffers[geometry] = buffer
         return buffer
 
@@ -222,13 +245,20 @@ class WanInstance:
         or with ``slab=None`` one with its own buffers (jobs, tests, benchmarks)."""
         if slab is None:
             return ChunkKVCache.allocate(
-                self.dit.config, batch=1, sink_frames=geometry.sink_frames,
+                self.dit.config,
+                batch=1,
+                sink_frames=geometry.sink_frames,
                 window_frames=geometry.window_frames,
-                tokens_per_frame=geometry.tokens_per_frame, device=self.device, dtype=self.dtype)
+                tokens_per_frame=geometry.tokens_per_frame,
+                device=self.device,
+                dtype=self.dtype,
+            )
         buffer = self._slab_buffers.get(geometry)
         if buffer is None:
-            raise InstanceError(f"card {self.card.model_id!r}: no K/V slabs reserved for geometry "
-                                f"{geometry.key} (reserve_kv_slabs first)")
+            raise InstanceError(
+                f"card {self.card.model_id!r}: no K/V slabs reserved for geometry "
+                f"{geometry.key} (reserve_kv_slabs first)"
+            )
         return buffer.cache(slab)
 
     def new_decoder_cache(self, latent_h: int, latent_w: int) -> Any:
@@ -243,8 +273,9 @@ class WanInstance:
         """Bytes one session holds for its whole life: K/V cache, decoder cache, cached latents."""
         lh, lw = self._latent_hw(profile)
         sink, ring = self.kv_geometry(profile.chunk_latent_frames)
-        kv = ChunkKVCache.bytes_for(self.dit.config, sink, ring, self.tokens_per_frame(lh, lw),
-                                    self.dtype)
+        kv = ChunkKVCache.bytes_for(
+            self.dit.config, sink, ring, self.tokens_per_frame(lh, lw), self.dtype
+        )
         dec = self.vae.decoder_cache_bytes(1, lh, lw, self.dtype)
         itemsize = torch.empty((), dtype=self.dtype).element_size()
         window = self.latent.channels * (sink + ring) * lh * lw * itemsize
@@ -280,8 +311,9 @@ class WanInstance:
         """VAE-decode FLOPs of one steady-state chunk (0 for a codec that does not count them,
         e.g. pixel latents)."""
         count = getattr(self.vae, "decode_flops", None)
-        return 0.0 if count is None else count(profile.chunk_latent_frames,
-                                               *self._latent_hw(profile))
+        return (
+            0.0 if count is None else count(profile.chunk_latent_frames, *self._latent_hw(profile))
+        )
 
     def chunk_seconds(self, profile: Profile) -> float:
         """Media seconds one steady-state chunk covers."""
@@ -318,9 +350,16 @@ def _randomize_hooks(dit: WanDiT, seed: int) -> None:
             p.data.copy_(torch.randn(p.shape, generator=generator) * 0.5)
 
 
-def load_instance(card: ModelCard, *, device: str = "auto", precision: str | None = None,
-                  checkpoint_dir: str | Path | None = None, seed: int = 0,
-                  random_weights: bool = False, compile: bool = False) -> WanInstance:
+def load_instance(
+    card: ModelCard,
+    *,
+    device: str = "auto",
+    precision: str | None = None,
+    checkpoint_dir: str | Path | None = None,
+    seed: int = 0,
+    random_weights: bool = False,
+    compile: bool = False,
+) -> WanInstance:
     """Validate ``card`` and build its components (see module docstring).
 
     ``random_weights`` builds seeded random weights whatever the card's ``weights`` say - for
@@ -333,12 +372,20 @@ def load_instance(card: ModelCard, *, device: str = "auto", precision: str | Non
     card.check_serving(card.recipe.assumes_loop, prec)
     dtype = _DTYPES[prec]
     dit_spec = card.components["dit"]
-    hooks = {"action_dim": ACTION_DIM if "action" in dit_spec.conditioning else 0,
-             "audio_dim": AUDIO_DIM if "audio" in dit_spec.conditioning else 0}
+    hooks = {
+        "action_dim": ACTION_DIM if "action" in dit_spec.conditioning else 0,
+        "audio_dim": AUDIO_DIM if "audio" in dit_spec.conditioning else 0,
+    }
     builder = _component_builder(card.family)
     if builder is not None:
-        dit, vae, encoder = builder(card, device=dev, dtype=dtype, seed=seed,
-                                    random_weights=random_weights, checkpoint_dir=checkpoint_dir)
+        dit, vae, encoder = builder(
+            card,
+            device=dev,
+            dtype=dtype,
+            seed=seed,
+            random_weights=random_weights,
+            checkpoint_dir=checkpoint_dir,
+        )
     elif random_weights or card.weights.value == "random":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -346,15 +393,17 @@ def load_instance(card: ModelCard, *, device: str = "auto", precision: str | Non
                 dit = WanDiT(WanDiTConfig.preset(dit_spec.preset).replace(**hooks))
                 vae = WanVAE(WanVAEConfig.preset(card.components["vae"].preset))
         _randomize_hooks(dit, seed)
-        encoder = UMT5TextEncoder.from_preset(card.components["text_encoder"].preset, seed=seed,
-                                              device=dev, dtype=dtype)
+        encoder = UMT5TextEncoder.from_preset(
+            card.components["text_encoder"].preset, seed=seed, device=dev, dtype=dtype
+        )
     else:
         dit, vae, encoder = _load_checkpoint(card, checkpoint_dir, dev, dtype)
     dit = dit.to(device=dev).eval()
     _cast_dit(dit, dtype)
     vae = vae.to(device=dev, dtype=dtype).eval()
-    text = CachedTextEncoder(encoder, TextEmbeddingCache(), model_id=card.model_id,
-                             weights_version=card.weights_version)
+    text = CachedTextEncoder(
+        encoder, TextEmbeddingCache(), model_id=card.model_id, weights_version=card.weights_version
+    )
     instance = WanInstance(card, dit, vae, text, device=dev, precision=prec)
     if compile:
         instance.compile()
@@ -368,27 +417,35 @@ def _cast_dit(dit: WanDiT, dtype: torch.dtype) -> None:
         p.data = p.data.to(param_dtype(name, dtype))
 
 
-def _load_checkpoint(card: ModelCard, checkpoint_dir: str | Path | None, device: torch.device,
-                     dtype: torch.dtype) -> tuple[WanDiT, WanVAE, UMT5TextEncoder]:
+def _load_checkpoint(
+    card: ModelCard, checkpoint_dir: str | Path | None, device: torch.device, dtype: torch.dtype
+) -> tuple[WanDiT, WanVAE, UMT5TextEncoder]:
     from models.checkpoint import load_transformer, load_vae
     from models.wan.text_encoder import require_transformers
 
     if checkpoint_dir is None:
         raise InstanceError(
             f"card {card.model_id!r} has {card.weights.value} weights: pass the checkpoint "
-            f"directory (components {sorted(card.checkpoint.components)})")
+            f"directory (components {sorted(card.checkpoint.components)})"
+        )
     root = Path(checkpoint_dir)
     entries = card.checkpoint.components
-    missing = [f"{c} ({e.path_hint})" for c, e in entries.items()
-               if not (root / e.path_hint).exists()]
+    missing = [
+        f"{c} ({e.path_hint})" for c, e in entries.items() if not (root / e.path_hint).exists()
+    ]
     if missing:
-        raise InstanceError(f"checkpoint {str(root)!r} for card {card.model_id!r} lacks: "
-                            + ", ".join(missing))
+        raise InstanceError(
+            f"checkpoint {str(root)!r} for card {card.model_id!r} lacks: " + ", ".join(missing)
+        )
     require_transformers()  # before gigabytes of DiT weights load, not after
     dit = load_transformer(root / entries["dit"].path_hint, device=device, dtype=dtype)
     vae = load_vae(root / entries["vae"].path_hint, device=device, dtype=dtype)
     encoder = UMT5TextEncoder.from_pretrained(
-        root / entries["text_encoder"].path_hint, root / entries["tokenizer"].path_hint,
-        text_len=dit.config.text_len, preset=card.components["text_encoder"].preset,
-        device=device, dtype=dtype)
+        root / entries["text_encoder"].path_hint,
+        root / entries["tokenizer"].path_hint,
+        text_len=dit.config.text_len,
+        preset=card.components["text_encoder"].preset,
+        device=device,
+        dtype=dtype,
+    )
     return dit, vae, encoder

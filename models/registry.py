@@ -44,8 +44,9 @@ class CardRegistry:
     def register(self, card: ModelCard) -> ModelCard:
         card.validate()
         if card.model_id in self._cards:
-            raise CardError([f"a card with id {card.model_id!r} is already registered"],
-                            card.model_id)
+            raise CardError(
+                [f"a card with id {card.model_id!r} is already registered"], card.model_id
+            )
         self._cards[card.model_id] = card
         return card
 

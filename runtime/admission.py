@@ -220,8 +220,10 @@ class AdmissionController:
     def admit(self, request: AdmissionRequest) -> Admission:
         request.validate()
         if request.kv_pool is not None and request.kv_pool not in self._pools:
-            raise AdmissionError(f"{request.owner}: no slab pool {request.kv_pool!r} "
-                                 f"(registered: {sorted(self._pools)})")
+            raise AdmissionError(
+                f"{request.owner}: no slab pool {request.kv_pool!r} "
+                f"(registered: {sorted(self._pools)})"
+            )
         cfg = self.config
         alone = self._short(request, (), cfg.compute_capacity)
         if alone:
@@ -323,8 +325,11 @@ class AdmissionController:
         """Slabs of pool ``key`` in use if only ``active`` held theirs, plus the one asked for
         (slabs taken from the pool outside admission, e.g. by a fork, count as held)."""
         pool = self._pools[key]
-        reserved = [r for r in self._reservations.values()
-                    if r.slab is not None and r.request.kv_pool == key]
+        reserved = [
+            r
+            for r in self._reservations.values()
+            if r.slab is not None and r.request.kv_pool == key
+        ]
         outside = pool.used_count - len(reserved)
         held = sum(1 for r in active if r.slab is not None and r.request.kv_pool == key)
         return outside + held + 1

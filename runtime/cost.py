@@ -191,8 +191,9 @@ class CostModel:
         device = snapshot.get("device")
         name = device.get("name") if isinstance(device, Mapping) else None
         if name != self.device.name:
-            raise CostModelError(f"cost snapshot of device {name!r} cannot calibrate "
-                                 f"device {self.device.name!r}")
+            raise CostModelError(
+                f"cost snapshot of device {name!r} cannot calibrate device {self.device.name!r}"
+            )
         entries = snapshot.get("entries")
         if not isinstance(entries, list):
             raise CostModelError("cost snapshot has no list of entries")
@@ -204,8 +205,9 @@ class CostModel:
             except (KeyError, TypeError, ValueError) as exc:
                 raise CostModelError(f"malformed cost snapshot entry {entry!r}: {exc}") from None
             if not (math.isfinite(gpu_s) and gpu_s >= 0 and samples >= 1):
-                raise CostModelError(f"cost snapshot entry {entry!r}: gpu_s must be finite and "
-                                     f">= 0, samples >= 1")
+                raise CostModelError(
+                    f"cost snapshot entry {entry!r}: gpu_s must be finite and >= 0, samples >= 1"
+                )
             loaded[key] = _Calibration(ewma_s=gpu_s, samples=samples)
         with self._lock:
             self._calibration.update(loaded)

@@ -278,8 +278,9 @@ class Engine:
                 await asyncio.wait({record.emit_tail})
             if record.emit_error is not None and status is LoopStatus.SUCCEEDED:
                 exc = record.emit_error
-                record.error = LoopFailed(record.loop_id, "emit_failed",
-                                          f"{type(exc).__name__}: {exc}")
+                record.error = LoopFailed(
+                    record.loop_id, "emit_failed", f"{type(exc).__name__}: {exc}"
+                )
                 status = LoopStatus.FAILED
             self._finish(record, status)
 
@@ -415,8 +416,9 @@ class Engine:
             entry.record.queued_plan = None
         self._in_flight = batch
         plans = [e.plan for e in entries]
-        job = ExecJob.for_plans(batch.batch_id, batch.plan_ids, batch.loop_ids, plans,
-                                deterministic=self.deterministic)
+        job = ExecJob.for_plans(
+            batch.batch_id, batch.plan_ids, batch.loop_ids, plans, deterministic=self.deterministic
+        )
         self.executor.submit(job)
 
     def _deliver(self, job: ExecJob, outcome: JobOutcome) -> None:
@@ -456,8 +458,9 @@ class Engine:
                 )
         failed = sum(1 for result in outcome.plans if result.failure is not None)
         self._tell_listeners(
-            BatchReport(info.batch_id, info.kind, outcome.wall_s, tuple(step_wall_s),
-                        failed, met, missed)
+            BatchReport(
+                info.batch_id, info.kind, outcome.wall_s, tuple(step_wall_s), failed, met, missed
+            )
         )
         self._poke()
 

@@ -30,7 +30,6 @@ from runtime.contract import (
     StepResult,
     WorkPlan,
 )
-
 from runtime.driver import Driver, DriverPhase
 
 __all__ = [
@@ -178,7 +177,8 @@ class EngineContext:
             record.on_emit(emission)
             return
         record.emit_tail = asyncio.get_running_loop().create_task(
-            _emit_in_order(record, tail, emission), name=f"dreamrt-emit-{record.loop_id}")
+            _emit_in_order(record, tail, emission), name=f"dreamrt-emit-{record.loop_id}"
+        )
 
     def take_inputs(self) -> list[InputEvent]:
         inputs = list(self._record.inputs)
@@ -186,8 +186,9 @@ class EngineContext:
         return inputs
 
 
-async def _emit_in_order(record: LoopRecord, before: asyncio.Task[None] | None,
-                         emission: Emission) -> None:
+async def _emit_in_order(
+    record: LoopRecord, before: asyncio.Task[None] | None, emission: Emission
+) -> None:
     """After ``before`` (the loop's previous deferred emission), resolve and deliver."""
     if before is not None:
         await asyncio.wait({before})
@@ -199,8 +200,9 @@ async def _emit_in_order(record: LoopRecord, before: asyncio.Task[None] | None,
             emission = Emission(emission.spec, output)
         record.on_emit(emission)
     except Exception as exc:  # the loop fails with "emit_failed" at its next emission or end
-        logger.exception("loop %s: deferred emission on %r failed", record.loop_id,
-                         emission.spec.stream)
+        logger.exception(
+            "loop %s: deferred emission on %r failed", record.loop_id, emission.spec.stream
+        )
         record.emit_error = exc
 
 

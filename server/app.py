@@ -222,16 +222,21 @@ async def _build(config: ServerConfig) -> ServerContext:
     unfinished_jobs = store.recover()
     model_id = config.model or DEFAULT_MODEL
     card = registry.get(model_id)
-    instance = await asyncio.to_thread(load_instance, card, device=config.device,
-                                       compile=config.compile,
-                                       checkpoint_dir=config.checkpoint_dir)
+    instance = await asyncio.to_thread(
+        load_instance,
+        card,
+        device=config.device,
+        compile=config.compile,
+        checkpoint_dir=config.checkpoint_dir,
+    )
     device = str(instance.device)
     profile = card.default_profile
     # a job-only card (bidirectional) has no sessions: no chunk-KV, no session warm-up
     streams = "session.realtime" in card.capabilities
     if streams and (config.warmup if config.warmup is not None else config.compile):
-        log.info("warming up %s on %s (compiling every graph a session uses)", model_id,
-                 instance.device)
+        log.info(
+            "warming up %s on %s (compiling every graph a session uses)", model_id, instance.device
+        )
         warm_s = await _warm_up(instance, profile, config.max_sessions)
         log.info("warm-up done in %.1f s", warm_s)
     on_gpu = device.startswith("cuda")
@@ -242,7 +247,8 @@ async def _build(config: ServerConfig) -> ServerContext:
     admission = AdmissionController(
         AdmissionConfig(
             peak_capacity_bytes=(instance.peak_bytes(profile) if streams else 0)
-            * config.max_batch * 4,
+            * config.max_batch
+            * 4,
             peak_concurrency=config.max_batch,
         )
     )
@@ -356,11 +362,14 @@ async def _warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
     await engine.start()
     start_s = time.perf_counter()
     try:
-        handle = engine.spawn(instance.loop("chunk_rollout"),
-                              SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks,
-                                             kv_slab=0),
-                              instance, loop_id="warm-up", priority=Priority.BATCH,
-                              on_emit=lambda emission: None)
+        handle = engine.spawn(
+            instance.loop("chunk_rollout"),
+            SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks, kv_slab=0),
+            instance,
+            loop_id="warm-up",
+            priority=Priority.BATCH,
+            on_emit=lambda emission: None,
+        )
         await handle.result()
     finally:
         await engine.close()

@@ -4,9 +4,10 @@ The sink is a pacer reader like the WebRTC track (same playout, same stall accou
 repeat goes out with ``pts = previous + 1``), so a session can have both at once. Each paced
 frame is captured with ``timestamp_us`` = its wire PTS converted from 90 kHz. Conversion and
 capture run in the sink's own worker thread, one frame at a time (``close()`` waits for the
-frame in flight, so nothing is captured into a source that is gone); while a frame is in flight the pacer goes
-on and the sink later takes the newest frame, counting the skipped ones in ``dropped``: a sink
-that cannot keep up drops frames, it never blocks the engine or the other sink.
+frame in flight, so nothing is captured into a source that is gone); while a frame is in flight
+the pacer goes on and the sink later takes the newest frame, counting the skipped ones in
+``dropped``: a sink that cannot keep up drops frames, it never blocks the engine or the other
+sink.
 """
 
 from __future__ import annotations

@@ -46,8 +46,7 @@ class SessionVideoTrack(MediaStreamTrack):
     ) -> None:
         super().__init__()
         self._session = session
-        self.pacer = pacer or FramePacer(session, max_hold_s=max_hold_s, clock=clock,
-                                         sleep=sleep)
+        self.pacer = pacer or FramePacer(session, max_hold_s=max_hold_s, clock=clock, sleep=sleep)
         self._reader = self.pacer.reader()
         self.fresh_frames = 0
         self.repeated_frames = 0

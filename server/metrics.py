@@ -83,7 +83,8 @@ class _Totals:
 
     def __init__(self) -> None:
         self.frames_sent = Counter(
-            "dreamrt_frames_sent", "Video frames put on the wire (fresh and repeated)",
+            "dreamrt_frames_sent",
+            "Video frames put on the wire (fresh and repeated)",
             registry=None,
         )
         self.stalls = Counter(
@@ -93,7 +94,9 @@ class _Totals:
             "dreamrt_media_dropped_frames", "Frames dropped by full media queues", registry=None
         )
         self.rejections = Counter(
-            "dreamrt_admission_rejections", "Sessions refused by admission", ["reason"],
+            "dreamrt_admission_rejections",
+            "Sessions refused by admission",
+            ["reason"],
             registry=None,
         )
         self._seen: dict[tuple[str, str], float] = {}
@@ -176,9 +179,7 @@ class ServerMetrics:
             buckets=STEP_LATENCY_BUCKETS_S,
             registry=r,
         )
-        self.plans_executed = Counter(
-            "dreamrt_engine_plans_executed", "Plans executed", registry=r
-        )
+        self.plans_executed = Counter("dreamrt_engine_plans_executed", "Plans executed", registry=r)
         self.plan_failures = Counter(
             "dreamrt_engine_plan_failures", "Plans that failed (exception or NaN)", registry=r
         )

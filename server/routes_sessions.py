@@ -243,7 +243,8 @@ async def audio(session_id: str, request: Request, grant: AuthGrant) -> dict[str
         raise ApiError(
             422,
             "unsupported_input",
-            f"model {session.config.model_id!r} does not accept audio (no 'input.audio' capability)",
+            f"model {session.config.model_id!r} does not accept audio "
+            "(no 'input.audio' capability)",
         )
     declared = int(request.headers.get("content-length") or 0)
     if declared > MAX_AUDIO_BYTES:

@@ -275,8 +275,12 @@ class SessionHost:
         if admission.pool(key) is None:
             buffer = served.reserve_kv_slabs(profile, self.slabs_per_geometry)
             admission.add_pool(key, KVSlabPool(buffer.num_slabs, buffer.slab_bytes))
-            log.info("chunk-KV slabs for %s: %d x %.1f MiB preallocated", key,
-                     buffer.num_slabs, buffer.slab_bytes / 2**20)
+            log.info(
+                "chunk-KV slabs for %s: %d x %.1f MiB preallocated",
+                key,
+                buffer.num_slabs,
+                buffer.slab_bytes / 2**20,
+            )
         return key
 
     def preallocate(self) -> None:

@@ -37,6 +37,7 @@ from typing import Any, Literal
 import numpy as np
 
 from runtime.contract import (
+    PTS_HZ,
     ActionInput,
     AppliedMeta,
     AudioInput,
@@ -45,7 +46,6 @@ from runtime.contract import (
     InputEvent,
     InputKind,
     LoopFailed,
-    PTS_HZ,
     MediaMeta,
     PromptInput,
     PromptMode,
@@ -499,11 +499,12 @@ class Session:
         if capability not in self.config.capabilities:
             raise UnsupportedInputError(
                 f"model {self.config.model_id!r} does not accept {what} "
-                f"(it lacks the {capability!r} capability; it has {sorted(self.config.capabilities)})"
+                f"(it lacks the {capability!r} capability; "
+                f"it has {sorted(self.config.capabilities)})"
             )
 
     def report_error(self, code: str, message: str, seq: int | None = None) -> None:
-        """Publishes an ``error`` event (e.g. a malformed data-channel message); the session goes on."""
+        """Publishes an ``error`` event (e.g. a malformed control message); the session goes on."""
         self.events.publish(ErrorEvent(code=code, message=message, seq=seq))
 
     def publish(self, event: Event) -> Event:
@@ -584,9 +585,7 @@ class Session:
                 )
             )
         elif kind is InputKind.ACTION:
-            older = [
-                s for s, (k, _) in self._pending.items() if k is InputKind.ACTION and s < seq
-            ]
+            older = [s for s, (k, _) in self._pending.items() if k is InputKind.ACTION and s < seq]
             self._supersede(seq, "action", older)
             self.events.publish(ActionApplied(seq=seq, chunk=chunk, pts=pts))
         else:

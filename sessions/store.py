@@ -165,8 +165,8 @@ class Store:
     ) -> None:
         now = self._clock()
         self._execute(
-            "INSERT INTO sessions(id, model_id, prompt, seed, fps, width, height, class, state, fork_of,"
-            " created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO sessions(id, model_id, prompt, seed, fps, width, height, class, state,"
+            " fork_of, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 session_id,
                 model_id,
@@ -247,7 +247,8 @@ class Store:
     ) -> None:
         text = body.decode("utf-8") if isinstance(body, bytes) else body
         self._execute(
-            "INSERT OR REPLACE INTO events(owner_id, event_id, type, body, time_s) VALUES (?,?,?,?,?)",
+            "INSERT OR REPLACE INTO events(owner_id, event_id, type, body, time_s)"
+            " VALUES (?,?,?,?,?)",
             (owner_id, event_id, event_type, text, time_s),
         )
 
@@ -317,8 +318,8 @@ class Store:
             try:
                 self._conn.execute("UPDATE forks SET chosen = ? WHERE id = ?", (chosen, fork_id))
                 self._conn.executemany(
-                    "INSERT INTO preferences(context_ref, chosen_ref, rejected_ref, source, created_at)"
-                    " VALUES (?,?,?,?,?)",
+                    "INSERT INTO preferences(context_ref, chosen_ref, rejected_ref, source,"
+                    " created_at) VALUES (?,?,?,?,?)",
                     [(context_ref, chosen, other, "fork-choice", now) for other in rejected],
                 )
                 self._conn.execute("COMMIT")

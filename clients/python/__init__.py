@@ -1,1 +1,1 @@
-"""Python client: ``dreamrt watch`` (aiortc viewer) and ``dreamrt job`` (httpx), on the wire API only."""
+"""Python client: ``dreamrt watch`` (aiortc viewer) and ``dreamrt job`` (httpx), wire API only."""

@@ -1,10 +1,11 @@
 """A WebRTC viewer of one dreamrt session (aiortc): receives the video, talks on ``control``.
 
 ``Viewer.connect()`` creates the session (or joins ``session_id``), offers a recvonly video
-m-line, a ``control`` data channel and, with ``audio_track``, a sendonly audio m-line, and starts two background tasks: one receives decoded
-frames (``frames``: PTS, receive time, and the RGB array when ``keep_rgb``), one is the data
-channel's event log (``events``: every server event as a dict, in order). ``close()`` is
-idempotent: it ends both tasks, closes the peer connection and deletes the session it created.
+m-line, a ``control`` data channel and, with ``audio_track``, a sendonly audio m-line, and
+starts two background tasks: one receives decoded frames (``frames``: PTS, receive time, and the
+RGB array when ``keep_rgb``), one is the data channel's event log (``events``: every server
+event as a dict, in order). ``close()`` is idempotent: it ends both tasks, closes the peer
+connection and deletes the session it created.
 
 Frames that repeat the last picture while generation is late carry a PTS only one tick above
 the previous frame (API.md "Video"); ``fresh_frames()`` leaves them out.

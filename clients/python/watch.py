@@ -67,7 +67,8 @@ async def watch(
                 await viewer.connect(prompt, model=model)
                 fps = viewer.profile["fps"]
                 stream.write(
-                    f"session {viewer.session_id}: {viewer.profile['width']}x{viewer.profile['height']} "
+                    f"session {viewer.session_id}: "
+                    f"{viewer.profile['width']}x{viewer.profile['height']} "
                     f"at {fps} fps; waiting for the first frame\n"
                 )
                 await viewer.wait_first_frame(timeout_s=60.0)
@@ -83,7 +84,8 @@ async def watch(
                         recent = [f for f in viewer.fresh_frames() if f.received_s >= now - 1.0]
                         last = viewer.events[-1]["type"] if viewer.events else "-"
                         stream.write(
-                            f"  t={now - watch_start:4.1f}s  fps={len(recent):3d}  frames={len(viewer.frames)}"
+                            f"  t={now - watch_start:4.1f}s  fps={len(recent):3d}"
+                            f"  frames={len(viewer.frames)}"
                             f"  last event={last}\n"
                         )
                         next_report += 1.0
@@ -112,7 +114,8 @@ async def watch(
         if undo is not None:
             undo()
     stream.write(
-        f"received {summary['fresh_frames']} fresh frames in {seconds:g} s ({summary['fps_received']} fps, "
+        f"received {summary['fresh_frames']} fresh frames in {seconds:g} s "
+        f"({summary['fps_received']} fps, "
         f"target {summary['fps_target']}), {summary['stalls']} stalls, first frame after "
         f"{summary['first_frame_s']} s"
         + (f"; wrote {summary['out']}" if out is not None else "")

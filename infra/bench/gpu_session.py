@@ -31,7 +31,8 @@ uint8 difference. Time to first frame comes from a one-chunk session with a prom
 before (its text encode runs; kernels are warm). Prints the tables last; ``--json``
 writes everything.
 
-    python -m infra.bench.gpu_session [--chunks 8] [--window 12] [--variants baseline,nomask,compiled]
+    python -m infra.bench.gpu_session [--chunks 8] [--window 12] \
+        [--variants baseline,nomask,compiled]
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ _KINDS = ("text_encode", "chunk_step", "kv_update", "vae_decode")
 
 def _with_window(card: Any, window: int) -> Any:
     caches = dict(card.caches)
-    caches["chunk_kv"] = dataclasses.replace(caches["chunk_kv"],
-                                             window_latent_frames=window - caches["chunk_kv"].sink_latent_frames)
+    caches["chunk_kv"] = dataclasses.replace(
+        caches["chunk_kv"], window_latent_frames=window - caches["chunk_kv"].sink_latent_frames
+    )
     return dataclasses.replace(card, caches=caches)
 
 
@@ -103,8 +105,9 @@ class _Served:
         return {k: (p.wall_samples(k), p.device_samples(k) or p.wall_samples(k)) for k in _KINDS}
 
 
-async def _run_session(served: _Served, instance: WanInstance, chunks: int,
-                       prompt: str) -> dict[str, Any]:
+async def _run_session(
+    served: _Served, instance: WanInstance, chunks: int, prompt: str
+) -> dict[str, Any]:
     engine = served.engine
     before = {k: len(w) for k, (w, _) in served.samples().items()}
     served.sessions += 1
@@ -125,22 +128,35 @@ async def _run_session(served: _Served, instance: WanInstance, chunks: int,
     _sync()
     start = time.perf_counter()
     # Batch class: no playout deadlines, so the lead limit does not cap the rate we measure.
-    handle = engine.spawn(instance.loop("chunk_rollout"),
-                          SessionRequest(prompt=prompt, seed=7, max_chunks=chunks),
-                          instance, loop_id=f"bench-{served.sessions}",
-                          priority=Priority.BATCH, on_emit=on_emit)
+    handle = engine.spawn(
+        instance.loop("chunk_rollout"),
+        SessionRequest(prompt=prompt, seed=7, max_chunks=chunks),
+        instance,
+        loop_id=f"bench-{served.sessions}",
+        priority=Priority.BATCH,
+        on_emit=on_emit,
+    )
     await handle.result()
     after = served.samples()
     stamps = [start] + [t for t, _ in emitted]
     chunk_wall = [b - a for a, b in zip(stamps, stamps[1:])]
-    return {"chunk_wall_s": chunk_wall, "first_frame_s": first_frame[0] - start,
-            "frames": [f for _, f in emitted],
-            "wall": {k: w[before[k]:] for k, (w, _) in after.items()},
-            "device": {k: d[before[k]:] for k, (_, d) in after.items()}}
+    return {
+        "chunk_wall_s": chunk_wall,
+        "first_frame_s": first_frame[0] - start,
+        "frames": [f for _, f in emitted],
+        "wall": {k: w[before[k] :] for k, (w, _) in after.items()},
+        "device": {k: d[before[k] :] for k, (_, d) in after.items()},
+    }
 
 
-async def _variant(instance: WanInstance, warmup_chunks: int, chunks: int, variant: str,
-                   trace: bool, trace_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+async def _variant(
+    instance: WanInstance,
+    warmup_chunks: int,
+    chunks: int,
+    variant: str,
+    trace: bool,
+    trace_dir: str,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Warm-up, first-frame probe and measured session of one variant on one engine."""
     async with _Served() as served:
         # warm-up through steady state: kernel selection and compilation of every graph
@@ -159,8 +175,11 @@ _FULL, _PREFIX = ChunkKVCache.full, ChunkKVCache.prefix_frames
 
 def _prepare(variant: str, instance: WanInstance) -> dict[str, Any]:
     base, *options = variant.split("+")
-    unknown = {o for o in options
-               if o not in ("cudnn", "flash", "fp8", "fp8t", "overlap", "convbench", "fold")}
+    unknown = {
+        o
+        for o in options
+        if o not in ("cudnn", "flash", "fp8", "fp8t", "overlap", "convbench", "fold")
+    }
     if base not in ("baseline", "nomask", "compiled") or unknown:
         raise SystemExit(f"gpu_session: unknown variant {variant!r}")
     # The baseline masks attention over every cache slot, as the first implementation did.
@@ -170,18 +189,21 @@ def _prepare(variant: str, instance: WanInstance) -> dict[str, Any]:
     if "fold" in options:  # the card's recipe says otherwise: a measured deviation
         spec = dataclasses.replace(instance.card.loops["chunk_rollout"], kv_update="last_step")
         instance.card = dataclasses.replace(
-            instance.card, loops={**instance.card.loops, "chunk_rollout": spec})
+            instance.card, loops={**instance.card.loops, "chunk_rollout": spec}
+        )
     if base == "compiled":
         attention = next((o for o in options if o in ("cudnn", "flash")), "auto")
         if "convbench" in options:
             torch.backends.cudnn.benchmark = True
         fp8 = "row" if "fp8" in options else "tensor" if "fp8t" in options else None
         instance.compile(attention=attention, fp8=fp8, overlap_decode="overlap" in options)
-    return {"fp8_linears": sum(isinstance(m, Fp8Linear) for m in instance.dit.modules()),
-            "scaled_mm": scaled_mm_supported(instance.device),
-            "sdpa_backends": [b.name for b in instance.dit.blocks[0].self_attn.backends or ()],
-            "overlap_decode": instance.decode_op.overlap,
-            "cudnn_benchmark": torch.backends.cudnn.benchmark}
+    return {
+        "fp8_linears": sum(isinstance(m, Fp8Linear) for m in instance.dit.modules()),
+        "scaled_mm": scaled_mm_supported(instance.device),
+        "sdpa_backends": [b.name for b in instance.dit.blocks[0].self_attn.backends or ()],
+        "overlap_decode": instance.decode_op.overlap,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+    }
 
 
 @contextlib.contextmanager
@@ -205,61 +227,92 @@ def _maybe_trace(enabled: bool, out_dir: str, variant: str) -> Iterator[None]:
 
 def _parity(frames: list[torch.Tensor], reference: list[torch.Tensor]) -> dict[str, float]:
     diffs = [(a.float() - b.float()).abs() for a, b in zip(frames, reference, strict=True)]
-    return {"mean_abs_uint8": float(torch.cat([d.flatten() for d in diffs]).mean()),
-            "max_abs_uint8": float(max(d.max() for d in diffs))}
+    return {
+        "mean_abs_uint8": float(torch.cat([d.flatten() for d in diffs]).mean()),
+        "max_abs_uint8": float(max(d.max() for d in diffs)),
+    }
 
 
-def _write_json(args: argparse.Namespace, step_flops: float, device_name: str,
-                results: dict[str, dict[str, Any]]) -> None:
+def _write_json(
+    args: argparse.Namespace,
+    step_flops: float,
+    device_name: str,
+    results: dict[str, dict[str, Any]],
+) -> None:
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"window": args.window, "chunks": args.chunks, "step_flops": step_flops,
-                       "device": device_name, "torch": torch.__version__,
-                       "results": results}, f, indent=2)
+            json.dump(
+                {
+                    "window": args.window,
+                    "chunks": args.chunks,
+                    "step_flops": step_flops,
+                    "device": device_name,
+                    "torch": torch.__version__,
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
 
 
 def _row(name: str, r: dict[str, Any], base: dict[str, Any] | None) -> str:
     ratio = r["fps"] / base["fps"] if base else float("nan")
     par = r["parity_vs_baseline"]
     par_s = "ref" if par is None else f"{par['mean_abs_uint8']:.2f}/{par['max_abs_uint8']:.0f}"
-    return (f"| {name} | {r['fps']:.1f} | {ratio:.2f} | {r['first_frame_s']:.2f} | "
-            f"{r['step_ms_median']:.1f} ({r['step_ms_p95']:.1f}) | {r['chunk_ms_median']:.0f} "
-            f"({r['chunk_ms_p95']:.0f}) | {r['kv_update_ms_median']:.0f} | "
-            f"{r['decode_ms_median']:.0f} | {r['mfu']:.0%} | {r['peak_gib']:.1f} | "
-            f"{r['engine_overhead_ms_median']:.1f} | {par_s} |")
+    return (
+        f"| {name} | {r['fps']:.1f} | {ratio:.2f} | {r['first_frame_s']:.2f} | "
+        f"{r['step_ms_median']:.1f} ({r['step_ms_p95']:.1f}) | {r['chunk_ms_median']:.0f} "
+        f"({r['chunk_ms_p95']:.0f}) | {r['kv_update_ms_median']:.0f} | "
+        f"{r['decode_ms_median']:.0f} | {r['mfu']:.0%} | {r['peak_gib']:.1f} | "
+        f"{r['engine_overhead_ms_median']:.1f} | {par_s} |"
+    )
 
 
 def _print_tables(results: dict[str, dict[str, Any]]) -> None:
     base = results.get("baseline")
-    print("| variant | FPS incl. decode | x baseline | first frame s | step ms (p95) | "
-          "chunk ms (p95) | KV update ms | decode ms | DiT MFU | peak GiB | engine overhead ms | "
-          "parity (mean/max) |")
+    print(
+        "| variant | FPS incl. decode | x baseline | first frame s | step ms (p95) | "
+        "chunk ms (p95) | KV update ms | decode ms | DiT MFU | peak GiB | engine overhead ms | "
+        "parity (mean/max) |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, r in results.items():
         print(_row(name, r, base))
-    print("\nfirst chunk of a fresh session (device ms): text encode | 4 steps | KV update | "
-          "decode")
+    print(
+        "\nfirst chunk of a fresh session (device ms): text encode | 4 steps | KV update | decode"
+    )
     for name, r in results.items():
         first = r["first_chunk_device_ms"]
-        print(f"| {name} | {sum(first['text_encode']):.0f} | "
-              f"{' + '.join(f'{x:.0f}' for x in first['chunk_step'])} | "
-              f"{sum(first['kv_update']):.0f} | {sum(first['vae_decode']):.0f} |")
+        print(
+            f"| {name} | {sum(first['text_encode']):.0f} | "
+            f"{' + '.join(f'{x:.0f}' for x in first['chunk_step'])} | "
+            f"{sum(first['kv_update']):.0f} | {sum(first['vae_decode']):.0f} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=10)
-    parser.add_argument("--window", type=int, default=12,
-                        help="latent frames each chunk step attends to (sinks + window)")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=12,
+        help="latent frames each chunk step attends to (sinks + window)",
+    )
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--peak-tflops", type=float, default=790.0)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--trace", default="",
-                        help="variants whose first-frame session runs under torch.profiler")
+    parser.add_argument(
+        "--trace", default="", help="variants whose first-frame session runs under torch.profiler"
+    )
     parser.add_argument("--trace-dir", default=".", help="where traces and op tables go")
     parser.add_argument("--model", default="wan2.1-1.3b-causal")
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                        help="cpu: a dry run of the script on a small card")
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        choices=["cuda", "cpu"],
+        help="cpu: a dry run of the script on a small card",
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_session: CUDA is not available (--device cpu for a dry run)", file=sys.stderr)
@@ -274,8 +327,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def fresh_instance() -> WanInstance:
         # the same seeded random weights every time: each variant starts from eager bf16
-        return load_instance(card, device=args.device, precision="bf16" if cuda else "fp32",
-                             random_weights=True)
+        return load_instance(
+            card, device=args.device, precision="bf16" if cuda else "fp32", random_weights=True
+        )
 
     instance = fresh_instance()
     profile = card.default_profile
@@ -305,15 +359,23 @@ def main(argv: list[str] | None = None) -> int:
             instance = fresh_instance()
         setup = _prepare(variant, instance)
         print(f"{variant}: {setup}", flush=True)
-        probe, run = asyncio.run(_variant(instance, first_steady + 1, args.chunks, variant,
-                                          variant in args.trace.split(","), args.trace_dir))
+        probe, run = asyncio.run(
+            _variant(
+                instance,
+                first_steady + 1,
+                args.chunks,
+                variant,
+                variant in args.trace.split(","),
+                args.trace_dir,
+            )
+        )
         steady = run["chunk_wall_s"][first_steady:]
         frames = [f.shape[0] for f in run["frames"]][first_steady:]
-        step_dev = run["device"]["chunk_step"][-profile.steps * len(steady):]
+        step_dev = run["device"]["chunk_step"][-profile.steps * len(steady) :]
         device_per_chunk = [sum(x) for x in zip(*[iter(step_dev)] * profile.steps)]
         # no KV-update plans with +fold: the last step writes the cache
-        kv = run["device"]["kv_update"][-len(steady):] or [0.0] * len(steady)
-        dec = run["device"]["vae_decode"][-len(steady):]
+        kv = run["device"]["kv_update"][-len(steady) :] or [0.0] * len(steady)
+        dec = run["device"]["vae_decode"][-len(steady) :]
         busy = [a + b + c for a, b, c in zip(device_per_chunk, kv, dec)]
         overhead = [w - b for w, b in zip(steady, busy)]
         parity = None if reference is None else _parity(run["frames"], reference)
@@ -326,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
             "first_frame_s": probe["first_frame_s"],
             "first_chunk_s": probe["chunk_wall_s"][0],
             "first_chunk_device_ms": {k: [x * 1e3 for x in v] for k, v in probe["device"].items()},
-            "step_ms_median": step_med * 1e3, "step_ms_p95": _percentile(step_dev, 0.95) * 1e3,
+            "step_ms_median": step_med * 1e3,
+            "step_ms_p95": _percentile(step_dev, 0.95) * 1e3,
             "chunk_ms_median": statistics.median(steady) * 1e3,
             "chunk_ms_p95": _percentile(steady, 0.95) * 1e3,
             "decode_ms_median": statistics.median(dec) * 1e3,
@@ -334,16 +397,19 @@ def main(argv: list[str] | None = None) -> int:
             "mfu": step_flops / step_med / (args.peak_tflops * 1e12),
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
             "engine_overhead_ms_median": statistics.median(overhead) * 1e3,
-            "setup": setup, "parity_vs_baseline": parity,
-            "parity_vs_previous_variant": parity_prev, "raw": {k: v for k, v in run.items() if k != "frames"},
+            "setup": setup,
+            "parity_vs_baseline": parity,
+            "parity_vs_previous_variant": parity_prev,
+            "raw": {k: v for k, v in run.items() if k != "frames"},
         }
         _write_json(args, step_flops, device_name, results)  # what is done survives a timeout
-        print(f"{variant}: {_row(variant, results[variant], results.get('baseline'))}",
-              flush=True)
+        print(f"{variant}: {_row(variant, results[variant], results.get('baseline'))}", flush=True)
     _write_json(args, step_flops, device_name, results)
-    print(f"\n{args.model}, {profile.width}x{profile.height}, {profile.steps} steps, chunks of "
-          f"{c} latent frames, window {args.window} (incl. sinks), {device_name}, "
-          f"torch {torch.__version__}; DiT step = {step_flops / 1e12:.1f} TFLOP")
+    print(
+        f"\n{args.model}, {profile.width}x{profile.height}, {profile.steps} steps, chunks of "
+        f"{c} latent frames, window {args.window} (incl. sinks), {device_name}, "
+        f"torch {torch.__version__}; DiT step = {step_flops / 1e12:.1f} TFLOP"
+    )
     _print_tables(results)
     return 0
 

@@ -66,14 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     cuda = args.device == "cuda"
 
     t0 = time.perf_counter()
-    instance = load_instance(get(args.model), device=args.device,
-                             precision="bf16" if cuda else "fp32", random_weights=True)
+    instance = load_instance(
+        get(args.model),
+        device=args.device,
+        precision="bf16" if cuda else "fp32",
+        random_weights=True,
+    )
     _sync()
     load_s = time.perf_counter() - t0
     loop = instance.loop("chunk_rollout")
     ctx = TimedContext()
-    request = SessionRequest(prompt="a red ball rolling on grass", seed=0,
-                             max_chunks=args.chunks)
+    request = SessionRequest(prompt="a red ball rolling on grass", seed=0, max_chunks=args.chunks)
     chunk_walls: list[float] = []
     frames: list[int] = []
 
@@ -103,29 +106,39 @@ def main(argv: list[str] | None = None) -> int:
     steady = chunk_walls[1:] or chunk_walls
     steady_frames = frames[1:] or frames
     fps = sum(steady_frames) / sum(steady)
-    tflops = ctx.flops["chunk_step"] / statistics.median(step[len(step) // 2:]) / 1e12
+    tflops = ctx.flops["chunk_step"] / statistics.median(step[len(step) // 2 :]) / 1e12
     summary = {
-        "model": args.model, "torch": torch.__version__,
+        "model": args.model,
+        "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "load_s": load_s, "chunks": args.chunks, "frames_per_chunk": frames,
-        "chunk_wall_s": chunk_walls, "plan_samples_s": dict(ctx.samples),
-        "plan_flops": ctx.flops, "steady_fps": fps, "dit_step_tflops": tflops,
+        "load_s": load_s,
+        "chunks": args.chunks,
+        "frames_per_chunk": frames,
+        "chunk_wall_s": chunk_walls,
+        "plan_samples_s": dict(ctx.samples),
+        "plan_flops": ctx.flops,
+        "steady_fps": fps,
+        "dit_step_tflops": tflops,
         "peak_gib": peak_gib,
     }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)
     profile = instance.card.default_profile
-    print(f"\n{args.model} on {summary['device']}, eager {instance.precision}, random weights, "
-          f"{profile.width}x{profile.height}, chunks of {profile.chunk_latent_frames} latent "
-          f"frames, {profile.steps} steps")
+    print(
+        f"\n{args.model} on {summary['device']}, eager {instance.precision}, random weights, "
+        f"{profile.width}x{profile.height}, chunks of {profile.chunk_latent_frames} latent "
+        f"frames, {profile.steps} steps"
+    )
     print("| plan | n | median ms | min ms |")
     print("| --- | --- | --- | --- |")
     for kind, values in ctx.samples.items():
         print(f"| {kind} | {len(values)} | {ms(values)} | {min(values) * 1e3:8.1f} |")
     print(f"| chunk (wall, steady) | {len(steady)} | {ms(steady)} | {min(steady) * 1e3:8.1f} |")
-    print(f"first chunk {chunk_walls[0] * 1e3:.0f} ms; steady {fps:.1f} FPS incl. decode; "
-          f"DiT step {tflops:.0f} TFLOP/s; peak {peak_gib:.1f} GiB; load {load_s:.1f} s")
+    print(
+        f"first chunk {chunk_walls[0] * 1e3:.0f} ms; steady {fps:.1f} FPS incl. decode; "
+        f"DiT step {tflops:.0f} TFLOP/s; peak {peak_gib:.1f} GiB; load {load_s:.1f} s"
+    )
     return 0
 
 

@@ -2,10 +2,11 @@
 
 The serving path as ``dreamrt serve --compile`` runs it, minus the network: one loaded (and on
 CUDA compiled) instance, warmed up once per profile; for every (scenario, scheduler) a fresh
-``Engine`` with ``make_scheduler(name)`` and a ``Profiler`` calibrating one shared cost model
-(a warm pass after the compiling warm-up calibrates it first, so no policy starts on priors); sessions' ``chunk_rollout``
-loops spawned with ``Priority.REALTIME`` on their slab of the preallocated K/V buffer, with
-``media_t0_s`` (the engine's playout deadlines); frames reach the host as uint8 (the engine
+``Engine`` with ``make_scheduler(name)`` and a ``Profiler`` calibrating one shared cost model (a
+warm pass after the compiling warm-up calibrates it first, so no policy starts on priors);
+sessions' ``chunk_rollout`` loops spawned with ``Priority.REALTIME`` on their slab of the
+preallocated K/V buffer, with ``media_t0_s`` (the engine's playout deadlines); frames reach the
+host as uint8 (the engine
 resolves a decode's ``PendingOutput`` off the event loop) and a simulated viewer per session
 (``infra.bench.sim_viewer``) plays them out at the profile fps, moving the loop's deadline
 anchor as a session does.
@@ -111,10 +112,14 @@ class Bench:
     admit_share: float | None = None  # None: admission's share is the prior of chunk_flops
 
     def write(self) -> None:
-        write_json(self.args.json, {**self.meta, **self.extra, "job_alone_s": self.job_alone_s,
-                                    "runs": self.runs})
-        write_json(self.args.cost_snapshot,
-                   cost_snapshot(self.meta, self.samples, self.chunk_seconds, self.cost))
+        write_json(
+            self.args.json,
+            {**self.meta, **self.extra, "job_alone_s": self.job_alone_s, "runs": self.runs},
+        )
+        write_json(
+            self.args.cost_snapshot,
+            cost_snapshot(self.meta, self.samples, self.chunk_seconds, self.cost),
+        )
 
 
 def _key(p: Profile) -> str:
@@ -147,11 +152,24 @@ async def _warm_up(bench: Bench, profile: Profile, cost: CostModel) -> float:
 
     start = time.perf_counter()
     try:
-        handles.append(engine.spawn(
-            inst.loop("chunk_rollout"),
-            SessionRequest(prompt="warm-up", seed=0, width=profile.width, height=profile.height,
-                           fps=profile.fps, max_chunks=fill + 4, kv_slab=0),
-            inst, loop_id="warm-up", priority=Priority.BATCH, on_emit=on_emit))
+        handles.append(
+            engine.spawn(
+                inst.loop("chunk_rollout"),
+                SessionRequest(
+                    prompt="warm-up",
+                    seed=0,
+                    width=profile.width,
+                    height=profile.height,
+                    fps=profile.fps,
+                    max_chunks=fill + 4,
+                    kv_slab=0,
+                ),
+                inst,
+                loop_id="warm-up",
+                priority=Priority.BATCH,
+                on_emit=on_emit,
+            )
+        )
         await handles[0].result()
     finally:
         await engine.close()
@@ -159,8 +177,15 @@ async def _warm_up(bench: Bench, profile: Profile, cost: CostModel) -> float:
 
 
 def _job_request(profile: Profile, tag: str) -> JobRequest:
-    return JobRequest(task="t2v", prompt=f"job {tag}", num_frames=_JOB_FRAMES,
-                      width=profile.width, height=profile.height, steps=profile.steps, seed=3)
+    return JobRequest(
+        task="t2v",
+        prompt=f"job {tag}",
+        num_frames=_JOB_FRAMES,
+        width=profile.width,
+        height=profile.height,
+        steps=profile.steps,
+        seed=3,
+    )
 
 
 async def _job_alone(bench: Bench, profile: Profile) -> float:
@@ -169,15 +194,20 @@ async def _job_alone(bench: Bench, profile: Profile) -> float:
     for attempt in range(2):
         # the first attempt compiles the job's own graphs: its times calibrate nothing
         cost = bench.cost if attempt else CostModel(bench.cost.device)
-        engine = Engine(cost=cost, scheduler=make_scheduler("step-edf"),
-                        observers=(Profiler(cost),))
+        engine = Engine(
+            cost=cost, scheduler=make_scheduler("step-edf"), observers=(Profiler(cost),)
+        )
         await engine.start()
         try:
             start = time.monotonic()
-            handle = engine.spawn(bench.instance.loop_for("text_to_video"),
-                                  _job_request(profile, f"alone {attempt}"), bench.instance,
-                                  loop_id="job", priority=Priority.BATCH,
-                                  on_emit=lambda emission: None)
+            handle = engine.spawn(
+                bench.instance.loop_for("text_to_video"),
+                _job_request(profile, f"alone {attempt}"),
+                bench.instance,
+                loop_id="job",
+                priority=Priority.BATCH,
+                on_emit=lambda emission: None,
+            )
             await handle.result()
             seconds = time.monotonic() - start
         finally:
@@ -196,8 +226,9 @@ class _Live:
     task: asyncio.Task[None] | None = None
 
 
-async def _drive_inputs(bench: Bench, live: _Live, scenario: Scenario, index: int, tag: str,
-                        stop: asyncio.Event) -> None:
+async def _drive_inputs(
+    bench: Bench, live: _Live, scenario: Scenario, index: int, tag: str, stop: asyncio.Event
+) -> None:
     """Pushes this session's inputs, timed from its first frame."""
     while live.viewer.first_arrival_s is None and not stop.is_set():
         await asyncio.sleep(0.01)
@@ -217,8 +248,11 @@ async def _drive_inputs(bench: Bench, live: _Live, scenario: Scenario, index: in
             await asyncio.wait_for(stop.wait(), max(0.0, delay))
         if stop.is_set():
             return
-        payload = (PromptInput(text=f"{tag} s{index} prompt {k}") if kind is InputKind.PROMPT
-                   else ActionInput(keys=("w",)))
+        payload = (
+            PromptInput(text=f"{tag} s{index} prompt {k}")
+            if kind is InputKind.PROMPT
+            else ActionInput(keys=("w",))
+        )
         live.viewer.push(live.handle, kind, payload)
 
 
@@ -228,11 +262,17 @@ async def _run(bench: Bench, scenario: Scenario, scheduler: str) -> dict[str, An
     profiler = ShapeProfiler(bench.cost)
     admission = None
     if scenario.admitted:
-        admission = admission_controller(inst, profile, inst.reserve_kv_slabs(profile, 1).num_slabs,
-                                         max_batch=args.max_batch)
-    engine = Engine(cost=bench.cost, scheduler=make_scheduler(scheduler, max_batch=args.max_batch),
-                    admission=admission, playout_buffer_s=args.playout_buffer_s,
-                    max_lead_s=args.max_lead_s, observers=(profiler,))
+        admission = admission_controller(
+            inst, profile, inst.reserve_kv_slabs(profile, 1).num_slabs, max_batch=args.max_batch
+        )
+    engine = Engine(
+        cost=bench.cost,
+        scheduler=make_scheduler(scheduler, max_batch=args.max_batch),
+        admission=admission,
+        playout_buffer_s=args.playout_buffer_s,
+        max_lead_s=args.max_lead_s,
+        observers=(profiler,),
+    )
     await engine.start()
     stop = asyncio.Event()
     lives: dict[str, _Live] = {}
@@ -246,29 +286,35 @@ async def _run(bench: Bench, scenario: Scenario, scheduler: str) -> dict[str, An
             if admission is None:
                 slabs.append((i, None))
                 continue
-            answer = admission.admit(session_request(inst, bench.cost, f"s{i}", profile,
-                                                     share=bench.admit_share))
+            answer = admission.admit(
+                session_request(inst, bench.cost, f"s{i}", profile, share=bench.admit_share)
+            )
             if not isinstance(answer, Admit) or answer.slab is None:
                 raise RuntimeError(f"{tag}: admission refused session {i} of its limit: {answer}")
             slabs.append((answer.slab.slab_id, answer.reservation_id))
         if scenario.job:
-            job_handle = engine.spawn(inst.loop_for("text_to_video"), _job_request(profile, tag),
-                                      inst, loop_id="job", priority=Priority.BATCH,
-                                      on_emit=lambda emission: None)
+            job_handle = engine.spawn(
+                inst.loop_for("text_to_video"),
+                _job_request(profile, tag),
+                inst,
+                loop_id="job",
+                priority=Priority.BATCH,
+                on_emit=lambda emission: None,
+            )
             job_task = asyncio.create_task(_timed(job_handle, time.monotonic()))
         for i, (slab, reservation) in enumerate(slabs):
             if i and scenario.ramp_s:
                 await asyncio.sleep(scenario.ramp_s)
-            lives[f"s{i}"] = live = await _spawn_session(engine, inst, profile, i, slab,
-                                                         reservation, tag)
+            lives[f"s{i}"] = live = await _spawn_session(
+                engine, inst, profile, i, slab, reservation, tag
+            )
             live.task = asyncio.create_task(live.viewer.run(stop))
-            inputs.append(asyncio.create_task(
-                _drive_inputs(bench, live, scenario, i, tag, stop)))
+            inputs.append(asyncio.create_task(_drive_inputs(bench, live, scenario, i, tag, stop)))
         if scenario.one_more:
-            answer = admission.admit(session_request(inst, bench.cost, "one-more", profile,
-                                                     share=bench.admit_share))
-            refusal = {"refused": isinstance(answer, Reject),
-                       "answer": dataclasses.asdict(answer)}
+            answer = admission.admit(
+                session_request(inst, bench.cost, "one-more", profile, share=bench.admit_share)
+            )
+            refusal = {"refused": isinstance(answer, Reject), "answer": dataclasses.asdict(answer)}
             if isinstance(answer, Admit):
                 admission.release(answer.reservation_id)
         await asyncio.sleep(args.seconds)
@@ -293,34 +339,62 @@ async def _run(bench: Bench, scenario: Scenario, scheduler: str) -> dict[str, An
     stats = engine.stats()
     result = {
         "scenario": scenario.name if not scenario.one_more else "small+1",
-        "scheduler": scheduler, "profile": profile.as_dict(),
-        "sessions": {sid: live.viewer.summary(live.spawned_s, end_s)
-                     for sid, live in lives.items()},
-        "failures": failures, "job": job, "refusal": refusal,
+        "scheduler": scheduler,
+        "profile": profile.as_dict(),
+        "sessions": {
+            sid: live.viewer.summary(live.spawned_s, end_s) for sid, live in lives.items()
+        },
+        "failures": failures,
+        "job": job,
+        "refusal": refusal,
         "plan_deadlines": {"met": stats.deadlines_met, "missed": stats.deadline_misses},
-        "costs_ms": {k: {"median": s.median_s * 1e3, "p95": s.p95_s * 1e3, "n": s.count}
-                     for k, s in profiler.summary().items()},
+        "costs_ms": {
+            k: {"median": s.median_s * 1e3, "p95": s.p95_s * 1e3, "n": s.count}
+            for k, s in profiler.summary().items()
+        },
     }
     by_shape = bench.samples.setdefault(_key(profile), defaultdict(list))
     for key, values in profiler.by_shape.items():
         by_shape[key].extend(values)
-    print(f"{result['scenario']} / {scheduler}: plan costs (median / p95):\n"
-          f"{format_costs(profiler)}", flush=True)
+    print(
+        f"{result['scenario']} / {scheduler}: plan costs (median / p95):\n{format_costs(profiler)}",
+        flush=True,
+    )
     return result
 
 
-async def _spawn_session(engine: Engine, inst: WanInstance, profile: Profile, index: int,
-                         slab: int, reservation: str | None, tag: str) -> _Live:
+async def _spawn_session(
+    engine: Engine,
+    inst: WanInstance,
+    profile: Profile,
+    index: int,
+    slab: int,
+    reservation: str | None,
+    tag: str,
+) -> _Live:
     handles: list[Any] = []
     # the viewer moves the loop's deadline anchor as a session does (set_media_t0)
     viewer = SimViewer(profile.fps, on_anchor=lambda t0: handles[0].set_media_t0(t0))
     spawned_s = time.monotonic()
-    handles.append(engine.spawn(
-        inst.loop("chunk_rollout"),
-        SessionRequest(prompt=f"{tag} session {index}", seed=index, width=profile.width,
-                       height=profile.height, fps=profile.fps, kv_slab=slab),
-        inst, loop_id=f"s{index}", priority=Priority.REALTIME, on_emit=viewer.on_emit,
-        media_t0_s=spawned_s, reservation_id=reservation))
+    handles.append(
+        engine.spawn(
+            inst.loop("chunk_rollout"),
+            SessionRequest(
+                prompt=f"{tag} session {index}",
+                seed=index,
+                width=profile.width,
+                height=profile.height,
+                fps=profile.fps,
+                kv_slab=slab,
+            ),
+            inst,
+            loop_id=f"s{index}",
+            priority=Priority.REALTIME,
+            on_emit=viewer.on_emit,
+            media_t0_s=spawned_s,
+            reservation_id=reservation,
+        )
+    )
     return _Live(viewer, handles[0], spawned_s)
 
 
@@ -332,17 +406,24 @@ async def _timed(handle: Any, start_s: float) -> float:
 async def _finish_job(bench: Bench, task: asyncio.Task[float]) -> dict[str, Any]:
     """The job's completion time (waiting up to ``--job-timeout`` after the sessions ended)."""
     during = task.done()
-    out: dict[str, Any] = {"num_frames": _JOB_FRAMES, "alone_s": bench.job_alone_s,
-                           "completion_s": None, "x_alone": None,
-                           "finished_while_sessions_ran": during}
+    out: dict[str, Any] = {
+        "num_frames": _JOB_FRAMES,
+        "alone_s": bench.job_alone_s,
+        "completion_s": None,
+        "x_alone": None,
+        "finished_while_sessions_ran": during,
+    }
     try:
         seconds = await asyncio.wait_for(asyncio.shield(task), bench.args.job_timeout)
     except (TimeoutError, Cancelled, LoopFailed) as exc:
         task.cancel()
         return {**out, "error": type(exc).__name__}
     alone = bench.job_alone_s
-    return {**out, "completion_s": seconds,
-            "x_alone": seconds / alone if alone and math.isfinite(alone) else None}
+    return {
+        **out,
+        "completion_s": seconds,
+        "x_alone": seconds / alone if alone and math.isfinite(alone) else None,
+    }
 
 
 # -- the whole bench ----------------------------------------------------------------------
@@ -358,8 +439,10 @@ def _scenarios(bench: Bench, names: list[str], small_limit: int) -> list[Scenari
     card, args = bench.instance.card, bench.args
     default = card.default_profile
     table = {
-        "n1": Scenario("n1", default, 1), "n2": Scenario("n2", default, 2),
-        "n3": Scenario("n3", default, 3), "n2job": Scenario("n2job", default, 2, job=True),
+        "n1": Scenario("n1", default, 1),
+        "n2": Scenario("n2", default, 2),
+        "n3": Scenario("n3", default, 3),
+        "n2job": Scenario("n2job", default, 2, job=True),
         "n2switch": Scenario("n2switch", default, 2, switch_every_s=args.switch_every),
     }
     out = []
@@ -391,23 +474,34 @@ async def _bench(bench: Bench, names: list[str], schedulers: list[str]) -> None:
         # compile on a throwaway cost model, then calibrate the bench's on a warm pass
         seconds = await _warm_up(bench, profile, CostModel(bench.cost.device))
         calibrate_s = await _warm_up(bench, profile, bench.cost)
-        print(f"warm-up {_key(profile)}: {seconds:.1f} s, calibration pass {calibrate_s:.1f} s",
-              flush=True)
+        print(
+            f"warm-up {_key(profile)}: {seconds:.1f} s, calibration pass {calibrate_s:.1f} s",
+            flush=True,
+        )
     small_limit = 0
     if "small" in names:  # the prior (as the server admits today) and the measured costs
         measured = measured_share(inst, bench.cost, small)
         if args.admit_from == "measured" and measured is None:
             raise SystemExit("multisession: no measured costs of the small profile to admit from")
         bench.admit_share = measured if args.admit_from == "measured" else None
-        limit = admission_limit(inst, bench.cost, small, slabs=args.small_max,
-                                max_batch=args.max_batch, share=bench.admit_share)
+        limit = admission_limit(
+            inst,
+            bench.cost,
+            small,
+            slabs=args.small_max,
+            max_batch=args.max_batch,
+            share=bench.admit_share,
+        )
         small_limit = limit["limit"]
         limit.update(admit_from=args.admit_from, share_measured=measured)
         bench.extra["small_admission"] = limit
-        print(f"small {_key(small)}: admission ({args.admit_from}) limit {small_limit}, next "
-              f"refused for {limit['reject_reason']}; share per session: prior "
-              f"{limit['share_prior']:.3f}, measured {measured} GPU-s/s (capacity "
-              f"{limit['capacity']})", flush=True)
+        print(
+            f"small {_key(small)}: admission ({args.admit_from}) limit {small_limit}, next "
+            f"refused for {limit['reject_reason']}; share per session: prior "
+            f"{limit['share_prior']:.3f}, measured {measured} GPU-s/s (capacity "
+            f"{limit['capacity']})",
+            flush=True,
+        )
     if "n2job" in names:
         bench.job_alone_s = await _job_alone(bench, default)
         print(f"t2v job alone ({_JOB_FRAMES} frames): {bench.job_alone_s:.2f} s", flush=True)
@@ -427,20 +521,39 @@ async def _bench(bench: Bench, names: list[str], schedulers: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--model", default=None,
-                        help="card (default: wan2.1-1.3b-causal on cuda, wan-tiny-random on cpu)")
-    parser.add_argument("--seconds", type=float, default=None,
-                        help="per run after its last session started (default 12 cuda, 3 cpu)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="card (default: wan2.1-1.3b-causal on cuda, wan-tiny-random on cpu)",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="per run after its last session started (default 12 cuda, 3 cpu)",
+    )
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--schedulers", default=",".join(SCHEDULER_POLICIES))
-    parser.add_argument("--refusal-schedulers", default="step-edf",
-                        help="policies that also run small+1 (the refused extra session)")
-    parser.add_argument("--small-profile", default=None,
-                        help="WxH@FPS (default 480x272@16 cuda, 32x32@8 cpu)")
-    parser.add_argument("--small-max", type=int, default=None,
-                        help="slabs of the small profile's pool (default 12 cuda, 4 cpu)")
-    parser.add_argument("--admit-from", choices=["prior", "measured"], default="prior",
-                        help="small's compute share: the prior (as sessions.host) or measured")
+    parser.add_argument(
+        "--refusal-schedulers",
+        default="step-edf",
+        help="policies that also run small+1 (the refused extra session)",
+    )
+    parser.add_argument(
+        "--small-profile", default=None, help="WxH@FPS (default 480x272@16 cuda, 32x32@8 cpu)"
+    )
+    parser.add_argument(
+        "--small-max",
+        type=int,
+        default=None,
+        help="slabs of the small profile's pool (default 12 cuda, 4 cpu)",
+    )
+    parser.add_argument(
+        "--admit-from",
+        choices=["prior", "measured"],
+        default="prior",
+        help="small's compute share: the prior (as sessions.host) or measured",
+    )
     parser.add_argument("--ramp", type=float, default=0.5, help="seconds between small's starts")
     parser.add_argument("--switch-every", type=float, default=3.0)
     parser.add_argument("--max-batch", type=int, default=8)
@@ -467,26 +580,40 @@ def main(argv: list[str] | None = None) -> int:
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.accumulated_cache_size_limit = 512
     start = time.perf_counter()
-    instance = load_instance(card, device=args.device, random_weights=True,
-                             precision="bf16" if cuda else "fp32")
+    instance = load_instance(
+        card, device=args.device, random_weights=True, precision="bf16" if cuda else "fp32"
+    )
     if cuda:
         instance.compile()
     spec = card.loops["chunk_rollout"]
-    bench = Bench(args=args, instance=instance,
-                  cost=CostModel(DeviceConstants.h200() if cuda else DeviceConstants.cpu()),
-                  can_act="action" in spec.inputs,
-                  meta={"card": card.model_id, "device": args.device,
-                        "device_name": torch.cuda.get_device_name() if cuda else "cpu",
-                        "torch": torch.__version__, "seconds": args.seconds,
-                        "max_batch": args.max_batch, "playout_buffer_s": args.playout_buffer_s,
-                        "max_lead_s": args.max_lead_s})
-    print(f"{card.model_id} on {bench.meta['device_name']}: loaded in "
-          f"{time.perf_counter() - start:.1f} s", flush=True)
+    bench = Bench(
+        args=args,
+        instance=instance,
+        cost=CostModel(DeviceConstants.h200() if cuda else DeviceConstants.cpu()),
+        can_act="action" in spec.inputs,
+        meta={
+            "card": card.model_id,
+            "device": args.device,
+            "device_name": torch.cuda.get_device_name() if cuda else "cpu",
+            "torch": torch.__version__,
+            "seconds": args.seconds,
+            "max_batch": args.max_batch,
+            "playout_buffer_s": args.playout_buffer_s,
+            "max_lead_s": args.max_lead_s,
+        },
+    )
+    print(
+        f"{card.model_id} on {bench.meta['device_name']}: loaded in "
+        f"{time.perf_counter() - start:.1f} s",
+        flush=True,
+    )
     asyncio.run(_bench(bench, args.scenarios.split(","), schedulers))
     bench.write()
-    print(f"\n{card.model_id}, {bench.meta['device_name']}, {args.seconds:g} s per run, "
-          f"buffer {args.playout_buffer_s} s, lead {args.max_lead_s} s; total "
-          f"{time.perf_counter() - start:.0f} s")
+    print(
+        f"\n{card.model_id}, {bench.meta['device_name']}, {args.seconds:g} s per run, "
+        f"buffer {args.playout_buffer_s} s, lead {args.max_lead_s} s; total "
+        f"{time.perf_counter() - start:.0f} s"
+    )
     print(format_table(bench.runs))
     return 0
 

@@ -24,43 +24,69 @@ def slab_pool_key(instance: WanInstance, profile: Profile) -> str:
     return f"{instance.card.model_id}:{instance.slab_geometry(profile).key}"
 
 
-def session_request(instance: WanInstance, cost: CostModel, owner: str, profile: Profile, *,
-                    share: float | None = None) -> AdmissionRequest:
+def session_request(
+    instance: WanInstance,
+    cost: CostModel,
+    owner: str,
+    profile: Profile,
+    *,
+    share: float | None = None,
+) -> AdmissionRequest:
     """``share``: the compute share to ask for (default: the prior, as ``sessions.host``)."""
     if share is None:
         share = cost.prior(instance.chunk_flops(profile), 0.0) / instance.chunk_seconds(profile)
-    return AdmissionRequest(owner=owner, compute_gpu_s_per_s=share,
-                            kv_pool=slab_pool_key(instance, profile),
-                            peak_bytes=instance.peak_bytes(profile))
+    return AdmissionRequest(
+        owner=owner,
+        compute_gpu_s_per_s=share,
+        kv_pool=slab_pool_key(instance, profile),
+        peak_bytes=instance.peak_bytes(profile),
+    )
 
 
-def admission_controller(instance: WanInstance, profile: Profile, slabs: int, *,
-                         max_batch: int) -> AdmissionController:
+def admission_controller(
+    instance: WanInstance, profile: Profile, slabs: int, *, max_batch: int
+) -> AdmissionController:
     """The server's controller, with a pool of ``slabs`` slabs of ``profile``'s geometry."""
     default = instance.card.default_profile
-    ctl = AdmissionController(AdmissionConfig(
-        peak_capacity_bytes=instance.peak_bytes(default) * max_batch * 4,
-        peak_concurrency=max_batch))
-    ctl.add_pool(slab_pool_key(instance, profile),
-                 KVSlabPool(slabs, instance.kv_slab_bytes(profile)))
+    ctl = AdmissionController(
+        AdmissionConfig(
+            peak_capacity_bytes=instance.peak_bytes(default) * max_batch * 4,
+            peak_concurrency=max_batch,
+        )
+    )
+    ctl.add_pool(
+        slab_pool_key(instance, profile), KVSlabPool(slabs, instance.kv_slab_bytes(profile))
+    )
     return ctl
 
 
-def admission_limit(instance: WanInstance, cost: CostModel, profile: Profile, *, slabs: int,
-                    max_batch: int, share: float | None = None) -> dict[str, Any]:
+def admission_limit(
+    instance: WanInstance,
+    cost: CostModel,
+    profile: Profile,
+    *,
+    slabs: int,
+    max_batch: int,
+    share: float | None = None,
+) -> dict[str, Any]:
     """How many sessions of ``profile`` one controller admits (pool of ``slabs``), and why
     it refuses the next."""
     ctl = admission_controller(instance, profile, slabs, max_batch=max_batch)
     limit = 0
     while True:
-        answer = ctl.admit(session_request(instance, cost, f"probe-{limit}", profile,
-                                           share=share))
+        answer = ctl.admit(session_request(instance, cost, f"probe-{limit}", profile, share=share))
         if isinstance(answer, Reject):
             break
         limit += 1
     prior = session_request(instance, cost, "probe", profile).compute_gpu_s_per_s
-    return {"limit": limit, "share_prior": prior, "share": share or prior, "reject_reason": answer.reason,
-            "retry_after_s": answer.retry_after_s, "capacity": ctl.config.compute_capacity}
+    return {
+        "limit": limit,
+        "share_prior": prior,
+        "share": share or prior,
+        "reject_reason": answer.reason,
+        "retry_after_s": answer.retry_after_s,
+        "capacity": ctl.config.compute_capacity,
+    }
 
 
 def measured_share(instance: WanInstance, cost: CostModel, profile: Profile) -> float | None:
@@ -68,8 +94,11 @@ def measured_share(instance: WanInstance, cost: CostModel, profile: Profile) -> 
     stride = instance.latent.spatial_stride
     c = profile.chunk_latent_frames
     sig = f"c{c}x{profile.height // stride}x{profile.width // stride}"
-    parts = [("chunk_step", sig, profile.steps), ("kv_update", sig, 1),
-             ("vae_decode", f"decode:0:{c}:{sig}", 1)]
+    parts = [
+        ("chunk_step", sig, profile.steps),
+        ("kv_update", sig, 1),
+        ("vae_decode", f"decode:0:{c}:{sig}", 1),
+    ]
     if any(cost.samples(kind, s) == 0 for kind, s, _ in parts):
         return None
     chunk_s = sum(n * cost.predict(kind, s) for kind, s, n in parts)

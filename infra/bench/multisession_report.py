@@ -30,7 +30,14 @@ from infra.bench.sim_viewer import percentile
 from runtime.cost import CostModel
 from runtime.observers import BatchInfo, Observation, Profiler
 
-__all__ = ["ShapeProfiler", "compare_refusal", "cost_snapshot", "format_costs", "format_table", "write_json"]
+__all__ = [
+    "ShapeProfiler",
+    "compare_refusal",
+    "cost_snapshot",
+    "format_costs",
+    "format_table",
+    "write_json",
+]
 
 
 class ShapeProfiler(Profiler):
@@ -63,8 +70,12 @@ def format_costs(profiler: Profiler) -> str:
     return "\n".join(lines)
 
 
-def cost_snapshot(meta: dict[str, Any], samples: dict[str, dict[tuple[str, str], list]],
-                  chunk_seconds: dict[str, float], cost: CostModel) -> dict[str, Any]:
+def cost_snapshot(
+    meta: dict[str, Any],
+    samples: dict[str, dict[tuple[str, str], list]],
+    chunk_seconds: dict[str, float],
+    cost: CostModel,
+) -> dict[str, Any]:
     """The cost snapshot (module docstring) from per-profile ``(kind, shape) -> samples``."""
     profiles: dict[str, Any] = {}
     for key, by_shape in samples.items():
@@ -72,8 +83,12 @@ def cost_snapshot(meta: dict[str, Any], samples: dict[str, dict[tuple[str, str],
         for (kind, sig), values in sorted(by_shape.items()):
             wall = [w for w, _ in values]
             dev = [d for _, d in values if d is not None]
-            shapes[kind][sig] = {"median_s": percentile(wall, 0.5), "p95_s": percentile(wall, 0.95),
-                                 "n": len(wall), "device_median_s": percentile(dev, 0.5)}
+            shapes[kind][sig] = {
+                "median_s": percentile(wall, 0.5),
+                "p95_s": percentile(wall, 0.95),
+                "n": len(wall),
+                "device_median_s": percentile(dev, 0.5),
+            }
         profiles[key] = {"chunk_seconds": chunk_seconds.get(key), "shapes": dict(shapes)}
     return {**meta, "profiles": profiles, "cost_model": cost.snapshot()}
 
@@ -85,18 +100,31 @@ def compare_refusal(runs: list[dict[str, Any]]) -> list[str]:
     lines = []
     for run in (r for r in runs if r["scenario"] == "small+1"):
         ref = base.get(run["scheduler"])
-        deltas = {sid: {"fps": s["fps"] - ref["sessions"][sid]["fps"],
-                        "stalls_per_min": (s["stalls_per_min"] or 0)
-                        - (ref["sessions"][sid]["stalls_per_min"] or 0)}
-                  for sid, s in run["sessions"].items()} if ref else {}
+        deltas = (
+            {
+                sid: {
+                    "fps": s["fps"] - ref["sessions"][sid]["fps"],
+                    "stalls_per_min": (s["stalls_per_min"] or 0)
+                    - (ref["sessions"][sid]["stalls_per_min"] or 0),
+                }
+                for sid, s in run["sessions"].items()
+            }
+            if ref
+            else {}
+        )
         run["vs_small"] = deltas
         answer = run["refusal"]["answer"]
-        verdict = ("admission refused the next one" if run["refusal"]["refused"]
-                   else "ADMISSION ADMITTED THE NEXT ONE")
+        verdict = (
+            "admission refused the next one"
+            if run["refusal"]["refused"]
+            else "ADMISSION ADMITTED THE NEXT ONE"
+        )
         worst = max((abs(d["fps"]) for d in deltas.values()), default=float("nan"))
-        lines.append(f"small+1 / {run['scheduler']}: {verdict} ({answer.get('reason')}, retry "
-                     f"after {answer.get('retry_after_s')} s); admitted sessions vs N=limit: "
-                     f"max |delta fps| {worst:.2f}")
+        lines.append(
+            f"small+1 / {run['scheduler']}: {verdict} ({answer.get('reason')}, retry "
+            f"after {answer.get('retry_after_s')} s); admitted sessions vs N=limit: "
+            f"max |delta fps| {worst:.2f}"
+        )
     return lines
 
 
@@ -112,8 +140,10 @@ def _num(value: float | None, fmt: str) -> str:
 
 def format_table(runs: list[dict[str, Any]]) -> str:
     """The one table: a row per scenario x scheduler x session, then the job rows."""
-    head = ("| scenario | scheduler | session | fps | stalls/min | p95 ms | p99 ms | min slack ms "
-            "| first frame s | prompt->applied s | action->applied s |")
+    head = (
+        "| scenario | scheduler | session | fps | stalls/min | p95 ms | p99 ms | min slack ms "
+        "| first frame s | prompt->applied s | action->applied s |"
+    )
     lines = [head, "|" + " --- |" * 11]
     jobs = []
     for run in runs:
@@ -123,14 +153,20 @@ def format_table(runs: list[dict[str, Any]]) -> str:
                 f"{_num(s['stalls_per_min'], '.1f')} | {_num(s['interval_ms']['p95'], '.0f')} | "
                 f"{_num(s['interval_ms']['p99'], '.0f')} | {_num(s['slack_ms']['min'], '.0f')} | "
                 f"{_num(s['first_frame_s'], '.2f')} | {_num(s['prompt_to_applied_s'], '.2f')} | "
-                f"{_num(s['action_to_applied_s'], '.2f')} |")
+                f"{_num(s['action_to_applied_s'], '.2f')} |"
+            )
         if run.get("job") is not None:
             jobs.append((run, run["job"]))
     if jobs:
-        lines += ["", "| scenario | scheduler | job | completion s | alone s | x alone |",
-                  "|" + " --- |" * 6]
+        lines += [
+            "",
+            "| scenario | scheduler | job | completion s | alone s | x alone |",
+            "|" + " --- |" * 6,
+        ]
         for run, job in jobs:
-            lines.append(f"| {run['scenario']} | {run['scheduler']} | t2v {job['num_frames']} "
-                         f"frames | {_num(job['completion_s'], '.2f')} | "
-                         f"{_num(job['alone_s'], '.2f')} | {_num(job['x_alone'], '.2f')} |")
+            lines.append(
+                f"| {run['scenario']} | {run['scheduler']} | t2v {job['num_frames']} "
+                f"frames | {_num(job['completion_s'], '.2f')} | "
+                f"{_num(job['alone_s'], '.2f')} | {_num(job['x_alone'], '.2f')} |"
+            )
     return "\n".join(lines)

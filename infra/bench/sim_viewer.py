@@ -65,8 +65,14 @@ class SimViewer:
     """See the module docstring. ``max_hold_s``: a fresh frame due further ahead than this is
     shown at its slot instead (a stale anchor never freezes the picture), as the track does."""
 
-    def __init__(self, fps: int, *, on_anchor: Callable[[float], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, max_hold_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        fps: int,
+        *,
+        on_anchor: Callable[[float], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        max_hold_s: float = 1.0,
+    ) -> None:
         self.fps = fps
         self._frame_s = 1.0 / fps
         self._on_anchor = on_anchor
@@ -98,8 +104,9 @@ class SimViewer:
             if self.first_arrival_s is None:
                 self.first_arrival_s = now
             self._chunk_arrival_s.setdefault(meta.chunk, now)
-            self._pending.extend(_Frame(pts_of_frame(meta.frame_start + i, meta.fps), now)
-                                 for i in range(frames))
+            self._pending.extend(
+                _Frame(pts_of_frame(meta.frame_start + i, meta.fps), now) for i in range(frames)
+            )
             self._arrived.set()
         elif emission.spec.stream == Stream.APPLIED and isinstance(meta, AppliedMeta):
             pushed = self._pushed.pop(meta.seq, None)
@@ -164,8 +171,11 @@ class SimViewer:
             return
         waits = {asyncio.ensure_future(self._arrived.wait()), asyncio.ensure_future(stop.wait())}
         try:
-            await asyncio.wait(waits, timeout=None if timeout_s is None else max(0.0, timeout_s),
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                waits,
+                timeout=None if timeout_s is None else max(0.0, timeout_s),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         finally:
             for waiter in waits:
                 waiter.cancel()
@@ -198,10 +208,14 @@ class SimViewer:
             "repeats": self.repeats,
             "stalls_per_min": self.stalls / (span_s / 60.0) if span_s > 0 else None,
             "interval_ms": {f"p{q}": ms(percentile(intervals, q / 100)) for q in (50, 95, 99)},
-            "slack_ms": {"min": ms(min(self.slack_s, default=None)),
-                         "p5": ms(percentile(self.slack_s, 0.05)), "n": len(self.slack_s)},
-            "first_frame_s": (None if self.first_arrival_s is None
-                              else self.first_arrival_s - spawned_s),
+            "slack_ms": {
+                "min": ms(min(self.slack_s, default=None)),
+                "p5": ms(percentile(self.slack_s, 0.05)),
+                "n": len(self.slack_s),
+            },
+            "first_frame_s": (
+                None if self.first_arrival_s is None else self.first_arrival_s - spawned_s
+            ),
             "prompt_to_applied_s": median(self.applied_latency_s["prompt"]),
             "action_to_applied_s": median(self.applied_latency_s["action"]),
             "applied_latency_s": {k: list(v) for k, v in self.applied_latency_s.items()},

@@ -37,7 +37,8 @@ def _decode_fn(vae: WanVAE, variant: str):
         for module in vae.modules():
             if isinstance(module, torch.nn.Conv3d):
                 module.weight.data = module.weight.data.contiguous(
-                    memory_format=torch.channels_last_3d)
+                    memory_format=torch.channels_last_3d
+                )
     if variant in ("compiled", "compiled_cl"):
         decoder = torch.compile(vae.decoder)
 
@@ -67,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         base = WanVAE(WanVAEConfig.preset("wan2.1")).to(torch.bfloat16).eval()
     state = base.state_dict()
     z_first = torch.randn(1, 16, 3, lh, lw, device="cuda", dtype=torch.bfloat16)
-    chunks = [torch.randn(1, 16, 3, lh, lw, device="cuda", dtype=torch.bfloat16)
-              for _ in range(4)]
+    chunks = [torch.randn(1, 16, 3, lh, lw, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
     results: dict[str, dict[str, float]] = {}
     reference: torch.Tensor | None = None
     for variant in args.variants.split(","):
@@ -85,29 +85,47 @@ def main(argv: list[str] | None = None) -> int:
                 reference = torch.cat(outputs, dim=2).float()
             err = (torch.cat(outputs, dim=2).float() - reference).abs().max().item()
             for i in range(args.iters):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
                 start.record()
                 decode(chunks[i % len(chunks)], cache)
                 end.record()
                 end.synchronize()
                 times.append(start.elapsed_time(end))
-        results[variant] = {"median_ms": statistics.median(times), "min_ms": min(times),
-                            "max_abs_err_vs_eager": err}
+        results[variant] = {
+            "median_ms": statistics.median(times),
+            "min_ms": min(times),
+            "max_abs_err_vs_eager": err,
+        }
         del vae, decode
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "size": [args.width, args.height], "results": results}, f, indent=2)
-    print(f"\nWan2.1 VAE streaming decode, 3 latent frames -> 12 frames at {args.width}x"
-          f"{args.height}, bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}")
+            json.dump(
+                {
+                    "device": torch.cuda.get_device_name(),
+                    "torch": torch.__version__,
+                    "size": [args.width, args.height],
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
+    print(
+        f"\nWan2.1 VAE streaming decode, 3 latent frames -> 12 frames at {args.width}x"
+        f"{args.height}, bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}"
+    )
     print("| variant | median ms | min ms | x eager | max abs err vs eager |")
     print("| --- | --- | --- | --- | --- |")
     eager = results.get("eager", {}).get("median_ms")
     for name, r in results.items():
         ratio = eager / r["median_ms"] if eager else float("nan")
-        print(f"| {name} | {r['median_ms']:.1f} | {r['min_ms']:.1f} | {ratio:.2f} | "
-              f"{r['max_abs_err_vs_eager']:.4f} |")
+        print(
+            f"| {name} | {r['median_ms']:.1f} | {r['min_ms']:.1f} | {ratio:.2f} | "
+            f"{r['max_abs_err_vs_eager']:.4f} |"
+        )
     return 0
 
 

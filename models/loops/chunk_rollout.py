@@ -144,16 +144,18 @@ class ChunkRollout:
         self._m = model
         if spec.schedule is None:
             raise ValueError(f"card {model.card.model_id!r}: {spec.loop_id} has no schedule")
-        self._steps = sigma_steps(spec.schedule.timesteps, spec.schedule.flow_shift,
-                                  spec.schedule.num_train_timesteps)
+        self._steps = sigma_steps(
+            spec.schedule.timesteps, spec.schedule.flow_shift, spec.schedule.num_train_timesteps
+        )
         self._inputs = spec.inputs
         self._fold = spec.kv_update is KVUpdate.LAST_STEP
 
     # ---------------------------------------------------------------------------------------
     # contract
 
-    def init(self, request: SessionRequest | JobRequest, model: Any,
-             ctx: LoopContext | None = None) -> ChunkRolloutState:
+    def init(
+        self, request: SessionRequest | JobRequest, model: Any, ctx: LoopContext | None = None
+    ) -> ChunkRolloutState:
         m = self._m
         if isinstance(request, JobRequest):
             profile = m.card.resolve_profile(width=request.width, height=request.height)
@@ -161,22 +163,34 @@ class ChunkRollout:
             max_chunks = self._chunks_for(frames, profile.chunk_latent_frames)
             collect, seed, target = True, request.seed, frames
         else:
-            profile = m.card.resolve_profile(fps=request.fps, width=request.width,
-                                             height=request.height)
+            profile = m.card.resolve_profile(
+                fps=request.fps, width=request.width, height=request.height
+            )
             max_chunks, collect, seed, target = request.max_chunks, False, request.seed, None
         slab = None if isinstance(request, JobRequest) else request.kv_slab
         c = profile.chunk_latent_frames
         lh, lw = profile.height // m.latent.spatial_stride, profile.width // m.latent.spatial_stride
         cache = m.kv_cache(m.slab_geometry(profile), slab)
-        window = torch.zeros((1, m.latent.channels, cache.capacity_frames, lh, lw),
-                             device=m.device, dtype=m.dtype)
+        window = torch.zeros(
+            (1, m.latent.channels, cache.capacity_frames, lh, lw), device=m.device, dtype=m.dtype
+        )
         return ChunkRolloutState(
             loop_id=ctx.loop_id if ctx is not None else "loop",
-            seed=seed, fps=profile.fps, width=profile.width, height=profile.height,
-            chunk_frames=c, latent_h=lh, latent_w=lw, max_chunks=max_chunks,
-            collect_frames=collect, target_frames=target, prompt=request.prompt,
-            audio_pending=torch.zeros(0, dtype=torch.float32), kv=cache,
-            window_latents=window, decoder=m.new_decoder_cache(lh, lw),
+            seed=seed,
+            fps=profile.fps,
+            width=profile.width,
+            height=profile.height,
+            chunk_frames=c,
+            latent_h=lh,
+            latent_w=lw,
+            max_chunks=max_chunks,
+            collect_frames=collect,
+            target_frames=target,
+            prompt=request.prompt,
+            audio_pending=torch.zeros(0, dtype=torch.float32),
+            kv=cache,
+            window_latents=window,
+            decoder=m.new_decoder_cache(lh, lw),
         )
 
     def absorb(self, state: ChunkRolloutState, inputs: Sequence[InputEvent]) -> ChunkRolloutState:
@@ -186,8 +200,10 @@ class ChunkRollout:
             # The card lists the cut prompt mode as the input "cut" (its capability prompt.cut).
             needed = "cut" if cut else getattr(event.kind, "value", event.kind)
             if needed not in self._inputs:
-                raise ValueError(f"chunk_rollout of {self._m.card.model_id!r} does not accept "
-                                 f"input {needed!r}; it accepts {sorted(self._inputs)}")
+                raise ValueError(
+                    f"chunk_rollout of {self._m.card.model_id!r} does not accept "
+                    f"input {needed!r}; it accepts {sorted(self._inputs)}"
+                )
             if isinstance(payload, PromptInput) and cut:
                 self._cut(state, payload.text, event.seq)
             elif isinstance(payload, PromptInput):
@@ -212,8 +228,13 @@ class ChunkRollout:
             if state.max_chunks is not None and state.chunk >= state.max_chunks:
                 return Done()
             if state.active_prompt != state.prompt:
-                return self._plan(state, PlanKind.TEXT_ENCODE, self._m.text_encode_op,
-                                  state.prompt, f"text:{self._m.text_len}")
+                return self._plan(
+                    state,
+                    PlanKind.TEXT_ENCODE,
+                    self._m.text_encode_op,
+                    state.prompt,
+                    f"text:{self._m.text_len}",
+                )
             if state.recache_needed:
                 return self._recache_plan(state)
             return self._denoise_plan(state)
@@ -222,12 +243,23 @@ class ChunkRollout:
         if state.phase is Phase.DECODE:
             return self._decode_plan(state)
         if state.phase is Phase.KV_UPDATE:
-            args = KVWriteArgs(groups=((state.frame_start, state.latents),),
-                               cross=self._cross(state), cache=state.kv, reset=False,
-                               window=state.window_latents, action=state.chunk_action,
-                               audio=state.chunk_audio)
-            return self._plan(state, PlanKind.KV_UPDATE, self._m.kv_write_op, args,
-                              self._shape(state), flops=self._flops(state))
+            args = KVWriteArgs(
+                groups=((state.frame_start, state.latents),),
+                cross=self._cross(state),
+                cache=state.kv,
+                reset=False,
+                window=state.window_latents,
+                action=state.chunk_action,
+                audio=state.chunk_audio,
+            )
+            return self._plan(
+                state,
+                PlanKind.KV_UPDATE,
+                self._m.kv_write_op,
+                args,
+                self._shape(state),
+                flops=self._flops(state),
+            )
         raise RuntimeError(f"loop {state.loop_id}: no plan for phase {state.phase}")
 
     def advance(self, state: ChunkRolloutState, result: StepResult) -> ChunkRolloutState:
@@ -259,13 +291,18 @@ class ChunkRollout:
         elif kind is PlanKind.KV_UPDATE:
             self._end_chunk(state)
         else:
-            raise RuntimeError(f"loop {state.loop_id}: no result expected from a {kind} plan "
-                               f"in phase {state.phase}")
+            raise RuntimeError(
+                f"loop {state.loop_id}: no result expected from a {kind} plan "
+                f"in phase {state.phase}"
+            )
         return state
 
     def finalize(self, state: ChunkRolloutState) -> LoopResult:
-        outputs: dict[str, Any] = {"chunks": state.chunk, "frames_emitted": state.frames_emitted,
-                                   "segment": state.segment}
+        outputs: dict[str, Any] = {
+            "chunks": state.chunk,
+            "frames_emitted": state.frames_emitted,
+            "segment": state.segment,
+        }
         if state.collect_frames and state.frames:
             outputs["frames"] = torch.cat(state.frames)[: state.target_frames]
         return LoopResult(outputs)
@@ -275,8 +312,11 @@ class ChunkRollout:
 
     def _writes_kv(self, state: ChunkRolloutState) -> bool:
         """Whether this denoising step caches the chunk's K/V (``KVUpdate.LAST_STEP``)."""
-        return (self._fold and state.denoise_step == len(self._steps) - 1
-                and not self._last_chunk(state))
+        return (
+            self._fold
+            and state.denoise_step == len(self._steps) - 1
+            and not self._last_chunk(state)
+        )
 
     @staticmethod
     def _last_chunk(state: ChunkRolloutState) -> bool:
@@ -344,68 +384,136 @@ class ChunkRollout:
         step = self._steps[state.denoise_step]
         x = state.latents
         if x is None:  # first step of the chunk: pure noise at sigma = 1
-            x = torch.empty((1, self._m.latent.channels, state.chunk_frames, state.latent_h,
-                             state.latent_w), device=self._m.device, dtype=self._m.dtype)
+            x = torch.empty(
+                (1, self._m.latent.channels, state.chunk_frames, state.latent_h, state.latent_w),
+                device=self._m.device,
+                dtype=self._m.dtype,
+            )
         args = ChunkDenoiseArgs(
-            x=x, timestep=step.timestep, sigma=step.sigma, sigma_next=step.sigma_next,
+            x=x,
+            timestep=step.timestep,
+            sigma=step.sigma,
+            sigma_next=step.sigma_next,
             noise_seed=noise_seed(state.seed, state.segment, state.chunk, state.denoise_step),
-            init_seed=(noise_seed(state.seed, state.segment, state.chunk, -1)
-                       if state.latents is None else None),
-            cross=self._cross(state), cache=state.kv, frame_start=state.frame_start,
-            action=state.chunk_action, audio=state.chunk_audio,
-            window=state.window_latents if self._writes_kv(state) else None)
-        return self._plan(state, PlanKind.CHUNK_STEP, self._m.chunk_step_op, args,
-                          self._shape(state), flops=self._flops(state))
+            init_seed=(
+                noise_seed(state.seed, state.segment, state.chunk, -1)
+                if state.latents is None
+                else None
+            ),
+            cross=self._cross(state),
+            cache=state.kv,
+            frame_start=state.frame_start,
+            action=state.chunk_action,
+            audio=state.chunk_audio,
+            window=state.window_latents if self._writes_kv(state) else None,
+        )
+        return self._plan(
+            state,
+            PlanKind.CHUNK_STEP,
+            self._m.chunk_step_op,
+            args,
+            self._shape(state),
+            flops=self._flops(state),
+        )
 
     def _recache_plan(self, state: ChunkRolloutState) -> WorkPlan:
         # Cached frames in position order, grouped by the chunk they were generated in.
         slots = sorted((p, i) for i, p in enumerate(state.kv.slot_positions) if p != EMPTY)
         groups: list[tuple[int, list[int]]] = []
         for position, slot in slots:
-            if groups and position // state.chunk_frames == groups[-1][0] // state.chunk_frames \
-                    and position == groups[-1][0] + len(groups[-1][1]):
+            if (
+                groups
+                and position // state.chunk_frames == groups[-1][0] // state.chunk_frames
+                and position == groups[-1][0] + len(groups[-1][1])
+            ):
                 groups[-1][1].append(slot)
             else:
                 groups.append((position, [slot]))
         window = state.window_latents
         args = KVWriteArgs(
             groups=tuple((start, window[:, :, idx].clone()) for start, idx in groups),
-            cross=self._cross(state), cache=state.kv, reset=True, window=window)
-        return self._plan(state, PlanKind.KV_RECACHE, self._m.kv_write_op, args,
-                          f"recache:{len(slots)}:{self._shape(state)}",
-                          flops=self._flops(state) * max(1, len(groups)))
+            cross=self._cross(state),
+            cache=state.kv,
+            reset=True,
+            window=window,
+        )
+        return self._plan(
+            state,
+            PlanKind.KV_RECACHE,
+            self._m.kv_write_op,
+            args,
+            f"recache:{len(slots)}:{self._shape(state)}",
+            flops=self._flops(state) * max(1, len(groups)),
+        )
 
     def _decode_plan(self, state: ChunkRolloutState) -> WorkPlan:
         first = state.frames_emitted == 0
         latent, n = self._decode_part(state)
         final = state.decoded + latent == state.chunk_frames
         pts = pts_of_frame(state.frames_emitted, state.fps)
-        emits = [EmitSpec(Stream.MEDIA, MediaMeta(
-            chunk=state.chunk, segment=state.segment, frame_start=state.frames_emitted,
-            pts_90k=pts, num_frames=n, fps=state.fps, final=final))]
+        emits = [
+            EmitSpec(
+                Stream.MEDIA,
+                MediaMeta(
+                    chunk=state.chunk,
+                    segment=state.segment,
+                    frame_start=state.frames_emitted,
+                    pts_90k=pts,
+                    num_frames=n,
+                    fps=state.fps,
+                    final=final,
+                ),
+            )
+        ]
         if not state.decoded:  # the chunk's first frames reflect its inputs
-            emits += [EmitSpec(Stream.APPLIED, AppliedMeta(kind=kind, seq=seq, chunk=state.chunk,
-                                                           pts_90k=pts))
-                      for kind, seq in state.acks]
-        latents = state.latents[:, :, state.decoded:state.decoded + latent]
+            emits += [
+                EmitSpec(
+                    Stream.APPLIED, AppliedMeta(kind=kind, seq=seq, chunk=state.chunk, pts_90k=pts)
+                )
+                for kind, seq in state.acks
+            ]
+        latents = state.latents[:, :, state.decoded : state.decoded + latent]
         args = DecodeArgs(latents=latents, cache=state.decoder, defer=not state.collect_frames)
-        return self._plan(state, PlanKind.VAE_DECODE, self._m.decode_op, args,
-                          f"decode:{int(first)}:{latent}:{self._shape(state)}",
-                          emits=tuple(emits))
+        return self._plan(
+            state,
+            PlanKind.VAE_DECODE,
+            self._m.decode_op,
+            args,
+            f"decode:{int(first)}:{latent}:{self._shape(state)}",
+            emits=tuple(emits),
+        )
 
-    def _plan(self, state: ChunkRolloutState, kind: PlanKind, op: Any, args: Any,
-              shape_sig: str, *, flops: float = 0.0,
-              emits: tuple[EmitSpec, ...] = ()) -> WorkPlan:
+    def _plan(
+        self,
+        state: ChunkRolloutState,
+        kind: PlanKind,
+        op: Any,
+        args: Any,
+        shape_sig: str,
+        *,
+        flops: float = 0.0,
+        emits: tuple[EmitSpec, ...] = (),
+    ) -> WorkPlan:
         if state.collect_frames and state.max_chunks:
             # text encode + per chunk: steps, decode, KV update (none after the last chunk)
             total = state.max_chunks * (len(self._steps) + 2)
-            emits = (*emits, EmitSpec(Stream.PROGRESS, ProgressMeta(done=state.plans_done + 1,
-                                                                    total=total)))
+            emits = (
+                *emits,
+                EmitSpec(Stream.PROGRESS, ProgressMeta(done=state.plans_done + 1, total=total)),
+            )
         return WorkPlan(
-            loop_id=state.loop_id, kind=kind, op=op, args=args, shape_sig=shape_sig,
-            instance_id=self._m.instance_id, precision=self._m.precision, flops=flops,
+            loop_id=state.loop_id,
+            kind=kind,
+            op=op,
+            args=args,
+            shape_sig=shape_sig,
+            instance_id=self._m.instance_id,
+            precision=self._m.precision,
+            flops=flops,
             due_media_s=state.frames_emitted / state.fps,
-            followups=self._followups(state, kind), emits=emits)
+            followups=self._followups(state, kind),
+            emits=emits,
+        )
 
     def _followups(self, state: ChunkRolloutState, kind: PlanKind) -> tuple[Followup, ...]:
         """Plans still to come before this plan's media is due: the chunk's remaining steps
@@ -436,6 +544,4 @@ class ChunkRollout:
     def _flops(self, state: ChunkRolloutState) -> float:
         t = self._m.tokens_per_frame(state.latent_h, state.latent_w)
         q = state.chunk_frames * t
-        return dit_flops(self._m.dit_config, q, state.kv.capacity_frames * t + q,
-                         self._m.text_len)
-
+        return dit_flops(self._m.dit_config, q, state.kv.capacity_frames * t + q, self._m.text_len)

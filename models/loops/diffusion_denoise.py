@@ -72,29 +72,40 @@ class DiffusionDenoise:
             raise ValueError(f"card {model.card.model_id!r}: {spec.loop_id} has no schedule")
         self._m = model
         self._schedule = spec.schedule
-        self._steps = sigma_steps(spec.schedule.timesteps, spec.schedule.flow_shift,
-                                  spec.schedule.num_train_timesteps)
+        self._steps = sigma_steps(
+            spec.schedule.timesteps, spec.schedule.flow_shift, spec.schedule.num_train_timesteps
+        )
         # A distilled schedule (few steps, no CFG) predicts x0 and re-noises; else Euler.
         self._renoise = spec.schedule.guidance_scale == 1.0 and len(self._steps) <= 8
 
-    def init(self, request: JobRequest, model: Any,
-             ctx: LoopContext | None = None) -> DiffusionState:
+    def init(
+        self, request: JobRequest, model: Any, ctx: LoopContext | None = None
+    ) -> DiffusionState:
         """Raises ``ValueError`` naming the request field the card cannot honour."""
         m = self._m
         profile = m.card.resolve_profile(width=request.width, height=request.height)
         num_frames = 1 if request.task == "t2i" else (request.num_frames or profile.fps * 2)
-        guidance = (request.guidance_scale if request.guidance_scale is not None
-                    else self._schedule.guidance_scale)
+        guidance = (
+            request.guidance_scale
+            if request.guidance_scale is not None
+            else self._schedule.guidance_scale
+        )
         self._check(request, num_frames, guidance)
         latent_frames = 1 + math.ceil((num_frames - 1) / m.latent.temporal_stride)
         s = m.latent.spatial_stride
         lh, lw = profile.height // s, profile.width // s
         return DiffusionState(
-            loop_id=ctx.loop_id if ctx is not None else "loop", seed=request.seed,
-            prompt=request.prompt, guidance_scale=guidance, latent_frames=latent_frames,
-            latent_h=lh, latent_w=lw, num_frames=num_frames,
+            loop_id=ctx.loop_id if ctx is not None else "loop",
+            seed=request.seed,
+            prompt=request.prompt,
+            guidance_scale=guidance,
+            latent_frames=latent_frames,
+            latent_h=lh,
+            latent_w=lw,
+            num_frames=num_frames,
             decode_chunk=profile.chunk_latent_frames,
-            decoder=m.new_decoder_cache(lh, lw))
+            decoder=m.new_decoder_cache(lh, lw),
+        )
 
     def absorb(self, state: DiffusionState, inputs: Any) -> DiffusionState:
         kinds = sorted({event.kind for event in inputs})
@@ -103,38 +114,60 @@ class DiffusionDenoise:
     def next(self, state: DiffusionState) -> WorkPlan | Done:
         cfg = state.guidance_scale != 1.0
         if state.text is None:
-            return self._plan(state, PlanKind.TEXT_ENCODE, self._m.text_embed_op, state.prompt,
-                              "embed")
+            return self._plan(
+                state, PlanKind.TEXT_ENCODE, self._m.text_embed_op, state.prompt, "embed"
+            )
         if cfg and state.negative is None:
-            return self._plan(state, PlanKind.TEXT_ENCODE, self._m.text_embed_op,
-                              NEGATIVE_PROMPT, "embed")
+            return self._plan(
+                state, PlanKind.TEXT_ENCODE, self._m.text_embed_op, NEGATIVE_PROMPT, "embed"
+            )
         if state.denoise_step < len(self._steps):
             step = self._steps[state.denoise_step]
-            shape = (1, self._m.latent.channels, state.latent_frames, state.latent_h,
-                     state.latent_w)
+            shape = (
+                1,
+                self._m.latent.channels,
+                state.latent_frames,
+                state.latent_h,
+                state.latent_w,
+            )
             x = state.latents
             init_seed = None
             if x is None:  # first step: pure noise at sigma = 1, drawn by the op
                 x = torch.empty(shape, device=self._m.device, dtype=self._m.dtype)
                 init_seed = noise_seed(state.seed, -1)
             args = DiffusionStepArgs(
-                x=x, timestep=step.timestep, sigma=step.sigma, sigma_next=step.sigma_next,
-                noise_seed=noise_seed(state.seed, state.denoise_step), init_seed=init_seed,
+                x=x,
+                timestep=step.timestep,
+                sigma=step.sigma,
+                sigma_next=step.sigma_next,
+                noise_seed=noise_seed(state.seed, state.denoise_step),
+                init_seed=init_seed,
                 text=state.text,
-                negative=state.negative if cfg else None, guidance_scale=state.guidance_scale,
-                renoise=self._renoise)
+                negative=state.negative if cfg else None,
+                guidance_scale=state.guidance_scale,
+                renoise=self._renoise,
+            )
             # CFG doubles the batch: a different cost, so a different shape signature
-            return self._plan(state, PlanKind.DIFFUSION_STEP, self._m.diffusion_step_op, args,
-                              f"clip{state.latent_frames}x{state.latent_h}x{state.latent_w}"
-                              f"{':cfg' if cfg else ''}",
-                              flops=self._flops(state) * (2 if cfg else 1))
+            return self._plan(
+                state,
+                PlanKind.DIFFUSION_STEP,
+                self._m.diffusion_step_op,
+                args,
+                f"clip{state.latent_frames}x{state.latent_h}x{state.latent_w}"
+                f"{':cfg' if cfg else ''}",
+                flops=self._flops(state) * (2 if cfg else 1),
+            )
         if state.decoded_latents < state.latent_frames:
             start = state.decoded_latents
             end = min(state.latent_frames, start + state.decode_chunk)
             args = DecodeArgs(latents=state.latents[:, :, start:end], cache=state.decoder)
-            return self._plan(state, PlanKind.VAE_DECODE, self._m.decode_op, args,
-                              f"decode:{int(start == 0)}:{end - start}x{state.latent_h}x"
-                              f"{state.latent_w}")
+            return self._plan(
+                state,
+                PlanKind.VAE_DECODE,
+                self._m.decode_op,
+                args,
+                f"decode:{int(start == 0)}:{end - start}x{state.latent_h}x{state.latent_w}",
+            )
         return Done()
 
     def advance(self, state: DiffusionState, result: StepResult) -> DiffusionState:
@@ -148,8 +181,9 @@ class DiffusionDenoise:
             state.denoise_step += 1
         else:
             state.frames.append(result.output)
-            state.decoded_latents = min(state.latent_frames,
-                                        state.decoded_latents + state.decode_chunk)
+            state.decoded_latents = min(
+                state.latent_frames, state.decoded_latents + state.decode_chunk
+            )
         return state
 
     def finalize(self, state: DiffusionState) -> LoopResult:
@@ -165,24 +199,45 @@ class DiffusionDenoise:
         if num_frames < 1:
             raise ValueError(f"model {model_id!r}: num_frames={num_frames} must be >= 1")
         if request.steps is not None and request.steps != len(self._steps):
-            raise ValueError(f"model {model_id!r}: steps={request.steps}, but its recipe samples "
-                             f"with {len(self._steps)} steps")
+            raise ValueError(
+                f"model {model_id!r}: steps={request.steps}, but its recipe samples "
+                f"with {len(self._steps)} steps"
+            )
         if not (math.isfinite(guidance) and guidance >= 1.0):
-            raise ValueError(f"model {model_id!r}: guidance_scale={guidance} must be finite "
-                             "and >= 1 (1 turns classifier-free guidance off)")
+            raise ValueError(
+                f"model {model_id!r}: guidance_scale={guidance} must be finite "
+                "and >= 1 (1 turns classifier-free guidance off)"
+            )
 
     def _total_plans(self, state: DiffusionState) -> int:
         encodes = 2 if state.guidance_scale != 1.0 else 1
         decodes = math.ceil(state.latent_frames / state.decode_chunk)
         return encodes + len(self._steps) + decodes
 
-    def _plan(self, state: DiffusionState, kind: PlanKind, op: Any, args: Any, shape_sig: str,
-              *, flops: float = 0.0) -> WorkPlan:
-        progress = EmitSpec(Stream.PROGRESS, ProgressMeta(done=state.step + 1,
-                                                          total=self._total_plans(state)))
-        return WorkPlan(loop_id=state.loop_id, kind=kind, op=op, args=args, shape_sig=shape_sig,
-                        instance_id=self._m.instance_id, precision=self._m.precision,
-                        flops=flops, emits=(progress,))
+    def _plan(
+        self,
+        state: DiffusionState,
+        kind: PlanKind,
+        op: Any,
+        args: Any,
+        shape_sig: str,
+        *,
+        flops: float = 0.0,
+    ) -> WorkPlan:
+        progress = EmitSpec(
+            Stream.PROGRESS, ProgressMeta(done=state.step + 1, total=self._total_plans(state))
+        )
+        return WorkPlan(
+            loop_id=state.loop_id,
+            kind=kind,
+            op=op,
+            args=args,
+            shape_sig=shape_sig,
+            instance_id=self._m.instance_id,
+            precision=self._m.precision,
+            flops=flops,
+            emits=(progress,),
+        )
 
     def _flops(self, state: DiffusionState) -> float:
         tokens = state.latent_frames * self._m.tokens_per_frame(state.latent_h, state.latent_w)

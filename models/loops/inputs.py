@@ -29,8 +29,17 @@ __all__ = [
 ]
 
 ACTION_KEYS: tuple[str, ...] = ("w", "a", "s", "d", "space", "shift", "q", "e")
-_ALIASES = {"arrowup": "w", "up": "w", "arrowleft": "a", "left": "a", "arrowdown": "s",
-            "down": "s", "arrowright": "d", "right": "d", " ": "space"}
+_ALIASES = {
+    "arrowup": "w",
+    "up": "w",
+    "arrowleft": "a",
+    "left": "a",
+    "arrowdown": "s",
+    "down": "s",
+    "arrowright": "d",
+    "right": "d",
+    " ": "space",
+}
 MOUSE_SCALE = 100.0
 ACTION_DIM = len(ACTION_KEYS) + 2
 AUDIO_DIM = 8

@@ -87,8 +87,10 @@ class TextEncodeOp:
             if deterministic:
                 return [self._one([text]) for text in args]
             cross = self._one(list(args))
-            return [CrossKV(cross.k[:, i:i + 1].clone(), cross.v[:, i:i + 1].clone())
-                    for i in range(len(args))]
+            return [
+                CrossKV(cross.k[:, i : i + 1].clone(), cross.v[:, i : i + 1].clone())
+                for i in range(len(args))
+            ]
 
     def _one(self, texts: list[str]) -> CrossKV:
         embeddings = self._encode(texts)  # [B, L, text_dim]
@@ -137,8 +139,9 @@ class ChunkDenoiseOp(_SoloOp):
         self._dit = dit
         self.batchable = False
 
-    def __call__(self, args: Sequence[ChunkDenoiseArgs], *,
-                 deterministic: bool = False) -> list[torch.Tensor]:
+    def __call__(
+        self, args: Sequence[ChunkDenoiseArgs], *, deterministic: bool = False
+    ) -> list[torch.Tensor]:
         with torch.inference_mode():
             if deterministic or len(args) == 1:
                 return [self.run(a) for a in args]
@@ -151,8 +154,7 @@ class ChunkDenoiseOp(_SoloOp):
                     for i in members:
                         out[i] = self.run(args[i])
                     continue
-                for i, y in zip(members, self._run_batch([args[i] for i in members]),
-                                strict=True):
+                for i, y in zip(members, self._run_batch([args[i] for i in members]), strict=True):
                     out[i] = y
             return out  # type: ignore[return-value]
 
@@ -161,8 +163,9 @@ class ChunkDenoiseOp(_SoloOp):
         x = _start(a)
         t = torch.full((x.shape[0],), a.timestep, device=x.device, dtype=torch.float32)
         write = a.window is not None
-        v = self._dit.forward_chunk(x, t, a.cross, a.cache, a.frame_start,
-                                    action=a.action, audio=a.audio, write_cache=write)
+        v = self._dit.forward_chunk(
+            x, t, a.cross, a.cache, a.frame_start, action=a.action, audio=a.audio, write_cache=write
+        )
         out = _renoise(a, x, v)
         if write:
             _keep_window(a.cache, a.window, ((a.frame_start, out),))
@@ -173,13 +176,22 @@ class ChunkDenoiseOp(_SoloOp):
         xs = [_start(a) for a in batch]
         x = torch.cat(xs)
         t = torch.tensor([a.timestep for a in batch], device=x.device, dtype=torch.float32)
-        cross = CrossKV(torch.cat([a.cross.k for a in batch], dim=1),
-                        torch.cat([a.cross.v for a in batch], dim=1))
+        cross = CrossKV(
+            torch.cat([a.cross.k for a in batch], dim=1),
+            torch.cat([a.cross.v for a in batch], dim=1),
+        )
         action = None if batch[0].action is None else torch.cat([a.action for a in batch])
         audio = None if batch[0].audio is None else torch.cat([a.audio for a in batch])
-        v = self._dit.forward_chunks(x, t, cross, [a.cache for a in batch],
-                                     [a.frame_start for a in batch], action=action, audio=audio)
-        return [_renoise(a, xi, v[i:i + 1]) for i, (a, xi) in enumerate(zip(batch, xs))]
+        v = self._dit.forward_chunks(
+            x,
+            t,
+            cross,
+            [a.cache for a in batch],
+            [a.frame_start for a in batch],
+            action=action,
+            audio=audio,
+        )
+        return [_renoise(a, xi, v[i : i + 1]) for i, (a, xi) in enumerate(zip(batch, xs))]
 
 
 def _batch_group(a: ChunkDenoiseArgs) -> tuple:
@@ -188,8 +200,13 @@ def _batch_group(a: ChunkDenoiseArgs) -> tuple:
     prefix = a.cache.prefix_frames
     if a.window is not None or prefix is None:
         return (None, id(a))
-    return (tuple(a.x.shape), prefix, a.action is None, a.audio is None,
-            None if a.audio is None else tuple(a.audio.shape))
+    return (
+        tuple(a.x.shape),
+        prefix,
+        a.action is None,
+        a.audio is None,
+        None if a.audio is None else tuple(a.audio.shape),
+    )
 
 
 def _start(a: ChunkDenoiseArgs) -> torch.Tensor:
@@ -198,7 +215,7 @@ def _start(a: ChunkDenoiseArgs) -> torch.Tensor:
 
 def _renoise(a: ChunkDenoiseArgs, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     # x, v: [1, C, f, h, w]: x0 = x - sigma * v, re-noised to sigma_next with the step's noise
-    x0 = (x.float() - a.sigma * v.float())
+    x0 = x.float() - a.sigma * v.float()
     if a.sigma_next > 0.0:
         noise = _noise_like(x0, a.noise_seed)
         x0 = (1.0 - a.sigma_next) * x0 + a.sigma_next * noise.float()
@@ -237,14 +254,25 @@ class KVWriteOp(_SoloOp):
             a.cache.reset()
         for frame_start, latents in a.groups:
             t = torch.zeros((latents.shape[0],), device=latents.device, dtype=torch.float32)
-            audio = a.audio if (a.audio is not None and a.audio.shape[1] == latents.shape[2]) else None
-            self._dit.forward_chunk(latents, t, a.cross, a.cache, frame_start,
-                                    action=a.action, audio=audio, write_cache=True)
+            audio = (
+                a.audio if (a.audio is not None and a.audio.shape[1] == latents.shape[2]) else None
+            )
+            self._dit.forward_chunk(
+                latents,
+                t,
+                a.cross,
+                a.cache,
+                frame_start,
+                action=a.action,
+                audio=audio,
+                write_cache=True,
+            )
         _keep_window(a.cache, a.window, a.groups)
 
 
-def _keep_window(cache: ChunkKVCache, window: torch.Tensor,
-                 groups: Sequence[tuple[int, torch.Tensor]]) -> None:
+def _keep_window(
+    cache: ChunkKVCache, window: torch.Tensor, groups: Sequence[tuple[int, torch.Tensor]]
+) -> None:
     """Keep the clean latents of every cached frame, slot for slot, for later re-caches."""
     latents = {start + i: g[:, :, i] for start, g in groups for i in range(g.shape[2])}
     for slot, position in enumerate(cache.slot_positions):
@@ -309,8 +337,7 @@ class DecodeOp(_SoloOp):
         still running on the previous stream finish first (they write streams' decoder caches)."""
         if self._stream is not None:
             self._stream.synchronize()
-        self._stream = (torch.cuda.Stream(device) if enabled and device.type == "cuda"
-                        else None)
+        self._stream = torch.cuda.Stream(device) if enabled and device.type == "cuda" else None
 
     def run(self, a: DecodeArgs) -> torch.Tensor | DeviceFrames:
         if self._stream is None or not a.defer:

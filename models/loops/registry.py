@@ -20,16 +20,20 @@ from models.loops.model import LoopModel
 
 __all__ = ["LOOPS", "build_loop"]
 
-LOOPS: Mapping[LoopKind, Callable[[LoopModel, LoopSpec], Any]] = MappingProxyType({
-    LoopKind.CHUNK_ROLLOUT: ChunkRollout,
-    LoopKind.DIFFUSION_DENOISE: DiffusionDenoise,
-})
+LOOPS: Mapping[LoopKind, Callable[[LoopModel, LoopSpec], Any]] = MappingProxyType(
+    {
+        LoopKind.CHUNK_ROLLOUT: ChunkRollout,
+        LoopKind.DIFFUSION_DENOISE: DiffusionDenoise,
+    }
+)
 
 
 def build_loop(model: LoopModel, spec: LoopSpec) -> Any:
     """The loop serving ``spec`` on ``model``; ``KeyError`` names the kinds that have a loop."""
     factory = LOOPS.get(spec.kind)
     if factory is None:
-        raise KeyError(f"loop {spec.loop_id!r} is a {spec.kind.value} helper loop, run inside "
-                       f"{sorted(k.value for k in LOOPS)}; it cannot be served on its own")
+        raise KeyError(
+            f"loop {spec.loop_id!r} is a {spec.kind.value} helper loop, run inside "
+            f"{sorted(k.value for k in LOOPS)}; it cannot be served on its own"
+        )
     return factory(model, spec)

@@ -50,26 +50,45 @@ CHECKPOINT_FILE = "tiny-world.safetensors"
 # started using them (the action probe stayed at 0), at batch 256 the probe rose between steps
 # 250 and 500. Only stage 5 is reproducible by this code (up to GPU non-determinism).
 TRAINING_STAGES: tuple[str, ...] = (
-    ("dreamrt train tiny-world --device cpu --budget-s 3900 --batch 16 --seed 0 --sprite-weight 4 "
-    "--out S1"),
-    ("dreamrt train tiny-world --device cpu --budget-s 3000 --batch 16 --seed 1 "
-    "--init S1/tiny-world.safetensors --fresh-p 0.4 --lr 6e-4 --warmup-steps 50 "
-    "--self-rollout-from 0.5 --sprite-weight 4 --out S2"),
-    ("dreamrt train tiny-world --device cpu --budget-s 2700 --batch 16 --seed 2 "
-    "--init S2/tiny-world.safetensors --fresh-p 0.3 --lr 6e-4 --warmup-steps 50 "
-    "--self-rollout-from 0.65 --sprite-weight 10 --out S3"),
-    ("dreamrt train tiny-world --device cpu --budget-s 1800 --batch 16 --seed 3 "
-    "--init S3/tiny-world.safetensors --fresh-p 0.3 --lr 6e-4 --warmup-steps 30 "
-    "--self-rollout-from 0.6 --sprite-weight 10 --out S4"),
-    ("dreamrt train tiny-world --device cuda --budget-s 420 --batch 256 --seed 11 "
-    "--init S4/tiny-world.safetensors --lr 1e-3 --warmup-steps 100 --probe-every 250 "
-    "--probe-pairs 256 --out models/tinyworld/weights"),
+    (
+        "dreamrt train tiny-world --device cpu --budget-s 3900 --batch 16 --seed 0 "
+        "--sprite-weight 4 --out S1"
+    ),
+    (
+        "dreamrt train tiny-world --device cpu --budget-s 3000 --batch 16 --seed 1 "
+        "--init S1/tiny-world.safetensors --fresh-p 0.4 --lr 6e-4 --warmup-steps 50 "
+        "--self-rollout-from 0.5 --sprite-weight 4 --out S2"
+    ),
+    (
+        "dreamrt train tiny-world --device cpu --budget-s 2700 --batch 16 --seed 2 "
+        "--init S2/tiny-world.safetensors --fresh-p 0.3 --lr 6e-4 --warmup-steps 50 "
+        "--self-rollout-from 0.65 --sprite-weight 10 --out S3"
+    ),
+    (
+        "dreamrt train tiny-world --device cpu --budget-s 1800 --batch 16 --seed 3 "
+        "--init S3/tiny-world.safetensors --fresh-p 0.3 --lr 6e-4 --warmup-steps 30 "
+        "--self-rollout-from 0.6 --sprite-weight 10 --out S4"
+    ),
+    (
+        "dreamrt train tiny-world --device cuda --budget-s 420 --batch 256 --seed 11 "
+        "--init S4/tiny-world.safetensors --lr 1e-3 --warmup-steps 100 --probe-every 250 "
+        "--probe-pairs 256 --out models/tinyworld/weights"
+    ),
 )
 TRAINING_COMMAND = " && ".join(TRAINING_STAGES)
 
 _COMPONENTS = ("dit", "vae", "text_encoder")
-_CAPABILITIES = frozenset({"session.realtime", "prompt.switch", "prompt.cut", "input.action",
-                           "input.audio", "text_to_video", "text_to_image"})
+_CAPABILITIES = frozenset(
+    {
+        "session.realtime",
+        "prompt.switch",
+        "prompt.cut",
+        "input.action",
+        "input.audio",
+        "text_to_video",
+        "text_to_image",
+    }
+)
 
 
 def _entry() -> ComponentEntry:
@@ -81,21 +100,29 @@ def _entry() -> ComponentEntry:
 TINY_WORLD = ModelCard(
     model_id="tiny-world",
     family="tinyworld",
-    description=("Embedded default world model: a sprite named by the prompt (colour, shape) on "
-                 "a terrain (grass, sand, water, snow, stone, night), steered with WASD "
-                 "(shift sprints), pulsing with audio. 96x96 at 12 fps, real time on one CPU "
-                 "core; trained by the repository's own recipe."),
+    description=(
+        "Embedded default world model: a sprite named by the prompt (colour, shape) on "
+        "a terrain (grass, sand, water, snow, stone, night), steered with WASD "
+        "(shift sprints), pulsing with audio. 96x96 at 12 fps, real time on one CPU "
+        "core; trained by the repository's own recipe."
+    ),
     components={
-        "dit": ComponentSpec("dit", "dit", "tinyworld-s",
-                             conditioning=frozenset({"action", "audio"})),
+        "dit": ComponentSpec(
+            "dit", "dit", "tinyworld-s", conditioning=frozenset({"action", "audio"})
+        ),
         "vae": ComponentSpec("vae", "vae", "pixel"),
         "text_encoder": ComponentSpec("text_encoder", "text_encoder", "words"),
     },
     loops={
         "chunk_rollout": LoopSpec(
-            "chunk_rollout", "chunk_rollout", SCHEDULE, "chunk_causal", components=_COMPONENTS,
+            "chunk_rollout",
+            "chunk_rollout",
+            SCHEDULE,
+            "chunk_causal",
+            components=_COMPONENTS,
             inputs=frozenset({"prompt", "cut", "action", "audio"}),
-            uses=("text_encode", "kv_recache", "vae_decode")),
+            uses=("text_encode", "kv_recache", "vae_decode"),
+        ),
         "kv_recache": LoopSpec("kv_recache", "kv_recache", components=("dit",)),
         "vae_decode": LoopSpec("vae_decode", "vae_decode", components=("vae",)),
         "text_encode": LoopSpec("text_encode", "text_encode", components=("text_encoder",)),
@@ -104,9 +131,11 @@ TINY_WORLD = ModelCard(
     recipe=RecipeSpec(
         method="pair_teacher_forced_flow_matching+self_rollout",
         parents=(),
-        data_contract=("procedural tiny-world clips rendered on the fly by "
-                       "models/tinyworld/world.py + data.py (3-chunk clips, random keys, audio "
-                       "envelopes, mid-clip prompt switches); no external data"),
+        data_contract=(
+            "procedural tiny-world clips rendered on the fly by "
+            "models/tinyworld/world.py + data.py (3-chunk clips, random keys, audio "
+            "envelopes, mid-clip prompt switches); no external data"
+        ),
         assumes_loop="chunk_rollout",
         assumes_precision="bf16",
         consistency_required="C1",
@@ -123,8 +152,9 @@ TINY_WORLD = ModelCard(
     # Trained under bf16 autocast with fp32 master weights: fp32 serving only widens it.
     precision=PrecisionContract(("bf16", "fp32")),
     checkpoint=CheckpointManifest({c: _entry() for c in _COMPONENTS}),
-    default_profile=Profile(fps=FPS, width=WIDTH, height=HEIGHT,
-                            chunk_latent_frames=CHUNK_FRAMES, steps=SCHEDULE.steps),
+    default_profile=Profile(
+        fps=FPS, width=WIDTH, height=HEIGHT, chunk_latent_frames=CHUNK_FRAMES, steps=SCHEDULE.steps
+    ),
     latent=LATENT,
     weights="trained",
     weights_version="tinyworld-v2",
@@ -132,12 +162,19 @@ TINY_WORLD = ModelCard(
     # model draws exactly what it says; WASD + shift and audio are all world.py reacts to (q, e,
     # space and the mouse have no effect, so they are not offered).
     ui=CardUI(
-        examples=("a red ball on grass", "a blue square on snow at night",
-                  "a yellow triangle on sand", "a white ball on water",
-                  "a purple square on stone", "a green triangle on grass at night"),
-        controls=(Control("key", ("w", "a", "s", "d"), "move the sprite up, left, down, right"),
-                  Control("key", ("shift",), "sprint while held with a direction"),
-                  Control("audio", ("talk",), "the sprite pulses with your voice")),
+        examples=(
+            "a red ball on grass",
+            "a blue square on snow at night",
+            "a yellow triangle on sand",
+            "a white ball on water",
+            "a purple square on stone",
+            "a green triangle on grass at night",
+        ),
+        controls=(
+            Control("key", ("w", "a", "s", "d"), "move the sprite up, left, down, right"),
+            Control("key", ("shift",), "sprint while held with a direction"),
+            Control("audio", ("talk",), "the sprite pulses with your voice"),
+        ),
     ),
 )
 

@@ -93,8 +93,9 @@ class FrameClassifier:
         centroid = (float(xs.float().mean()) + 0.5, float(ys.float().mean()) + 0.5)
         return FrameReading(self._classes[look], colour, shape, centroid, n, stats)
 
-    def calibrate(self, *, seeds: int = 2, frames: int = 24,
-                  margin: float = 0.1) -> dict[str, StatsRange]:
+    def calibrate(
+        self, *, seeds: int = 2, frames: int = 24, margin: float = 0.1
+    ) -> dict[str, StatsRange]:
         """Run the world over every prompt with keys and audio pulses; record each background
         class's statistics range (widened by ``margin`` of its span) as ``stats_ranges``."""
         rows = []
@@ -104,8 +105,9 @@ class FrameClassifier:
                     for night in (False, True):
                         spec = WorldSpec(terrain, night, colour, shape)
                         for seed in range(seeds):
-                            world = World(prompt_text(spec), seed=seed, height=self.height,
-                                          width=self.width)
+                            world = World(
+                                prompt_text(spec), seed=seed, height=self.height, width=self.width
+                            )
                             for i in range(frames):
                                 keys = ("wasd"[(i // 6 + seed) % 4],)
                                 frame = world.step(keys, audio_energy=float(i % 5 == 0))
@@ -129,5 +131,7 @@ class FrameClassifier:
 
     def matches(self, reading: FrameReading, spec: WorldSpec) -> bool:
         """Background class and sprite colour are what ``spec`` names."""
-        return (reading.background == BACKGROUNDS[spec.background]
-                and reading.colour == COLOURS[spec.colour])
+        return (
+            reading.background == BACKGROUNDS[spec.background]
+            and reading.colour == COLOURS[spec.colour]
+        )

@@ -19,12 +19,14 @@ __all__ = ["add_parsers", "main"]
 _MODEL = "tiny-world"
 
 
-def add_parsers(subparsers: argparse._SubParsersAction,
-                parents: Sequence[argparse.ArgumentParser] = ()) -> None:
+def add_parsers(
+    subparsers: argparse._SubParsersAction, parents: Sequence[argparse.ArgumentParser] = ()
+) -> None:
     """Add ``train`` and ``eval`` (each takes the model id ``tiny-world``); ``parents`` are the
     host parser's common options. Each sets ``handler`` (args -> exit code)."""
-    train = subparsers.add_parser("train", help="train tiny-world by its recipe",
-                                  parents=list(parents))
+    train = subparsers.add_parser(
+        "train", help="train tiny-world by its recipe", parents=list(parents)
+    )
     train.add_argument("model", choices=[_MODEL])
     train.add_argument("--device", default="cuda", help="torch device (cuda, cpu)")
     train.add_argument("--out", type=Path, required=True, help="directory for the checkpoint")
@@ -34,43 +36,81 @@ def add_parsers(subparsers: argparse._SubParsersAction,
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--preset", default="tinyworld-s")
     train.add_argument("--size", type=int, default=96, help="frame height and width (pixels)")
-    train.add_argument("--init", default=None, metavar="CHECKPOINT",
-                       help="start from these weights (fine-tuning) instead of a seeded init")
-    train.add_argument("--fresh-p", type=float, default=0.25,
-                       help="share of clips that start a stream")
+    train.add_argument(
+        "--init",
+        default=None,
+        metavar="CHECKPOINT",
+        help="start from these weights (fine-tuning) instead of a seeded init",
+    )
+    train.add_argument(
+        "--fresh-p", type=float, default=0.25, help="share of clips that start a stream"
+    )
     train.add_argument("--lr", type=float, default=1e-3)
     train.add_argument("--warmup-steps", type=int, default=100)
-    train.add_argument("--self-rollout-from", type=float, default=0.6,
-                       help="fraction of the budget after which phase 2 starts")
-    train.add_argument("--sprite-weight", type=float, default=10.0,
-                       help="extra loss weight near the context's sprite")
-    train.add_argument("--sprite-reach-px", type=int, default=24,
-                       help="how far from the context's sprite that weight reaches")
-    train.add_argument("--moving-p", type=float, default=0.6,
-                       help="share of mid-stream clips that start moving")
-    train.add_argument("--hold-p", type=float, default=0.55,
-                       help="chance a chunk keeps the previous chunk's keys")
-    train.add_argument("--contrast", type=int, default=1,
-                       help="clips per contrast group (same clip, last chunk's keys redrawn)")
-    train.add_argument("--contrast-p", type=float, default=0.0,
-                       help="share of the batch in contrast groups")
-    train.add_argument("--action-lr-mult", type=float, default=1.0,
-                       help="the action hook's learning rate / --lr (no weight decay if != 1)")
-    train.add_argument("--probe-every", type=int, default=100,
-                       help="steps between action probes (0: never)")
-    train.add_argument("--probe-pairs", type=int, default=96,
-                       help="clips drawn for the probe batch")
+    train.add_argument(
+        "--self-rollout-from",
+        type=float,
+        default=0.6,
+        help="fraction of the budget after which phase 2 starts",
+    )
+    train.add_argument(
+        "--sprite-weight",
+        type=float,
+        default=10.0,
+        help="extra loss weight near the context's sprite",
+    )
+    train.add_argument(
+        "--sprite-reach-px",
+        type=int,
+        default=24,
+        help="how far from the context's sprite that weight reaches",
+    )
+    train.add_argument(
+        "--moving-p", type=float, default=0.6, help="share of mid-stream clips that start moving"
+    )
+    train.add_argument(
+        "--hold-p", type=float, default=0.55, help="chance a chunk keeps the previous chunk's keys"
+    )
+    train.add_argument(
+        "--contrast",
+        type=int,
+        default=1,
+        help="clips per contrast group (same clip, last chunk's keys redrawn)",
+    )
+    train.add_argument(
+        "--contrast-p", type=float, default=0.0, help="share of the batch in contrast groups"
+    )
+    train.add_argument(
+        "--action-lr-mult",
+        type=float,
+        default=1.0,
+        help="the action hook's learning rate / --lr (no weight decay if != 1)",
+    )
+    train.add_argument(
+        "--probe-every", type=int, default=100, help="steps between action probes (0: never)"
+    )
+    train.add_argument(
+        "--probe-pairs", type=int, default=96, help="clips drawn for the probe batch"
+    )
     train.set_defaults(handler=_train)
 
-    ev = subparsers.add_parser("eval", help="evaluate tiny-world through the real loop",
-                               parents=list(parents))
+    ev = subparsers.add_parser(
+        "eval", help="evaluate tiny-world through the real loop", parents=list(parents)
+    )
     ev.add_argument("model", choices=[_MODEL])
-    ev.add_argument("--checkpoint-dir", type=Path, default=None,
-                    help="directory holding tiny-world.safetensors (default: the shipped one)")
+    ev.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="directory holding tiny-world.safetensors (default: the shipped one)",
+    )
     ev.add_argument("--device", default="cpu")
     ev.add_argument("--precision", default=None, help="fp32 or bf16 (default: the card's pick)")
-    ev.add_argument("--checkpoint-file", default=None,
-                    help="file name under --checkpoint-dir (default: the card's)")
+    ev.add_argument(
+        "--checkpoint-file",
+        default=None,
+        help="file name under --checkpoint-dir (default: the card's)",
+    )
     ev.add_argument("--rollouts", type=int, default=50)
     ev.add_argument("--chunks", type=int, default=18, help="chunks per rollout (4 frames each)")
     ev.add_argument("--long-s", type=float, default=60.0, help="collapse check length")
@@ -82,16 +122,29 @@ def add_parsers(subparsers: argparse._SubParsersAction,
 def _train(args: argparse.Namespace) -> int:
     from models.tinyworld.train import TrainConfig, train
 
-    config = TrainConfig(preset=args.preset, batch=args.batch, budget_s=args.budget_s,
-                         max_steps=args.max_steps, seed=args.seed, height=args.size,
-                         width=args.size, init_from=args.init, fresh_p=args.fresh_p, lr=args.lr,
-                         warmup_steps=args.warmup_steps,
-                         self_rollout_from=args.self_rollout_from,
-                         sprite_weight=args.sprite_weight,
-                         sprite_reach_px=args.sprite_reach_px, moving_p=args.moving_p,
-                         hold_p=args.hold_p, contrast=args.contrast,
-                         contrast_p=args.contrast_p, action_lr_mult=args.action_lr_mult,
-                         probe_every=args.probe_every, probe_pairs=args.probe_pairs)
+    config = TrainConfig(
+        preset=args.preset,
+        batch=args.batch,
+        budget_s=args.budget_s,
+        max_steps=args.max_steps,
+        seed=args.seed,
+        height=args.size,
+        width=args.size,
+        init_from=args.init,
+        fresh_p=args.fresh_p,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        self_rollout_from=args.self_rollout_from,
+        sprite_weight=args.sprite_weight,
+        sprite_reach_px=args.sprite_reach_px,
+        moving_p=args.moving_p,
+        hold_p=args.hold_p,
+        contrast=args.contrast,
+        contrast_p=args.contrast_p,
+        action_lr_mult=args.action_lr_mult,
+        probe_every=args.probe_every,
+        probe_pairs=args.probe_pairs,
+    )
     summary = train(config, device=args.device, out_dir=args.out)
     sys.stdout.write(json.dumps(summary, indent=1) + "\n")
     return 0
@@ -111,13 +164,17 @@ def _eval(args: argparse.Namespace) -> int:
     # weights that pass this evaluation ship with the repository.
     card = TINY_WORLD
     if args.checkpoint_file is not None:  # e.g. the phase-1 weights of a training run
-        entries = {c: replace(e, path_hint=args.checkpoint_file)
-                   for c, e in card.checkpoint.components.items()}
+        entries = {
+            c: replace(e, path_hint=args.checkpoint_file)
+            for c, e in card.checkpoint.components.items()
+        }
         card = replace(card, checkpoint=replace(card.checkpoint, components=entries))
-    instance = load_instance(card, device=args.device, precision=args.precision,
-                             checkpoint_dir=args.checkpoint_dir)
-    report = evaluate(instance, rollouts=args.rollouts, chunks=args.chunks, long_s=args.long_s,
-                      seed=args.seed)
+    instance = load_instance(
+        card, device=args.device, precision=args.precision, checkpoint_dir=args.checkpoint_dir
+    )
+    report = evaluate(
+        instance, rollouts=args.rollouts, chunks=args.chunks, long_s=args.long_s, seed=args.seed
+    )
     text = json.dumps(report.as_dict(), indent=1)
     sys.stdout.write(text + "\n")
     if args.json is not None:

@@ -54,14 +54,26 @@ class PixelCodec(nn.Module):
         cache.frames_seen += z.shape[2]
         return z.clamp(-1.0, 1.0)
 
-    def new_decoder_cache(self, batch_size: int, latent_height: int, latent_width: int, *,
-                          device: torch.device | str | None = None,
-                          dtype: torch.dtype | None = None) -> DecoderCache:
-        return DecoderCache.allocate((), [(latent_height, latent_width)], batch_size,
-                                     device=device or "cpu", dtype=dtype or torch.float32)
+    def new_decoder_cache(
+        self,
+        batch_size: int,
+        latent_height: int,
+        latent_width: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> DecoderCache:
+        return DecoderCache.allocate(
+            (),
+            [(latent_height, latent_width)],
+            batch_size,
+            device=device or "cpu",
+            dtype=dtype or torch.float32,
+        )
 
-    def decoder_cache_bytes(self, batch_size: int, latent_height: int, latent_width: int,
-                            dtype: torch.dtype) -> int:
+    def decoder_cache_bytes(
+        self, batch_size: int, latent_height: int, latent_width: int, dtype: torch.dtype
+    ) -> int:
         return 0
 
     def _check(self, z: torch.Tensor) -> None:

@@ -68,11 +68,24 @@ class Clips:
 class ClipSampler:
     """Draws ``Clips`` for a stream geometry (see module docstring) on ``device``."""
 
-    def __init__(self, *, num_chunks: int, chunk_frames: int, height: int, width: int,
-                 text_len: int, device: torch.device | str, seed: int = 0,
-                 physics: Physics = PHYSICS, switch_p: float = 0.3,
-                 fresh_p: float = 0.25, moving_p: float = 0.6, hold_p: float = 0.55,
-                 contrast: int = 1, contrast_p: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        num_chunks: int,
+        chunk_frames: int,
+        height: int,
+        width: int,
+        text_len: int,
+        device: torch.device | str,
+        seed: int = 0,
+        physics: Physics = PHYSICS,
+        switch_p: float = 0.3,
+        fresh_p: float = 0.25,
+        moving_p: float = 0.6,
+        hold_p: float = 0.55,
+        contrast: int = 1,
+        contrast_p: float = 0.0,
+    ) -> None:
         from models.tinyworld.world import terrain_textures
 
         self.k, self.c, self.h, self.w = num_chunks, chunk_frames, height, width
@@ -80,8 +93,10 @@ class ClipSampler:
         self.switch_p, self.fresh_p = switch_p, fresh_p
         self.moving_p, self.hold_p = moving_p, hold_p
         if contrast < 1 or not 0.0 <= contrast_p <= 1.0:
-            raise ValueError(f"contrast groups of {contrast} clips for a share {contrast_p}: "
-                             f"need a group size >= 1 and a share in [0, 1]")
+            raise ValueError(
+                f"contrast groups of {contrast} clips for a share {contrast_p}: "
+                f"need a group size >= 1 and a share in [0, 1]"
+            )
         self.contrast, self.contrast_p = contrast, contrast_p
         self.textures = terrain_textures(height, width, self.device)
         self.g = torch.Generator(device=self.device).manual_seed(seed)
@@ -119,7 +134,7 @@ class ClipSampler:
             keep = ((self._rand(b) < self.hold_p) & (chunk > 0))[:, None]  # chunk 0 draws
             act = torch.where(keep, prev, fresh)
             # "off" (no action arrived) is only possible when nothing is held
-            idle = act[:, :len(_MOVE_KEYS)].sum(dim=1) == 0
+            idle = act[:, : len(_MOVE_KEYS)].sum(dim=1) == 0
             on = torch.where(idle & (self._rand(b) < 0.5), 0.0, 1.0)
             act = act * on[:, None]
             acts.append(act)
@@ -131,8 +146,9 @@ class ClipSampler:
         """-> features [b, F, AUDIO_DIM], on [b, K]."""
         f = self.k * self.c
         mode = self._rand(b, 1)
-        level = torch.relu(torch.cumsum(self._rand(b, f) - 0.5, dim=1) * 0.8
-                           + self._rand(b, 1) * 3.0 - 1.0)  # random bursts
+        level = torch.relu(
+            torch.cumsum(self._rand(b, f) - 0.5, dim=1) * 0.8 + self._rand(b, 1) * 3.0 - 1.0
+        )  # random bursts
         level = torch.where(mode < 0.55, torch.zeros_like(level), level)
         level = torch.where((mode >= 0.55) & (mode < 0.7), self._rand(b, f) * 0.4, level)
         feats = (level[..., None] * (0.8 + 0.4 * self._rand(b, f, AUDIO_DIM))).clamp(0.0, 4.5)
@@ -143,12 +159,15 @@ class ClipSampler:
     def _specs(self, b: int) -> torch.Tensor:
         """-> [b, 4] long (terrain, night, colour, shape)."""
         g = self.cpu_g
-        return torch.stack([
-            torch.randint(len(TERRAINS), (b,), generator=g),
-            (torch.rand(b, generator=g) < 0.25).long(),
-            torch.randint(len(COLOURS), (b,), generator=g),
-            torch.randint(len(SHAPES), (b,), generator=g),
-        ], dim=1)
+        return torch.stack(
+            [
+                torch.randint(len(TERRAINS), (b,), generator=g),
+                (torch.rand(b, generator=g) < 0.25).long(),
+                torch.randint(len(COLOURS), (b,), generator=g),
+                torch.randint(len(SHAPES), (b,), generator=g),
+            ],
+            dim=1,
+        )
 
     def _words(self, specs: torch.Tensor) -> torch.Tensor:
         ids = []
@@ -178,17 +197,24 @@ class ClipSampler:
         action, action_on = self._actions(b, k)
         audio, audio_on = self._audio(b)
         first, second = self._specs(b).to(dev), self._specs(b).to(dev)
-        switch = torch.where(self._rand(b) < self.switch_p, 1 + self._randint(k - 1, b),
-                             torch.full((b,), k, device=dev))  # k = never
+        switch = torch.where(
+            self._rand(b) < self.switch_p,
+            1 + self._randint(k - 1, b),
+            torch.full((b,), k, device=dev),
+        )  # k = never
         # contrast groups: copies of one clip that differ only in the last chunk's keys
         src, contrast = self._groups(b)
         fresh, pos, vel, audio, audio_on, first, second, switch = (
-            t[src] for t in (fresh, pos, vel, audio, audio_on, first, second, switch))
+            t[src] for t in (fresh, pos, vel, audio, audio_on, first, second, switch)
+        )
         last, last_on = self._actions(b, 1)
-        action = torch.cat((action[src, :-1], torch.where(contrast[:, None, None], last,
-                                                          action[src, -1:])), dim=1)
-        action_on = torch.cat((action_on[src, :-1], torch.where(contrast[:, None], last_on,
-                                                                action_on[src, -1:])), dim=1)
+        action = torch.cat(
+            (action[src, :-1], torch.where(contrast[:, None, None], last, action[src, -1:])), dim=1
+        )
+        action_on = torch.cat(
+            (action_on[src, :-1], torch.where(contrast[:, None], last_on, action_on[src, -1:])),
+            dim=1,
+        )
         direction, sprint = action_direction(action.repeat_interleave(c, dim=1))
         positions, _, _ = simulate(pos, vel, direction, sprint, self.h, self.w, self.physics)
 
@@ -197,17 +223,31 @@ class ClipSampler:
         after = frame_chunk >= switch[:, None]  # [B, F]
         look = torch.where(after[..., None], second[:, None], first[:, None])  # [B, F, 4]
         final = torch.where((switch < k)[:, None], second, first)
-        frames, alpha = render_layers(self.textures, look[..., 0], look[..., 1].bool(),
-                                      look[..., 2], look[..., 3], positions,
-                                      audio_energy(audio), self.physics)
+        frames, alpha = render_layers(
+            self.textures,
+            look[..., 0],
+            look[..., 1].bool(),
+            look[..., 2],
+            look[..., 3],
+            positions,
+            audio_energy(audio),
+            self.physics,
+        )
         chunk = torch.arange(k, device=dev)[None, :]
         loss_mask = (chunk >= switch[:, None] * (switch < k)[:, None]).float()
         loss_mask = loss_mask * torch.where((chunk == 0) & ~fresh[:, None], 0.0, 1.0)
         return Clips(
-            frames=frames.permute(0, 2, 1, 3, 4) * 2.0 - 1.0, sprite=alpha,
-            action=action, action_on=action_on, audio=audio, audio_on=audio_on,
-            words=self._words(final.cpu())[src.to(dev)], loss_mask=loss_mask, fresh=fresh,
-            contrast=contrast)
+            frames=frames.permute(0, 2, 1, 3, 4) * 2.0 - 1.0,
+            sprite=alpha,
+            action=action,
+            action_on=action_on,
+            audio=audio,
+            audio_on=audio_on,
+            words=self._words(final.cpu())[src.to(dev)],
+            loss_mask=loss_mask,
+            fresh=fresh,
+            contrast=contrast,
+        )
 
     def _groups(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """-> src [b] long (the clip each row copies), contrast [b] bool. The last

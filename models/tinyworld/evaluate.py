@@ -42,8 +42,12 @@ from runtime.contract import AudioInput, PromptInput
 
 __all__ = ["THRESHOLDS", "EvalReport", "evaluate"]
 
-THRESHOLDS = {"action_accuracy": 0.9, "prompt_adherence": 0.9, "switch_success": 0.9,
-              "long_in_range": 0.99}
+THRESHOLDS = {
+    "action_accuracy": 0.9,
+    "prompt_adherence": 0.9,
+    "switch_success": 0.9,
+    "long_in_range": 0.99,
+}
 MIN_MOVE_PX = 4.0
 SWITCH_CHUNKS = 2
 _DIRECTIONS = {"w": (0.0, -1.0), "a": (-1.0, 0.0), "s": (0.0, 1.0), "d": (1.0, 0.0)}
@@ -84,10 +88,15 @@ class EvalReport:
 
 def _random_spec(rng: random.Random, unlike: WorldSpec | None = None) -> WorldSpec:
     while True:
-        spec = WorldSpec(rng.randrange(len(TERRAINS)), rng.random() < 0.25,
-                         rng.randrange(len(COLOURS)), rng.randrange(len(SHAPES)))
-        if unlike is None or (spec.background != unlike.background
-                              and spec.colour != unlike.colour):
+        spec = WorldSpec(
+            rng.randrange(len(TERRAINS)),
+            rng.random() < 0.25,
+            rng.randrange(len(COLOURS)),
+            rng.randrange(len(SHAPES)),
+        )
+        if unlike is None or (
+            spec.background != unlike.background and spec.colour != unlike.colour
+        ):
             return spec
 
 
@@ -184,8 +193,9 @@ def _scripted_rollout(instance: Any, seed: int, chunks: int, scorer: _Scorer) ->
         scorer.pulse.append(max(r.sprite_px for r in readings[loud]) / quiet_px)
 
 
-def _long_rollout(instance: Any, seconds: float, seed: int, classifier: FrameClassifier
-                  ) -> tuple[int, float, float]:
+def _long_rollout(
+    instance: Any, seconds: float, seed: int, classifier: FrameClassifier
+) -> tuple[int, float, float]:
     rng = random.Random(10_000 + seed)
     spec = _random_spec(rng)
     stream = LoopStream(instance, prompt_text(spec), seed=10_000 + seed)
@@ -214,12 +224,20 @@ def _long_rollout(instance: Any, seconds: float, seed: int, classifier: FrameCla
     return n, in_range / n, adherent / n
 
 
-def evaluate(instance: Any, *, rollouts: int = 50, chunks: int = 18, long_s: float = 60.0,
-             seed: int = 0, classifier: FrameClassifier | None = None) -> EvalReport:
+def evaluate(
+    instance: Any,
+    *,
+    rollouts: int = 50,
+    chunks: int = 18,
+    long_s: float = 60.0,
+    seed: int = 0,
+    classifier: FrameClassifier | None = None,
+) -> EvalReport:
     """Score ``instance`` (a loaded tiny-world card) as the module docstring describes."""
     start = time.perf_counter()
-    cls = classifier or FrameClassifier(instance.card.default_profile.height,
-                                        instance.card.default_profile.width)
+    cls = classifier or FrameClassifier(
+        instance.card.default_profile.height, instance.card.default_profile.width
+    )
     if not cls.stats_ranges:
         cls.calibrate()
     scorer = _Scorer(cls)
@@ -242,11 +260,15 @@ def evaluate(instance: Any, *, rollouts: int = 50, chunks: int = 18, long_s: flo
     if long_s > 0:
         report.long_s = long_s
         report.long_frames, report.long_in_range, report.long_adherence = _long_rollout(
-            instance, long_s, seed, cls)
+            instance, long_s, seed, cls
+        )
     report.chunk_ms_median = sorted(chunk_ms)[len(chunk_ms) // 2] if chunk_ms else 0.0
     report.wall_s = round(time.perf_counter() - start, 1)
-    report.verdicts = {name: getattr(report, name) >= bar for name, bar in THRESHOLDS.items()
-                       if name != "long_in_range" or long_s > 0}
+    report.verdicts = {
+        name: getattr(report, name) >= bar
+        for name, bar in THRESHOLDS.items()
+        if name != "long_in_range" or long_s > 0
+    }
     return report
 
 

@@ -10,8 +10,16 @@ from __future__ import annotations
 
 from models.card import LatentSpec, ScheduleSpec
 
-__all__ = ["CHUNK_FRAMES", "FPS", "HEIGHT", "LATENT", "SCHEDULE", "SINK_FRAMES", "WIDTH",
-           "WINDOW_FRAMES"]
+__all__ = [
+    "CHUNK_FRAMES",
+    "FPS",
+    "HEIGHT",
+    "LATENT",
+    "SCHEDULE",
+    "SINK_FRAMES",
+    "WIDTH",
+    "WINDOW_FRAMES",
+]
 
 WIDTH = HEIGHT = 96
 FPS = 12

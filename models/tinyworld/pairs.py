@@ -49,35 +49,70 @@ class Pair:
         chunks = clips.frames.view(b, ch, f // c, c, h, w)
         audio = clips.audio.view(b, f // c, c, -1)
         return cls(
-            context=chunks[rows, :, before], target=chunks[rows, :, target], has_context=has,
+            context=chunks[rows, :, before],
+            target=chunks[rows, :, target],
+            has_context=has,
             action=torch.stack((clips.action[rows, before], clips.action[rows, target]), 1),
-            action_on=torch.stack((clips.action_on[rows, before] * has,
-                                   clips.action_on[rows, target]), 1),
+            action_on=torch.stack(
+                (clips.action_on[rows, before] * has, clips.action_on[rows, target]), 1
+            ),
             audio=torch.cat((audio[rows, before], audio[rows, target]), dim=1),
-            audio_on=torch.stack((clips.audio_on[rows, before] * has,
-                                  clips.audio_on[rows, target]), 1),
+            audio_on=torch.stack(
+                (clips.audio_on[rows, before] * has, clips.audio_on[rows, target]), 1
+            ),
             words=clips.words,
             near_sprite=clips.sprite.view(b, f // c, c, h, w)[rows, before, -1]
-            * has[:, None, None])
+            * has[:, None, None],
+        )
 
     def select(self, index: torch.Tensor) -> Pair:
         """The pairs at ``index`` ([n] long)."""
-        return Pair(*(t.index_select(0, index) for t in (
-            self.context, self.target, self.has_context, self.action, self.action_on,
-            self.audio, self.audio_on, self.words, self.near_sprite)))
+        return Pair(
+            *(
+                t.index_select(0, index)
+                for t in (
+                    self.context,
+                    self.target,
+                    self.has_context,
+                    self.action,
+                    self.action_on,
+                    self.audio,
+                    self.audio_on,
+                    self.words,
+                    self.near_sprite,
+                )
+            )
+        )
 
     def with_context(self, context: torch.Tensor) -> Pair:
-        return Pair(context, self.target, self.has_context, self.action, self.action_on,
-                    self.audio, self.audio_on, self.words, self.near_sprite)
+        return Pair(
+            context,
+            self.target,
+            self.has_context,
+            self.action,
+            self.action_on,
+            self.audio,
+            self.audio_on,
+            self.words,
+            self.near_sprite,
+        )
 
     def with_action(self, action: torch.Tensor) -> Pair:
-        return Pair(self.context, self.target, self.has_context, action, self.action_on,
-                    self.audio, self.audio_on, self.words, self.near_sprite)
+        return Pair(
+            self.context,
+            self.target,
+            self.has_context,
+            action,
+            self.action_on,
+            self.audio,
+            self.audio_on,
+            self.words,
+            self.near_sprite,
+        )
 
 
 def near_sprite_mask(pair: Pair, reach_px: int) -> torch.Tensor:
     """-> [B, 1, 1, H, W] in [0, 1]: the context's sprite coverage dilated by ``reach_px``
     (a square max filter; 1 wherever a fully covered sprite pixel is that close)."""
-    near = torch.nn.functional.max_pool2d(pair.near_sprite[:, None], 2 * reach_px + 1, 1,
-                                          reach_px)
+    near = torch.nn.functional.max_pool2d(pair.near_sprite[:, None], 2 * reach_px + 1, 1, reach_px)
     return near[:, :, None]

@@ -52,8 +52,9 @@ def _position_features(grid: tuple[int, int, int], device: torch.device) -> torc
     f, h, w = grid
     rows = (torch.arange(h, device=device, dtype=torch.float32) + 0.5) / h
     cols = (torch.arange(w, device=device, dtype=torch.float32) + 0.5) / w
-    freqs = math.pi * 2.0 ** torch.arange(POSITION_FEATURES // 4, device=device,
-                                          dtype=torch.float32)
+    freqs = math.pi * 2.0 ** torch.arange(
+        POSITION_FEATURES // 4, device=device, dtype=torch.float32
+    )
     r = rows[:, None] * freqs  # [h, 8]
     c = cols[:, None] * freqs  # [w, 8]
     rf = torch.cat((r.sin(), r.cos()), dim=1)[:, None, :].expand(h, w, -1)
@@ -65,8 +66,9 @@ def _position_features(grid: tuple[int, int, int], device: torch.device) -> torc
 def _frame_features(frames: int, chunk_frames: int, device: torch.device) -> torch.Tensor:
     # -> [frames, FRAME_FEATURES] of each frame's index inside its chunk
     k = (torch.arange(frames, device=device) % chunk_frames).float()
-    freqs = (math.pi / 8.0) * 2.0 ** torch.arange(FRAME_FEATURES // 2, device=device,
-                                                  dtype=torch.float32)
+    freqs = (math.pi / 8.0) * 2.0 ** torch.arange(
+        FRAME_FEATURES // 2, device=device, dtype=torch.float32
+    )
     angles = k[:, None] * freqs
     return torch.cat((angles.sin(), angles.cos()), dim=1)
 
@@ -87,11 +89,13 @@ class PixelDiT(WanDiT):
         weight = self.position_embedding[0].weight
         where = self.position_embedding(_position_features(grid, device).to(weight.dtype))
         when = self.frame_embedding(
-            _frame_features(grid[0], self.chunk_frames, device).to(weight.dtype))  # [f, dim]
+            _frame_features(grid[0], self.chunk_frames, device).to(weight.dtype)
+        )  # [f, dim]
         return where + when.repeat_interleave(grid[1] * grid[2], dim=0)
 
-    def _embed_tokens(self, x: torch.Tensor, audio: torch.Tensor | None,
-                      grid: tuple[int, int, int]) -> torch.Tensor:
+    def _embed_tokens(
+        self, x: torch.Tensor, audio: torch.Tensor | None, grid: tuple[int, int, int]
+    ) -> torch.Tensor:
         # x: [B, C, F, H, W] -> [B, N, dim]: Wan's tokens plus absolute positions
         tokens = super()._embed_tokens(x, audio, grid)
         return tokens + self.position_tokens(grid, tokens.device).to(tokens.dtype)
@@ -103,24 +107,37 @@ class PixelDiT(WanDiT):
         sigma = sigma[:, None, :, None, None] if sigma.ndim == 2 else sigma.view(-1, 1, 1, 1, 1)
         return ((x.float() - x0.float()) / sigma).to(x0.dtype)
 
-    def forward(self, hidden_states: torch.Tensor, timestep: torch.Tensor,
-                encoder_hidden_states: torch.Tensor, **hooks: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        **hooks: torch.Tensor | None,
+    ) -> torch.Tensor:
         x0 = super().forward(hidden_states, timestep, encoder_hidden_states, **hooks)
         return self.velocity(hidden_states, x0, timestep)
 
-    def forward_block_causal(self, hidden_states: torch.Tensor, timestep: torch.Tensor,
-                             encoder_hidden_states: torch.Tensor, chunk_frames: int,
-                             **hooks: torch.Tensor | None) -> torch.Tensor:
-        x0 = super().forward_block_causal(hidden_states, timestep, encoder_hidden_states,
-                                          chunk_frames, **hooks)
+    def forward_block_causal(
+        self,
+        hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        chunk_frames: int,
+        **hooks: torch.Tensor | None,
+    ) -> torch.Tensor:
+        x0 = super().forward_block_causal(
+            hidden_states, timestep, encoder_hidden_states, chunk_frames, **hooks
+        )
         return self.velocity(hidden_states, x0, timestep)
 
-    def forward_chunk(self, x: torch.Tensor, timestep: torch.Tensor, *args: object,
-                      **kwargs: object) -> torch.Tensor:
+    def forward_chunk(
+        self, x: torch.Tensor, timestep: torch.Tensor, *args: object, **kwargs: object
+    ) -> torch.Tensor:
         x0 = super().forward_chunk(x, timestep, *args, **kwargs)
         return self.velocity(x, x0, timestep)
 
-    def predict_x0(self, x: torch.Tensor, timestep: torch.Tensor, *args: object,
-                   **kwargs: object) -> torch.Tensor:
+    def predict_x0(
+        self, x: torch.Tensor, timestep: torch.Tensor, *args: object, **kwargs: object
+    ) -> torch.Tensor:
         """The raw head output of ``forward_chunk`` (x0 estimate), same arguments."""
         return super().forward_chunk(x, timestep, *args, **kwargs)

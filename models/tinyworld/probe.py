@@ -52,8 +52,9 @@ def _centroid(alpha: torch.Tensor) -> torch.Tensor:
     ys = torch.arange(h, dtype=alpha.dtype, device=alpha.device)[:, None]
     xs = torch.arange(w, dtype=alpha.dtype, device=alpha.device)[None, :]
     mass = alpha.sum(dim=(1, 2)).clamp_min(1e-6)
-    return torch.stack(((alpha * xs).sum(dim=(1, 2)) / mass,
-                        (alpha * ys).sum(dim=(1, 2)) / mass), dim=1)
+    return torch.stack(
+        ((alpha * xs).sum(dim=(1, 2)) / mass, (alpha * ys).sum(dim=(1, 2)) / mass), dim=1
+    )
 
 
 class ActionProbe:
@@ -63,12 +64,28 @@ class ActionProbe:
     thirds) are kept. ``reach_px`` is the near-sprite region's reach (the trainer's).
     """
 
-    def __init__(self, *, pairs: int, height: int, width: int, text_len: int,
-                 device: torch.device | str, reach_px: int, seed: int = 12_345) -> None:
+    def __init__(
+        self,
+        *,
+        pairs: int,
+        height: int,
+        width: int,
+        text_len: int,
+        device: torch.device | str,
+        reach_px: int,
+        seed: int = 12_345,
+    ) -> None:
         self.device = torch.device(device)
-        sampler = ClipSampler(num_chunks=3, chunk_frames=CHUNK_FRAMES, height=height,
-                              width=width, text_len=text_len, device=self.device, seed=seed,
-                              switch_p=0.0)
+        sampler = ClipSampler(
+            num_chunks=3,
+            chunk_frames=CHUNK_FRAMES,
+            height=height,
+            width=width,
+            text_len=text_len,
+            device=self.device,
+            seed=seed,
+            switch_p=0.0,
+        )
         clips = sampler.sample(pairs)
         g = torch.Generator(device=self.device).manual_seed(seed)
         target = 1 + torch.randint(2, (pairs,), generator=g, device=self.device)
@@ -76,7 +93,7 @@ class ActionProbe:
         held = pair.action[:, 1, list(_DIRECTION_KEYS)].sum(dim=1) > 0
         ctx = clips.sprite.view(pairs, -1, CHUNK_FRAMES, height, width)
         rows = torch.arange(pairs, device=self.device)
-        moved = (_centroid(ctx[rows, target - 1, -1]) - _centroid(ctx[rows, target - 1, 0]))
+        moved = _centroid(ctx[rows, target - 1, -1]) - _centroid(ctx[rows, target - 1, 0])
         keep = (held & (clips.loss_mask[rows, target] > 0)).nonzero().flatten()
         self.pair = pair.select(keep)
         self.rest = (moved.norm(dim=1) < _REST_PX)[keep]
@@ -88,18 +105,29 @@ class ActionProbe:
         return int(self.pair.target.shape[0])
 
     @torch.no_grad()
-    def _errors(self, dit: PixelDiT, text: torch.Tensor, pair: Pair, sigma: float,
-                autocast: bool) -> torch.Tensor:
+    def _errors(
+        self, dit: PixelDiT, text: torch.Tensor, pair: Pair, sigma: float, autocast: bool
+    ) -> torch.Tensor:
         # -> [n] near-sprite x0 MSE per pair
         xt = (1 - sigma) * pair.target + sigma * self.noise
         t = torch.full((self.size,), sigma * SCHEDULE.num_train_timesteps, device=self.device)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
-            x0 = pair_prediction(dit, pair.context, xt, t, text, pair.has_context,
-                                 action=pair.action, action_on=pair.action_on,
-                                 audio=pair.audio, audio_on=pair.audio_on)
+            x0 = pair_prediction(
+                dit,
+                pair.context,
+                xt,
+                t,
+                text,
+                pair.has_context,
+                action=pair.action,
+                action_on=pair.action_on,
+                audio=pair.audio,
+                audio_on=pair.audio_on,
+            )
         sq = (x0.float() - pair.target).square() * self.region
-        return sq.sum(dim=(1, 2, 3, 4)) / (self.region.sum(dim=(1, 2, 3, 4)) * 3 * CHUNK_FRAMES
-                                           ).clamp_min(1.0)
+        return sq.sum(dim=(1, 2, 3, 4)) / (
+            self.region.sum(dim=(1, 2, 3, 4)) * 3 * CHUNK_FRAMES
+        ).clamp_min(1.0)
 
     def measure(self, dit: PixelDiT, text_encoder: WordTextEncoder) -> dict[str, Any]:
         """-> {"probe", "probe_rest", "err_true", "pairs", "rest_pairs"} (module docstring)."""
@@ -108,16 +136,22 @@ class ActionProbe:
         autocast = self.device.type == "cuda"
         with torch.no_grad():
             text = text_encoder.embed(self.pair.words)
-        rotated = self.pair.with_action(torch.stack(
-            (self.pair.action[:, 0], rotate_keys(self.pair.action[:, 1])), dim=1))
-        true = torch.stack([self._errors(dit, text, self.pair, s, autocast)
-                            for s in PROBE_SIGMAS]).mean(0)
-        wrong = torch.stack([self._errors(dit, text, rotated, s, autocast)
-                             for s in PROBE_SIGMAS]).mean(0)
+        rotated = self.pair.with_action(
+            torch.stack((self.pair.action[:, 0], rotate_keys(self.pair.action[:, 1])), dim=1)
+        )
+        true = torch.stack(
+            [self._errors(dit, text, self.pair, s, autocast) for s in PROBE_SIGMAS]
+        ).mean(0)
+        wrong = torch.stack(
+            [self._errors(dit, text, rotated, s, autocast) for s in PROBE_SIGMAS]
+        ).mean(0)
         dit.train(was_training)
         diff = wrong - true
         rest = diff[self.rest]
-        return {"probe": float(diff.mean()),
-                "probe_rest": float(rest.mean()) if rest.numel() else 0.0,
-                "err_true": float(true.mean()), "pairs": self.size,
-                "rest_pairs": int(rest.numel())}
+        return {
+            "probe": float(diff.mean()),
+            "probe_rest": float(rest.mean()) if rest.numel() else 0.0,
+            "err_true": float(true.mean()),
+            "pairs": self.size,
+            "rest_pairs": int(rest.numel()),
+        }

@@ -51,8 +51,13 @@ class LoopStream:
     def push(self, payload: PromptInput | ActionInput | AudioInput) -> int:
         """Queue an input; -> its seq."""
         self._seq += 1
-        kind = (InputKind.PROMPT if isinstance(payload, PromptInput) else
-                InputKind.ACTION if isinstance(payload, ActionInput) else InputKind.AUDIO)
+        kind = (
+            InputKind.PROMPT
+            if isinstance(payload, PromptInput)
+            else InputKind.ACTION
+            if isinstance(payload, ActionInput)
+            else InputKind.AUDIO
+        )
         self._pending.append(InputEvent(kind, self._seq, payload, time.monotonic()))
         return self._seq
 

@@ -42,13 +42,14 @@ def pair_mask(has_context: torch.Tensor, tokens_per_chunk: int) -> torch.Tensor:
     t = tokens_per_chunk
     target = torch.arange(2 * t, device=has_context.device) >= t
     q, k = target[:, None], target[None, :]
-    base = (q == k)  # context <-> context, target <-> target
+    base = q == k  # context <-> context, target <-> target
     cross = (q & ~k)[None] & has_context.bool()[:, None, None]  # target -> context
     return (base[None] | cross)[:, None]
 
 
-def _hook(module: torch.nn.Module | None, x: torch.Tensor | None, on: torch.Tensor | None,
-          name: str) -> torch.Tensor | None:
+def _hook(
+    module: torch.nn.Module | None, x: torch.Tensor | None, on: torch.Tensor | None, name: str
+) -> torch.Tensor | None:
     # x: [B, n, in]; on: [B, n] 0/1 -> [B, n, dim] masked hook output, or None without input
     if x is None:
         return None
@@ -82,11 +83,13 @@ def pair_prediction(
     b, _, c, height, width = noisy.shape
     if context.shape != noisy.shape:
         raise TeacherForcingShapeError(
-            f"context {tuple(context.shape)} and noisy {tuple(noisy.shape)} must match")
+            f"context {tuple(context.shape)} and noisy {tuple(noisy.shape)} must match"
+        )
     if timestep.shape != (b,) or has_context.shape != (b,):
         raise TeacherForcingShapeError(
             f"timestep {tuple(timestep.shape)} and has_context {tuple(has_context.shape)} "
-            f"must be [B={b}]")
+            f"must be [B={b}]"
+        )
     pt, ph, pw = cfg.patch_size
     grid = (2 * c // pt, height // ph, width // pw)
     per_frame = grid[1] * grid[2]

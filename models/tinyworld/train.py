@@ -70,8 +70,10 @@ class TrainGeometryError(ValueError):
 
 def _check_geometry() -> None:
     if SINK_FRAMES or WINDOW_FRAMES != 2 * CHUNK_FRAMES:
-        raise TrainGeometryError(f"window {WINDOW_FRAMES} frames, sink {SINK_FRAMES}: the pair "
-                                 f"recipe needs exactly one cached chunk of {CHUNK_FRAMES}")
+        raise TrainGeometryError(
+            f"window {WINDOW_FRAMES} frames, sink {SINK_FRAMES}: the pair "
+            f"recipe needs exactly one cached chunk of {CHUNK_FRAMES}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,22 +131,45 @@ class _Run:
         hook_ids = {id(p) for p in hook.parameters()} if hook is not None else set()
         groups = [{"params": [p for p in self.params if id(p) not in hook_ids], "mult": 1.0}]
         if hook_ids:
-            groups.append({"params": list(hook.parameters()), "mult": cfg.action_lr_mult,
-                           "weight_decay": cfg.weight_decay if cfg.action_lr_mult == 1.0
-                           else 0.0})
-        self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.99),
-                                     weight_decay=cfg.weight_decay)
-        self.sampler = ClipSampler(num_chunks=cfg.num_chunks, chunk_frames=CHUNK_FRAMES,
-                                   height=cfg.height, width=cfg.width,
-                                   text_len=self.dit.config.text_len, device=device,
-                                   seed=cfg.seed, fresh_p=cfg.fresh_p, moving_p=cfg.moving_p,
-                                   hold_p=cfg.hold_p, contrast=cfg.contrast,
-                                   contrast_p=cfg.contrast_p)
-        self.probe = ActionProbe(pairs=cfg.probe_pairs, height=cfg.height, width=cfg.width,
-                                 text_len=self.dit.config.text_len, device=device,
-                                 reach_px=cfg.sprite_reach_px) if cfg.probe_every else None
-        self.steps: tuple[SigmaStep, ...] = sigma_steps(SCHEDULE.timesteps, SCHEDULE.flow_shift,
-                                                         SCHEDULE.num_train_timesteps)
+            groups.append(
+                {
+                    "params": list(hook.parameters()),
+                    "mult": cfg.action_lr_mult,
+                    "weight_decay": cfg.weight_decay if cfg.action_lr_mult == 1.0 else 0.0,
+                }
+            )
+        self.opt = torch.optim.AdamW(
+            groups, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay
+        )
+        self.sampler = ClipSampler(
+            num_chunks=cfg.num_chunks,
+            chunk_frames=CHUNK_FRAMES,
+            height=cfg.height,
+            width=cfg.width,
+            text_len=self.dit.config.text_len,
+            device=device,
+            seed=cfg.seed,
+            fresh_p=cfg.fresh_p,
+            moving_p=cfg.moving_p,
+            hold_p=cfg.hold_p,
+            contrast=cfg.contrast,
+            contrast_p=cfg.contrast_p,
+        )
+        self.probe = (
+            ActionProbe(
+                pairs=cfg.probe_pairs,
+                height=cfg.height,
+                width=cfg.width,
+                text_len=self.dit.config.text_len,
+                device=device,
+                reach_px=cfg.sprite_reach_px,
+            )
+            if cfg.probe_every
+            else None
+        )
+        self.steps: tuple[SigmaStep, ...] = sigma_steps(
+            SCHEDULE.timesteps, SCHEDULE.flow_shift, SCHEDULE.num_train_timesteps
+        )
         _check_geometry()
         self.g = torch.Generator(device=device).manual_seed(cfg.seed + 7)
         self.n = 0
@@ -156,16 +181,25 @@ class _Run:
         return torch.rand(shape, generator=self.g, device=self.device)
 
     def _autocast(self) -> Any:
-        return torch.autocast(self.device.type, dtype=torch.bfloat16,
-                              enabled=self.device.type == "cuda")
+        return torch.autocast(
+            self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"
+        )
 
     def _x0(self, pair: Pair, xt: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         # xt: [B, 3, c, H, W]; sigma: [B] -> x0 estimate [B, 3, c, H, W] float32
         with self._autocast():
             x0 = pair_prediction(
-                self.dit, pair.context, xt, sigma * SCHEDULE.num_train_timesteps,
-                self.text.embed(pair.words), pair.has_context, action=pair.action,
-                action_on=pair.action_on, audio=pair.audio, audio_on=pair.audio_on)
+                self.dit,
+                pair.context,
+                xt,
+                sigma * SCHEDULE.num_train_timesteps,
+                self.text.embed(pair.words),
+                pair.has_context,
+                action=pair.action,
+                action_on=pair.action_on,
+                audio=pair.audio,
+                audio_on=pair.audio_on,
+            )
         return x0.float()
 
     @torch.no_grad()
@@ -176,14 +210,16 @@ class _Run:
         for step in self.steps:
             sigma = torch.full((x.shape[0],), step.sigma, device=self.device)
             out = self._x0(pair, x, sigma)
-            x = out if step.sigma_next == 0 else (
-                (1 - step.sigma_next) * out + step.sigma_next * self._randn(out))
+            x = (
+                out
+                if step.sigma_next == 0
+                else ((1 - step.sigma_next) * out + step.sigma_next * self._randn(out))
+            )
         return out.clamp(-1.0, 1.0)
 
     def _sigmas(self, b: int) -> torch.Tensor:
         table = torch.tensor([s.sigma for s in self.steps], device=self.device)
-        discrete = table[torch.randint(len(self.steps), (b,), generator=self.g,
-                                       device=self.device)]
+        discrete = table[torch.randint(len(self.steps), (b,), generator=self.g, device=self.device)]
         uniform = self._rand(b).clamp(0.02, 1.0)
         return torch.where(self._rand(b) < self.cfg.discrete_p, discrete, uniform)
 
@@ -195,22 +231,29 @@ class _Run:
         cfg = self.cfg
         clips = self.sampler.sample(cfg.batch)
         b = cfg.batch
-        target = torch.where(clips.fresh, torch.randint(3, (b,), generator=self.g,
-                                                        device=self.device),
-                             1 + torch.randint(2, (b,), generator=self.g, device=self.device))
+        target = torch.where(
+            clips.fresh,
+            torch.randint(3, (b,), generator=self.g, device=self.device),
+            1 + torch.randint(2, (b,), generator=self.g, device=self.device),
+        )
         target = torch.where(clips.contrast, cfg.num_chunks - 1, target)
         pair = Pair.of(clips, target)
         weight = clips.loss_mask[torch.arange(b, device=self.device), target]
         rollout = frac >= cfg.self_rollout_from
         context = pair.context
         if rollout:
-            own = ((target == 2) & (clips.loss_mask[:, 1] > 0)
-                   & (self._rand(b) < cfg.self_rollout_p)).nonzero().flatten()
+            own = (
+                ((target == 2) & (clips.loss_mask[:, 1] > 0) & (self._rand(b) < cfg.self_rollout_p))
+                .nonzero()
+                .flatten()
+            )
             if own.numel():
                 first = Pair.of(clips, torch.ones_like(target)).select(own)
                 context = context.index_copy(0, own, self._own_sample(first))
-        context = context + self._randn(context) * (
-            self._rand(b) * cfg.context_noise)[:, None, None, None, None]
+        context = (
+            context
+            + self._randn(context) * (self._rand(b) * cfg.context_noise)[:, None, None, None, None]
+        )
         pair = pair.with_context(context)
         sigma = self._sigmas(b)
         s = sigma[:, None, None, None, None]
@@ -235,8 +278,9 @@ class _Run:
     def _update_ema(self) -> None:
         decay = min(self.cfg.ema, (1 + self.n) / (10 + self.n))
         for ema, live in ((self.ema_dit, self.dit), (self.ema_text, self.text)):
-            torch._foreach_lerp_(list(ema.parameters()), [p.detach() for p in live.parameters()],
-                                 1.0 - decay)
+            torch._foreach_lerp_(
+                list(ema.parameters()), [p.detach() for p in live.parameters()], 1.0 - decay
+            )
 
 
 def train(cfg: TrainConfig, *, device: str | torch.device, out_dir: str | Path) -> dict[str, Any]:
@@ -261,38 +305,57 @@ def train(cfg: TrainConfig, *, device: str | torch.device, out_dir: str | Path) 
             break
         if frac >= cfg.self_rollout_from and not phase_saved:
             # the teacher-forced-only weights, kept for the self-rollout ablation
-            save_checkpoint(out / PHASE1_FILE, run.ema_dit, run.ema_text,
-                            {"phase": "teacher_forced", "steps": run.n})
+            save_checkpoint(
+                out / PHASE1_FILE,
+                run.ema_dit,
+                run.ema_text,
+                {"phase": "teacher_forced", "steps": run.n},
+            )
             phase_saved = True
         window.append(run.step(frac))
         if time.perf_counter() - last_save > cfg.checkpoint_every_s:
-            save_checkpoint(out / CHECKPOINT_FILE, run.ema_dit, run.ema_text,
-                            {"phase": "in_progress", "steps": run.n})
+            save_checkpoint(
+                out / CHECKPOINT_FILE,
+                run.ema_dit,
+                run.ema_text,
+                {"phase": "in_progress", "steps": run.n},
+            )
             last_save = time.perf_counter()
         if run.n % cfg.log_every == 0 or run.n == cfg.max_steps:
-            record = {"step": run.n, "elapsed_s": round(time.perf_counter() - start, 2),
-                      "loss": float(torch.stack([w["loss"] for w in window]).mean()),
-                      "grad_norm": float(torch.stack([w["grad_norm"] for w in window]).mean()),
-                      "lr": run.lr_at(frac), "self_rollout": window[-1]["rollout"]}
+            record = {
+                "step": run.n,
+                "elapsed_s": round(time.perf_counter() - start, 2),
+                "loss": float(torch.stack([w["loss"] for w in window]).mean()),
+                "grad_norm": float(torch.stack([w["grad_norm"] for w in window]).mean()),
+                "lr": run.lr_at(frac),
+                "self_rollout": window[-1]["rollout"],
+            }
             records.append(record)
             window.clear()
-            log.info("step %(step)d  %(elapsed_s).0fs  loss %(loss).5f  grad %(grad_norm).3f  "
-                     "lr %(lr).2e  rollout %(self_rollout).0f", record)
+            log.info(
+                "step %(step)d  %(elapsed_s).0fs  loss %(loss).5f  grad %(grad_norm).3f  "
+                "lr %(lr).2e  rollout %(self_rollout).0f",
+                record,
+            )
         if run.probe is not None and run.n % cfg.probe_every == 0:
             probes.append(_probe_record(run, time.perf_counter() - start))
     wall_s = time.perf_counter() - start
     summary = {
         "method": "pair_teacher_forced_flow_matching+self_rollout",
-        "command": TRAINING_COMMAND, "config": asdict(cfg), "steps": run.n,
-        "clips_seen": run.n * cfg.batch, "wall_s": round(wall_s, 1),
+        "command": TRAINING_COMMAND,
+        "config": asdict(cfg),
+        "steps": run.n,
+        "clips_seen": run.n * cfg.batch,
+        "wall_s": round(wall_s, 1),
         "final_loss": records[-1]["loss"] if records else None,
         "final_probe": _probe_record(run, wall_s, ema=True) if run.probe is not None else None,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev),
         "torch": torch.__version__,
     }
     save_checkpoint(out / CHECKPOINT_FILE, run.ema_dit, run.ema_text, summary)
-    (out / "train_log.json").write_text(json.dumps(
-        {"summary": summary, "log": records, "probe": probes}, indent=1))
+    (out / "train_log.json").write_text(
+        json.dumps({"summary": summary, "log": records, "probe": probes}, indent=1)
+    )
     return summary
 
 
@@ -304,6 +367,9 @@ def _probe_record(run: _Run, elapsed_s: float, *, ema: bool = False) -> dict[str
     dit, text = (run.ema_dit, run.ema_text) if ema else (run.dit, run.text)
     record = {"step": run.n, "elapsed_s": round(elapsed_s, 2), "weights": "ema" if ema else "live"}
     record |= run.probe.measure(dit, text)
-    log.info("probe step %(step)d  %(weights)s  probe %(probe).2e  rest %(probe_rest).2e  "
-             "err %(err_true).4f", record)
+    log.info(
+        "probe step %(step)d  %(weights)s  probe %(probe).2e  rest %(probe_rest).2e  "
+        "err %(err_true).4f",
+        record,
+    )
     return record

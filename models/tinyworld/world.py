@@ -45,21 +45,25 @@ __all__ = [
 ]
 
 # Base colours (RGB in [0, 1]) chosen so every sprite colour stands out on every terrain.
-TERRAIN_RGB = torch.tensor([
-    [0.28, 0.56, 0.22],  # grass
-    [0.82, 0.72, 0.47],  # sand
-    [0.12, 0.33, 0.62],  # water
-    [0.74, 0.82, 0.92],  # snow
-    [0.47, 0.47, 0.50],  # stone
-])
-SPRITE_RGB = torch.tensor([
-    [0.93, 0.16, 0.12],  # red
-    [0.30, 0.95, 0.30],  # green
-    [0.20, 0.40, 1.00],  # blue
-    [1.00, 0.88, 0.15],  # yellow
-    [1.00, 1.00, 1.00],  # white
-    [0.62, 0.22, 0.92],  # purple
-])
+TERRAIN_RGB = torch.tensor(
+    [
+        [0.28, 0.56, 0.22],  # grass
+        [0.82, 0.72, 0.47],  # sand
+        [0.12, 0.33, 0.62],  # water
+        [0.74, 0.82, 0.92],  # snow
+        [0.47, 0.47, 0.50],  # stone
+    ]
+)
+SPRITE_RGB = torch.tensor(
+    [
+        [0.93, 0.16, 0.12],  # red
+        [0.30, 0.95, 0.30],  # green
+        [0.20, 0.40, 1.00],  # blue
+        [1.00, 0.88, 0.15],  # yellow
+        [1.00, 1.00, 1.00],  # white
+        [0.62, 0.22, 0.92],  # purple
+    ]
+)
 NIGHT_SCALE = 0.28
 NIGHT_TINT = (0.01, 0.02, 0.07)
 RIM_SCALE = 0.55  # the sprite's outer rim, as a fraction of its colour
@@ -120,8 +124,9 @@ def _scale(height: int) -> float:
     return height / _REFERENCE_PX
 
 
-def start_position(seeds: torch.Tensor, height: int, width: int,
-                   physics: Physics = PHYSICS) -> torch.Tensor:
+def start_position(
+    seeds: torch.Tensor, height: int, width: int, physics: Physics = PHYSICS
+) -> torch.Tensor:
     """Seeded start positions near the centre. seeds: [B] int64 -> [B, 2] (x, y) pixels."""
     out = torch.empty((seeds.shape[0], 2), dtype=torch.float32)
     for i, seed in enumerate(seeds.tolist()):
@@ -132,9 +137,15 @@ def start_position(seeds: torch.Tensor, height: int, width: int,
     return out.to(seeds.device)
 
 
-def simulate(pos: torch.Tensor, vel: torch.Tensor, direction: torch.Tensor,
-             sprint: torch.Tensor, height: int, width: int,
-             physics: Physics = PHYSICS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def simulate(
+    pos: torch.Tensor,
+    vel: torch.Tensor,
+    direction: torch.Tensor,
+    sprint: torch.Tensor,
+    height: int,
+    width: int,
+    physics: Physics = PHYSICS,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Advance F frames. Frame f shows the position after its own step.
 
     pos, vel: [B, 2]; direction: [B, F, 2]; sprint: [B, F]
@@ -146,7 +157,7 @@ def simulate(pos: torch.Tensor, vel: torch.Tensor, direction: torch.Tensor,
     high = torch.tensor([width - margin, height - margin], device=pos.device)
     out = []
     for f in range(direction.shape[1]):
-        accel = physics.accel_px * k * (1.0 + (physics.sprint - 1.0) * sprint[:, f:f + 1])
+        accel = physics.accel_px * k * (1.0 + (physics.sprint - 1.0) * sprint[:, f : f + 1])
         vel = vel * physics.friction + accel * direction[:, f]
         moved = pos + vel
         pos = torch.maximum(torch.minimum(moved, high), low)
@@ -166,16 +177,21 @@ def terrain_textures(height: int, width: int, device: torch.device | str = "cpu"
     x = torch.arange(width, dtype=torch.float32)[None, :] * k
     g = torch.Generator().manual_seed(1234)  # fixed: the texture belongs to the terrain
     smooth = torch.nn.functional.interpolate(
-        torch.randn((len(TERRAINS), 1, 7, 7), generator=g), size=(height, width),
-        mode="bicubic", align_corners=True)[:, 0]  # [T, H, W]
+        torch.randn((len(TERRAINS), 1, 7, 7), generator=g),
+        size=(height, width),
+        mode="bicubic",
+        align_corners=True,
+    )[:, 0]  # [T, H, W]
     speckle = torch.rand((len(TERRAINS), height, width), generator=g) - 0.5
-    shade = torch.stack([
-        0.05 * smooth[0] + 0.04 * speckle[0],  # grass: patchy, grainy
-        0.03 * torch.sin((x + y) * 0.35) + 0.03 * speckle[1],  # sand: ripples
-        0.05 * torch.sin(y * 0.45 + 1.5 * torch.sin(x * 0.12)) + 0.01 * smooth[2],  # water
-        0.025 * smooth[3],  # snow: nearly flat
-        0.03 * smooth[4] - 0.08 * _grout(x, y),  # stone: tiles
-    ])  # [T, H, W]
+    shade = torch.stack(
+        [
+            0.05 * smooth[0] + 0.04 * speckle[0],  # grass: patchy, grainy
+            0.03 * torch.sin((x + y) * 0.35) + 0.03 * speckle[1],  # sand: ripples
+            0.05 * torch.sin(y * 0.45 + 1.5 * torch.sin(x * 0.12)) + 0.01 * smooth[2],  # water
+            0.025 * smooth[3],  # snow: nearly flat
+            0.03 * smooth[4] - 0.08 * _grout(x, y),  # stone: tiles
+        ]
+    )  # [T, H, W]
     tex = TERRAIN_RGB[:, :, None, None] + shade[:, None]
     return tex.clamp(0.0, 1.0).to(device)
 
@@ -213,9 +229,16 @@ def _sdf(shape: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor, r: torch.Tenso
     return torch.where(s == 0, ball, torch.where(s == 1, square, triangle))
 
 
-def render_frames(textures: torch.Tensor, terrain: torch.Tensor, night: torch.Tensor,
-                  colour: torch.Tensor, shape: torch.Tensor, pos: torch.Tensor,
-                  energy: torch.Tensor, physics: Physics = PHYSICS) -> torch.Tensor:
+def render_frames(
+    textures: torch.Tensor,
+    terrain: torch.Tensor,
+    night: torch.Tensor,
+    colour: torch.Tensor,
+    shape: torch.Tensor,
+    pos: torch.Tensor,
+    energy: torch.Tensor,
+    physics: Physics = PHYSICS,
+) -> torch.Tensor:
     """Frames of the world, RGB in [0, 1].
 
     textures: [T, 3, H, W]; terrain, colour, shape: [B, F] long; night: [B, F] bool;
@@ -224,10 +247,16 @@ def render_frames(textures: torch.Tensor, terrain: torch.Tensor, night: torch.Te
     return render_layers(textures, terrain, night, colour, shape, pos, energy, physics)[0]
 
 
-def render_layers(textures: torch.Tensor, terrain: torch.Tensor, night: torch.Tensor,
-                  colour: torch.Tensor, shape: torch.Tensor, pos: torch.Tensor,
-                  energy: torch.Tensor, physics: Physics = PHYSICS
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def render_layers(
+    textures: torch.Tensor,
+    terrain: torch.Tensor,
+    night: torch.Tensor,
+    colour: torch.Tensor,
+    shape: torch.Tensor,
+    pos: torch.Tensor,
+    energy: torch.Tensor,
+    physics: Physics = PHYSICS,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``render_frames`` plus the sprite's coverage: -> frames [B, F, 3, H, W], alpha
     [B, F, H, W] in [0, 1] (the trainer weights sprite pixels by it)."""
     b, f = terrain.shape
@@ -260,8 +289,15 @@ class World:
     position and velocity. Unknown keys raise ``models.loops.inputs.InputError``.
     """
 
-    def __init__(self, prompt: str, *, seed: int = 0, width: int = 96, height: int = 96,
-                 physics: Physics = PHYSICS) -> None:
+    def __init__(
+        self,
+        prompt: str,
+        *,
+        seed: int = 0,
+        width: int = 96,
+        height: int = 96,
+        physics: Physics = PHYSICS,
+    ) -> None:
         self.width, self.height, self.physics = width, height, physics
         self.spec: WorldSpec = parse_prompt(prompt)
         self._textures = terrain_textures(height, width)
@@ -276,14 +312,26 @@ class World:
         names = normalize_keys(keys)
         action = torch.tensor([[float(k in names) for k in ACTION_KEYS] + [0.0, 0.0]])
         direction, sprint = action_direction(action)
-        positions, pos, vel = simulate(self.position[None], self.velocity[None],
-                                       direction[:, None], sprint[:, None], self.height,
-                                       self.width, self.physics)
+        positions, pos, vel = simulate(
+            self.position[None],
+            self.velocity[None],
+            direction[:, None],
+            sprint[:, None],
+            self.height,
+            self.width,
+            self.physics,
+        )
         self.position, self.velocity = pos[0], vel[0]
         self.frames += 1
         s = self.spec
         frame = render_frames(
-            self._textures, torch.tensor([[s.terrain]]), torch.tensor([[s.night]]),
-            torch.tensor([[s.colour]]), torch.tensor([[s.shape]]), positions,
-            torch.tensor([[float(audio_energy)]]), self.physics)[0, 0]  # [3, H, W]
+            self._textures,
+            torch.tensor([[s.terrain]]),
+            torch.tensor([[s.night]]),
+            torch.tensor([[s.colour]]),
+            torch.tensor([[s.shape]]),
+            positions,
+            torch.tensor([[float(audio_energy)]]),
+            self.physics,
+        )[0, 0]  # [3, H, W]
         return (frame * 255.0).round().to(torch.uint8).permute(1, 2, 0).contiguous()

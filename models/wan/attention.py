@@ -22,8 +22,12 @@ __all__ = ["ATTENTION_BACKENDS", "WanCrossAttention", "WanSelfAttention", "atten
 ATTENTION_BACKENDS: dict[str, tuple[SDPBackend, ...] | None] = {
     "auto": None,
     "flash": (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH),
-    "cudnn": (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
-              SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH),
+    "cudnn": (
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.MATH,
+    ),
 }
 
 
@@ -90,8 +94,13 @@ class WanSelfAttention(_Projections):
         if past is None:
             out = attend(q, k, v, mask, self.backends)
         else:
-            out = attend(q, torch.cat((past[0], k), dim=1), torch.cat((past[1], v), dim=1), mask,
-                         self.backends)
+            out = attend(
+                q,
+                torch.cat((past[0], k), dim=1),
+                torch.cat((past[1], v), dim=1),
+                mask,
+                self.backends,
+            )
         return self.o(out), k, v
 
 

@@ -49,8 +49,9 @@ __all__ = [
 SELF_FORCING_SCHEDULE = ScheduleSpec(timesteps=(1000, 750, 500, 250), flow_shift=5.0)
 # Wan2.1's own T2V sampling defaults (generate.py: 50 steps, sample_shift 5, guide_scale 5):
 # 50 evenly spaced timesteps from pure noise, warped with shift 5, CFG against an empty prompt.
-WAN21_T2V_SCHEDULE = ScheduleSpec(timesteps=tuple(range(1000, 0, -20)), flow_shift=5.0,
-                                  guidance_scale=5.0)
+WAN21_T2V_SCHEDULE = ScheduleSpec(
+    timesteps=tuple(range(1000, 0, -20)), flow_shift=5.0, guidance_scale=5.0
+)
 
 # Wan2.1 VAE: z 16, 4x temporal, 8x spatial; DiT patch (1, 2, 2) -> 1560 tokens at 832x480.
 WAN_LATENT = LatentSpec(channels=16, temporal_stride=4, spatial_stride=8, patch=(1, 2, 2))
@@ -67,13 +68,19 @@ _PARITY_TOLERANCES = {
 def _loops(session_inputs: frozenset[str]) -> dict[str, LoopSpec]:
     return {
         "chunk_rollout": LoopSpec(
-            "chunk_rollout", "chunk_rollout", SELF_FORCING_SCHEDULE, "chunk_causal",
-            components=_GENERATION_COMPONENTS, inputs=session_inputs,
-            uses=("text_encode", "kv_recache", "vae_decode")),
+            "chunk_rollout",
+            "chunk_rollout",
+            SELF_FORCING_SCHEDULE,
+            "chunk_causal",
+            components=_GENERATION_COMPONENTS,
+            inputs=session_inputs,
+            uses=("text_encode", "kv_recache", "vae_decode"),
+        ),
         "kv_recache": LoopSpec("kv_recache", "kv_recache", components=("dit",)),
         "vae_decode": LoopSpec("vae_decode", "vae_decode", components=("vae",)),
-        "text_encode": LoopSpec("text_encode", "text_encode",
-                                components=("text_encoder", "tokenizer")),
+        "text_encode": LoopSpec(
+            "text_encode", "text_encode", components=("text_encoder", "tokenizer")
+        ),
     }
 
 
@@ -85,8 +92,9 @@ def _caches(window_latent_frames: int, sink_latent_frames: int) -> dict[str, Cac
     }
 
 
-_CAUSAL_CAPABILITIES = frozenset({"session.realtime", "prompt.switch", "prompt.cut",
-                                  "text_to_video"})
+_CAUSAL_CAPABILITIES = frozenset(
+    {"session.realtime", "prompt.switch", "prompt.cut", "text_to_video"}
+)
 
 
 def _required(path_hint: str, fmt: str) -> ComponentEntry:
@@ -96,9 +104,11 @@ def _required(path_hint: str, fmt: str) -> ComponentEntry:
 WAN21_13B_CAUSAL = ModelCard(
     model_id="wan2.1-1.3b-causal",
     family="wan",
-    description=("Wan2.1-T2V-1.3B distilled to 4-step chunk-causal generation (Self-Forcing, "
-                 "DMD); 832x480 at 16 fps. External weights: the operator supplies the "
-                 "checkpoint directory."),
+    description=(
+        "Wan2.1-T2V-1.3B distilled to 4-step chunk-causal generation (Self-Forcing, "
+        "DMD); 832x480 at 16 fps. External weights: the operator supplies the "
+        "checkpoint directory."
+    ),
     components={
         "dit": ComponentSpec("dit", "dit", "wan2.1-1.3b"),
         "vae": ComponentSpec("vae", "vae", "wan2.1"),
@@ -119,32 +129,38 @@ WAN21_13B_CAUSAL = ModelCard(
     caches=_caches(window_latent_frames=9, sink_latent_frames=3),
     # fp32 only widens the bf16 recipe (every bf16 weight is exact in fp32); fp16 is excluded.
     precision=PrecisionContract(("bf16", "fp32")),
-    checkpoint=CheckpointManifest({
-        # Self-Forcing ships the generator in Wan's original layout (``generator.``/``model.``
-        # prefixes accepted by the loader); the rest comes from Wan2.1-T2V-1.3B-Diffusers.
-        "dit": _required("transformer", "original"),
-        "vae": _required("vae", "diffusers"),
-        "text_encoder": _required("text_encoder", "diffusers"),
-        "tokenizer": _required("tokenizer", "diffusers"),
-    }),
+    checkpoint=CheckpointManifest(
+        {
+            # Self-Forcing ships the generator in Wan's original layout (``generator.``/``model.``
+            # prefixes accepted by the loader); the rest comes from Wan2.1-T2V-1.3B-Diffusers.
+            "dit": _required("transformer", "original"),
+            "vae": _required("vae", "diffusers"),
+            "text_encoder": _required("text_encoder", "diffusers"),
+            "tokenizer": _required("tokenizer", "diffusers"),
+        }
+    ),
     default_profile=Profile(fps=16, width=832, height=480, chunk_latent_frames=3, steps=4),
     latent=WAN_LATENT,
     weights="external",
     weights_version="self-forcing-dmd-v1",
     # Prompts only: the recipe takes no actions or audio, so the card offers no controls.
-    ui=CardUI(examples=(
-        "a lantern-lit canal town at dusk, gentle rain",
-        "a red fox running through a snowy pine forest, morning light",
-        "waves breaking on a rocky coast under storm clouds",
-        "a busy night market with neon signs and steam rising from food stalls",
-    )),
+    ui=CardUI(
+        examples=(
+            "a lantern-lit canal town at dusk, gentle rain",
+            "a red fox running through a snowy pine forest, morning light",
+            "waves breaking on a rocky coast under storm clouds",
+            "a busy night market with neon signs and steam rising from food stalls",
+        )
+    ),
 )
 
 WAN_TINY_RANDOM = ModelCard(
     model_id="wan-tiny-random",
     family="wan",
-    description=("Tiny Wan-architecture preset on CPU. random weights: for tests and "
-                 "development, shows noise."),
+    description=(
+        "Tiny Wan-architecture preset on CPU. random weights: for tests and "
+        "development, shows noise."
+    ),
     components={
         "dit": ComponentSpec("dit", "dit", "tiny", conditioning=frozenset({"action", "audio"})),
         "vae": ComponentSpec("vae", "vae", "tiny"),
@@ -153,8 +169,17 @@ WAN_TINY_RANDOM = ModelCard(
         "tokenizer": ComponentSpec("tokenizer", "tokenizer", "byte-fallback"),
     },
     loops=_loops(frozenset({"prompt", "cut", "action", "audio"})),
-    capabilities=frozenset({"session.realtime", "prompt.switch", "prompt.cut", "input.action",
-                            "input.audio", "text_to_video", "text_to_image"}),
+    capabilities=frozenset(
+        {
+            "session.realtime",
+            "prompt.switch",
+            "prompt.cut",
+            "input.action",
+            "input.audio",
+            "text_to_video",
+            "text_to_image",
+        }
+    ),
     recipe=RecipeSpec(
         method="random_init",
         parents=(),
@@ -174,9 +199,11 @@ WAN_TINY_RANDOM = ModelCard(
     # Random weights: every input is wired into the conditioning hooks, the picture is noise.
     ui=CardUI(
         examples=("a lantern-lit canal town at dusk", "a red kite over green hills"),
-        controls=(Control("key", ("w", "a", "s", "d"), "action input (noise: random weights)"),
-                  Control("mouse", ("drag",), "mouse input (noise: random weights)"),
-                  Control("audio", ("talk",), "audio input (noise: random weights)")),
+        controls=(
+            Control("key", ("w", "a", "s", "d"), "action input (noise: random weights)"),
+            Control("mouse", ("drag",), "mouse input (noise: random weights)"),
+            Control("audio", ("talk",), "audio input (noise: random weights)"),
+        ),
     ),
 )
 
@@ -186,11 +213,17 @@ _JOB_CAPABILITIES = frozenset({"text_to_video", "text_to_image"})
 def _job_loops() -> dict[str, LoopSpec]:
     return {
         "diffusion_denoise": LoopSpec(
-            "diffusion_denoise", "diffusion_denoise", WAN21_T2V_SCHEDULE, "bidirectional",
-            components=_GENERATION_COMPONENTS, uses=("text_encode", "vae_decode")),
+            "diffusion_denoise",
+            "diffusion_denoise",
+            WAN21_T2V_SCHEDULE,
+            "bidirectional",
+            components=_GENERATION_COMPONENTS,
+            uses=("text_encode", "vae_decode"),
+        ),
         "vae_decode": LoopSpec("vae_decode", "vae_decode", components=("vae",)),
-        "text_encode": LoopSpec("text_encode", "text_encode",
-                                components=("text_encoder", "tokenizer")),
+        "text_encode": LoopSpec(
+            "text_encode", "text_encode", components=("text_encoder", "tokenizer")
+        ),
     }
 
 
@@ -201,11 +234,17 @@ _JOB_CACHES = {
 }
 
 
-def _job_recipe(method: str, parents: tuple[str, ...], data_contract: str,
-                precision: str) -> RecipeSpec:
-    return RecipeSpec(method=method, parents=parents, data_contract=data_contract,
-                      assumes_loop="diffusion_denoise", assumes_precision=precision,
-                      consistency_required="C1")
+def _job_recipe(
+    method: str, parents: tuple[str, ...], data_contract: str, precision: str
+) -> RecipeSpec:
+    return RecipeSpec(
+        method=method,
+        parents=parents,
+        data_contract=data_contract,
+        assumes_loop="diffusion_denoise",
+        assumes_precision=precision,
+        consistency_required="C1",
+    )
 
 
 def _diffusers(path_hint: str) -> ComponentEntry:
@@ -215,10 +254,12 @@ def _diffusers(path_hint: str) -> ComponentEntry:
 WAN21_T2V_13B = ModelCard(
     model_id="wan2.1-t2v-1.3b",
     family="wan",
-    description=("Wan2.1-T2V-1.3B, the base model: bidirectional attention over the whole clip, "
-                 "50 flow-matching steps with classifier-free guidance; offline text-to-video "
-                 "and text-to-image jobs at 832x480, 16 fps. External weights: the operator "
-                 "points at a Wan2.1-T2V-1.3B-Diffusers directory."),
+    description=(
+        "Wan2.1-T2V-1.3B, the base model: bidirectional attention over the whole clip, "
+        "50 flow-matching steps with classifier-free guidance; offline text-to-video "
+        "and text-to-image jobs at 832x480, 16 fps. External weights: the operator "
+        "points at a Wan2.1-T2V-1.3B-Diffusers directory."
+    ),
     components={
         "dit": ComponentSpec("dit", "dit", "wan2.1-1.3b"),
         "vae": ComponentSpec("vae", "vae", "wan2.1"),
@@ -227,38 +268,48 @@ WAN21_T2V_13B = ModelCard(
     },
     loops=_job_loops(),
     capabilities=_JOB_CAPABILITIES,
-    recipe=_job_recipe("flow_matching_pretraining", (),
-                       "Wan2.1 pretraining on captioned images and videos (Wan technical report)",
-                       "bf16"),
+    recipe=_job_recipe(
+        "flow_matching_pretraining",
+        (),
+        "Wan2.1 pretraining on captioned images and videos (Wan technical report)",
+        "bf16",
+    ),
     parity=ParitySpec("C1", _PARITY_TOLERANCES),
     caches=_JOB_CACHES,
     precision=PrecisionContract(("bf16", "fp32")),
-    checkpoint=CheckpointManifest({
-        # the Wan-AI/Wan2.1-T2V-1.3B-Diffusers layout
-        "dit": _diffusers("transformer"),
-        "vae": _diffusers("vae"),
-        "text_encoder": _diffusers("text_encoder"),
-        "tokenizer": _diffusers("tokenizer"),
-    }),
+    checkpoint=CheckpointManifest(
+        {
+            # the Wan-AI/Wan2.1-T2V-1.3B-Diffusers layout
+            "dit": _diffusers("transformer"),
+            "vae": _diffusers("vae"),
+            "text_encoder": _diffusers("text_encoder"),
+            "tokenizer": _diffusers("tokenizer"),
+        }
+    ),
     # chunk_latent_frames: for a job only the VAE decode chunk (the DiT sees the whole clip)
-    default_profile=Profile(fps=16, width=832, height=480, chunk_latent_frames=3,
-                            steps=WAN21_T2V_SCHEDULE.steps),
+    default_profile=Profile(
+        fps=16, width=832, height=480, chunk_latent_frames=3, steps=WAN21_T2V_SCHEDULE.steps
+    ),
     latent=WAN_LATENT,
     weights="external",
     weights_version="wan2.1-t2v-1.3b",
     # jobs only: prompts, no live controls
-    ui=CardUI(examples=(
-        "a red fox running through a snowy pine forest, morning light",
-        "a lantern-lit canal town at dusk, gentle rain",
-        "a hot air balloon drifting over green hills, aerial view",
-    )),
+    ui=CardUI(
+        examples=(
+            "a red fox running through a snowy pine forest, morning light",
+            "a lantern-lit canal town at dusk, gentle rain",
+            "a hot air balloon drifting over green hills, aerial view",
+        )
+    ),
 )
 
 WAN21_T2V_TINY_RANDOM = ModelCard(
     model_id="wan2.1-t2v-tiny-random",
     family="wan",
-    description=("The wan2.1-t2v-1.3b loop and schedule (bidirectional, 50 steps, CFG 5) at "
-                 "tiny CPU dimensions. random weights: for tests and development, shows noise."),
+    description=(
+        "The wan2.1-t2v-1.3b loop and schedule (bidirectional, 50 steps, CFG 5) at "
+        "tiny CPU dimensions. random weights: for tests and development, shows noise."
+    ),
     components={
         "dit": ComponentSpec("dit", "dit", "tiny"),
         "vae": ComponentSpec("vae", "vae", "tiny"),
@@ -267,22 +318,28 @@ WAN21_T2V_TINY_RANDOM = ModelCard(
     },
     loops=_job_loops(),
     capabilities=_JOB_CAPABILITIES,
-    recipe=_job_recipe("random_init", (), "none: seeded random initialisation, never trained",
-                       "fp32"),
+    recipe=_job_recipe(
+        "random_init", (), "none: seeded random initialisation, never trained", "fp32"
+    ),
     parity=ParitySpec("C1", _PARITY_TOLERANCES),
     caches=_JOB_CACHES,
     precision=PrecisionContract(("fp32", "bf16")),
     checkpoint=CheckpointManifest(),
-    default_profile=Profile(fps=8, width=64, height=64, chunk_latent_frames=3,
-                            steps=WAN21_T2V_SCHEDULE.steps),
+    default_profile=Profile(
+        fps=8, width=64, height=64, chunk_latent_frames=3, steps=WAN21_T2V_SCHEDULE.steps
+    ),
     latent=WAN_LATENT,
     weights="random",
     weights_version="random-seed-0",
     ui=CardUI(examples=("a red kite over a beach (noise: random weights)",)),
 )
 
-CARDS: tuple[ModelCard, ...] = (WAN21_13B_CAUSAL, WAN_TINY_RANDOM, WAN21_T2V_13B,
-                                WAN21_T2V_TINY_RANDOM)
+CARDS: tuple[ModelCard, ...] = (
+    WAN21_13B_CAUSAL,
+    WAN_TINY_RANDOM,
+    WAN21_T2V_13B,
+    WAN21_T2V_TINY_RANDOM,
+)
 
 
 def cards() -> tuple[ModelCard, ...]:

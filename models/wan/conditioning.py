@@ -21,8 +21,13 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["HookEmbedding", "sinusoidal_embedding", "text_embedding", "time_embedding",
-           "time_projection"]
+__all__ = [
+    "HookEmbedding",
+    "sinusoidal_embedding",
+    "text_embedding",
+    "time_embedding",
+    "time_projection",
+]
 
 
 def sinusoidal_embedding(timestep: torch.Tensor, channels: int) -> torch.Tensor:
@@ -31,8 +36,9 @@ def sinusoidal_embedding(timestep: torch.Tensor, channels: int) -> torch.Tensor:
     timestep: [B] (any real dtype) -> [B, channels] laid out as [cos | sin]
     """
     half = channels // 2
-    exponent = -math.log(10000.0) * torch.arange(half, dtype=torch.float32,
-                                                 device=timestep.device) / half
+    exponent = (
+        -math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=timestep.device) / half
+    )
     angles = timestep[:, None].float() * torch.exp(exponent)[None, :]  # [B, half]
     return torch.cat((torch.cos(angles), torch.sin(angles)), dim=-1)
 

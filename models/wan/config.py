@@ -66,8 +66,14 @@ class WanDiTConfig:
             raise ConfigError(f"head_dim={self.head_dim} must be even for 3D RoPE")
         if self.qk_norm not in QK_NORMS:
             raise ConfigError(f"qk_norm={self.qk_norm!r} is not one of {QK_NORMS}")
-        for field_name in ("num_layers", "ffn_dim", "freq_dim", "in_channels", "out_channels",
-                           "text_dim"):
+        for field_name in (
+            "num_layers",
+            "ffn_dim",
+            "freq_dim",
+            "in_channels",
+            "out_channels",
+            "text_dim",
+        ):
             if getattr(self, field_name) < 1:
                 raise ConfigError(f"{field_name} must be >= 1, got {getattr(self, field_name)}")
         if self.freq_dim % 2 != 0:
@@ -215,9 +221,18 @@ class WanDiTConfig:
 PRESETS: dict[str, WanDiTConfig] = {
     # Wan2.1-T2V-1.3B: the backbone of Self-Forcing, CausVid, LongLive and Matrix-Game 2.0.
     "wan2.1-1.3b": WanDiTConfig(name="wan2.1-1.3b"),
-    "wan2.1-14b": WanDiTConfig(name="wan2.1-14b", dim=5120, num_layers=40, num_heads=40,
-                               ffn_dim=13824),
+    "wan2.1-14b": WanDiTConfig(
+        name="wan2.1-14b", dim=5120, num_layers=40, num_heads=40, ffn_dim=13824
+    ),
     # Small enough that a CPU forward takes milliseconds; the shapes still exercise every path.
-    "tiny": WanDiTConfig(name="tiny", dim=64, num_layers=2, num_heads=2, ffn_dim=128,
-                         freq_dim=32, text_dim=32, text_len=16),
+    "tiny": WanDiTConfig(
+        name="tiny",
+        dim=64,
+        num_layers=2,
+        num_heads=2,
+        ffn_dim=128,
+        freq_dim=32,
+        text_dim=32,
+        text_len=16,
+    ),
 }

@@ -33,8 +33,11 @@ _MIN_SCALE = 1e-12
 
 def scaled_mm_supported(device: torch.device) -> bool:
     """True where ``torch._scaled_mm`` runs FP8 GEMMs (CUDA, compute capability >= 8.9)."""
-    return (device.type == "cuda" and torch.cuda.is_available()
-            and torch.cuda.get_device_capability(device) >= (8, 9))
+    return (
+        device.type == "cuda"
+        and torch.cuda.is_available()
+        and torch.cuda.get_device_capability(device) >= (8, 9)
+    )
 
 
 def _quantize(x: torch.Tensor, per_tensor: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,8 +58,10 @@ class Fp8Linear(nn.Module):
     def __init__(self, linear: nn.Linear, *, per_tensor: bool = False) -> None:
         super().__init__()
         if linear.in_features % 16 or linear.out_features % 16:
-            raise ValueError(f"FP8 GEMMs need features divisible by 16; got "
-                             f"{linear.in_features} -> {linear.out_features}")
+            raise ValueError(
+                f"FP8 GEMMs need features divisible by 16; got "
+                f"{linear.in_features} -> {linear.out_features}"
+            )
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.per_tensor = per_tensor
         weight, scale = _quantize(linear.weight.detach(), per_tensor)
@@ -71,10 +76,15 @@ class Fp8Linear(nn.Module):
         x_q, x_scale = _quantize(rows, self.per_tensor)
         x_q = x_q.contiguous()  # the GEMM takes a row-major A
         if scaled_mm_supported(x.device):
-            y = torch._scaled_mm(x_q, self.weight_fp8.t(), scale_a=x_scale,
-                                 scale_b=self.weight_scale, out_dtype=x.dtype)
+            y = torch._scaled_mm(
+                x_q,
+                self.weight_fp8.t(),
+                scale_a=x_scale,
+                scale_b=self.weight_scale,
+                out_dtype=x.dtype,
+            )
         else:
-            y = ((x_q.float() * x_scale) @ (self.weight_fp8.float() * self.weight_scale.t()).t())
+            y = (x_q.float() * x_scale) @ (self.weight_fp8.float() * self.weight_scale.t()).t()
             y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
@@ -85,12 +95,16 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, e4m3 {scaling}"
 
 
-def quantize_linears(module: nn.Module, select: Callable[[str], bool], *,
-                     per_tensor: bool = False) -> list[str]:
+def quantize_linears(
+    module: nn.Module, select: Callable[[str], bool], *, per_tensor: bool = False
+) -> list[str]:
     """Replace every ``nn.Linear`` under ``module`` whose qualified name ``select`` accepts by
     an ``Fp8Linear`` (in place); -> the names replaced."""
-    targets = [(name, child) for name, child in module.named_modules()
-               if isinstance(child, nn.Linear) and select(name)]
+    targets = [
+        (name, child)
+        for name, child in module.named_modules()
+        if isinstance(child, nn.Linear) and select(name)
+    ]
     for name, linear in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module

@@ -55,8 +55,13 @@ ORIGINAL = "original"
 # safetensors metadata key under which the files we write carry the config (original form)
 CONFIG_METADATA_KEY = "dreamrt.wan_config"
 # the tensors whose shapes determine a config when nothing describes it
-SHAPE_KEYS = ("patch_embedding.weight", "text_embedding.0.weight", "time_embedding.0.weight",
-              "blocks.0.ffn.0.weight", "head.head.weight")
+SHAPE_KEYS = (
+    "patch_embedding.weight",
+    "text_embedding.0.weight",
+    "time_embedding.0.weight",
+    "blocks.0.ffn.0.weight",
+    "head.head.weight",
+)
 _ASSUMED_HEAD_DIM = 128  # invisible in shapes; true for every released Wan2.1
 
 # {n}: block or layer index; {p}: weight | bias. Left: checkpoint name; right: WanDiT name.
@@ -100,8 +105,15 @@ ORIGINAL_RULES: tuple[tuple[str, str], ...] = tuple((name, name) for _, name in 
 # Wrappers around the original names: Self-Forcing / CausVid training checkpoints
 # (``generator.model.blocks...``), ComfyUI single files (``model.diffusion_model.``), DDP
 # (``module.``), torch.compile (``_orig_mod.``). Stripped repeatedly from the front of a key.
-ORIGINAL_PREFIXES = ("generator_ema.", "generator.", "model.diffusion_model.", "diffusion_model.",
-                     "model.", "module.", "_orig_mod.")
+ORIGINAL_PREFIXES = (
+    "generator_ema.",
+    "generator.",
+    "model.diffusion_model.",
+    "diffusion_model.",
+    "model.",
+    "module.",
+    "_orig_mod.",
+)
 
 HOOK_PREFIXES = ("action_embedding.", "audio_embedding.")
 
@@ -142,13 +154,13 @@ def from_native(key: str, fmt: str) -> str | None:
 def strip_prefix(key: str, only: str | None = None) -> str | None:
     """Remove wrapper prefixes; with ``only``, keys without that prefix are dropped (None)."""
     if only is not None:
-        return key[len(only):] if key.startswith(only) else None
+        return key[len(only) :] if key.startswith(only) else None
     changed = True
     while changed:
         changed = False
         for prefix in ORIGINAL_PREFIXES:
             if key.startswith(prefix):
-                key, changed = key[len(prefix):], True
+                key, changed = key[len(prefix) :], True
                 break
     return key
 
@@ -204,8 +216,10 @@ def config_from_shapes(shapes: Mapping[str, Sequence[int]]) -> WanDiTConfig:
     """
     dim, in_channels, *patch = shapes["patch_embedding.weight"]
     if dim % _ASSUMED_HEAD_DIM:
-        raise ValueError(f"dim={dim} is not a multiple of {_ASSUMED_HEAD_DIM}; cannot infer "
-                         "num_heads, pass config=WanDiTConfig(...)")
+        raise ValueError(
+            f"dim={dim} is not a multiple of {_ASSUMED_HEAD_DIM}; cannot infer "
+            "num_heads, pass config=WanDiTConfig(...)"
+        )
     layers = 1 + max(int(m.group(1)) for k in shapes if (m := re.match(r"blocks\.(\d+)\.", k)))
     cfg = WanDiTConfig(
         name="inferred",
@@ -221,16 +235,19 @@ def config_from_shapes(shapes: Mapping[str, Sequence[int]]) -> WanDiTConfig:
         qk_norm="rms_norm_across_heads" if "blocks.0.self_attn.norm_q.weight" in shapes else None,
         cross_attn_norm="blocks.0.norm3.weight" in shapes,
     )
-    log.warning("no config; inferred %s from tensor shapes (head_dim %d assumed)", cfg,
-                _ASSUMED_HEAD_DIM)
+    log.warning(
+        "no config; inferred %s from tensor shapes (head_dim %d assumed)", cfg, _ASSUMED_HEAD_DIM
+    )
     return cfg
 
 
 def adopt_hooks(cfg: WanDiTConfig, shapes: Mapping[str, Sequence[int]]) -> WanDiTConfig:
     """Hook widths from the checkpoint when its config predates the hooks."""
     changes = {}
-    for field, key in (("action_dim", "action_embedding.0.weight"),
-                       ("audio_dim", "audio_embedding.0.weight")):
+    for field, key in (
+        ("action_dim", "action_embedding.0.weight"),
+        ("audio_dim", "audio_embedding.0.weight"),
+    ):
         if key in shapes and getattr(cfg, field) == 0:
             changes[field] = shapes[key][1]
     return cfg.replace(**changes) if changes else cfg

@@ -76,8 +76,12 @@ class ChunkKVCache(msgspec.Struct, kw_only=True):
         _check_geometry(self.sink_frames, self.window_frames, self.tokens_per_frame)
         expected = self.capacity_frames * self.tokens_per_frame
         k, v, valid = self.k, self.v, self.valid
-        if (k.shape != v.shape or k.ndim != 5 or k.shape[2] != expected
-                or valid.shape != (expected,)):
+        if (
+            k.shape != v.shape
+            or k.ndim != 5
+            or k.shape[2] != expected
+            or valid.shape != (expected,)
+        ):
             raise CacheShapeError(
                 f"buffers k={tuple(k.shape)} v={tuple(v.shape)} valid={tuple(valid.shape)} do not "
                 f"match S={self.sink_frames} W={self.window_frames} T={self.tokens_per_frame}"
@@ -109,13 +113,19 @@ class ChunkKVCache(msgspec.Struct, kw_only=True):
         _check_geometry(sink_frames, window_frames, tokens_per_frame)
         if batch < 1:
             raise CacheShapeError(f"batch must be >= 1, got {batch}")
-        shape = (config.num_layers, batch, (sink_frames + window_frames) * tokens_per_frame,
-                 config.num_heads, config.head_dim)
+        shape = (
+            config.num_layers,
+            batch,
+            (sink_frames + window_frames) * tokens_per_frame,
+            config.num_heads,
+            config.head_dim,
+        )
         return cls(
             k=torch.zeros(shape, device=device, dtype=dtype),
             v=torch.zeros(shape, device=device, dtype=dtype),
             valid=torch.zeros(shape[2], device=device, dtype=torch.bool),
-            sink_frames=sink_frames, window_frames=window_frames,
+            sink_frames=sink_frames,
+            window_frames=window_frames,
             tokens_per_frame=tokens_per_frame,
         )
 
@@ -160,20 +170,29 @@ class ChunkKVCache(msgspec.Struct, kw_only=True):
     def clone(self) -> ChunkKVCache:
         """An independent copy with its own buffers."""
         return ChunkKVCache(
-            k=self.k.clone(), v=self.v.clone(), valid=self.valid.clone(),
-            sink_frames=self.sink_frames, window_frames=self.window_frames,
-            tokens_per_frame=self.tokens_per_frame, slot_positions=list(self.slot_positions),
-            frames_written=self.frames_written)
+            k=self.k.clone(),
+            v=self.v.clone(),
+            valid=self.valid.clone(),
+            sink_frames=self.sink_frames,
+            window_frames=self.window_frames,
+            tokens_per_frame=self.tokens_per_frame,
+            slot_positions=list(self.slot_positions),
+            frames_written=self.frames_written,
+        )
 
     def copy_from(self, other: ChunkKVCache) -> None:
         """Overwrite this cache with ``other``, in place (fork into a slab; a snapshot's cache
         moved into a session's slab). The geometries must match."""
-        if (other.k.shape != self.k.shape or other.sink_frames != self.sink_frames
-                or other.window_frames != self.window_frames):
+        if (
+            other.k.shape != self.k.shape
+            or other.sink_frames != self.sink_frames
+            or other.window_frames != self.window_frames
+        ):
             raise CacheShapeError(
                 f"cannot copy a cache of k={tuple(other.k.shape)} S={other.sink_frames} "
                 f"W={other.window_frames} into one of k={tuple(self.k.shape)} "
-                f"S={self.sink_frames} W={self.window_frames}")
+                f"S={self.sink_frames} W={self.window_frames}"
+            )
         self.k.copy_(other.k)
         self.v.copy_(other.v)
         self.valid.copy_(other.valid)
@@ -273,7 +292,7 @@ class ChunkKVCache(msgspec.Struct, kw_only=True):
         """Mark the planned slots filled once every layer is written; advance the counter."""
         t = self.tokens_per_frame
         for run in runs:
-            self.valid[run.dst_slot * t:(run.dst_slot + run.frames) * t] = True
+            self.valid[run.dst_slot * t : (run.dst_slot + run.frames) * t] = True
             for i in range(run.frames):
                 self.slot_positions[run.dst_slot + i] = frame_start + run.src_frame + i
         self.frames_written += num_frames

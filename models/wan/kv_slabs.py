@@ -1,4 +1,4 @@
-"""One preallocated K/V tensor per (card, geometry); a session's chunk-KV cache is a view of its slab.
+"""One preallocated K/V tensor per (card, geometry); a session's chunk-KV cache is a slab view.
 
 The runtime's ``KVSlabPool`` (pure bookkeeping) says which slab index a session holds; this
 module owns the memory those indices name. Every session of one geometry (sink frames S, ring
@@ -53,8 +53,15 @@ class SlabGeometry:
 class KVSlabBuffer:
     """``num_slabs`` chunk-KV slabs of one geometry in one pair of tensors (module docstring)."""
 
-    def __init__(self, config: WanDiTConfig, geometry: SlabGeometry, *, num_slabs: int,
-                 device: torch.device | str, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        config: WanDiTConfig,
+        geometry: SlabGeometry,
+        *,
+        num_slabs: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ) -> None:
         if num_slabs < 1:
             raise CacheShapeError(f"a slab buffer needs num_slabs >= 1, got {num_slabs}")
         self.geometry = geometry
@@ -84,9 +91,14 @@ class KVSlabBuffer:
         resume a stream copy the bookkeeping in with ``ChunkKVCache.copy_from``)."""
         self._check(slab_id)
         g, i = self.geometry, slab_id
-        return ChunkKVCache(k=self.k[:, i:i + 1], v=self.v[:, i:i + 1], valid=self.valid[i],
-                            sink_frames=g.sink_frames, window_frames=g.window_frames,
-                            tokens_per_frame=g.tokens_per_frame)
+        return ChunkKVCache(
+            k=self.k[:, i : i + 1],
+            v=self.v[:, i : i + 1],
+            valid=self.valid[i],
+            sink_frames=g.sink_frames,
+            window_frames=g.window_frames,
+            tokens_per_frame=g.tokens_per_frame,
+        )
 
     def owns(self, cache: ChunkKVCache) -> int | None:
         """The slab index ``cache`` is a view of, or ``None`` if it has its own buffers."""
@@ -103,8 +115,9 @@ class KVSlabBuffer:
         self.v[:, dst].copy_(self.v[:, src])
         self.valid[dst].copy_(self.valid[src])
 
-    def gather(self, layer: int, slab_ids: Sequence[int],
-               tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(
+        self, layer: int, slab_ids: Sequence[int], tokens: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Several sessions' K/V of one layer as one batch: 2 x [B, tokens, heads, head_dim]
         (a view when the slabs are consecutive, else a gathered copy)."""
         for i in slab_ids:
@@ -115,8 +128,10 @@ class KVSlabBuffer:
             rows = slice(ids[0], ids[0] + len(ids))
             return self.k[layer, rows, :end], self.v[layer, rows, :end]
         index = torch.tensor(ids, device=self.k.device)
-        return (self.k[layer, :, :end].index_select(0, index),
-                self.v[layer, :, :end].index_select(0, index))
+        return (
+            self.k[layer, :, :end].index_select(0, index),
+            self.v[layer, :, :end].index_select(0, index),
+        )
 
     def _check(self, slab_id: int) -> None:
         if not 0 <= slab_id < self.num_slabs:

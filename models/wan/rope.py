@@ -19,8 +19,9 @@ def _axis_angles(
     channels: int, start: int, count: int, theta: float, device: torch.device
 ) -> torch.Tensor:
     # -> [count, channels // 2] float64 angles for positions start .. start + count - 1
-    inv_freq = 1.0 / (theta ** (torch.arange(0, channels, 2, dtype=torch.float64, device=device)
-                                / channels))
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, channels, 2, dtype=torch.float64, device=device) / channels)
+    )
     pos = torch.arange(start, start + count, dtype=torch.float64, device=device)
     return torch.outer(pos, inv_freq)
 

@@ -70,7 +70,8 @@ def require_transformers() -> Any:
     except ImportError as exc:
         raise MissingExtraError(
             "the UMT5 text encoder of the Wan cards needs the optional package 'transformers': "
-            "pip install 'dreamrt[reference]'") from exc
+            "pip install 'dreamrt[reference]'"
+        ) from exc
     return transformers
 
 
@@ -87,19 +88,45 @@ class UMT5Preset:
         return int(self.config["d_model"])
 
 
-_UMT5_COMMON = {"feed_forward_proj": "gated-gelu", "relative_attention_num_buckets": 32,
-                "relative_attention_max_distance": 128, "layer_norm_epsilon": 1e-6,
-                "tie_word_embeddings": False, "pad_token_id": 0, "eos_token_id": 1}
+_UMT5_COMMON = {
+    "feed_forward_proj": "gated-gelu",
+    "relative_attention_num_buckets": 32,
+    "relative_attention_max_distance": 128,
+    "layer_norm_epsilon": 1e-6,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+}
 
 UMT5_PRESETS: Mapping[str, UMT5Preset] = {
     # google/umt5-xxl encoder as shipped in Wan2.1-T2V-*-Diffusers/text_encoder.
-    "umt5-xxl": UMT5Preset("umt5-xxl", 512, {**_UMT5_COMMON, "vocab_size": 256384,
-                                             "d_model": 4096, "d_kv": 64, "d_ff": 10240,
-                                             "num_layers": 24, "num_heads": 64}),
+    "umt5-xxl": UMT5Preset(
+        "umt5-xxl",
+        512,
+        {
+            **_UMT5_COMMON,
+            "vocab_size": 256384,
+            "d_model": 4096,
+            "d_kv": 64,
+            "d_ff": 10240,
+            "num_layers": 24,
+            "num_heads": 64,
+        },
+    ),
     # Matches the "tiny" DiT preset (text_dim 32, text_len 16); vocab covers the byte fallback.
-    "umt5-tiny": UMT5Preset("umt5-tiny", 16, {**_UMT5_COMMON, "vocab_size": 384, "d_model": 32,
-                                              "d_kv": 8, "d_ff": 64, "num_layers": 2,
-                                              "num_heads": 4}),
+    "umt5-tiny": UMT5Preset(
+        "umt5-tiny",
+        16,
+        {
+            **_UMT5_COMMON,
+            "vocab_size": 384,
+            "d_model": 32,
+            "d_kv": 8,
+            "d_ff": 64,
+            "num_layers": 2,
+            "num_heads": 4,
+        },
+    ),
 }
 
 
@@ -118,8 +145,9 @@ class Tokenizer(Protocol):
 
     signature: str
 
-    def __call__(self, texts: Sequence[str], text_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ...
+    def __call__(
+        self, texts: Sequence[str], text_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class ByteFallbackTokenizer:
@@ -134,8 +162,9 @@ class ByteFallbackTokenizer:
 
     def __init__(self, vocab_size: int) -> None:
         if vocab_size <= self.OFFSET + 1:
-            raise TextEncoderError(f"byte fallback needs vocab_size > {self.OFFSET + 1}, "
-                                   f"got {vocab_size}")
+            raise TextEncoderError(
+                f"byte fallback needs vocab_size > {self.OFFSET + 1}, got {vocab_size}"
+            )
         self.vocab_size = vocab_size
         self.signature = f"byte-fallback-v1:vocab={vocab_size}:{_CLEANING}"
 
@@ -172,8 +201,10 @@ class HFTokenizer:
         root = Path(path)
         files = sorted(p for p in root.glob("*") if p.is_file()) if root.is_dir() else []
         if not files:
-            raise TextEncoderError(f"no tokenizer files in {str(root)!r}; a checkpoint directory "
-                                   f"must bring its tokenizer (nothing is downloaded)")
+            raise TextEncoderError(
+                f"no tokenizer files in {str(root)!r}; a checkpoint directory "
+                f"must bring its tokenizer (nothing is downloaded)"
+            )
         auto = require_transformers().AutoTokenizer
         tokenizer = auto.from_pretrained(str(root), local_files_only=True)
         digest = hashlib.sha256()
@@ -182,9 +213,15 @@ class HFTokenizer:
         return cls(tokenizer, f"hf-sha256:{digest.hexdigest()[:16]}:{_CLEANING}")
 
     def __call__(self, texts: Sequence[str], text_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.tokenizer(list(texts), padding="max_length", max_length=text_len,
-                             truncation=True, add_special_tokens=True,
-                             return_attention_mask=True, return_tensors="pt")
+        out = self.tokenizer(
+            list(texts),
+            padding="max_length",
+            max_length=text_len,
+            truncation=True,
+            add_special_tokens=True,
+            return_attention_mask=True,
+            return_tensors="pt",
+        )
         return out.input_ids.long(), out.attention_mask.long()  # [B, L] each
 
 
@@ -208,8 +245,14 @@ class UMT5TextEncoder:
         self.text_len = text_len
 
     @classmethod
-    def from_preset(cls, name: str, *, seed: int = 0, device: str | torch.device = "cpu",
-                    dtype: torch.dtype = torch.float32) -> UMT5TextEncoder:
+    def from_preset(
+        cls,
+        name: str,
+        *,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> UMT5TextEncoder:
         """Random weights from ``UMT5_PRESETS[name]``, deterministic for (seed, device type),
         with the byte fallback tokenizer."""
         preset = _preset(name)
@@ -225,10 +268,16 @@ class UMT5TextEncoder:
         return cls(model.to(dtype=dtype), tokenizer, preset.text_len)
 
     @classmethod
-    def from_pretrained(cls, encoder_dir: str | Path, tokenizer_dir: str | Path, *,
-                        text_len: int = 512, preset: str | None = None,
-                        device: str | torch.device = "cpu",
-                        dtype: torch.dtype = torch.bfloat16) -> UMT5TextEncoder:
+    def from_pretrained(
+        cls,
+        encoder_dir: str | Path,
+        tokenizer_dir: str | Path,
+        *,
+        text_len: int = 512,
+        preset: str | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> UMT5TextEncoder:
         """Load a diffusers-layout ``text_encoder/`` and its ``tokenizer/`` from local files.
 
         With ``preset``, the checkpoint's width must match it (catches a wrong directory before
@@ -240,11 +289,14 @@ class UMT5TextEncoder:
         transformers = require_transformers()
         config = transformers.UMT5Config.from_pretrained(str(encoder_dir), local_files_only=True)
         if preset is not None and config.d_model != _preset(preset).text_dim:
-            raise TextEncoderError(f"{str(encoder_dir)!r} has d_model={config.d_model}, "
-                                   f"preset {preset!r} expects {_preset(preset).text_dim}")
+            raise TextEncoderError(
+                f"{str(encoder_dir)!r} has d_model={config.d_model}, "
+                f"preset {preset!r} expects {_preset(preset).text_dim}"
+            )
         tokenizer = HFTokenizer.from_dir(tokenizer_dir)
         model = transformers.UMT5EncoderModel.from_pretrained(
-            str(encoder_dir), config=config, local_files_only=True, dtype=dtype)
+            str(encoder_dir), config=config, local_files_only=True, dtype=dtype
+        )
         return cls(model.to(device=device), tokenizer, text_len)
 
     @property
@@ -262,8 +314,9 @@ class UMT5TextEncoder:
     @property
     def precision(self) -> str:
         if self.dtype not in _PRECISION_OF:
-            raise TextEncoderError(f"no precision name for dtype {self.dtype}; known: "
-                                   f"{sorted(_PRECISION_OF.values())}")
+            raise TextEncoderError(
+                f"no precision name for dtype {self.dtype}; known: {sorted(_PRECISION_OF.values())}"
+            )
         return _PRECISION_OF[self.dtype]
 
     @property
@@ -288,8 +341,9 @@ def _preset(name: str) -> UMT5Preset:
     try:
         return UMT5_PRESETS[name]
     except KeyError:
-        raise TextEncoderError(f"unknown UMT5 preset {name!r}; known: "
-                               f"{sorted(UMT5_PRESETS)}") from None
+        raise TextEncoderError(
+            f"unknown UMT5 preset {name!r}; known: {sorted(UMT5_PRESETS)}"
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,8 +410,15 @@ class CachedTextEncoder:
     name = "text_encode"
     batchable = True
 
-    def __init__(self, encoder: UMT5TextEncoder, store: EmbeddingStore, *, model_id: str,
-                 weights_version: str, component: str = "text_encoder") -> None:
+    def __init__(
+        self,
+        encoder: UMT5TextEncoder,
+        store: EmbeddingStore,
+        *,
+        model_id: str,
+        weights_version: str,
+        component: str = "text_encoder",
+    ) -> None:
         self.encoder = encoder
         self.store = store
         self.model_id = model_id
@@ -368,10 +429,13 @@ class CachedTextEncoder:
 
     def key_for(self, text: str) -> CacheKey:
         return CacheKey(
-            model_id=self.model_id, component=self.component,
-            weights_version=self.weights_version, precision=self.encoder.precision,
+            model_id=self.model_id,
+            component=self.component,
+            weights_version=self.weights_version,
+            precision=self.encoder.precision,
             shape_sig=self.encoder.shape_sig,
-            input_hash=hashlib.sha256(text.encode("utf-8")).hexdigest())
+            input_hash=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        )
 
     def encode(self, texts: Sequence[str], *, deterministic: bool = False) -> torch.Tensor:
         """``[B, text_len, text_dim]``. Misses are encoded in one batch, or one at a time when

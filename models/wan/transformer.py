@@ -90,8 +90,11 @@ class WanBlock(nn.Module):
         self.norm3 = nn.LayerNorm(dim, eps) if config.cross_attn_norm else nn.Identity()
         self.cross_attn = WanCrossAttention(dim, config.num_heads, qk_norm, eps)
         self.norm2 = nn.LayerNorm(dim, eps, elementwise_affine=False)
-        self.ffn = nn.Sequential(nn.Linear(dim, config.ffn_dim), nn.GELU(approximate="tanh"),
-                                 nn.Linear(config.ffn_dim, dim))
+        self.ffn = nn.Sequential(
+            nn.Linear(dim, config.ffn_dim),
+            nn.GELU(approximate="tanh"),
+            nn.Linear(config.ffn_dim, dim),
+        )
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
     def forward(
@@ -147,8 +150,9 @@ class WanDiT(nn.Module):
         super().__init__()
         self.config = config
         dim = config.dim
-        self.patch_embedding = nn.Conv3d(config.in_channels, dim, kernel_size=config.patch_size,
-                                         stride=config.patch_size)
+        self.patch_embedding = nn.Conv3d(
+            config.in_channels, dim, kernel_size=config.patch_size, stride=config.patch_size
+        )
         self.text_embedding = text_embedding(config.text_dim, dim)
         self.time_embedding = time_embedding(config.freq_dim, dim)
         self.time_projection = time_projection(dim)
@@ -260,8 +264,18 @@ class WanDiT(nn.Module):
         e, e0 = self._embed_time(timestep, action, grid[0])
         runs = cache.plan_write(frames) if write_cache else ()
         past_tokens, mask = cache.attention_keys(frames * tokens_per_frame)
-        out = self._run(tokens, grid, frame_start, e, e0, cross, mask=mask, caches=(cache,),
-                        past_tokens=past_tokens, runs=(runs,) if runs else ())
+        out = self._run(
+            tokens,
+            grid,
+            frame_start,
+            e,
+            e0,
+            cross,
+            mask=mask,
+            caches=(cache,),
+            past_tokens=past_tokens,
+            runs=(runs,) if runs else (),
+        )
         if write_cache:
             cache.commit(runs, frames, frame_start)
         return out
@@ -289,23 +303,43 @@ class WanDiT(nn.Module):
         grid = self._check_latents(x, timestep)
         frames, tokens_per_frame = grid[0], grid[1] * grid[2]
         if len(caches) != x.shape[0] or len(frame_starts) != x.shape[0]:
-            raise InputShapeError(f"batch {x.shape[0]} with {len(caches)} caches and "
-                                  f"{len(frame_starts)} frame starts")
+            raise InputShapeError(
+                f"batch {x.shape[0]} with {len(caches)} caches and {len(frame_starts)} frame starts"
+            )
         keys = {c.attention_keys(frames * tokens_per_frame)[0] for c in caches}
-        if (len(keys) != 1 or any(c.prefix_frames is None for c in caches)
-                or any(c.tokens_per_frame != tokens_per_frame or c.batch != 1 for c in caches)):
-            raise InputShapeError("batched chunks need caches of batch 1 with one filled prefix "
-                                  f"of {tokens_per_frame} tokens/frame; got keys {sorted(keys)}")
+        if (
+            len(keys) != 1
+            or any(c.prefix_frames is None for c in caches)
+            or any(c.tokens_per_frame != tokens_per_frame or c.batch != 1 for c in caches)
+        ):
+            raise InputShapeError(
+                "batched chunks need caches of batch 1 with one filled prefix "
+                f"of {tokens_per_frame} tokens/frame; got keys {sorted(keys)}"
+            )
         tokens = self._embed_tokens(x, audio, grid)
         e, e0 = self._embed_time(timestep, action, grid[0])
-        return self._run(tokens, grid, tuple(frame_starts), e, e0, cross, caches=tuple(caches),
-                         past_tokens=keys.pop())
+        return self._run(
+            tokens,
+            grid,
+            tuple(frame_starts),
+            e,
+            e0,
+            cross,
+            caches=tuple(caches),
+            past_tokens=keys.pop(),
+        )
 
-    def flops_per_chunk(self, tokens_q: int, tokens_kv: int, text_len: int | None = None,
-                        batch: int = 1) -> float:
+    def flops_per_chunk(
+        self, tokens_q: int, tokens_kv: int, text_len: int | None = None, batch: int = 1
+    ) -> float:
         """Matmul FLOPs of one chunk forward with cached cross K/V (see ``dit_flops``)."""
-        return dit_flops(self.config, tokens_q, tokens_kv,
-                         self.config.text_len if text_len is None else text_len, batch=batch)
+        return dit_flops(
+            self.config,
+            tokens_q,
+            tokens_kv,
+            self.config.text_len if text_len is None else text_len,
+            batch=batch,
+        )
 
     def reset_hooks(self) -> None:
         """Put the action/audio hooks back into their exact no-op state."""
@@ -343,8 +377,11 @@ class WanDiT(nn.Module):
         tokens = self.patch_embedding(x.to(weight.dtype)).flatten(2).transpose(1, 2).contiguous()
         if audio is None:
             return tokens
-        if self.audio_embedding is None or audio.shape != (x.shape[0], grid[0],
-                                                          self.config.audio_dim):
+        if self.audio_embedding is None or audio.shape != (
+            x.shape[0],
+            grid[0],
+            self.config.audio_dim,
+        ):
             raise InputShapeError(
                 f"audio {tuple(audio.shape)} given; expected [B={x.shape[0]}, f={grid[0]}, "
                 f"audio_dim={self.config.audio_dim}] and a config with audio_dim > 0"
@@ -365,7 +402,8 @@ class WanDiT(nn.Module):
         if action is not None:
             batch, width = t.shape[0], self.config.action_dim
             if self.action_embedding is None or action.shape not in (
-                (batch, width), (batch, frames, width)
+                (batch, width),
+                (batch, frames, width),
             ):
                 raise InputShapeError(
                     f"action {tuple(action.shape)} is not [B={batch}, action_dim={width}] or "
@@ -400,8 +438,12 @@ class WanDiT(nn.Module):
             e = e.repeat_interleave(tokens_per_frame, dim=1)
             e0 = e0.repeat_interleave(tokens_per_frame, dim=1)
         starts = frame_start if isinstance(frame_start, tuple) else (frame_start,)
-        tables = [rope_cos_sin(self.config.rope_split(), grid, start, self.config.rope_theta,
-                               tokens.device) for start in starts]
+        tables = [
+            rope_cos_sin(
+                self.config.rope_split(), grid, start, self.config.rope_theta, tokens.device
+            )
+            for start in starts
+        ]
         cos, sin = tables[0] if len(tables) == 1 else (torch.stack(t) for t in zip(*tables))
         x = tokens
         for index, block in enumerate(self.blocks):
@@ -421,8 +463,9 @@ class WanDiT(nn.Module):
         return y.reshape(y.shape[0], self.config.out_channels, f * pt, h * ph, w * pw)
 
 
-def _gather_past(caches: tuple[ChunkKVCache, ...], layer: int,
-                 tokens: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _gather_past(
+    caches: tuple[ChunkKVCache, ...], layer: int, tokens: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Layer ``layer``'s first ``tokens`` cached K/V of every sample: 2 x [B, tokens, H, D]
     (the cache's own views for one cache; concatenated for a batch of sessions)."""
     if not caches or not tokens:

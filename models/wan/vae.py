@@ -146,8 +146,9 @@ class WanVAE(nn.Module):
         cache.check_compatible(self.decoder.slot_specs, (z.shape[3], z.shape[4]), z.shape[0])
         return self.decoder(self.post_quant_conv(z), cache).clamp(-1.0, 1.0)
 
-    def decode_flops(self, latent_frames: int, latent_height: int, latent_width: int, *,
-                     first: bool = False) -> float:
+    def decode_flops(
+        self, latent_frames: int, latent_height: int, latent_width: int, *, first: bool = False
+    ) -> float:
         """Multiply-add FLOPs (2 per MAC) of ``decode_chunk`` of ``latent_frames`` frames on a
         ``latent_height x latent_width`` grid: every convolution (causal history included in
         its taps, as the cache makes it) and the mid-block's per-frame attention; norms and
@@ -156,8 +157,9 @@ class WanVAE(nn.Module):
         h, w = latent_height, latent_width
         frames = float(latent_frames)
         dec = self.decoder
-        total = _conv_flops(dec.conv_in, frames, h, w) + _conv_flops(self.post_quant_conv,
-                                                                     frames, h, w)
+        total = _conv_flops(dec.conv_in, frames, h, w) + _conv_flops(
+            self.post_quant_conv, frames, h, w
+        )
         total += _mid_flops(dec.mid_block, frames, h, w)
         for block in dec.up_blocks:
             total += sum(_residual_flops(r, frames, h, w) for r in block.resnets)

@@ -66,7 +66,8 @@ class CausalCache(msgspec.Struct):
     def __post_init__(self) -> None:
         if len(self.specs) != len(self.buffers):
             raise CacheMismatchError(
-                f"{len(self.specs)} slot specs but {len(self.buffers)} buffers")
+                f"{len(self.specs)} slot specs but {len(self.buffers)} buffers"
+            )
         self.specs = tuple(self.specs)
         self.grid_hw = (int(self.grid_hw[0]), int(self.grid_hw[1]))
 
@@ -132,8 +133,9 @@ class CausalCache(msgspec.Struct):
 
     def clone(self) -> Self:
         """An independent copy (fork a stream)."""
-        return type(self)(self.specs, [b.clone() for b in self.buffers], self.grid_hw,
-                          self.frames_seen)
+        return type(self)(
+            self.specs, [b.clone() for b in self.buffers], self.grid_hw, self.frames_seen
+        )
 
     def copy_(self, other: CausalCache) -> None:
         """Overwrite this cache's contents with ``other``'s, in place (fork into a pooled cache)."""

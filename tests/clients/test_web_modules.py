@@ -418,9 +418,7 @@ def test_empty_start_uses_the_first_example(page: Any) -> None:
         fresh.evaluate("(cards) => window.dreamrt.guide.render(cards[1])", TOY_CARDS)
         assert fresh.input_value("#prompt") == ""
         fresh.click("#prompt-submit")
-        fresh.wait_for_function(
-            "window.dreamrt.events.some((e) => e.type === 'page.connecting')"
-        )
+        fresh.wait_for_function("window.dreamrt.events.some((e) => e.type === 'page.connecting')")
         connecting = fresh.evaluate(
             "window.dreamrt.events.find((e) => e.type === 'page.connecting')"
         )

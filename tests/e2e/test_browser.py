@@ -257,9 +257,7 @@ def test_page_speaks_the_served_cards_language(live_page: Any, server: ServerPro
     assert ("drag" in shown) == any(c["kind"] == "mouse" for c in card["controls"])
 
 
-def test_example_chip_while_live_is_sent_as_a_prompt(
-    live_page: Any, server: ServerProcess
-) -> None:
+def test_example_chip_while_live_is_sent_as_a_prompt(live_page: Any, server: ServerProcess) -> None:
     example = _served_card(server)["examples"][1]
     since = _new_events_since(live_page)
     live_page.click("#examples button.chip:nth-child(2)")

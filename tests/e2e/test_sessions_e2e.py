@@ -84,7 +84,8 @@ def wait_idle(url: str, timeout_s: float = 15.0) -> dict[str, float]:
     while any(busy := _idle_state(m := metrics(url))):
         if time.monotonic() > deadline:
             raise AssertionError(
-                f"not idle after {timeout_s} s: (loops, queue, tasks, sessions, slabs used) = {busy}"
+                f"not idle after {timeout_s} s: "
+                f"(loops, queue, tasks, sessions, slabs used) = {busy}"
             )
         time.sleep(0.1)
     return m
@@ -96,7 +97,8 @@ async def await_idle(url: str, timeout_s: float = 15.0) -> dict[str, float]:
     while any(busy := _idle_state(m := await ametrics(url))):
         if time.monotonic() > deadline:
             raise AssertionError(
-                f"not idle after {timeout_s} s: (loops, queue, tasks, sessions, slabs used) = {busy}"
+                f"not idle after {timeout_s} s: "
+                f"(loops, queue, tasks, sessions, slabs used) = {busy}"
             )
         await asyncio.sleep(0.1)
     return m
@@ -104,8 +106,11 @@ async def await_idle(url: str, timeout_s: float = 15.0) -> dict[str, float]:
 
 def start_server(tmp: Path, name: str, *extra: str) -> ServerProcess:
     # pinned: the geometry asserted here is wan-tiny-random's, not the default card's
-    return ServerProcess(tmp / name / "data", tmp / name / "server.log",
-                         extra_args=("--model", "wan-tiny-random", *extra)).start()
+    return ServerProcess(
+        tmp / name / "data",
+        tmp / name / "server.log",
+        extra_args=("--model", "wan-tiny-random", *extra),
+    ).start()
 
 
 def stop_server(server: ServerProcess) -> None:

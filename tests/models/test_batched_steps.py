@@ -35,8 +35,16 @@ CHUNK = 2
 
 
 def make_model() -> WanDiT:
-    cfg = WanDiTConfig(name="batch-test", dim=48, num_layers=2, num_heads=3, ffn_dim=64,
-                       freq_dim=16, text_dim=20, action_dim=4)
+    cfg = WanDiTConfig(
+        name="batch-test",
+        dim=48,
+        num_layers=2,
+        num_heads=3,
+        ffn_dim=64,
+        freq_dim=16,
+        text_dim=20,
+        action_dim=4,
+    )
     torch.manual_seed(1)
     return WanDiT(cfg).eval()
 
@@ -48,27 +56,33 @@ def latents(seed: int, frames: int = CHUNK) -> torch.Tensor:
 @torch.no_grad()
 def test_forward_chunks_equals_one_forward_per_session() -> None:
     model = make_model()
-    buffer = KVSlabBuffer(model.config, SlabGeometry(1, 2, 6), num_slabs=2, device="cpu",
-                          dtype=torch.float32)
+    buffer = KVSlabBuffer(
+        model.config, SlabGeometry(1, 2, 6), num_slabs=2, device="cpu", dtype=torch.float32
+    )
     caches = [buffer.cache(0), buffer.cache(1)]
     crosses = [model.cross_kv(torch.randn(1, 4, 20)), model.cross_kv(torch.randn(1, 5, 20))]
     crosses[1] = type(crosses[1])(crosses[1].k[:, :, :4], crosses[1].v[:, :, :4])  # same L
     # session 0 is 3 chunks in, session 1 four: different RoPE positions, both caches full
     for cache, cross, chunks in ((caches[0], crosses[0], 3), (caches[1], crosses[1], 4)):
         for k in range(chunks):
-            model.forward_chunk(latents(10 * chunks + k), torch.zeros(1), cross, cache, k * CHUNK,
-                                write_cache=True)
+            model.forward_chunk(
+                latents(10 * chunks + k), torch.zeros(1), cross, cache, k * CHUNK, write_cache=True
+            )
     starts, xs = [3 * CHUNK, 4 * CHUNK], [latents(1), latents(2)]
     t = torch.tensor([750.0, 250.0])
     action = torch.randn(2, 4)
-    solo = [model.forward_chunk(xs[i], t[i:i + 1], crosses[i], caches[i], starts[i],
-                                action=action[i:i + 1]) for i in range(2)]
-    stacked_cross = type(crosses[0])(torch.cat([c.k for c in crosses], 1),
-                                     torch.cat([c.v for c in crosses], 1))
-    batched = model.forward_chunks(torch.cat(xs), t, stacked_cross, caches, starts,
-                                   action=action)
+    solo = [
+        model.forward_chunk(
+            xs[i], t[i : i + 1], crosses[i], caches[i], starts[i], action=action[i : i + 1]
+        )
+        for i in range(2)
+    ]
+    stacked_cross = type(crosses[0])(
+        torch.cat([c.k for c in crosses], 1), torch.cat([c.v for c in crosses], 1)
+    )
+    batched = model.forward_chunks(torch.cat(xs), t, stacked_cross, caches, starts, action=action)
     for i in range(2):
-        torch.testing.assert_close(batched[i:i + 1], solo[i], rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(batched[i : i + 1], solo[i], rtol=RTOL, atol=ATOL)
     assert not torch.allclose(solo[0], solo[1])  # two different sessions, not one twice
     fresh = buffer.cache(1)  # a cache with fewer keys cannot join the batch
     with pytest.raises(InputShapeError, match="one filled prefix"):
@@ -82,8 +96,9 @@ class BatchSpy:
     def before_batch(self, info: BatchInfo) -> None:
         self.sizes.append((info.kind, len(info.loop_ids)))
 
-    def after_batch(self, info: BatchInfo, outputs: Sequence[Any],
-                    wall_s: float) -> Observation | None:
+    def after_batch(
+        self, info: BatchInfo, outputs: Sequence[Any], wall_s: float
+    ) -> Observation | None:
         return None
 
 
@@ -93,16 +108,29 @@ def frames_of(emissions: Sequence[Emission]) -> list[torch.Tensor]:
 
 async def run_sessions(instance: Any, *, deterministic: bool) -> tuple[dict, BatchSpy]:
     spy = BatchSpy()
-    engine = Engine(cost=CostModel(), scheduler=StepEdfScheduler(max_batch=3),
-                    deterministic=deterministic, observers=[spy], max_lead_s=1000.0)
+    engine = Engine(
+        cost=CostModel(),
+        scheduler=StepEdfScheduler(max_batch=3),
+        deterministic=deterministic,
+        observers=[spy],
+        max_lead_s=1000.0,
+    )
     await engine.start()
     out: dict[str, list[Emission]] = {}
     try:
         t0_s = time.monotonic()
-        handles = [engine.spawn(instance.loop("chunk_rollout"), request(i), instance,
-                                loop_id=f"s{i}", priority=Priority.REALTIME,
-                                on_emit=out.setdefault(f"s{i}", []).append, media_t0_s=t0_s)
-                   for i in range(3)]
+        handles = [
+            engine.spawn(
+                instance.loop("chunk_rollout"),
+                request(i),
+                instance,
+                loop_id=f"s{i}",
+                priority=Priority.REALTIME,
+                on_emit=out.setdefault(f"s{i}", []).append,
+                media_t0_s=t0_s,
+            )
+            for i in range(3)
+        ]
         for handle in handles:
             await asyncio.wait_for(handle.result(), 300)
     finally:
@@ -120,8 +148,9 @@ async def test_sessions_batched_through_the_engine_agree_with_each_alone() -> No
     instance.reserve_kv_slabs(instance.card.default_profile, 3)
     alone = {}
     for i in range(3):
-        _, emissions = await run_inline(instance.loop("chunk_rollout"), request(i), instance,
-                                        loop_id=f"s{i}")
+        _, emissions = await run_inline(
+            instance.loop("chunk_rollout"), request(i), instance, loop_id=f"s{i}"
+        )
         alone[f"s{i}"] = frames_of(emissions)
     instance.batch_sessions(True)
     try:
@@ -147,9 +176,19 @@ def test_incompatible_steps_in_one_batch_run_one_by_one() -> None:
     x = torch.randn(1, 16, 3, 8, 8)
 
     def args(cache: Any) -> ChunkDenoiseArgs:
-        return ChunkDenoiseArgs(x=x, timestep=500.0, sigma=0.5, sigma_next=0.25, noise_seed=1,
-                                init_seed=None, cross=cross, cache=cache, frame_start=0,
-                                action=None, audio=None)
+        return ChunkDenoiseArgs(
+            x=x,
+            timestep=500.0,
+            sigma=0.5,
+            sigma_next=0.25,
+            noise_seed=1,
+            init_seed=None,
+            cross=cross,
+            cache=cache,
+            frame_start=0,
+            action=None,
+            audio=None,
+        )
 
     # equal caches are compatible: one forward, equal to the solo run within tolerance
     solo = op([args(caches[0])])[0]

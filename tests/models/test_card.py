@@ -34,14 +34,22 @@ CAPS = frozenset({"session.realtime", "prompt.switch", "input.action", "text_to_
 
 def make_loops(**overrides: LoopSpec) -> dict[str, LoopSpec]:
     loops = {
-        "chunk_rollout": LoopSpec("chunk_rollout", "chunk_rollout", SCHEDULE, "chunk_causal",
-                                  components=("dit", "vae", "text_encoder"),
-                                  inputs=frozenset({"prompt", "action"}),
-                                  uses=("vae_decode",)),
-        "diffusion_denoise": LoopSpec("diffusion_denoise", "diffusion_denoise",
-                                      ScheduleSpec(tuple(range(1000, 0, -20)), 3.0,
-                                                   guidance_scale=5.0),
-                                      "bidirectional", components=("dit", "vae")),
+        "chunk_rollout": LoopSpec(
+            "chunk_rollout",
+            "chunk_rollout",
+            SCHEDULE,
+            "chunk_causal",
+            components=("dit", "vae", "text_encoder"),
+            inputs=frozenset({"prompt", "action"}),
+            uses=("vae_decode",),
+        ),
+        "diffusion_denoise": LoopSpec(
+            "diffusion_denoise",
+            "diffusion_denoise",
+            ScheduleSpec(tuple(range(1000, 0, -20)), 3.0, guidance_scale=5.0),
+            "bidirectional",
+            components=("dit", "vae"),
+        ),
         "vae_decode": LoopSpec("vae_decode", "vae_decode", components=("vae",)),
     }
     loops.update(overrides)
@@ -64,23 +72,31 @@ def make_card(**overrides: Any) -> ModelCard:
         capabilities=CAPS,
         recipe=RecipeSpec("dmd", ("toy-base",), "prompts only", "chunk_rollout", "bf16", "C1"),
         parity=ParitySpec("C1", {"dit_vs_reference": 1e-5}),
-        caches={"chunk_kv": CacheContract("chunk_kv", "dit", 6, 3),
-                "text": CacheContract("feature", "text_encoder")},
+        caches={
+            "chunk_kv": CacheContract("chunk_kv", "dit", 6, 3),
+            "text": CacheContract("feature", "text_encoder"),
+        },
         precision=PrecisionContract(("bf16", "fp32")),
-        checkpoint=CheckpointManifest({
-            "dit": entry,
-            "vae": dataclasses.replace(entry, path_hint="vae"),
-            "text_encoder": dataclasses.replace(entry, path_hint="text_encoder",
-                                                required_for=frozenset(),
-                                                optional_for=frozenset({"text_to_video"})),
-        }),
+        checkpoint=CheckpointManifest(
+            {
+                "dit": entry,
+                "vae": dataclasses.replace(entry, path_hint="vae"),
+                "text_encoder": dataclasses.replace(
+                    entry,
+                    path_hint="text_encoder",
+                    required_for=frozenset(),
+                    optional_for=frozenset({"text_to_video"}),
+                ),
+            }
+        ),
         default_profile=Profile(fps=16, width=320, height=192, chunk_latent_frames=3, steps=4),
         latent=LatentSpec(channels=16, temporal_stride=4, spatial_stride=8, patch=(1, 2, 2)),
         weights="external",
         weights_version="toy-v1",
-        ui=CardUI(examples=("a toy town", "a toy sea"),
-                  controls=(Control("key", ("w", "s"), "walk"),
-                            Control("mouse", ("drag",), "look"))),
+        ui=CardUI(
+            examples=("a toy town", "a toy sea"),
+            controls=(Control("key", ("w", "s"), "walk"), Control("mouse", ("drag",), "look")),
+        ),
     )
     fields.update(overrides)
     return ModelCard(**fields)
@@ -104,156 +120,320 @@ def test_factory_card_is_valid():
 
 base = make_card()
 CASES = [
-    ("recipe assumes unknown loop",
-     dict(recipe=dataclasses.replace(base.recipe, assumes_loop="ddim_50")),
-     "recipe.assumes_loop 'ddim_50' is not one of the card's loops "
-     "['chunk_rollout', 'diffusion_denoise', 'vae_decode']"),
-    ("recipe assumes a helper loop",
-     dict(recipe=dataclasses.replace(base.recipe, assumes_loop="vae_decode")),
-     "recipe.assumes_loop 'vae_decode' is a vae_decode loop; a recipe assumes a denoising loop"),
-    ("capability nobody serves",
-     dict(capabilities=CAPS | {"input.audio"}),
-     "capability 'input.audio' has no loop that serves it (needs one of ['chunk_rollout'] "
-     "absorbing 'audio', with the recipe's sampler)"),
-    ("capability only a loop with another sampler serves",
-     dict(recipe=dataclasses.replace(base.recipe, assumes_loop="diffusion_denoise"),
-          default_profile=dataclasses.replace(base.default_profile, steps=50)),
-     "capability 'input.action' has no loop that serves it (needs one of ['chunk_rollout'] "
-     "absorbing 'action', with the recipe's sampler)"),
-    ("unknown capability", dict(capabilities=CAPS | {"text_to_speech"}),
-     "capability 'text_to_speech' is unknown; known: ['input.action', 'input.audio', "
-     "'prompt.cut', 'prompt.switch', 'session.realtime', 'text_to_image', 'text_to_video']"),
-    ("manifest component not in components",
-     dict(checkpoint=CheckpointManifest({**base.checkpoint.components, "audio_vae":
-                                         base.checkpoint.components["vae"]})),
-     "checkpoint component 'audio_vae' is not among the card's components "
-     "['dit', 'text_encoder', 'vae']"),
-    ("external weights without a manifest entry",
-     dict(checkpoint=CheckpointManifest({k: v for k, v in base.checkpoint.components.items()
-                                         if k != "vae"})),
-     "component 'vae' has external weights but no checkpoint manifest entry"),
-    ("manifest task that is not a capability",
-     dict(checkpoint=CheckpointManifest({**base.checkpoint.components, "vae": ComponentEntry(
-         "vae", "original", required_for=frozenset({"image_to_video"}))})),
-     "checkpoint component 'vae' names task 'image_to_video', which is not a capability"),
-    ("manifest entry both required and optional",
-     dict(checkpoint=CheckpointManifest({**base.checkpoint.components, "vae": ComponentEntry(
-         "vae", "diffusers", required_for=CAPS, optional_for=frozenset({"text_to_video"}))})),
-     "checkpoint component 'vae' is both required and optional for ['text_to_video']"),
-    ("recipe precision not allowed", dict(precision=PrecisionContract(("fp32",))),
-     "recipe.assumes_precision 'bf16' is not in precision.allowed ['fp32']"),
-    ("unknown precision", dict(precision=PrecisionContract(("bf16", "int3"))),
-     "precision 'int3' is unknown; known: ['bf16', 'fp16', 'fp32', 'fp8_e4m3', 'nvfp4']"),
-    ("parity below what the recipe needs", dict(parity=ParitySpec("C0")),
-     "parity level C0 is below the recipe's consistency_required C1"),
-    ("bad tolerance", dict(parity=ParitySpec("C1", {"dit": float("nan")})),
-     "parity tolerance 'dit'=nan must be finite and > 0"),
-    ("profile steps differ from the assumed schedule",
-     dict(default_profile=dataclasses.replace(base.default_profile, steps=8)),
-     "default_profile.steps=8 but loop 'chunk_rollout' has 4 timesteps"),
-    ("width not a latent multiple",
-     dict(default_profile=dataclasses.replace(base.default_profile, width=328)),
-     "default_profile.width=328 is not a multiple of 16 (VAE stride x patch)"),
-    ("KV window smaller than a chunk",
-     dict(caches={"chunk_kv": CacheContract("chunk_kv", "dit", 2, 3)}),
-     "cache 'chunk_kv': window_latent_frames=2 cannot hold one chunk of 3 latent frames"),
-    ("feature cache with KV frames",
-     dict(caches={"text": CacheContract("feature", "text_encoder", 4, 0)}),
-     "cache 'text' (feature) has KV window/sink frames"),
-    ("cache of an unknown component",
-     dict(caches={"vae_state": CacheContract("decoder_feature", "audio_vae")}),
-     "cache 'vae_state' belongs to component 'audio_vae', which the card lacks"),
-    ("loop uses a missing loop and component",
-     dict(loops=make_loops(vae_decode=LoopSpec("vae_decode", "vae_decode",
-                                               components=("vae", "upsampler"),
-                                               uses=("vae_tile",)))),
-     "loop 'vae_decode' needs component 'upsampler', which the card lacks"),
-    ("loop uses a missing loop",
-     dict(loops=make_loops(vae_decode=LoopSpec("vae_decode", "vae_decode", components=("vae",),
-                                               uses=("vae_tile",)))),
-     "loop 'vae_decode' uses loop 'vae_tile', which the card lacks"),
-    ("component pins an unknown precision",
-     dict(components={**base.components, "vae": ComponentSpec("vae", "vae", "toy", "fp64")}),
-     "component 'vae' pins unknown precision 'fp64'"),
-    ("component without preset",
-     dict(components={**base.components, "vae": ComponentSpec("vae", "vae", "")}),
-     "component 'vae' names no preset"),
-    ("manifest entry for no task and no path",
-     dict(checkpoint=CheckpointManifest({**base.checkpoint.components,
-                                         "vae": ComponentEntry("", "diffusers")})),
-     "checkpoint component 'vae' is neither required nor optional for any task"),
-    ("manifest entry without path",
-     dict(checkpoint=CheckpointManifest({**base.checkpoint.components, "vae": ComponentEntry(
-         "", "diffusers", required_for=CAPS)})),
-     "checkpoint component 'vae' has no path_hint"),
-    ("negative sink", dict(caches={"chunk_kv": CacheContract("chunk_kv", "dit", 6, -1)}),
-     "cache 'chunk_kv': sink_latent_frames=-1 < 0"),
-    ("no precision allowed", dict(precision=PrecisionContract(())),
-     "precision.allowed is empty"),
-    ("no recipe method", dict(recipe=dataclasses.replace(base.recipe, method="")),
-     "recipe.method is empty"),
+    (
+        "recipe assumes unknown loop",
+        dict(recipe=dataclasses.replace(base.recipe, assumes_loop="ddim_50")),
+        "recipe.assumes_loop 'ddim_50' is not one of the card's loops "
+        "['chunk_rollout', 'diffusion_denoise', 'vae_decode']",
+    ),
+    (
+        "recipe assumes a helper loop",
+        dict(recipe=dataclasses.replace(base.recipe, assumes_loop="vae_decode")),
+        "recipe.assumes_loop 'vae_decode' is a vae_decode loop; a recipe assumes a denoising loop",
+    ),
+    (
+        "capability nobody serves",
+        dict(capabilities=CAPS | {"input.audio"}),
+        "capability 'input.audio' has no loop that serves it (needs one of ['chunk_rollout'] "
+        "absorbing 'audio', with the recipe's sampler)",
+    ),
+    (
+        "capability only a loop with another sampler serves",
+        dict(
+            recipe=dataclasses.replace(base.recipe, assumes_loop="diffusion_denoise"),
+            default_profile=dataclasses.replace(base.default_profile, steps=50),
+        ),
+        "capability 'input.action' has no loop that serves it (needs one of ['chunk_rollout'] "
+        "absorbing 'action', with the recipe's sampler)",
+    ),
+    (
+        "unknown capability",
+        dict(capabilities=CAPS | {"text_to_speech"}),
+        "capability 'text_to_speech' is unknown; known: ['input.action', 'input.audio', "
+        "'prompt.cut', 'prompt.switch', 'session.realtime', 'text_to_image', 'text_to_video']",
+    ),
+    (
+        "manifest component not in components",
+        dict(
+            checkpoint=CheckpointManifest(
+                {**base.checkpoint.components, "audio_vae": base.checkpoint.components["vae"]}
+            )
+        ),
+        "checkpoint component 'audio_vae' is not among the card's components "
+        "['dit', 'text_encoder', 'vae']",
+    ),
+    (
+        "external weights without a manifest entry",
+        dict(
+            checkpoint=CheckpointManifest(
+                {k: v for k, v in base.checkpoint.components.items() if k != "vae"}
+            )
+        ),
+        "component 'vae' has external weights but no checkpoint manifest entry",
+    ),
+    (
+        "manifest task that is not a capability",
+        dict(
+            checkpoint=CheckpointManifest(
+                {
+                    **base.checkpoint.components,
+                    "vae": ComponentEntry(
+                        "vae", "original", required_for=frozenset({"image_to_video"})
+                    ),
+                }
+            )
+        ),
+        "checkpoint component 'vae' names task 'image_to_video', which is not a capability",
+    ),
+    (
+        "manifest entry both required and optional",
+        dict(
+            checkpoint=CheckpointManifest(
+                {
+                    **base.checkpoint.components,
+                    "vae": ComponentEntry(
+                        "vae",
+                        "diffusers",
+                        required_for=CAPS,
+                        optional_for=frozenset({"text_to_video"}),
+                    ),
+                }
+            )
+        ),
+        "checkpoint component 'vae' is both required and optional for ['text_to_video']",
+    ),
+    (
+        "recipe precision not allowed",
+        dict(precision=PrecisionContract(("fp32",))),
+        "recipe.assumes_precision 'bf16' is not in precision.allowed ['fp32']",
+    ),
+    (
+        "unknown precision",
+        dict(precision=PrecisionContract(("bf16", "int3"))),
+        "precision 'int3' is unknown; known: ['bf16', 'fp16', 'fp32', 'fp8_e4m3', 'nvfp4']",
+    ),
+    (
+        "parity below what the recipe needs",
+        dict(parity=ParitySpec("C0")),
+        "parity level C0 is below the recipe's consistency_required C1",
+    ),
+    (
+        "bad tolerance",
+        dict(parity=ParitySpec("C1", {"dit": float("nan")})),
+        "parity tolerance 'dit'=nan must be finite and > 0",
+    ),
+    (
+        "profile steps differ from the assumed schedule",
+        dict(default_profile=dataclasses.replace(base.default_profile, steps=8)),
+        "default_profile.steps=8 but loop 'chunk_rollout' has 4 timesteps",
+    ),
+    (
+        "width not a latent multiple",
+        dict(default_profile=dataclasses.replace(base.default_profile, width=328)),
+        "default_profile.width=328 is not a multiple of 16 (VAE stride x patch)",
+    ),
+    (
+        "KV window smaller than a chunk",
+        dict(caches={"chunk_kv": CacheContract("chunk_kv", "dit", 2, 3)}),
+        "cache 'chunk_kv': window_latent_frames=2 cannot hold one chunk of 3 latent frames",
+    ),
+    (
+        "feature cache with KV frames",
+        dict(caches={"text": CacheContract("feature", "text_encoder", 4, 0)}),
+        "cache 'text' (feature) has KV window/sink frames",
+    ),
+    (
+        "cache of an unknown component",
+        dict(caches={"vae_state": CacheContract("decoder_feature", "audio_vae")}),
+        "cache 'vae_state' belongs to component 'audio_vae', which the card lacks",
+    ),
+    (
+        "loop uses a missing loop and component",
+        dict(
+            loops=make_loops(
+                vae_decode=LoopSpec(
+                    "vae_decode", "vae_decode", components=("vae", "upsampler"), uses=("vae_tile",)
+                )
+            )
+        ),
+        "loop 'vae_decode' needs component 'upsampler', which the card lacks",
+    ),
+    (
+        "loop uses a missing loop",
+        dict(
+            loops=make_loops(
+                vae_decode=LoopSpec(
+                    "vae_decode", "vae_decode", components=("vae",), uses=("vae_tile",)
+                )
+            )
+        ),
+        "loop 'vae_decode' uses loop 'vae_tile', which the card lacks",
+    ),
+    (
+        "component pins an unknown precision",
+        dict(components={**base.components, "vae": ComponentSpec("vae", "vae", "toy", "fp64")}),
+        "component 'vae' pins unknown precision 'fp64'",
+    ),
+    (
+        "component without preset",
+        dict(components={**base.components, "vae": ComponentSpec("vae", "vae", "")}),
+        "component 'vae' names no preset",
+    ),
+    (
+        "manifest entry for no task and no path",
+        dict(
+            checkpoint=CheckpointManifest(
+                {**base.checkpoint.components, "vae": ComponentEntry("", "diffusers")}
+            )
+        ),
+        "checkpoint component 'vae' is neither required nor optional for any task",
+    ),
+    (
+        "manifest entry without path",
+        dict(
+            checkpoint=CheckpointManifest(
+                {
+                    **base.checkpoint.components,
+                    "vae": ComponentEntry("", "diffusers", required_for=CAPS),
+                }
+            )
+        ),
+        "checkpoint component 'vae' has no path_hint",
+    ),
+    (
+        "negative sink",
+        dict(caches={"chunk_kv": CacheContract("chunk_kv", "dit", 6, -1)}),
+        "cache 'chunk_kv': sink_latent_frames=-1 < 0",
+    ),
+    ("no precision allowed", dict(precision=PrecisionContract(())), "precision.allowed is empty"),
+    (
+        "no recipe method",
+        dict(recipe=dataclasses.replace(base.recipe, method="")),
+        "recipe.method is empty",
+    ),
     ("empty weights version", dict(weights_version=" "), "weights_version is empty"),
-    ("zero fps", dict(default_profile=dataclasses.replace(base.default_profile, fps=0)),
-     "default_profile.fps=0 must be >= 1"),
-    ("loop absorbs action without a hook",
-     dict(components={**base.components, "dit": ComponentSpec("dit", "dit", "toy")}),
-     "loop 'chunk_rollout' absorbs 'action' but none of its components "
-     "['dit', 'vae', 'text_encoder'] has a 'action' hook"),
-    ("denoising loop without schedule",
-     dict(loops=make_loops(diffusion_denoise=LoopSpec("diffusion_denoise",
-                                                      "diffusion_denoise"))),
-     "loop 'diffusion_denoise' denoises but declares no schedule and attention"),
-    ("helper loop with schedule",
-     dict(loops=make_loops(vae_decode=LoopSpec("vae_decode", "vae_decode", SCHEDULE))),
-     "loop 'vae_decode' (vae_decode) does not denoise but has a schedule"),
-    ("bidirectional chunk rollout",
-     dict(loops=make_loops(chunk_rollout=dataclasses.replace(
-         base.loops["chunk_rollout"], attention="bidirectional"))),
-     "loop 'chunk_rollout' is a chunk_rollout but its attention is "
-     "bidirectional, not chunk_causal"),
-    ("schedule out of order",
-     dict(loops=make_loops(diffusion_denoise=dataclasses.replace(
-         base.loops["diffusion_denoise"], schedule=ScheduleSpec((500, 750, 0), 0.0)))),
-     "loop 'diffusion_denoise': timesteps [500, 750, 0] must strictly decrease"),
-    ("unknown live input",
-     dict(loops=make_loops(chunk_rollout=dataclasses.replace(
-         base.loops["chunk_rollout"], inputs=frozenset({"prompt", "action", "gaze"})))),
-     "loop 'chunk_rollout' absorbs unknown input 'gaze'; known: "
-     "['action', 'audio', 'cut', 'prompt']"),
-    ("random weights not labelled", dict(weights="random", description="a toy"),
-     "a random-weights card must say 'random' in its description"),
-    ("mismatched component key",
-     dict(components={**base.components, "vae": ComponentSpec("decoder", "vae", "toy")}),
-     "components['vae'] has component_id 'decoder'"),
-    ("bad model id", dict(model_id="Toy Model"),
-     "model_id 'Toy Model' must match ^[a-z0-9][a-z0-9._-]*$"),
-    ("audio control without input.audio",
-     dict(ui=CardUI(("a toy town",), (Control("audio", ("talk",), "sing"),))),
-     "ui control 'audio talk: sing' needs 'input.audio', which the card lacks"),
-    ("key control without input.action",
-     dict(capabilities=CAPS - {"input.action"},
-          checkpoint=CheckpointManifest({k: dataclasses.replace(
-              e, required_for=e.required_for - {"input.action"})
-              for k, e in base.checkpoint.components.items()})),
-     "ui control 'key w/s: walk' needs 'input.action', which the card lacks"),
-    ("blank example", dict(ui=CardUI(("a toy town", " "))),
-     "ui example ' ' must be non-blank and at most 200 characters"),
-    ("repeated example", dict(ui=CardUI(("a toy town", "a toy town"))),
-     "ui.examples repeats a prompt"),
-    ("control that does nothing", dict(ui=CardUI(("a toy town",), (Control("key", ("w",), ""),))),
-     "ui control 'key w: ' does not say what it does"),
+    (
+        "zero fps",
+        dict(default_profile=dataclasses.replace(base.default_profile, fps=0)),
+        "default_profile.fps=0 must be >= 1",
+    ),
+    (
+        "loop absorbs action without a hook",
+        dict(components={**base.components, "dit": ComponentSpec("dit", "dit", "toy")}),
+        "loop 'chunk_rollout' absorbs 'action' but none of its components "
+        "['dit', 'vae', 'text_encoder'] has a 'action' hook",
+    ),
+    (
+        "denoising loop without schedule",
+        dict(
+            loops=make_loops(diffusion_denoise=LoopSpec("diffusion_denoise", "diffusion_denoise"))
+        ),
+        "loop 'diffusion_denoise' denoises but declares no schedule and attention",
+    ),
+    (
+        "helper loop with schedule",
+        dict(loops=make_loops(vae_decode=LoopSpec("vae_decode", "vae_decode", SCHEDULE))),
+        "loop 'vae_decode' (vae_decode) does not denoise but has a schedule",
+    ),
+    (
+        "bidirectional chunk rollout",
+        dict(
+            loops=make_loops(
+                chunk_rollout=dataclasses.replace(
+                    base.loops["chunk_rollout"], attention="bidirectional"
+                )
+            )
+        ),
+        "loop 'chunk_rollout' is a chunk_rollout but its attention is "
+        "bidirectional, not chunk_causal",
+    ),
+    (
+        "schedule out of order",
+        dict(
+            loops=make_loops(
+                diffusion_denoise=dataclasses.replace(
+                    base.loops["diffusion_denoise"], schedule=ScheduleSpec((500, 750, 0), 0.0)
+                )
+            )
+        ),
+        "loop 'diffusion_denoise': timesteps [500, 750, 0] must strictly decrease",
+    ),
+    (
+        "unknown live input",
+        dict(
+            loops=make_loops(
+                chunk_rollout=dataclasses.replace(
+                    base.loops["chunk_rollout"], inputs=frozenset({"prompt", "action", "gaze"})
+                )
+            )
+        ),
+        "loop 'chunk_rollout' absorbs unknown input 'gaze'; known: "
+        "['action', 'audio', 'cut', 'prompt']",
+    ),
+    (
+        "random weights not labelled",
+        dict(weights="random", description="a toy"),
+        "a random-weights card must say 'random' in its description",
+    ),
+    (
+        "mismatched component key",
+        dict(components={**base.components, "vae": ComponentSpec("decoder", "vae", "toy")}),
+        "components['vae'] has component_id 'decoder'",
+    ),
+    (
+        "bad model id",
+        dict(model_id="Toy Model"),
+        "model_id 'Toy Model' must match ^[a-z0-9][a-z0-9._-]*$",
+    ),
+    (
+        "audio control without input.audio",
+        dict(ui=CardUI(("a toy town",), (Control("audio", ("talk",), "sing"),))),
+        "ui control 'audio talk: sing' needs 'input.audio', which the card lacks",
+    ),
+    (
+        "key control without input.action",
+        dict(
+            capabilities=CAPS - {"input.action"},
+            checkpoint=CheckpointManifest(
+                {
+                    k: dataclasses.replace(e, required_for=e.required_for - {"input.action"})
+                    for k, e in base.checkpoint.components.items()
+                }
+            ),
+        ),
+        "ui control 'key w/s: walk' needs 'input.action', which the card lacks",
+    ),
+    (
+        "blank example",
+        dict(ui=CardUI(("a toy town", " "))),
+        "ui example ' ' must be non-blank and at most 200 characters",
+    ),
+    (
+        "repeated example",
+        dict(ui=CardUI(("a toy town", "a toy town"))),
+        "ui.examples repeats a prompt",
+    ),
+    (
+        "control that does nothing",
+        dict(ui=CardUI(("a toy town",), (Control("key", ("w",), ""),))),
+        "ui control 'key w: ' does not say what it does",
+    ),
 ]
 
 
-@pytest.mark.parametrize("overrides,expected", [(o, e) for _, o, e in CASES],
-                         ids=[name for name, _, _ in CASES])
+@pytest.mark.parametrize(
+    "overrides,expected", [(o, e) for _, o, e in CASES], ids=[name for name, _, _ in CASES]
+)
 def test_validate_names_the_problem(overrides, expected):
     assert expected in problems_of(make_card(**overrides))
 
 
 def test_validate_lists_every_problem_at_once():
-    card = make_card(parity=ParitySpec("C0"), precision=PrecisionContract(("fp32",)),
-                     capabilities=CAPS | {"input.audio"})
+    card = make_card(
+        parity=ParitySpec("C0"),
+        precision=PrecisionContract(("fp32",)),
+        capabilities=CAPS | {"input.audio"},
+    )
     assert problems_of(card) == (
         "recipe.assumes_precision 'bf16' is not in precision.allowed ['fp32']",
         "parity level C0 is below the recipe's consistency_required C1",
@@ -273,8 +453,11 @@ def test_schedule_findings_are_complete():
 
 
 def test_bad_enum_value_fails_at_construction_naming_the_choices():
-    with pytest.raises(CardError, match=r"component kind='unet' is not one of "
-                                        r"\['dit', 'vae', 'text_encoder', 'tokenizer'\]"):
+    with pytest.raises(
+        CardError,
+        match=r"component kind='unet' is not one of "
+        r"\['dit', 'vae', 'text_encoder', 'tokenizer'\]",
+    ):
         ComponentSpec("dit", "unet", "toy")
     with pytest.raises(CardError, match=r"weights='borrowed' is not one of"):
         make_card(weights="borrowed")
@@ -308,27 +491,40 @@ def test_other_sampler_raises_naming_both_loops():
         make_card().check_serving("diffusion_denoise", "bf16")
     err = info.value
     assert (err.model_id, err.requested_loop, err.requested_precision) == (
-        "toy-causal", "diffusion_denoise", "bf16")
+        "toy-causal",
+        "diffusion_denoise",
+        "bf16",
+    )
     assert (err.assumed_loop, err.assumed_precision) == ("chunk_rollout", "bf16")
     message = str(err)
-    assert message.startswith("model 'toy-causal' cannot be served under loop "
-                              "'diffusion_denoise' at 'bf16': its recipe assumes loop "
-                              "'chunk_rollout' at 'bf16'")
+    assert message.startswith(
+        "model 'toy-causal' cannot be served under loop "
+        "'diffusion_denoise' at 'bf16': its recipe assumes loop "
+        "'chunk_rollout' at 'bf16'"
+    )
     assert "requested diffusion_denoise (bidirectional, timesteps [1000, 980," in message
-    assert ("recipe 'dmd' assumes chunk_rollout (chunk_causal, timesteps [1000, 750, 500, 250], "
-            "shift 5, cfg 1)") in message
+    assert (
+        "recipe 'dmd' assumes chunk_rollout (chunk_causal, timesteps [1000, 750, 500, 250], "
+        "shift 5, cfg 1)"
+    ) in message
 
 
 def test_schedule_override_raises_naming_both_schedules():
     fifty = ScheduleSpec(tuple(range(1000, 0, -20)), 5.0, guidance_scale=5.0)
-    with pytest.raises(RecipeMismatchError, match=r"requested chunk_rollout \(chunk_causal, "
-                                                  r"timesteps \[1000, 980,.*cfg 5\), recipe"):
+    with pytest.raises(
+        RecipeMismatchError,
+        match=r"requested chunk_rollout \(chunk_causal, "
+        r"timesteps \[1000, 980,.*cfg 5\), recipe",
+    ):
         make_card().check_serving("chunk_rollout", "bf16", fifty)
 
 
 def test_sampler_compatible_second_loop_is_servable():
-    loops = make_loops(diffusion_denoise=dataclasses.replace(
-        base.loops["diffusion_denoise"], schedule=SCHEDULE, attention="chunk_causal"))
+    loops = make_loops(
+        diffusion_denoise=dataclasses.replace(
+            base.loops["diffusion_denoise"], schedule=SCHEDULE, attention="chunk_causal"
+        )
+    )
     card = make_card(loops=loops).validate()
     assert card.check_serving("diffusion_denoise", "bf16").loop_id == "diffusion_denoise"
 
@@ -338,13 +534,18 @@ def test_disallowed_precision_raises_for_any_loop(loop_id):
     with pytest.raises(RecipeMismatchError) as info:
         make_card().check_serving(loop_id, "fp16")
     assert info.value.reason == "precision 'fp16' is not among the card's allowed ['bf16', 'fp32']"
-    assert f"under loop {loop_id!r} at 'fp16': its recipe assumes loop 'chunk_rollout' at " \
-           "'bf16'" in str(info.value)
+    assert (
+        f"under loop {loop_id!r} at 'fp16': its recipe assumes loop 'chunk_rollout' at "
+        "'bf16'" in str(info.value)
+    )
 
 
 def test_unknown_loop_raises_listing_the_loops():
-    with pytest.raises(RecipeMismatchError, match=r"the card has no loop 'ddim_50'; its loops: "
-                       r"\['chunk_rollout', 'diffusion_denoise', 'vae_decode'\]"):
+    with pytest.raises(
+        RecipeMismatchError,
+        match=r"the card has no loop 'ddim_50'; its loops: "
+        r"\['chunk_rollout', 'diffusion_denoise', 'vae_decode'\]",
+    ):
         make_card().check_serving("ddim_50", "bf16")
 
 
@@ -366,17 +567,28 @@ def test_to_public_is_json_and_carries_the_api_fields():
     assert public["id"] == "toy-causal"
     assert public["capabilities"] == sorted(CAPS)
     assert public["recipe"] == {
-        "method": "dmd", "parents": ["toy-base"], "data_contract": "prompts only",
-        "assumes_loop": "chunk_rollout", "assumes_precision": "bf16",
-        "consistency_required": "C1"}
-    assert public["default_profile"] == {"fps": 16, "width": 320, "height": 192,
-                                         "chunk_latent_frames": 3, "steps": 4}
+        "method": "dmd",
+        "parents": ["toy-base"],
+        "data_contract": "prompts only",
+        "assumes_loop": "chunk_rollout",
+        "assumes_precision": "bf16",
+        "consistency_required": "C1",
+    }
+    assert public["default_profile"] == {
+        "fps": 16,
+        "width": 320,
+        "height": 192,
+        "chunk_latent_frames": 3,
+        "steps": 4,
+    }
     assert (public["weights"], public["weights_version"]) == ("external", "toy-v1")
     assert public["loops"] == ["chunk_rollout", "diffusion_denoise", "vae_decode"]
     assert public["components"]["dit"] == {"kind": "dit", "preset": "toy"}
     assert public["examples"] == ["a toy town", "a toy sea"]
-    assert public["controls"] == [{"kind": "key", "inputs": ["w", "s"], "does": "walk"},
-                                  {"kind": "mouse", "inputs": ["drag"], "does": "look"}]
+    assert public["controls"] == [
+        {"kind": "key", "inputs": ["w", "s"], "does": "walk"},
+        {"kind": "mouse", "inputs": ["drag"], "does": "look"},
+    ]
 
 
 def test_a_card_without_ui_is_valid_and_serves_empty_lists():
@@ -393,9 +605,11 @@ def test_bad_control_kind_fails_at_construction():
 def test_summary_line_is_one_line_with_the_essentials():
     line = make_card().summary_line()
     assert "\n" not in line
-    assert line == ("toy-causal  weights=external  recipe=dmd:chunk_rollout@bf16  "
-                    "profile=320x192@16fps chunk=3 steps=4  "
-                    "capabilities=input.action,prompt.switch,session.realtime,text_to_video")
+    assert line == (
+        "toy-causal  weights=external  recipe=dmd:chunk_rollout@bf16  "
+        "profile=320x192@16fps chunk=3 steps=4  "
+        "capabilities=input.action,prompt.switch,session.realtime,text_to_video"
+    )
 
 
 def test_resolve_profile_applies_overrides_and_names_bad_fields():
@@ -415,9 +629,11 @@ def test_latent_geometry_of_wan_832x480():
     latent = LatentSpec(channels=16, temporal_stride=4, spatial_stride=8, patch=(1, 2, 2))
     assert latent.tokens_per_latent_frame(832, 480) == 1560
     assert latent.pixel_multiple == 16
-    frames = [latent.pixel_frames(3, includes_first=True),
-              latent.pixel_frames(3, includes_first=False),
-              latent.pixel_frames(21, includes_first=True)]
+    frames = [
+        latent.pixel_frames(3, includes_first=True),
+        latent.pixel_frames(3, includes_first=False),
+        latent.pixel_frames(21, includes_first=True),
+    ]
     assert frames == [9, 12, 81]
 
 

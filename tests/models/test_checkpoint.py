@@ -25,8 +25,16 @@ from models.wan import keymaps
 from models.wan.config import WanDiTConfig
 from models.wan.transformer import WanDiT
 
-CFG = WanDiTConfig(dim=48, num_layers=2, num_heads=3, ffn_dim=64, freq_dim=16, in_channels=4,
-                   out_channels=4, text_dim=20)
+CFG = WanDiTConfig(
+    dim=48,
+    num_layers=2,
+    num_heads=3,
+    ffn_dim=64,
+    freq_dim=16,
+    in_channels=4,
+    out_channels=4,
+    text_dim=20,
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +46,11 @@ def reference() -> WanTransformer3DModel:
 @pytest.fixture(scope="module")
 def inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(3)
-    return (torch.randn(1, 4, 3, 4, 6, generator=gen), torch.tensor([321.0]),
-            torch.randn(1, 5, 20, generator=gen))
+    return (
+        torch.randn(1, 4, 3, 4, 6, generator=gen),
+        torch.tensor([321.0]),
+        torch.randn(1, 5, 20, generator=gen),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +94,7 @@ def test_key_maps_are_bijections_on_the_real_key_sets(reference):
 
 
 @pytest.mark.parametrize("prefix", ["", "model.", "generator.model.", "model.diffusion_model."])
-def test_original_format_file_loads_the_same_module(tmp_path, reference, baseline, inputs,
-                                                    prefix):
+def test_original_format_file_loads_the_same_module(tmp_path, reference, baseline, inputs, prefix):
     path = save_original_format(reference, tmp_path / "dit.safetensors", prefix=prefix)
     names = load_file(path).keys()
     assert f"{prefix}blocks.1.self_attn.q.weight" in names and f"{prefix}head.head.bias" in names
@@ -92,8 +102,9 @@ def test_original_format_file_loads_the_same_module(tmp_path, reference, baselin
 
 
 def test_sharded_checkpoints_of_both_formats(tmp_path, reference, baseline, inputs):
-    index = save_original_format(reference, tmp_path / "orig" / "model.safetensors",
-                                 max_shard_bytes=40_000)
+    index = save_original_format(
+        reference, tmp_path / "orig" / "model.safetensors", max_shard_bytes=40_000
+    )
     shards = json.loads(index.read_text())["weight_map"].values()
     assert len(set(shards)) > 2
     assert_same_module(load_transformer(index), baseline, inputs)
@@ -113,20 +124,27 @@ def test_pipeline_root_and_original_wan_directory(tmp_path, reference, baseline,
     wan_dir = tmp_path / "wan"
     path = save_original_format(reference, wan_dir / "diffusion_pytorch_model.safetensors")
     save_file(load_file(path), str(path))  # drop the embedded config: config.json must do
-    (wan_dir / "config.json").write_text(json.dumps({"_class_name": "WanModel",
-                                                     **CFG.to_original_config()}))
+    (wan_dir / "config.json").write_text(
+        json.dumps({"_class_name": "WanModel", **CFG.to_original_config()})
+    )
     assert_same_module(load_transformer(wan_dir), baseline, inputs)
 
 
-def test_training_checkpoint_picks_the_generator_or_the_named_wrapper(tmp_path, reference,
-                                                                      baseline, inputs):
+def test_training_checkpoint_picks_the_generator_or_the_named_wrapper(
+    tmp_path, reference, baseline, inputs
+):
     state = load_file(save_original_format(reference, tmp_path / "a.safetensors"))
     ema = {k: v + 1.0 for k, v in state.items()}
     path = tmp_path / "self_forcing.pt"
-    torch.save({"generator": {f"model.{k}": v for k, v in state.items()},
-                "generator_ema": {f"model.{k}": v for k, v in ema.items()},
-                "critic": {"model.blocks.0.self_attn.q.weight": torch.zeros(3)}, "step": 100},
-               path)
+    torch.save(
+        {
+            "generator": {f"model.{k}": v for k, v in state.items()},
+            "generator_ema": {f"model.{k}": v for k, v in ema.items()},
+            "critic": {"model.blocks.0.self_attn.q.weight": torch.zeros(3)},
+            "step": 100,
+        },
+        path,
+    )
     assert_same_module(load_transformer(path, config=CFG), baseline, inputs)
     model = load_transformer(path, config=CFG, prefix="generator_ema.")
     assert torch.equal(model.state_dict()["head.head.weight"], ema["head.head.weight"])
@@ -144,8 +162,7 @@ def test_missing_and_unexpected_keys_raise_one_error_listing_all(tmp_path, refer
     err = caught.value
     assert err.fmt == "original"
     assert err.missing == ["blocks.1.ffn.2.bias", "head.modulation"]
-    assert err.unexpected == ["blocks.0.self_attn.rotary.freqs",
-                              "vace_blocks.0.after_proj.weight"]
+    assert err.unexpected == ["blocks.0.self_attn.rotary.freqs", "vace_blocks.0.after_proj.weight"]
     for key in err.missing + err.unexpected:
         assert key in str(err)
 
@@ -155,8 +172,10 @@ def test_wrong_config_raises_one_shape_error(tmp_path, reference):
     with pytest.raises(CheckpointShapeError) as caught:
         load_transformer(path, config=CFG.replace(ffn_dim=32))
     assert {k for k, _, _ in caught.value.mismatches} == {
-        f"blocks.{i}.ffn.{j}.{p}" for i in range(2) for j, p in
-        ((0, "weight"), (0, "bias"), (2, "weight"))}
+        f"blocks.{i}.ffn.{j}.{p}"
+        for i in range(2)
+        for j, p in ((0, "weight"), (0, "bias"), (2, "weight"))
+    }
 
 
 def test_validation_runs_before_any_tensor_reaches_the_device(tmp_path, reference):
@@ -201,8 +220,17 @@ def test_absent_hooks_start_as_exact_no_ops_and_present_hooks_round_trip(
 
 
 def test_config_is_inferred_from_shapes_when_nothing_describes_it(tmp_path):
-    cfg = WanDiTConfig(dim=256, num_layers=2, num_heads=2, ffn_dim=64, freq_dim=16,
-                       in_channels=4, out_channels=4, text_dim=20, cross_attn_norm=False)
+    cfg = WanDiTConfig(
+        dim=256,
+        num_layers=2,
+        num_heads=2,
+        ffn_dim=64,
+        freq_dim=16,
+        in_channels=4,
+        out_channels=4,
+        text_dim=20,
+        cross_attn_norm=False,
+    )
     path = save_original_format(WanDiT(cfg), tmp_path / "bare.safetensors", prefix="model.")
     save_file(load_file(path), str(path))  # no embedded config
     loaded = load_transformer(path)
@@ -221,8 +249,9 @@ def test_reduced_precision_keeps_the_timestep_path_in_float32(diffusers_dir, inp
 
 
 def test_missing_shard_and_ambiguous_directory_are_named(tmp_path, reference):
-    index = save_original_format(reference, tmp_path / "orig" / "model.safetensors",
-                                 max_shard_bytes=40_000)
+    index = save_original_format(
+        reference, tmp_path / "orig" / "model.safetensors", max_shard_bytes=40_000
+    )
     shard = sorted(set(json.loads(index.read_text())["weight_map"].values()))[1]
     (tmp_path / "orig" / shard).unlink()
     with pytest.raises(CheckpointFormatError, match=f"shards missing.*{shard}"):
@@ -235,8 +264,9 @@ def test_missing_shard_and_ambiguous_directory_are_named(tmp_path, reference):
         load_transformer(two)
 
 
-def test_diffusers_weights_win_over_variants_in_the_same_directory(tmp_path, reference, baseline,
-                                                                   inputs):
+def test_diffusers_weights_win_over_variants_in_the_same_directory(
+    tmp_path, reference, baseline, inputs
+):
     reference.save_pretrained(tmp_path / "diff")
     save_file({"junk": torch.zeros(1)}, str(tmp_path / "diff" / "model.fp16.safetensors"))
     assert_same_module(load_transformer(tmp_path / "diff"), baseline, inputs)

@@ -6,6 +6,7 @@ import asyncio
 import copy
 import dataclasses
 
+import msgspec
 import pytest
 import torch
 
@@ -14,8 +15,6 @@ from models.instance import load_instance
 from models.loops.chunk_rollout import ChunkRollout, ChunkRolloutState, Phase
 from models.loops.requests import JobRequest, SessionRequest
 from models.registry import get
-import msgspec
-
 from runtime.contract import (
     ActionInput,
     AudioInput,
@@ -33,8 +32,9 @@ def instance():
     return load_instance(get("wan-tiny-random"), device="cpu")
 
 
-def _run(instance, request, inputs_at: dict[int, list[InputEvent]] | None = None,
-         loop_id: str = "s") -> tuple[list[Emission], ChunkRolloutState, dict]:
+def _run(
+    instance, request, inputs_at: dict[int, list[InputEvent]] | None = None, loop_id: str = "s"
+) -> tuple[list[Emission], ChunkRolloutState, dict]:
     """Run to completion; ``inputs_at[k]`` are pushed just before driver step k."""
     loop = instance.loop("chunk_rollout")
     ctx = InlineContext(loop_id)
@@ -57,8 +57,11 @@ def _run(instance, request, inputs_at: dict[int, list[InputEvent]] | None = None
 
 def _parts(emissions: list[Emission]) -> list[tuple[dict, torch.Tensor]]:
     """Media emissions as emitted (a session's first chunk comes in two parts)."""
-    return [(msgspec.structs.asdict(e.spec.meta), e.output) for e in emissions
-            if e.spec.stream == "media"]
+    return [
+        (msgspec.structs.asdict(e.spec.meta), e.output)
+        for e in emissions
+        if e.spec.stream == "media"
+    ]
 
 
 def _media(emissions: list[Emission]) -> list[tuple[dict, torch.Tensor]]:
@@ -100,10 +103,13 @@ def test_same_seed_same_frames_and_pts_strictly_increase(instance) -> None:
     assert [f.shape[0] for _, f in a] == [9, 12, 12]  # 1 + 4(c-1), then 4c
     parts = _parts(first)  # the stream's first frame comes alone, as early as possible
     assert [(m["chunk"], m["num_frames"], m["final"], f.shape[0]) for m, f in parts] == [
-        (0, 1, False, 1), (0, 8, True, 8), (1, 12, True, 12), (2, 12, True, 12)]
+        (0, 1, False, 1),
+        (0, 8, True, 8),
+        (1, 12, True, 12),
+        (2, 12, True, 12),
+    ]
     assert all(f.dtype == torch.uint8 and f.shape[1:] == (64, 64, 3) for _, f in a)
-    other, _, _ = _run(instance, SessionRequest(prompt="a red ball on grass", seed=4,
-                                                max_chunks=1))
+    other, _, _ = _run(instance, SessionRequest(prompt="a red ball on grass", seed=4, max_chunks=1))
     assert not torch.equal(_media(other)[0][1], a[0][1])
 
 
@@ -113,20 +119,28 @@ def baseline_run(instance) -> tuple[SessionRequest, list[Emission]]:
     return request, _run(instance, request)[0]
 
 
-@pytest.mark.parametrize("kind, payload, ack", [
-    (InputKind.PROMPT, PromptInput(text="a purple triangle on snow"), "prompt"),
-    (InputKind.ACTION, ActionInput(keys=("w", "ArrowLeft"), mouse=(30, -10)), "action"),
-    (InputKind.AUDIO, AudioInput(samples=(0.8 * torch.sin(torch.arange(24000) * 0.3)).numpy()),
-     "audio"),
-])
+@pytest.mark.parametrize(
+    "kind, payload, ack",
+    [
+        (InputKind.PROMPT, PromptInput(text="a purple triangle on snow"), "prompt"),
+        (InputKind.ACTION, ActionInput(keys=("w", "ArrowLeft"), mouse=(30, -10)), "action"),
+        (
+            InputKind.AUDIO,
+            AudioInput(samples=(0.8 * torch.sin(torch.arange(24000) * 0.3)).numpy()),
+            "audio",
+        ),
+    ],
+)
 def test_input_applies_at_next_chunk_and_earlier_frames_are_unchanged(
-        instance, baseline_run, kind, payload, ack) -> None:
+    instance, baseline_run, kind, payload, ack
+) -> None:
     request, baseline = baseline_run
     event = InputEvent(kind, 7, payload)
     steered, _, _ = _run(instance, request, {_step_of_chunk(1): [event]})
     applied = _applied(steered)
-    assert applied == [{"kind": ack, "seq": 7, "chunk": 1,
-                        "pts_90k": _media(steered)[1][0]["pts_90k"]}]
+    assert applied == [
+        {"kind": ack, "seq": 7, "chunk": 1, "pts_90k": _media(steered)[1][0]["pts_90k"]}
+    ]
     base, new = _media(baseline), _media(steered)
     assert torch.equal(base[0][1], new[0][1])  # chunk 0 was generated before the input
     assert not torch.equal(base[1][1], new[1][1])  # chunk 1 reflects it
@@ -134,8 +148,15 @@ def test_input_applies_at_next_chunk_and_earlier_frames_are_unchanged(
 
 def test_switch_recaches_and_stream_continues(instance) -> None:
     request = SessionRequest(prompt="a red ball on grass", seed=6, max_chunks=2)
-    emissions, state, _ = _run(instance, request, {
-        _step_of_chunk(1): [InputEvent(InputKind.PROMPT, 1, PromptInput(text="a blue square on sand"))]})
+    emissions, state, _ = _run(
+        instance,
+        request,
+        {
+            _step_of_chunk(1): [
+                InputEvent(InputKind.PROMPT, 1, PromptInput(text="a blue square on sand"))
+            ]
+        },
+    )
     assert state.prompt == state.active_prompt == "a blue square on sand"
     assert state.segment == 0  # a switch is not a new segment
     # the re-cache rewrote chunk 0's 3 frames; the last chunk's KV update is skipped
@@ -146,14 +167,25 @@ def test_switch_recaches_and_stream_continues(instance) -> None:
 def test_cut_abandons_in_flight_chunk_and_starts_a_segment(instance) -> None:
     request = SessionRequest(prompt="a red ball on grass", seed=8, max_chunks=2)
     # step 3 is mid-denoise of chunk 0 (text encode, 2 denoise steps done)
-    emissions, state, _ = _run(instance, request, {
-        3: [InputEvent(InputKind.PROMPT, 2,
-                       PromptInput(text="a white ball at night", mode=PromptMode.CUT))]})
+    emissions, state, _ = _run(
+        instance,
+        request,
+        {
+            3: [
+                InputEvent(
+                    InputKind.PROMPT,
+                    2,
+                    PromptInput(text="a white ball at night", mode=PromptMode.CUT),
+                )
+            ]
+        },
+    )
     media = _media(emissions)
     assert [m["segment"] for m, _ in media] == [1, 1]
     assert _applied(emissions)[0] == {"kind": "prompt", "seq": 2, "chunk": 0, "pts_90k": 0}
-    direct, _, _ = _run(instance, SessionRequest(prompt="a white ball at night", seed=8,
-                                                 max_chunks=2))
+    direct, _, _ = _run(
+        instance, SessionRequest(prompt="a white ball at night", seed=8, max_chunks=2)
+    )
     # the cut chunk restarts with segment-1 noise, so it differs from a fresh segment-0 run
     assert not torch.equal(media[0][1], _media(direct)[0][1])
     assert state.chunk == 2
@@ -180,7 +212,7 @@ def test_snapshot_at_any_boundary_resumes_bit_identically(instance) -> None:
         ctx = InlineContext("s")
         driver = Driver(loop, ctx)
 
-        async def first_half() -> bytes:
+        async def first_half(driver: Driver = driver, cut_at: int = cut_at) -> bytes:
             driver.init(request, instance)
             for _ in range(cut_at):
                 await driver.step()
@@ -198,15 +230,22 @@ def test_snapshot_at_any_boundary_resumes_bit_identically(instance) -> None:
 def test_job_returns_exactly_the_requested_frames(instance) -> None:
     loop = instance.loop_for("text_to_video")
     ctx = InlineContext("job")
-    result = asyncio.run(Driver(loop, ctx).run(
-        JobRequest(task="t2v", prompt="a red ball", num_frames=17, seed=1), instance))
+    result = asyncio.run(
+        Driver(loop, ctx).run(
+            JobRequest(task="t2v", prompt="a red ball", num_frames=17, seed=1), instance
+        )
+    )
     assert result.outputs["frames"].shape == (17, 64, 64, 3)
-    progress = [msgspec.structs.asdict(e.spec.meta) for e in ctx.emissions
-                if e.spec.stream == "progress"]
+    progress = [
+        msgspec.structs.asdict(e.spec.meta) for e in ctx.emissions if e.spec.stream == "progress"
+    ]
     assert progress[-1]["done"] == progress[-1]["total"]
     assert [p["done"] for p in progress] == list(range(1, len(progress) + 1))
-    image = asyncio.run(Driver(loop, InlineContext("img")).run(
-        JobRequest(task="t2i", prompt="a red ball", seed=1), instance))
+    image = asyncio.run(
+        Driver(loop, InlineContext("img")).run(
+            JobRequest(task="t2i", prompt="a red ball", seed=1), instance
+        )
+    )
     assert image.outputs["frames"].shape == (1, 64, 64, 3)
 
 
@@ -265,8 +304,9 @@ def test_kv_update_mode_must_be_known(instance) -> None:
 def test_followups_are_the_work_left_before_the_plans_media_is_due(instance) -> None:
     loop = instance.loop("chunk_rollout")
     ctx = InlineContext("s")
-    asyncio.run(Driver(loop, ctx).run(SessionRequest(prompt="a red ball", seed=1, max_chunks=2),
-                                      instance))
+    asyncio.run(
+        Driver(loop, ctx).run(SessionRequest(prompt="a red ball", seed=1, max_chunks=2), instance)
+    )
     shape = "c3x8x8"
 
     def described(plan) -> list[str]:

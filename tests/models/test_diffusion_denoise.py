@@ -69,8 +69,11 @@ def test_base_card_serves_jobs_only_with_the_wan_sampler() -> None:
         card.check_serving("chunk_rollout", "bf16")
     assert card.weights.value == "external"
     assert {c: (e.path_hint, e.format.value) for c, e in card.checkpoint.components.items()} == {
-        "dit": ("transformer", "diffusers"), "vae": ("vae", "diffusers"),
-        "text_encoder": ("text_encoder", "diffusers"), "tokenizer": ("tokenizer", "diffusers")}
+        "dit": ("transformer", "diffusers"),
+        "vae": ("vae", "diffusers"),
+        "text_encoder": ("text_encoder", "diffusers"),
+        "tokenizer": ("tokenizer", "diffusers"),
+    }
     with pytest.raises(InstanceError, match="pass the checkpoint directory"):
         load_instance(card, device="cpu")
 
@@ -81,7 +84,11 @@ def test_tiny_card_is_the_same_loop_and_recipe_at_tiny_dimensions() -> None:
     assert tiny.recipe.assumes_loop == base.recipe.assumes_loop == "diffusion_denoise"
     assert tiny.capabilities == base.capabilities
     assert {c: s.preset for c, s in tiny.components.items()} == {
-        "dit": "tiny", "vae": "tiny", "text_encoder": "umt5-tiny", "tokenizer": "byte-fallback"}
+        "dit": "tiny",
+        "vae": "tiny",
+        "text_encoder": "umt5-tiny",
+        "tokenizer": "byte-fallback",
+    }
     assert "random weights" in tiny.description
 
 
@@ -94,14 +101,17 @@ def test_t2v_job_runs_every_plan_and_returns_the_requested_frames(instance, guid
     frames, ctx = guided
     assert frames.shape == (5, 64, 64, 3) and frames.dtype == torch.uint8
     # prompt + empty negative prompt, 50 guided steps, one decode (2 latent frames <= chunk 3)
-    assert kinds(ctx) == ([PlanKind.TEXT_ENCODE] * 2 + [PlanKind.DIFFUSION_STEP] * 50
-                          + [PlanKind.VAE_DECODE])
+    assert kinds(ctx) == (
+        [PlanKind.TEXT_ENCODE] * 2 + [PlanKind.DIFFUSION_STEP] * 50 + [PlanKind.VAE_DECODE]
+    )
     steps = [p.args for p in ctx.executed if p.kind is PlanKind.DIFFUSION_STEP]
     assert all(a.negative is not None and a.guidance_scale == 5.0 for a in steps)
     assert not any(a.renoise for a in steps)  # a 50-step schedule takes Euler steps
     assert [a.init_seed is not None for a in steps] == [True] + [False] * 49
     assert steps[-1].sigma_next == 0.0
-    progress = [msgspec.structs.asdict(e.spec.meta) for e in ctx.emissions if e.spec.stream == "progress"]
+    progress = [
+        msgspec.structs.asdict(e.spec.meta) for e in ctx.emissions if e.spec.stream == "progress"
+    ]
     assert [p["done"] for p in progress] == list(range(1, 54))
     assert {p["total"] for p in progress} == {53}
 
@@ -151,9 +161,18 @@ def test_diffusion_step_op_combines_the_branches_as_cfg(instance) -> None:
     with torch.no_grad():
         v_c = instance.dit(x, torch.tensor([t]), text)
         v_u = instance.dit(x, torch.tensor([t]), negative)
-    args = DiffusionStepArgs(x=x, timestep=t, sigma=sigma, sigma_next=sigma_next, noise_seed=1,
-                             init_seed=None, text=text, negative=negative, guidance_scale=5.0,
-                             renoise=False)
+    args = DiffusionStepArgs(
+        x=x,
+        timestep=t,
+        sigma=sigma,
+        sigma_next=sigma_next,
+        noise_seed=1,
+        init_seed=None,
+        text=text,
+        negative=negative,
+        guidance_scale=5.0,
+        renoise=False,
+    )
     [out] = instance.diffusion_step_op([args])
     expected = x + (sigma_next - sigma) * (v_u + 5.0 * (v_c - v_u))
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
@@ -169,8 +188,12 @@ def test_base_card_loads_a_diffusers_directory_and_runs_a_job(tmp_path: Path) ->
     tiny = get(TINY)
     # the 1.3B card's manifest, loops and recipe with tiny component presets, so that a
     # diffusers directory of tiny modules is a valid checkpoint for it
-    card = dataclasses.replace(get("wan2.1-t2v-1.3b"), model_id="wan2.1-t2v-tiny-diffusers",
-                               components=tiny.components, default_profile=tiny.default_profile)
+    card = dataclasses.replace(
+        get("wan2.1-t2v-1.3b"),
+        model_id="wan2.1-t2v-tiny-diffusers",
+        components=tiny.components,
+        default_profile=tiny.default_profile,
+    )
     dit_cfg, vae_cfg = WanDiTConfig.preset("tiny"), WanVAEConfig.preset("tiny")
     torch.manual_seed(0)
     reference = WanTransformer3DModel(**dit_cfg.to_diffusers_config()).eval()

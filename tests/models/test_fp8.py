@@ -47,8 +47,9 @@ def test_fp8_linear_rejects_features_the_gemm_cannot_take() -> None:
 
 
 def test_quantized_dit_blocks_track_the_float_model() -> None:
-    cfg = WanDiTConfig(name="fp8-test", dim=64, num_layers=2, num_heads=2, ffn_dim=128,
-                       freq_dim=16, text_dim=32)
+    cfg = WanDiTConfig(
+        name="fp8-test", dim=64, num_layers=2, num_heads=2, ffn_dim=128, freq_dim=16, text_dim=32
+    )
     torch.manual_seed(1)
     model = WanDiT(cfg).eval()
     x, text = torch.randn(1, 16, 2, 4, 6), torch.randn(1, 5, 32)
@@ -57,8 +58,15 @@ def test_quantized_dit_blocks_track_the_float_model() -> None:
         ref = model(x, t, text)
         replaced = quantize_linears(model, lambda name: name.startswith("blocks."))
         ours = model(x, t, text)
-        cache = ChunkKVCache.allocate(cfg, batch=1, sink_frames=0, window_frames=2,
-                                      tokens_per_frame=6, device="cpu", dtype=torch.float32)
+        cache = ChunkKVCache.allocate(
+            cfg,
+            batch=1,
+            sink_frames=0,
+            window_frames=2,
+            tokens_per_frame=6,
+            device="cpu",
+            dtype=torch.float32,
+        )
         chunk = model.forward_chunk(x, t, model.cross_kv(text), cache, 0)
     # every linear of both blocks (self q k v o, cross q k v o, FFN up and down), nothing else
     assert len(replaced) == 2 * 10 and all(n.startswith("blocks.") for n in replaced)

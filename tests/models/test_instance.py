@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.instance import InstanceError, load_instance
 from models.checkpoint import save_original_format
+from models.instance import InstanceError, load_instance
 from models.loops.requests import SessionRequest
 from models.registry import get
 from models.wan.card import WAN21_13B_CAUSAL
@@ -26,9 +26,13 @@ from tests.models.test_text_encoder import write_checkpoint
 
 def _external_card():
     tiny = get("wan-tiny-random")
-    return dataclasses.replace(tiny, model_id="wan-tiny-external", weights="external",
-                               description="tiny Wan preset with weights from a directory",
-                               checkpoint=WAN21_13B_CAUSAL.checkpoint)
+    return dataclasses.replace(
+        tiny,
+        model_id="wan-tiny-external",
+        weights="external",
+        description="tiny Wan preset with weights from a directory",
+        checkpoint=WAN21_13B_CAUSAL.checkpoint,
+    )
 
 
 def _write_checkpoint(root: Path, source) -> None:
@@ -58,8 +62,11 @@ def test_external_card_loads_every_component_from_the_manifest(checkpoint) -> No
         assert ours.keys() == theirs.keys()
         assert all(torch.equal(ours[k], theirs[k]) for k in ours)
     assert loaded.dit.config.action_dim == source.dit.config.action_dim > 0  # hooks adopted
-    result, emissions = asyncio.run(run_inline(
-        loaded.loop("chunk_rollout"), SessionRequest(prompt="a red ball", max_chunks=1), loaded))
+    result, emissions = asyncio.run(
+        run_inline(
+            loaded.loop("chunk_rollout"), SessionRequest(prompt="a red ball", max_chunks=1), loaded
+        )
+    )
     frames = [e.output for e in emissions if e.spec.stream == "media"]
     # a session's first chunk: its first frame alone, then the other 8
     assert [f.shape for f in frames] == [(1, 64, 64, 3), (8, 64, 64, 3)]

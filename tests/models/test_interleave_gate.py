@@ -78,11 +78,19 @@ def scripts(accepts_audio: bool) -> dict[str, dict[int, list[InputEvent]]]:
     audio = [InputEvent(InputKind.AUDIO, 3, AudioInput(samples=tone))] if accepts_audio else []
     return {
         "switch": {4: [InputEvent(InputKind.PROMPT, 1, PromptInput(text="a blue square on snow"))]},
-        "steer": {2: [InputEvent(InputKind.ACTION, 1, ActionInput(keys=("w", "a"))),
-                      *audio],
-                  9: [InputEvent(InputKind.ACTION, 2, ActionInput(keys=("d",), mouse=(4, 0)))]},
-        "cut": {3: [InputEvent(InputKind.PROMPT, 1, PromptInput(text="a white ball at night",
-                                                                mode=PromptMode.CUT))]},
+        "steer": {
+            2: [InputEvent(InputKind.ACTION, 1, ActionInput(keys=("w", "a"))), *audio],
+            9: [InputEvent(InputKind.ACTION, 2, ActionInput(keys=("d",), mouse=(4, 0)))],
+        },
+        "cut": {
+            3: [
+                InputEvent(
+                    InputKind.PROMPT,
+                    1,
+                    PromptInput(text="a white ball at night", mode=PromptMode.CUT),
+                )
+            ]
+        },
     }
 
 
@@ -96,19 +104,24 @@ class OrderSpy:
     def before_batch(self, info: BatchInfo) -> None:
         self.loops.extend(info.loop_ids)
 
-    def after_batch(self, info: BatchInfo, outputs: Sequence[Any],
-                    wall_s: float) -> Observation | None:
+    def after_batch(
+        self, info: BatchInfo, outputs: Sequence[Any], wall_s: float
+    ) -> Observation | None:
         return None
 
 
 def media(emissions: Sequence[Emission]) -> list[tuple[int, int, torch.Tensor]]:
-    return [(e.spec.meta.chunk, e.spec.meta.pts_90k, torch.as_tensor(e.output))
-            for e in emissions if e.spec.stream == Stream.MEDIA]
+    return [
+        (e.spec.meta.chunk, e.spec.meta.pts_90k, torch.as_tensor(e.output))
+        for e in emissions
+        if e.spec.stream == Stream.MEDIA
+    ]
 
 
 def request(loop_id: str, slab: int) -> SessionRequest:
-    return SessionRequest(prompt="a red ball on grass", seed=SEEDS[loop_id], max_chunks=CHUNKS,
-                          kv_slab=slab)
+    return SessionRequest(
+        prompt="a red ball on grass", seed=SEEDS[loop_id], max_chunks=CHUNKS, kv_slab=slab
+    )
 
 
 async def alone(instance: Any, accepts_audio: bool) -> dict[str, list]:
@@ -122,8 +135,12 @@ async def alone(instance: Any, accepts_audio: bool) -> dict[str, list]:
 
 async def interleaved(instance: Any, accepts_audio: bool) -> tuple[dict[str, list], OrderSpy]:
     spy = OrderSpy()
-    engine = Engine(cost=CostModel(), scheduler=StepEdfScheduler(max_batch=1), observers=[spy],
-                    max_lead_s=1000.0)
+    engine = Engine(
+        cost=CostModel(),
+        scheduler=StepEdfScheduler(max_batch=1),
+        observers=[spy],
+        max_lead_s=1000.0,
+    )
     await engine.start()
     emitted: dict[str, list[Emission]] = {}
     try:
@@ -132,9 +149,14 @@ async def interleaved(instance: Any, accepts_audio: bool) -> tuple[dict[str, lis
         for slab, (loop_id, script) in enumerate(scripts(accepts_audio).items()):
             sink = emitted.setdefault(loop_id, [])
             handles[loop_id] = engine.spawn(
-                ScriptedInputs(instance.loop("chunk_rollout"), script), request(loop_id, slab),
-                instance, loop_id=loop_id, priority=Priority.REALTIME, on_emit=sink.append,
-                media_t0_s=t0_s)
+                ScriptedInputs(instance.loop("chunk_rollout"), script),
+                request(loop_id, slab),
+                instance,
+                loop_id=loop_id,
+                priority=Priority.REALTIME,
+                on_emit=sink.append,
+                media_t0_s=t0_s,
+            )
         for handle in handles.values():
             await asyncio.wait_for(handle.result(), 300)
     finally:
@@ -157,8 +179,9 @@ async def test_interleaved_sessions_with_inputs_equal_each_session_alone(model_i
     assert set(spy.loops[:9]) == set(want)
     # and the inputs really changed the streams (else the gate would prove little)
     for loop_id in want:
-        _, plain = await run_inline(instance.loop("chunk_rollout"), request(loop_id, 0), instance,
-                                    loop_id=loop_id)
+        _, plain = await run_inline(
+            instance.loop("chunk_rollout"), request(loop_id, 0), instance, loop_id=loop_id
+        )
         assert not torch.equal(media(plain)[-1][2], want[loop_id][-1][2]), loop_id
     # every session wrote its own slab of the one buffer, and only its own
     assert all(buffer.valid[i].any() for i in range(3))

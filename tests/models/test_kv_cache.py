@@ -22,8 +22,16 @@ def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def make_model(**overrides) -> WanDiT:
-    cfg = WanDiTConfig(name="kv-test", dim=48, num_layers=2, num_heads=3, ffn_dim=64,
-                       freq_dim=16, text_dim=20, **overrides)
+    cfg = WanDiTConfig(
+        name="kv-test",
+        dim=48,
+        num_layers=2,
+        num_heads=3,
+        ffn_dim=64,
+        freq_dim=16,
+        text_dim=20,
+        **overrides,
+    )
     torch.manual_seed(1)
     model = WanDiT(cfg).eval()
     with torch.no_grad():  # give the zero-initialised hooks real weights so they matter
@@ -35,8 +43,15 @@ def make_model(**overrides) -> WanDiT:
 
 
 def make_cache(model: WanDiT, sink: int, window: int, batch: int = 1) -> ChunkKVCache:
-    return ChunkKVCache.allocate(model.config, batch=batch, sink_frames=sink, window_frames=window,
-                                 tokens_per_frame=TOKENS, device="cpu", dtype=torch.float32)
+    return ChunkKVCache.allocate(
+        model.config,
+        batch=batch,
+        sink_frames=sink,
+        window_frames=window,
+        tokens_per_frame=TOKENS,
+        device="cpu",
+        dtype=torch.float32,
+    )
 
 
 def latents(frames: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
@@ -62,24 +77,44 @@ def test_chunked_rollout_equals_one_block_causal_forward() -> None:
     per_frame_action = actions.repeat_interleave(CHUNK, dim=1)  # [B, F, 10]
     t_noisy = torch.tensor([750.0, 250.0])
 
-    update_ref = model.forward_block_causal(clean, torch.zeros(batch), text, CHUNK,
-                                            action=per_frame_action, audio=audio)
+    update_ref = model.forward_block_causal(
+        clean, torch.zeros(batch), text, CHUNK, action=per_frame_action, audio=audio
+    )
     cache = make_cache(model, sink=1, window=frames, batch=batch)
     cross = model.cross_kv(text)
     for i in range(chunks):
         now = slice(i * CHUNK, (i + 1) * CHUNK)
         mixed = torch.cat((clean[:, :, : i * CHUNK], noisy[:, :, now]), dim=2)
         t_frames = torch.zeros(batch, (i + 1) * CHUNK)
-        t_frames[:, i * CHUNK:] = t_noisy[:, None]
-        denoise_ref = model.forward_block_causal(mixed, t_frames, text, CHUNK,
-                                                 action=per_frame_action[:, : (i + 1) * CHUNK],
-                                                 audio=audio[:, : (i + 1) * CHUNK])
-        denoised = model.forward_chunk(noisy[:, :, now], t_noisy, cross, cache, i * CHUNK,
-                                       action=actions[:, i], audio=audio[:, now])
+        t_frames[:, i * CHUNK :] = t_noisy[:, None]
+        denoise_ref = model.forward_block_causal(
+            mixed,
+            t_frames,
+            text,
+            CHUNK,
+            action=per_frame_action[:, : (i + 1) * CHUNK],
+            audio=audio[:, : (i + 1) * CHUNK],
+        )
+        denoised = model.forward_chunk(
+            noisy[:, :, now],
+            t_noisy,
+            cross,
+            cache,
+            i * CHUNK,
+            action=actions[:, i],
+            audio=audio[:, now],
+        )
         assert cache.frames_written == i * CHUNK  # the denoise pass wrote nothing
-        updated = model.forward_chunk(clean[:, :, now], torch.zeros(batch), cross, cache,
-                                      i * CHUNK, action=actions[:, i], audio=audio[:, now],
-                                      write_cache=True)
+        updated = model.forward_chunk(
+            clean[:, :, now],
+            torch.zeros(batch),
+            cross,
+            cache,
+            i * CHUNK,
+            action=actions[:, i],
+            audio=audio[:, now],
+            write_cache=True,
+        )
         assert rel_err(denoised, denoise_ref[:, :, now]) <= TOLERANCE, f"denoise chunk {i}"
         assert rel_err(updated, update_ref[:, :, now]) <= TOLERANCE, f"update chunk {i}"
     assert cache.frames_written == frames
@@ -96,8 +131,9 @@ def test_rolling_eviction_keeps_the_sinks_and_the_latest_window() -> None:
     snapshots = []  # cache K/V right after each chunk's write
     for i in range(chunks):
         now = slice(i * CHUNK, (i + 1) * CHUNK)
-        out = model.forward_chunk(x[:, :, now], torch.zeros(1), cross, cache, i * CHUNK,
-                                  write_cache=True)
+        out = model.forward_chunk(
+            x[:, :, now], torch.zeros(1), cross, cache, i * CHUNK, write_cache=True
+        )
         assert torch.isfinite(out).all()
         snapshots.append((cache.k.clone(), cache.v.clone()))
 
@@ -112,7 +148,7 @@ def test_rolling_eviction_keeps_the_sinks_and_the_latest_window() -> None:
         assert torch.equal(cache.v[:, :, tokens], snapshots[chunk][1][:, :, tokens]), slot
     # the sink still holds frame 0's K/V from the very first chunk, bit for bit, and they
     # differ from what later chunks wrote elsewhere
-    assert not torch.equal(cache.k[:, :, :TOKENS], cache.k[:, :, TOKENS:2 * TOKENS])
+    assert not torch.equal(cache.k[:, :, :TOKENS], cache.k[:, :, TOKENS : 2 * TOKENS])
 
 
 @torch.no_grad()
@@ -138,7 +174,7 @@ def test_clone_is_an_independent_fork() -> None:
     fork = cache.clone()
     before = fork.k.clone(), fork.v.clone(), fork.valid.clone()
 
-    step = x[:, :, CHUNK:2 * CHUNK]
+    step = x[:, :, CHUNK : 2 * CHUNK]
     a = model.forward_chunk(step, torch.zeros(1), cross, cache, CHUNK, write_cache=True)
     # writing into the original left the fork untouched
     assert torch.equal(fork.k, before[0]) and torch.equal(fork.v, before[1])
@@ -147,8 +183,9 @@ def test_clone_is_an_independent_fork() -> None:
     b = model.forward_chunk(step, torch.zeros(1), cross, fork, CHUNK, write_cache=True)
     assert torch.equal(a, b)
     assert torch.equal(fork.k, cache.k) and fork.slot_positions == cache.slot_positions
-    model.forward_chunk(x[:, :, 2 * CHUNK:], torch.zeros(1), cross, fork, 2 * CHUNK,
-                        write_cache=True)
+    model.forward_chunk(
+        x[:, :, 2 * CHUNK :], torch.zeros(1), cross, fork, 2 * CHUNK, write_cache=True
+    )
     assert fork.frames_written == 3 * CHUNK and cache.frames_written == 2 * CHUNK
     assert not torch.equal(fork.valid, cache.valid)
 
@@ -161,8 +198,17 @@ def test_reset_replays_a_stream_exactly() -> None:
     x = latents(3 * CHUNK, seed=6)
 
     def rollout() -> list[torch.Tensor]:
-        return [model.forward_chunk(x[:, :, i * CHUNK:(i + 1) * CHUNK], torch.zeros(1), cross,
-                                    cache, i * CHUNK, write_cache=True) for i in range(3)]
+        return [
+            model.forward_chunk(
+                x[:, :, i * CHUNK : (i + 1) * CHUNK],
+                torch.zeros(1),
+                cross,
+                cache,
+                i * CHUNK,
+                write_cache=True,
+            )
+            for i in range(3)
+        ]
 
     first = rollout()
     cache.reset()
@@ -174,8 +220,15 @@ def test_reset_replays_a_stream_exactly() -> None:
 def test_bytes_for_matches_the_allocation() -> None:
     cfg = WanDiTConfig.preset("tiny")
     for dtype in (torch.float32, torch.bfloat16):
-        cache = ChunkKVCache.allocate(cfg, batch=2, sink_frames=1, window_frames=5,
-                                      tokens_per_frame=7, device="cpu", dtype=dtype)
+        cache = ChunkKVCache.allocate(
+            cfg,
+            batch=2,
+            sink_frames=1,
+            window_frames=5,
+            tokens_per_frame=7,
+            device="cpu",
+            dtype=dtype,
+        )
         assert cache.nbytes == ChunkKVCache.bytes_for(cfg, 1, 5, 7, dtype, batch=2)
     # the 1.3B model at 832x480 with 1 sink + 20 window frames in bf16: 2 x 30 x 32760 x 1536 x 2
     big = WanDiTConfig.preset("wan2.1-1.3b")
@@ -183,9 +236,15 @@ def test_bytes_for_matches_the_allocation() -> None:
 
 
 def test_write_plan_fills_sinks_then_wraps_the_ring() -> None:
-    cache = ChunkKVCache.allocate(WanDiTConfig.preset("tiny"), batch=1, sink_frames=2,
-                                  window_frames=3, tokens_per_frame=1, device="cpu",
-                                  dtype=torch.float32)
+    cache = ChunkKVCache.allocate(
+        WanDiTConfig.preset("tiny"),
+        batch=1,
+        sink_frames=2,
+        window_frames=3,
+        tokens_per_frame=1,
+        device="cpu",
+        dtype=torch.float32,
+    )
     assert cache.plan_write(4) == (WriteRun(0, 0, 4),)  # sinks 0-1, ring slots 2-3
     cache.commit(cache.plan_write(4), 4, frame_start=0)
     assert cache.plan_write(2) == (WriteRun(0, 4, 1), WriteRun(1, 2, 1))  # wraps around
@@ -217,29 +276,52 @@ def test_a_cache_in_a_loop_state_snapshots_and_resumes_exactly() -> None:
     cross = model.cross_kv(torch.randn(1, 4, 20))
     x = latents(3 * CHUNK, seed=7)
     for i in range(2):
-        model.forward_chunk(x[:, :, i * CHUNK:(i + 1) * CHUNK], torch.zeros(1), cross, cache,
-                            i * CHUNK, write_cache=True)
+        model.forward_chunk(
+            x[:, :, i * CHUNK : (i + 1) * CHUNK],
+            torch.zeros(1),
+            cross,
+            cache,
+            i * CHUNK,
+            write_cache=True,
+        )
     restored = restore_state(snapshot_state(_HoldsCache(kv=cache)), _HoldsCache).kv
     assert restored.k is not cache.k and restored.slot_positions == cache.slot_positions
     assert restored.frames_written == cache.frames_written == 2 * CHUNK
-    last = x[:, :, 2 * CHUNK:]
+    last = x[:, :, 2 * CHUNK :]
     a = model.forward_chunk(last, torch.zeros(1), cross, cache, 2 * CHUNK, write_cache=True)
     b = model.forward_chunk(last, torch.zeros(1), cross, restored, 2 * CHUNK, write_cache=True)
     assert torch.equal(a, b) and restored.slot_positions == cache.slot_positions
     with pytest.raises(CacheShapeError, match="2 slot positions"):
-        ChunkKVCache(k=cache.k, v=cache.v, valid=cache.valid, sink_frames=1, window_frames=2,
-                     tokens_per_frame=TOKENS, slot_positions=[0, 1], frames_written=2)
+        ChunkKVCache(
+            k=cache.k,
+            v=cache.v,
+            valid=cache.valid,
+            sink_frames=1,
+            window_frames=2,
+            tokens_per_frame=TOKENS,
+            slot_positions=[0, 1],
+            frames_written=2,
+        )
 
 
 def test_mask_is_dropped_once_every_slot_is_filled() -> None:
-    cache = ChunkKVCache.allocate(WanDiTConfig.preset("tiny"), batch=1, sink_frames=1,
-                                  window_frames=2, tokens_per_frame=2, device="cpu",
-                                  dtype=torch.float32)
+    cache = ChunkKVCache.allocate(
+        WanDiTConfig.preset("tiny"),
+        batch=1,
+        sink_frames=1,
+        window_frames=2,
+        tokens_per_frame=2,
+        device="cpu",
+        dtype=torch.float32,
+    )
     mask = cache.attention_mask(4)
     assert mask is not None and mask.shape == (1, 1, 1, 10)
     assert mask[0, 0, 0].tolist() == [False] * 6 + [True] * 4
     cache.commit(cache.plan_write(2), 2, frame_start=0)
-    assert not cache.full and cache.attention_mask(4)[0, 0, 0].tolist() == [True] * 4 + [False] * 2 + [True] * 4
+    assert (
+        not cache.full
+        and cache.attention_mask(4)[0, 0, 0].tolist() == [True] * 4 + [False] * 2 + [True] * 4
+    )
     cache.commit(cache.plan_write(1), 1, frame_start=2)
     assert cache.full and cache.attention_mask(4) is None
     cache.reset()
@@ -247,15 +329,29 @@ def test_mask_is_dropped_once_every_slot_is_filled() -> None:
 
 
 def test_a_filled_prefix_is_read_unmasked_and_a_cache_with_holes_falls_back_to_the_mask() -> None:
-    cache = ChunkKVCache.allocate(WanDiTConfig.preset("tiny"), batch=1, sink_frames=1,
-                                  window_frames=2, tokens_per_frame=2, device="cpu",
-                                  dtype=torch.float32)
+    cache = ChunkKVCache.allocate(
+        WanDiTConfig.preset("tiny"),
+        batch=1,
+        sink_frames=1,
+        window_frames=2,
+        tokens_per_frame=2,
+        device="cpu",
+        dtype=torch.float32,
+    )
     assert cache.prefix_frames == 0 and cache.attention_keys(4) == (0, None)
     cache.commit(cache.plan_write(2), 2, frame_start=0)
     assert cache.prefix_frames == 2 and cache.attention_keys(4) == (4, None)
     valid = torch.tensor([True, True, False, False, True, True])
-    holes = ChunkKVCache(k=cache.k, v=cache.v, valid=valid, sink_frames=1, window_frames=2,
-                         tokens_per_frame=2, slot_positions=[0, EMPTY, 1], frames_written=2)
+    holes = ChunkKVCache(
+        k=cache.k,
+        v=cache.v,
+        valid=valid,
+        sink_frames=1,
+        window_frames=2,
+        tokens_per_frame=2,
+        slot_positions=[0, EMPTY, 1],
+        frames_written=2,
+    )
     tokens, mask = holes.attention_keys(4)
     assert holes.prefix_frames is None and tokens == 6
     assert mask[0, 0, 0].tolist() == [True] * 2 + [False] * 2 + [True] * 6
@@ -273,7 +369,7 @@ def test_prefix_reads_equal_masked_reads_through_a_whole_rollout(monkeypatch) ->
     def rollout() -> list[torch.Tensor]:
         cache, outs = make_cache(model, sink=1, window=3), []
         for start in range(0, 5 * CHUNK, CHUNK):
-            chunk = x[:, :, start:start + CHUNK]
+            chunk = x[:, :, start : start + CHUNK]
             with torch.no_grad():
                 outs.append(model.forward_chunk(chunk, torch.tensor([500.0]), cross, cache, start))
                 model.forward_chunk(chunk, torch.zeros(1), cross, cache, start, write_cache=True)

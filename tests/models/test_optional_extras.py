@@ -12,14 +12,13 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-_BLOCK = ("import sys\n"
-          "sys.modules['transformers'] = None\n"
-          "sys.modules['diffusers'] = None\n")
+_BLOCK = "import sys\nsys.modules['transformers'] = None\nsys.modules['diffusers'] = None\n"
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", _BLOCK + code], cwd=REPO, capture_output=True,
-                          text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-c", _BLOCK + code], cwd=REPO, capture_output=True, text=True, timeout=240
+    )
 
 
 def test_default_card_imports_and_serves_without_the_reference_extra(tmp_path: Path) -> None:

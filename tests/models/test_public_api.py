@@ -1,4 +1,4 @@
-"""The model plane's public entry points (issue: ``models.load_transformer`` / ``models.load_vae``)."""
+"""The model plane's public entry points: ``models.load_transformer`` / ``models.load_vae``."""
 
 from __future__ import annotations
 
@@ -36,8 +36,7 @@ def test_load_transformer_and_vae_from_the_package(tmp_path) -> None:
 
 
 def test_registry_import_does_not_pull_torch() -> None:
-    code = ("import sys; import models.registry as r; r.list_cards(); "
-            "print('torch' in sys.modules)")
+    code = "import sys; import models.registry as r; r.list_cards(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -31,8 +31,7 @@ def test_unknown_model_lists_the_known_ids():
     with pytest.raises(UnknownModelError) as info:
         registry.get("wan2.2-5b")
     assert info.value.known == tuple(BUILTIN_IDS)
-    assert str(info.value) == ("unknown model 'wan2.2-5b'; known models: "
-                               f"{BUILTIN_IDS}")
+    assert str(info.value) == (f"unknown model 'wan2.2-5b'; known models: {BUILTIN_IDS}")
 
 
 def test_register_validates_and_refuses_duplicates():
@@ -56,11 +55,14 @@ def test_builtin_registry_is_fresh_each_time():
 
 
 def test_registry_imports_without_torch():
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "from models import registry\n"
-            "print(len(registry.list_cards()), 'transformers' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from models import registry\n"
+        "print(len(registry.list_cards()), 'transformers' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert (done.returncode, done.stdout.strip()) == (0, "5 False"), done.stderr
 
 
@@ -72,7 +74,11 @@ def test_causal_card_is_the_self_forcing_recipe():
     card = registry.get("wan2.1-1.3b-causal")
     r = card.recipe
     assert (r.method, r.parents, r.assumes_loop, r.assumes_precision) == (
-        "self_forcing", ("wan2.1-t2v-1.3b",), "chunk_rollout", "bf16")
+        "self_forcing",
+        ("wan2.1-t2v-1.3b",),
+        "chunk_rollout",
+        "bf16",
+    )
     rollout = card.loops["chunk_rollout"]
     assert rollout.schedule == ScheduleSpec((1000, 750, 500, 250), 5.0)
     p = card.default_profile
@@ -80,11 +86,14 @@ def test_causal_card_is_the_self_forcing_recipe():
     kv = card.caches["chunk_kv"]
     assert (kv.component, kv.window_latent_frames, kv.sink_latent_frames) == ("dit", 9, 3)
     assert card.weights is WeightsKind.EXTERNAL
-    assert card.capabilities == {"session.realtime", "prompt.switch", "prompt.cut",
-                                 "text_to_video"}
+    assert card.capabilities == {"session.realtime", "prompt.switch", "prompt.cut", "text_to_video"}
     assert set(card.checkpoint.components) >= {"dit", "vae", "text_encoder"}
     assert card.checkpoint.required_for("session.realtime") == (
-        "dit", "text_encoder", "tokenizer", "vae")
+        "dit",
+        "text_encoder",
+        "tokenizer",
+        "vae",
+    )
     assert card.latent.tokens_per_latent_frame(p.width, p.height) == 1560
     assert card.components["dit"].preset == "wan2.1-1.3b"
 
@@ -93,8 +102,11 @@ def test_causal_card_refuses_other_samplers_and_fp16():
     card = registry.get("wan2.1-1.3b-causal")
     assert card.check_serving("chunk_rollout", "bf16").loop_id == "chunk_rollout"
     assert card.loop_for("text_to_video").loop_id == "chunk_rollout"  # jobs too, by the card
-    with pytest.raises(RecipeMismatchError, match=r"at 'fp16': its recipe assumes loop "
-                                                  r"'chunk_rollout' at 'bf16'"):
+    with pytest.raises(
+        RecipeMismatchError,
+        match=r"at 'fp16': its recipe assumes loop "
+        r"'chunk_rollout' at 'bf16'",
+    ):
         card.check_serving("chunk_rollout", "fp16")
     fifty = ScheduleSpec(tuple(range(1000, 0, -20)), 5.0, guidance_scale=5.0)
     with pytest.raises(RecipeMismatchError, match=r"recipe 'self_forcing' assumes chunk_rollout"):
@@ -139,5 +151,8 @@ def test_component_presets_exist_in_the_family_tables():
         assert c["text_encoder"].preset in UMT5_PRESETS
         assert c["tokenizer"].preset in {"umt5-xxl", "byte-fallback"}
         assert (vae.z_dim, vae.temporal_factor, vae.spatial_factor) == (
-            card.latent.channels, card.latent.temporal_stride, card.latent.spatial_stride)
+            card.latent.channels,
+            card.latent.temporal_stride,
+            card.latent.spatial_stride,
+        )
         assert dit.patch_size == card.latent.patch

@@ -29,34 +29,51 @@ TEXT_LEN = 12
 
 def write_checkpoint(root: Path, *, d_model: int = 24, seed: int = 0) -> tuple[Path, Path]:
     """A diffusers-layout text_encoder/ (random UMT5) and tokenizer/ (word-level, EOS-appending)."""
-    config = UMT5Config(vocab_size=64, d_model=d_model, d_kv=6, d_ff=40, num_layers=2,
-                        num_heads=4, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+    config = UMT5Config(
+        vocab_size=64,
+        d_model=d_model,
+        d_kv=6,
+        d_ff=40,
+        num_layers=2,
+        num_heads=4,
+        feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     UMT5EncoderModel(config).save_pretrained(root / "text_encoder")
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>",
-                                                       special_tokens=[("</s>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
-                                   unk_token="<unk>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", 1)]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )
     fast.save_pretrained(root / "tokenizer")
     return root / "text_encoder", root / "tokenizer"
 
 
-def reference_embeddings(encoder_dir: Path, tokenizer_dir: Path, prompts: list[str],
-                         text_len: int) -> torch.Tensor:
+def reference_embeddings(
+    encoder_dir: Path, tokenizer_dir: Path, prompts: list[str], text_len: int
+) -> torch.Tensor:
     """What diffusers' WanPipeline._get_t5_prompt_embeds computes, step by step."""
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
     model = UMT5EncoderModel.from_pretrained(str(encoder_dir), dtype=torch.float32).eval()
-    inputs = tokenizer(prompts, padding="max_length", max_length=text_len, truncation=True,
-                       add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
+    inputs = tokenizer(
+        prompts,
+        padding="max_length",
+        max_length=text_len,
+        truncation=True,
+        add_special_tokens=True,
+        return_attention_mask=True,
+        return_tensors="pt",
+    )
     seq_lens = inputs.attention_mask.gt(0).sum(dim=1).long()
     with torch.no_grad():
         hidden = model(inputs.input_ids, inputs.attention_mask).last_hidden_state
     rows = [u[:v] for u, v in zip(hidden, seq_lens, strict=True)]
-    return torch.stack([torch.cat([u, u.new_zeros(text_len - u.size(0), u.size(1))])
-                        for u in rows])
+    return torch.stack([torch.cat([u, u.new_zeros(text_len - u.size(0), u.size(1))]) for u in rows])
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +102,9 @@ class SpyEncoder:
 
 def make_cached(encoder, store=None, **overrides) -> CachedTextEncoder:
     kwargs = {"model_id": "wan-tiny-random", "weights_version": "random-seed-0", **overrides}
-    return CachedTextEncoder(encoder, store if store is not None else TextEmbeddingCache(),
-                             **kwargs)
+    return CachedTextEncoder(
+        encoder, store if store is not None else TextEmbeddingCache(), **kwargs
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -96,8 +114,9 @@ def make_cached(encoder, store=None, **overrides) -> CachedTextEncoder:
 def test_pretrained_matches_transformers_pipeline_exactly(checkpoint):
     encoder_dir, tokenizer_dir = checkpoint
     prompts = ["a red fox in the snow", "blue whale", "a city at night " * 4, ""]
-    ours = UMT5TextEncoder.from_pretrained(encoder_dir, tokenizer_dir, text_len=TEXT_LEN,
-                                           dtype=torch.float32).encode(prompts)
+    ours = UMT5TextEncoder.from_pretrained(
+        encoder_dir, tokenizer_dir, text_len=TEXT_LEN, dtype=torch.float32
+    ).encode(prompts)
     ref = reference_embeddings(encoder_dir, tokenizer_dir, prompts, TEXT_LEN)
     assert ours.shape == (4, TEXT_LEN, 24)
     assert torch.equal(ours, ref)
@@ -186,7 +205,12 @@ def test_clean_prompt_matches_wan_whitespace_cleaning():
 def test_presets_match_umt5_xxl_and_the_wan_cards():
     xxl = UMT5Config(**UMT5_PRESETS["umt5-xxl"].config)
     assert (xxl.d_model, xxl.d_ff, xxl.num_heads, xxl.num_layers, xxl.vocab_size) == (
-        4096, 10240, 64, 24, 256384)
+        4096,
+        10240,
+        64,
+        24,
+        256384,
+    )
     assert UMT5_PRESETS["umt5-xxl"].text_len == 512
     from models.wan.config import PRESETS as DIT_PRESETS
 
@@ -217,22 +241,37 @@ def test_every_key_field_change_misses(tiny):
     base = make_cached(tiny, store)
     base.encode(["a red fox"])
     key = base.key_for("a red fox")
-    assert key == CacheKey(model_id="wan-tiny-random", component="text_encoder",
-                           weights_version="random-seed-0", precision="fp32",
-                           shape_sig=tiny.shape_sig,
-                           input_hash=hashlib.sha256(b"a red fox").hexdigest())
-    for name, value in [("model_id", "other"), ("component", "text_encoder_2"),
-                        ("weights_version", "v2"), ("precision", "bf16"),
-                        ("shape_sig", "text_len=8"), ("input_hash", "0" * 64)]:
+    assert key == CacheKey(
+        model_id="wan-tiny-random",
+        component="text_encoder",
+        weights_version="random-seed-0",
+        precision="fp32",
+        shape_sig=tiny.shape_sig,
+        input_hash=hashlib.sha256(b"a red fox").hexdigest(),
+    )
+    for name, value in [
+        ("model_id", "other"),
+        ("component", "text_encoder_2"),
+        ("weights_version", "v2"),
+        ("precision", "bf16"),
+        ("shape_sig", "text_len=8"),
+        ("input_hash", "0" * 64),
+    ]:
         assert dataclasses.replace(key, **{name: value}) not in store, name
 
-    bf16 = UMT5TextEncoder(UMT5TextEncoder.from_preset("umt5-tiny").model.to(torch.bfloat16),
-                           tiny.tokenizer, tiny.text_len)
+    bf16 = UMT5TextEncoder(
+        UMT5TextEncoder.from_preset("umt5-tiny").model.to(torch.bfloat16),
+        tiny.tokenizer,
+        tiny.text_len,
+    )
     shorter = UMT5TextEncoder(tiny.model, tiny.tokenizer, text_len=8)
-    variants = [make_cached(tiny, store, model_id="other"),
-                make_cached(tiny, store, weights_version="v2"),
-                make_cached(tiny, store, component="text_encoder_2"),
-                make_cached(bf16, store), make_cached(shorter, store)]
+    variants = [
+        make_cached(tiny, store, model_id="other"),
+        make_cached(tiny, store, weights_version="v2"),
+        make_cached(tiny, store, component="text_encoder_2"),
+        make_cached(bf16, store),
+        make_cached(shorter, store),
+    ]
     for cached in variants:
         out = cached.encode(["a red fox"])
         assert (cached.hits, cached.misses) == (0, 1)

@@ -41,16 +41,58 @@ def make_reference(cfg: WanDiTConfig, seed: int) -> WanTransformer3DModel:
 # applies its q/k norms then, and so must the loaded model).
 CASES = [
     pytest.param(WanDiTConfig.preset("tiny"), (3, 4, 6), 5, 1, id="tiny"),
-    pytest.param(WanDiTConfig(dim=60, num_layers=2, num_heads=3, ffn_dim=96, freq_dim=32,
-                              in_channels=5, out_channels=3, text_dim=24),
-                 (5, 6, 10), 7, 2, id="odd-grid-3-heads"),
-    pytest.param(WanDiTConfig(dim=48, num_layers=3, num_heads=4, ffn_dim=80, freq_dim=16,
-                              patch_size=(1, 1, 1), in_channels=16, out_channels=16, text_dim=8,
-                              qk_norm=None, cross_attn_norm=False),
-                 (1, 3, 5), 1, 2, id="t2i-patch1-no-cross-norm"),
-    pytest.param(WanDiTConfig(dim=36, num_layers=1, num_heads=1, ffn_dim=40, freq_dim=8,
-                              patch_size=(2, 2, 2), in_channels=3, out_channels=2, text_dim=12),
-                 (4, 2, 6), 3, 1, id="patch222-1-head"),
+    pytest.param(
+        WanDiTConfig(
+            dim=60,
+            num_layers=2,
+            num_heads=3,
+            ffn_dim=96,
+            freq_dim=32,
+            in_channels=5,
+            out_channels=3,
+            text_dim=24,
+        ),
+        (5, 6, 10),
+        7,
+        2,
+        id="odd-grid-3-heads",
+    ),
+    pytest.param(
+        WanDiTConfig(
+            dim=48,
+            num_layers=3,
+            num_heads=4,
+            ffn_dim=80,
+            freq_dim=16,
+            patch_size=(1, 1, 1),
+            in_channels=16,
+            out_channels=16,
+            text_dim=8,
+            qk_norm=None,
+            cross_attn_norm=False,
+        ),
+        (1, 3, 5),
+        1,
+        2,
+        id="t2i-patch1-no-cross-norm",
+    ),
+    pytest.param(
+        WanDiTConfig(
+            dim=36,
+            num_layers=1,
+            num_heads=1,
+            ffn_dim=40,
+            freq_dim=8,
+            patch_size=(2, 2, 2),
+            in_channels=3,
+            out_channels=2,
+            text_dim=12,
+        ),
+        (4, 2, 6),
+        3,
+        1,
+        id="patch222-1-head",
+    ),
 ]
 
 
@@ -117,11 +159,19 @@ def test_flop_count_matches_torch_flop_counter() -> None:
     math_sdpa = sdpa_kernel(SDPBackend.MATH)
     with torch.no_grad(), math_sdpa, FlopCounterMode(display=False) as bidirectional:
         model(x, t, text)
-    assert bidirectional.get_total_flops() == dit_flops(cfg, tokens_q, tokens_q, 5,
-                                                        include_text=True)
+    assert bidirectional.get_total_flops() == dit_flops(
+        cfg, tokens_q, tokens_q, 5, include_text=True
+    )
 
-    cache = ChunkKVCache.allocate(cfg, batch=1, sink_frames=1, window_frames=3,
-                                  tokens_per_frame=6, device="cpu", dtype=torch.float32)
+    cache = ChunkKVCache.allocate(
+        cfg,
+        batch=1,
+        sink_frames=1,
+        window_frames=3,
+        tokens_per_frame=6,
+        device="cpu",
+        dtype=torch.float32,
+    )
     with torch.no_grad():
         cross = model.cross_kv(text)
     # an empty cache is not read at all; a full one is read whole (4 frames x 6 tokens)
@@ -153,7 +203,12 @@ def test_rejects_shapes_the_config_cannot_take() -> None:
 def test_config_presets_and_formats() -> None:
     big = WanDiTConfig.preset("wan2.1-1.3b")
     assert (big.dim, big.num_layers, big.num_heads, big.ffn_dim, big.head_dim) == (
-        1536, 30, 12, 8960, 128)
+        1536,
+        30,
+        12,
+        8960,
+        128,
+    )
     assert big.tokens_per_frame(60, 104) == 1560  # 480x832 video
     assert WanDiTConfig.from_original_config(big.to_original_config(), name=big.name) == big
     assert WanDiTConfig.from_diffusers_config(big.to_diffusers_config(), name=big.name) == big

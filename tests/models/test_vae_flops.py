@@ -33,8 +33,10 @@ def test_chunk_flops_count_steps_kv_update_once_and_decode() -> None:
     card = get("wan-tiny-random")
     instance = load_instance(card, device="cpu")
     profile = card.default_profile
-    lh, lw = (profile.height // card.latent.spatial_stride,
-              profile.width // card.latent.spatial_stride)
+    lh, lw = (
+        profile.height // card.latent.spatial_stride,
+        profile.width // card.latent.spatial_stride,
+    )
     sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
     t = instance.tokens_per_frame(lh, lw)
     q = profile.chunk_latent_frames * t

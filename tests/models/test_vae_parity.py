@@ -13,9 +13,9 @@ import pytest
 import torch
 from diffusers import AutoencoderKLWan
 
+from models.checkpoint import load_vae
 from models.wan.vae import VAEShapeError, WanVAE, video_to_uint8
 from models.wan.vae_config import WanVAEConfig
-from models.checkpoint import load_vae
 
 
 @pytest.fixture(scope="module", autouse=True)

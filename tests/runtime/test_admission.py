@@ -36,7 +36,10 @@ def make_controller(
 
 
 def req(
-    owner: str, share: float = 0.1, kv: bool = True, peak: int = GIB,
+    owner: str,
+    share: float = 0.1,
+    kv: bool = True,
+    peak: int = GIB,
     duration_s: float | None = None,
 ) -> AdmissionRequest:
     return AdmissionRequest(

@@ -63,8 +63,7 @@ def session_plans(sig: str, chunks: int) -> Iterator[Plan]:
             yield Plan("chunk_step", sig, due, (step,) * (STEPS - j - 1) + (decode,))
         if chunk == 0:  # the first latent frame alone (1 frame), then the rest (8 frames)
             yield Plan("vae_decode", f"decode:1:1:{sig}", 0.0, media_pts_s=0.0)
-            yield Plan("vae_decode", f"decode:1:2:{sig}", 1 / FPS, media_pts_s=1 / FPS,
-                       final=True)
+            yield Plan("vae_decode", f"decode:1:2:{sig}", 1 / FPS, media_pts_s=1 / FPS, final=True)
             emitted = 9
         else:
             yield Plan(*steady, due, media_pts_s=due, final=True)
@@ -120,12 +119,20 @@ class Simulation:
         plan_id = self.next_plan_id
         self.next_plan_id += 1
         self.plan_owner[plan_id] = loop_id
-        self.scheduler.submit(Ticket(
-            plan_id=plan_id, loop_id=loop_id, priority=Priority.REALTIME,
-            batch_key=("wan", plan.kind, plan.sig, "bf16"),
-            batchable=plan.kind == "text_encode", deadline_s=s.deadline_s,
-            cost_gpu_s=self.cost.predict(plan.kind, plan.sig), enqueued_s=now,
-            eligible_s=eligible_s, ends_chunk=plan.final))
+        self.scheduler.submit(
+            Ticket(
+                plan_id=plan_id,
+                loop_id=loop_id,
+                priority=Priority.REALTIME,
+                batch_key=("wan", plan.kind, plan.sig, "bf16"),
+                batchable=plan.kind == "text_encode",
+                deadline_s=s.deadline_s,
+                cost_gpu_s=self.cost.predict(plan.kind, plan.sig),
+                enqueued_s=now,
+                eligible_s=eligible_s,
+                ends_chunk=plan.final,
+            )
+        )
 
     def run(self) -> None:
         waiting = sorted(self.sessions, key=lambda k: self.sessions[k].start_s)
@@ -144,8 +151,10 @@ class Simulation:
                 self.clock.now_s = max(now, min(nexts))
                 continue
             owners = [self.plan_owner[p] for p in batch.plan_ids]
-            seconds = sum(self.measured_s(self.sessions[o].current.kind,
-                                          self.sessions[o].current.sig) for o in owners)
+            seconds = sum(
+                self.measured_s(self.sessions[o].current.kind, self.sessions[o].current.sig)
+                for o in owners
+            )
             self.clock.advance(seconds * self.rng.uniform(0.95, 1.05))
             self.scheduler.complete(batch.batch_id)
             for owner in owners:
@@ -163,28 +172,37 @@ class Simulation:
         if not s.anchored:  # the viewer shows the first frame at once and anchors on it
             s.anchored, s.media_t0_s = True, done_s - plan.media_pts_s
             return
-        s.late_media.append(done_s - (s.media_t0_s + plan.media_pts_s
-                                      + DEADLINES.playout_buffer_s))
+        s.late_media.append(done_s - (s.media_t0_s + plan.media_pts_s + DEADLINES.playout_buffer_s))
 
 
 def chunk_cost_s(profile: str) -> float:
     """Measured seconds of one steady chunk: the steps, the KV update and the decode."""
     shapes, sig = SNAPSHOT["profiles"][profile]["shapes"], PROFILES[profile]
-    return (STEPS * shapes["chunk_step"][sig]["median_s"] + shapes["kv_update"][sig]["median_s"]
-            + shapes["vae_decode"][f"decode:0:3:{sig}"]["median_s"])
+    return (
+        STEPS * shapes["chunk_step"][sig]["median_s"]
+        + shapes["kv_update"][sig]["median_s"]
+        + shapes["vae_decode"][f"decode:0:3:{sig}"]["median_s"]
+    )
 
 
 def session_request(owner: str, profile: str, duration_s: float) -> AdmissionRequest:
     return AdmissionRequest.for_stream(
-        owner, chunk_cost_gpu_s=chunk_cost_s(profile), frames_per_chunk=CHUNK_FRAMES, fps=FPS,
-        kv_pool=profile, peak_bytes=1 << 30, expected_duration_s=duration_s)
+        owner,
+        chunk_cost_gpu_s=chunk_cost_s(profile),
+        frames_per_chunk=CHUNK_FRAMES,
+        fps=FPS,
+        kv_pool=profile,
+        peak_bytes=1 << 30,
+        expected_duration_s=duration_s,
+    )
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_admitted_sessions_meet_deadlines_and_the_next_is_refused(profile: str) -> None:
     clock = FakeClock()
     admission = AdmissionController(
-        AdmissionConfig(peak_capacity_bytes=64 << 30, peak_concurrency=8), clock=lambda: clock.now_s)
+        AdmissionConfig(peak_capacity_bytes=64 << 30, peak_concurrency=8), clock=lambda: clock.now_s
+    )
     admission.add_pool(profile, KVSlabPool(16, 1 << 30))
     media_s, stagger_s = 20.0, 0.5
     admitted: list[tuple[str, float, float]] = []  # (owner, admitted at, expected duration)

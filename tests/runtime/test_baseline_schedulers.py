@@ -40,9 +40,7 @@ def session(chunks: int, steps: int, *, first_deadline_s: float) -> list[PlanSpe
             plans.append(PlanSpec())  # kv_update of the previous chunk
         plans += [PlanSpec() for _ in range(steps)]
         plans.append(PlanSpec(ends_chunk=True))  # vae_decode, final media
-    return [
-        PlanSpec(p.ends_chunk, first_deadline_s + i * 2 * COST_S) for i, p in enumerate(plans)
-    ]
+    return [PlanSpec(p.ends_chunk, first_deadline_s + i * 2 * COST_S) for i, p in enumerate(plans)]
 
 
 def job(steps: int) -> list[PlanSpec]:
@@ -183,9 +181,7 @@ def test_fifo_a_job_that_arrived_first_blocks_both_sessions_until_it_ends() -> N
     assert order == [*names("J", range(4)), *names("A", range(7)), *names("B", range(7))]
 
 
-def test_fifo_session_ahead_of_playout_lets_later_loops_run_then_takes_the_executor_back() -> (
-    None
-):
+def test_fifo_session_ahead_of_playout_lets_later_loops_run_then_takes_the_executor_back() -> None:
     # A's third plan may not start before t=0.5 s (lead limit): meanwhile J (which arrived
     # later) runs; at the first step boundary after 0.5 s, A (earlier arrival) goes on.
     loops = {
@@ -199,8 +195,13 @@ def test_fifo_session_ahead_of_playout_lets_later_loops_run_then_takes_the_execu
 def test_chunk_rr_lead_limit_gates_the_start_of_a_turn_only() -> None:
     # B's first plan is not eligible before 0.45 s: A's turns go on meanwhile. Inside A's
     # second turn a not-yet-eligible plan still runs (a chunk is one unit of work).
-    a = [PlanSpec(), PlanSpec(ends_chunk=True), PlanSpec(), PlanSpec(eligible_s=5.0),
-         PlanSpec(ends_chunk=True)]
+    a = [
+        PlanSpec(),
+        PlanSpec(ends_chunk=True),
+        PlanSpec(),
+        PlanSpec(eligible_s=5.0),
+        PlanSpec(ends_chunk=True),
+    ]
     loops = {"A": (RT, a), "B": (RT, [PlanSpec(eligible_s=0.45), PlanSpec(ends_chunk=True)])}
     scripted = ScriptedLoops(ChunkRoundRobinScheduler(), loops)
     order = scripted.run()

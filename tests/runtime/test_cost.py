@@ -97,7 +97,8 @@ def test_load_restores_a_snapshot_through_json() -> None:
     cost.observe("chunk_step", "c3x60x104", 0.5)
     restarted.observe("chunk_step", "c3x60x104", 0.5)
     assert restarted.predict("chunk_step", "c3x60x104") == pytest.approx(
-        cost.predict("chunk_step", "c3x60x104"))
+        cost.predict("chunk_step", "c3x60x104")
+    )
     assert restarted.snapshot() == cost.snapshot()
 
 
@@ -109,8 +110,10 @@ def test_load_refuses_another_device_and_malformed_entries() -> None:
         other.load(cost.snapshot())
     snap = cost.snapshot()
     fresh = CostModel(DEV)
-    bad = {**snap, "entries": [*snap["entries"], {"kind": "x", "shape_sig": "y", "gpu_s": -1,
-                                                   "samples": 1}]}
+    bad = {
+        **snap,
+        "entries": [*snap["entries"], {"kind": "x", "shape_sig": "y", "gpu_s": -1, "samples": 1}],
+    }
     with pytest.raises(CostModelError, match="gpu_s"):
         fresh.load(bad)
     with pytest.raises(CostModelError, match="malformed"):

@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from runtime.admission import AdmissionConfig, AdmissionController, AdmissionRequest, Admit
+from runtime.baseline_schedulers import ChunkRoundRobinScheduler, FifoScheduler
 from runtime.contract import (
     Cancelled,
     Done,
-    EmitSpec,
     Emission,
+    EmitSpec,
     InputEvent,
     LoopFailed,
     LoopResult,
@@ -31,7 +32,6 @@ from runtime.contract import (
 from runtime.cost import CostModel
 from runtime.driver import restore_state, run_inline
 from runtime.engine import Engine, EngineError
-from runtime.baseline_schedulers import ChunkRoundRobinScheduler, FifoScheduler
 from runtime.observers import BatchInfo, BatchReport, NaNWatch, Observation
 from runtime.policies import SCHEDULER_POLICIES, make_scheduler
 from runtime.step_edf import StepEdfScheduler
@@ -182,9 +182,7 @@ async def test_cancellation_frees_every_reservation_and_queued_plan() -> None:
     handles = []
     try:
         for name in ("a", "b", "c"):
-            verdict = admission.admit(
-                AdmissionRequest(name, compute_gpu_s_per_s=0.2, peak_bytes=5)
-            )
+            verdict = admission.admit(AdmissionRequest(name, compute_gpu_s_per_s=0.2, peak_bytes=5))
             assert isinstance(verdict, Admit)
             emitted[name] = []
             handles.append(
@@ -315,8 +313,7 @@ async def test_cancelling_a_paused_loop_ends_it_at_once(model: ToyModel) -> None
     op = GateOp()
     op.gate.set()
     try:
-        handle = engine.spawn(CountLoop(op), 5, None, loop_id="p", priority=BATCH,
-                              on_emit=no_emit)
+        handle = engine.spawn(CountLoop(op), 5, None, loop_id="p", priority=BATCH, on_emit=no_emit)
         handle.pause()
         await until(lambda: engine.stats().queue_depth == 1)
         handle.cancel("viewer left")
@@ -434,9 +431,7 @@ async def test_lead_limit_keeps_a_realtime_loop_behind_its_playout(model: ToyMod
 
 
 async def test_deadline_misses_are_counted_and_reported_to_admission(model: ToyModel) -> None:
-    admission = AdmissionController(
-        AdmissionConfig(peak_capacity_bytes=1, min_outcomes=3)
-    )
+    admission = AdmissionController(AdmissionConfig(peak_capacity_bytes=1, min_outcomes=3))
     engine = make_engine(admission=admission, max_lead_s=1000.0)
     await engine.start()
     try:
@@ -587,8 +582,14 @@ async def test_pending_outputs_let_the_loop_go_on_and_are_emitted_in_plan_order(
     op = DeferringOp()
     emitted: list[Any] = []
     try:
-        handle = engine.spawn(CountLoop(op), 3, None, loop_id="d", priority=BATCH,
-                              on_emit=lambda e: emitted.append(e.output))
+        handle = engine.spawn(
+            CountLoop(op),
+            3,
+            None,
+            loop_id="d",
+            priority=BATCH,
+            on_emit=lambda e: emitted.append(e.output),
+        )
         await until(lambda: op.ran == [0, 1, 2])  # every plan ran while step 0 was pending
         await asyncio.sleep(0.05)
         assert emitted == [] and not handle.done  # ...and nothing overtook it
@@ -629,8 +630,9 @@ async def test_inline_runs_resolve_pending_outputs() -> None:
         op.pending[0].done.set()
 
     producer = asyncio.create_task(produce())
-    result, emissions = await within(asyncio.to_thread(
-        lambda: asyncio.run(run_inline(loop, 2, None))))
+    result, emissions = await within(
+        asyncio.to_thread(lambda: asyncio.run(run_inline(loop, 2, None)))
+    )
     await producer
     assert [e.output for e in emissions] == ["frame-0", "frame-1"] and result.outputs["steps"] == 2
 
@@ -693,8 +695,9 @@ async def run_two_sessions_and_a_job(
             "J": (ToyDenoiseLoop(model), ToyRequest(seed=3), BATCH),
         }
         handles = {
-            loop_id: engine.spawn(loop, request, model, loop_id=loop_id, priority=priority,
-                                  on_emit=no_emit)
+            loop_id: engine.spawn(
+                loop, request, model, loop_id=loop_id, priority=priority, on_emit=no_emit
+            )
             for loop_id, (loop, request, priority) in spawned.items()
         }
         results = {k: (await within(h.result())).outputs["x"] for k, h in handles.items()}
@@ -743,4 +746,3 @@ async def test_engine_with_step_edf_interleaves_the_sessions_step_by_step(
     sessions = [name for name in order if name[0] in "AB"]
     # equal media times: EDF alternates the two sessions (running loops first at a tie)
     assert [name[0] for name in sessions] == list("AB" * 6)
-

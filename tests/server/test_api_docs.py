@@ -35,8 +35,7 @@ def served_routes(client: TestClient) -> set[tuple[str, str]]:
         (method.upper(), _normalize(path))
         for path, operations in paths.items()
         for method in operations
-        if method in METHODS
-        and (path.startswith("/v1/") or path in ("/healthz", "/metrics"))
+        if method in METHODS and (path.startswith("/v1/") or path in ("/healthz", "/metrics"))
     }
 
 

@@ -15,8 +15,11 @@ from tests.server.conftest import make_client
 
 @pytest.mark.parametrize(
     ("name", "policy"),
-    [("step-edf", StepEdfScheduler), ("chunk-rr", ChunkRoundRobinScheduler),
-     ("fifo", FifoScheduler)],
+    [
+        ("step-edf", StepEdfScheduler),
+        ("chunk-rr", ChunkRoundRobinScheduler),
+        ("fifo", FifoScheduler),
+    ],
 )
 def test_engine_is_composed_with_the_configured_policy(
     tmp_path: Path, name: str, policy: type

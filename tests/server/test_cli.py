@@ -92,8 +92,9 @@ def test_bench_runs_a_benchmark_and_passes_its_arguments(tmp_path, capsys) -> No
     from server.cli import main
 
     out = tmp_path / "overhead.json"
-    code = main(["bench", "scheduler-overhead", "--rounds", "1", "--plans", "50",
-                 "--json", str(out)])
+    code = main(
+        ["bench", "scheduler-overhead", "--rounds", "1", "--plans", "50", "--json", str(out)]
+    )
     assert code == 0
     table = capsys.readouterr().out
     assert "| loops |" in table and "| 64 |" in table

@@ -22,8 +22,9 @@ def jobs_client(tmp_path: Path) -> Iterator[TestClient]:
 
 
 def test_jobs_run_and_sessions_are_refused(jobs_client: TestClient) -> None:
-    created = jobs_client.post("/v1/jobs", json={"task": "t2i", "prompt": "a cat", "seed": 1,
-                                                 "model": MODEL})
+    created = jobs_client.post(
+        "/v1/jobs", json={"task": "t2i", "prompt": "a cat", "seed": 1, "model": MODEL}
+    )
     assert created.status_code == 202, created.text
     view = wait_done(jobs_client, created.json()["id"], timeout_s=120.0)
     assert view["state"] == "succeeded", view

@@ -59,14 +59,13 @@ def make_track(session: Session, clock: FakeClock) -> SessionVideoTrack:
 
 def chunk(k: int) -> Emission:
     frames = np.full((N, 8, 8, 3), k, dtype=np.uint8)
-    meta = MediaMeta(chunk=k, segment=0, frame_start=k * N, pts_90k=k * N * TICKS,
-                     num_frames=N, fps=FPS)
+    meta = MediaMeta(
+        chunk=k, segment=0, frame_start=k * N, pts_90k=k * N * TICKS, num_frames=N, fps=FPS
+    )
     return Emission(EmitSpec(Stream.MEDIA, meta), frames)
 
 
-async def pull(
-    track: SessionVideoTrack, clock: FakeClock, n: int
-) -> list[tuple[int, int, float]]:
+async def pull(track: SessionVideoTrack, clock: FakeClock, n: int) -> list[tuple[int, int, float]]:
     """``n`` frames as (wire pts, chunk value of the picture, send time)."""
     out = []
     for _ in range(n):
@@ -114,9 +113,7 @@ async def test_late_generation_repeats_the_last_frame_with_increasing_pts_and_co
     assert all(b > a for a, b in itertools.pairwise(ptss))
     # each empty slot repeats the last frame, pts + 1, one frame period apart, and is a stall
     last_pts = first[-1][0]
-    assert repeats == [
-        (last_pts + i, 0, (N - 1 + i) * FRAME_S) for i in range(1, 11)
-    ]
+    assert repeats == [(last_pts + i, 0, (N - 1 + i) * FRAME_S) for i in range(1, 11)]
     assert session.stalls == 10 and track.repeated_frames == 10
     # after the stall the late chunk leaves at once, at the next slot, with its generation pts,
     # and the playout (and the engine's deadlines) re-anchor on it

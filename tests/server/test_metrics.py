@@ -53,8 +53,9 @@ def test_batch_reports_feed_counters_and_the_latency_histogram() -> None:
 def test_session_totals_are_counters_advanced_at_each_scrape() -> None:
     snapshots = [
         MetricsSnapshot(frames_sent=10, stalls=1, admission_rejections={"kv_slabs": 1}),
-        MetricsSnapshot(frames_sent=25, stalls=1, admission_rejections={"kv_slabs": 2,
-                                                                         "compute": 1}),
+        MetricsSnapshot(
+            frames_sent=25, stalls=1, admission_rejections={"kv_slabs": 2, "compute": 1}
+        ),
         MetricsSnapshot(frames_sent=20, stalls=2),  # a total going down is ignored (logged)
     ]
     metrics = ServerMetrics(lambda: snapshots[0])
@@ -100,8 +101,14 @@ async def test_an_engine_run_of_600_plans_counts_every_plan() -> None:
     await engine.start()
     try:
         handles = [
-            engine.spawn(ToyDenoiseLoop(model), ToyRequest(seed=i, num_steps=200), model,
-                         loop_id=f"toy{i}", priority=Priority.BATCH, on_emit=lambda e: None)
+            engine.spawn(
+                ToyDenoiseLoop(model),
+                ToyRequest(seed=i, num_steps=200),
+                model,
+                loop_id=f"toy{i}",
+                priority=Priority.BATCH,
+                on_emit=lambda e: None,
+            )
             for i in range(3)
         ]
         results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 120)

@@ -30,7 +30,10 @@ def test_t2i_job_succeeds_and_serves_a_png(client: TestClient) -> None:
     assert artifact.status_code == 200 and artifact.headers["content-type"] == "image/png"
     profile = get(DEFAULT_MODEL).default_profile  # the served card's
     assert np.asarray(Image.open(io.BytesIO(artifact.content))).shape == (
-        profile.height, profile.width, 3)
+        profile.height,
+        profile.width,
+        3,
+    )
 
 
 def test_t2v_job_mp4_has_the_requested_frame_count(client: TestClient, tmp_path) -> None:

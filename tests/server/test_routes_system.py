@@ -8,7 +8,9 @@ def test_models_lists_every_card_and_labels_random_weights(client: TestClient) -
     cards = {c["id"]: c for c in client.get("/v1/models").json()}
     tiny = cards["wan-tiny-random"]
     assert (
-        tiny["weights"] == "random" and tiny["label"] == "random weights" and tiny["served"] is False
+        tiny["weights"] == "random"
+        and tiny["label"] == "random weights"
+        and tiny["served"] is False
     )
     assert {"id", "capabilities", "recipe", "default_profile"} <= set(tiny)
     assert tiny["default_profile"]["fps"] == 8 and "input.audio" in tiny["capabilities"]

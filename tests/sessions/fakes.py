@@ -1,4 +1,4 @@
-"""A hand-driven stand-in for ``runtime.engine.LoopHandle`` (unit tests of pure session logic only)."""
+"""A hand-driven stand-in for ``runtime.engine.LoopHandle`` (unit tests of pure session logic)."""
 
 from __future__ import annotations
 

@@ -51,8 +51,9 @@ async def test_sessions_take_a_slab_and_a_reservation_and_give_both_back(host: S
     refused = host.create_session(prompt="c")
     assert isinstance(refused, Reject) and refused.reason == "kv_slabs"
     assert host.slab_counts() == (0, 2) and host.engine.admission.usage().reservations == 2
-    buffer = host.models[MODEL].slab_buffer(host.models[MODEL].slab_geometry(
-        host.models[MODEL].card.default_profile))
+    buffer = host.models[MODEL].slab_buffer(
+        host.models[MODEL].slab_geometry(host.models[MODEL].card.default_profile)
+    )
     assert buffer is not None and buffer.num_slabs == 2  # one tensor for both sessions' slabs
     assert host.counts()["rejections"] == {"kv_slabs": 1}
     assert first.config.record_template["timesteps"] == [1000, 750, 500, 250]

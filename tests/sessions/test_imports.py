@@ -6,9 +6,11 @@ import sys
 
 PROBE = """
 import sys
-import sessions.host, sessions.session, sessions.job, sessions.store, sessions.events, sessions.audio
+import sessions.host, sessions.session, sessions.job, sessions.store
+import sessions.events, sessions.audio
 import sessions.artifacts, sessions.media_queue, sessions.prompt_memory, sessions.states
-loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('server', 'clients', 'models', 'torch'))
+top = ('server', 'clients', 'models', 'torch')
+loaded = sorted(m for m in sys.modules if m.split('.')[0] in top)
 print(','.join(loaded))
 """
 
@@ -18,17 +20,29 @@ def test_sessions_import_no_server_client_or_model_code() -> None:
         [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
     ).stdout.strip()
     # models/card.py re-exports its parts, each a module of its own (models/card_*.py).
-    card_parts = ["models.card_checkpoint", "models.card_errors", "models.card_profile",
-                  "models.card_recipe", "models.card_specs", "models.card_ui",
-                  "models.card_vocabulary"]
-    assert out.split(",") == ["models", "models.card", *card_parts, "models.loops",
-                              "models.loops.requests"]
+    card_parts = [
+        "models.card_checkpoint",
+        "models.card_errors",
+        "models.card_profile",
+        "models.card_recipe",
+        "models.card_specs",
+        "models.card_ui",
+        "models.card_vocabulary",
+    ]
+    assert out.split(",") == [
+        "models",
+        "models.card",
+        *card_parts,
+        "models.loops",
+        "models.loops.requests",
+    ]
 
 
 def test_clients_share_only_the_wire_format() -> None:
     probe = (
         "import sys, clients.python.watch, clients.python.job; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('server', 'sessions', 'models', 'runtime')))"
+        "top = ('server', 'sessions', 'models', 'runtime'); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in top))"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True

@@ -71,8 +71,14 @@ def make_session(capabilities=ALL_CAPS, store=None, clock=None, **overrides) -> 
 
 def media(chunk: int, n: int = 4, value: int = 0, fps: int = 8, segment: int = 0) -> Emission:
     frames = np.full((n, 8, 8, 3), value, dtype=np.uint8)
-    meta = MediaMeta(chunk=chunk, segment=segment, frame_start=chunk * n,
-                     pts_90k=pts_of_frame(chunk * n, fps), num_frames=n, fps=fps)
+    meta = MediaMeta(
+        chunk=chunk,
+        segment=segment,
+        frame_start=chunk * n,
+        pts_90k=pts_of_frame(chunk * n, fps),
+        num_frames=n,
+        fps=fps,
+    )
     return Emission(EmitSpec(Stream.MEDIA, meta), frames)
 
 
@@ -255,9 +261,13 @@ async def test_loop_completion_closes_and_bad_emissions_become_error_events() ->
     handle = FakeHandle()
     session.attach(handle)
     session.on_emission(
-        Emission(EmitSpec(Stream.MEDIA, MediaMeta(chunk=0, segment=0, frame_start=0, pts_90k=0,
-                                                  num_frames=1, fps=8)),
-                 np.zeros((1, 4, 4, 3), np.float32))
+        Emission(
+            EmitSpec(
+                Stream.MEDIA,
+                MediaMeta(chunk=0, segment=0, frame_start=0, pts_90k=0, num_frames=1, fps=8),
+            ),
+            np.zeros((1, 4, 4, 3), np.float32),
+        )
     )
     assert event_types(session)[-1] == "error"
     assert "uint8" in session.events.history()[-1].message
@@ -357,28 +367,55 @@ async def test_unwatched_time_counts_only_without_viewer_or_offer() -> None:
 
 async def test_a_chunk_in_parts_is_queued_at_once_and_recorded_whole(tmp_path) -> None:
     store = Store(tmp_path / "db.sqlite3")
-    store.add_session(session_id="s1", model_id="tiny", prompt="a forest", seed=7, fps=8,
-                      width=8, height=8, priority_class="realtime", state="created")
+    store.add_session(
+        session_id="s1",
+        model_id="tiny",
+        prompt="a forest",
+        seed=7,
+        fps=8,
+        width=8,
+        height=8,
+        priority_class="realtime",
+        state="created",
+    )
     session = make_session(store=store)
     session.attach(FakeHandle())
     first = np.full((1, 8, 8, 3), 5, dtype=np.uint8)
     rest = np.full((3, 8, 8, 3), 6, dtype=np.uint8)
     meta = {"chunk": 0, "segment": 0, "fps": 8}
-    session.on_emission(Emission(EmitSpec(Stream.MEDIA, MediaMeta(
-        **meta, frame_start=0, pts_90k=0, num_frames=1, final=False)), first))
+    session.on_emission(
+        Emission(
+            EmitSpec(
+                Stream.MEDIA, MediaMeta(**meta, frame_start=0, pts_90k=0, num_frames=1, final=False)
+            ),
+            first,
+        )
+    )
     # the first frame is playable before the rest of its chunk exists
     assert session.media.pop().pts_90k == 0 and session.chunks_generated == 0
     assert "media.chunk" not in event_types(session)
-    session.on_emission(Emission(EmitSpec(Stream.MEDIA, MediaMeta(
-        **meta, frame_start=1, pts_90k=11250, num_frames=3, final=True)), rest))
+    session.on_emission(
+        Emission(
+            EmitSpec(
+                Stream.MEDIA,
+                MediaMeta(**meta, frame_start=1, pts_90k=11250, num_frames=3, final=True),
+            ),
+            rest,
+        )
+    )
     whole = np.concatenate((first, rest))
     chunk_events = [e for e in session.events.history() if e.__struct_config__.tag == "media.chunk"]
     assert [(e.chunk, e.pts_start, e.frames, e.digest) for e in chunk_events] == [
-        (0, 0, 4, frames_digest(whole))]
+        (0, 0, 4, frames_digest(whole))
+    ]
     assert session.chunks_generated == 1 and session.last_chunk == 0
     await session.close()
     await store.run(lambda: None)
     (record,) = store.records("s1")
     assert (record["num_frames"], record["pts_start"], record["pts_end"], record["digest"]) == (
-        4, 0, 3 * 11250, frames_digest(whole))
+        4,
+        0,
+        3 * 11250,
+        frames_digest(whole),
+    )
     store.close()

@@ -15,20 +15,44 @@ from infra.bench import multisession
 @pytest.mark.slow
 def test_smoke_n1_n2_two_policies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out_json, snapshot = tmp_path / "multisession.json", tmp_path / "cost_snapshot.json"
-    code = multisession.main(["--device", "cpu", "--model", "wan-tiny-random", "--seconds", "2",
-                              "--scenarios", "n1,n2", "--schedulers", "step-edf,fifo",
-                              "--json", str(out_json), "--cost-snapshot", str(snapshot)])
+    code = multisession.main(
+        [
+            "--device",
+            "cpu",
+            "--model",
+            "wan-tiny-random",
+            "--seconds",
+            "2",
+            "--scenarios",
+            "n1,n2",
+            "--schedulers",
+            "step-edf,fifo",
+            "--json",
+            str(out_json),
+            "--cost-snapshot",
+            str(snapshot),
+        ]
+    )
     assert code == 0
     table = capsys.readouterr().out.split("| scenario | scheduler | session |", 1)[1]
     rows = [line.split("|")[1:4] for line in table.splitlines()[2:] if line.startswith("| n")]
-    expected = [("n1", "step-edf", "s0"), ("n1", "fifo", "s0"), ("n2", "step-edf", "s0"),
-                ("n2", "step-edf", "s1"), ("n2", "fifo", "s0"), ("n2", "fifo", "s1")]
+    expected = [
+        ("n1", "step-edf", "s0"),
+        ("n1", "fifo", "s0"),
+        ("n2", "step-edf", "s0"),
+        ("n2", "step-edf", "s1"),
+        ("n2", "fifo", "s0"),
+        ("n2", "fifo", "s1"),
+    ]
     assert [tuple(cell.strip() for cell in row) for row in rows] == expected
 
     data = json.loads(out_json.read_text())
     assert [(r["scenario"], r["scheduler"], sorted(r["sessions"])) for r in data["runs"]] == [
-        ("n1", "step-edf", ["s0"]), ("n1", "fifo", ["s0"]),
-        ("n2", "step-edf", ["s0", "s1"]), ("n2", "fifo", ["s0", "s1"])]
+        ("n1", "step-edf", ["s0"]),
+        ("n1", "fifo", ["s0"]),
+        ("n2", "step-edf", ["s0", "s1"]),
+        ("n2", "fifo", ["s0", "s1"]),
+    ]
     for run in data["runs"]:
         assert run["failures"] == {}
         for session in run["sessions"].values():

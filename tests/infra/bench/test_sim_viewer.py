@@ -23,8 +23,14 @@ FPS = 50
 
 
 def media(chunk: int, frame_start: int, n: int) -> Emission:
-    meta = MediaMeta(chunk=chunk, segment=0, frame_start=frame_start,
-                     pts_90k=pts_of_frame(frame_start, FPS), num_frames=n, fps=FPS)
+    meta = MediaMeta(
+        chunk=chunk,
+        segment=0,
+        frame_start=frame_start,
+        pts_90k=pts_of_frame(frame_start, FPS),
+        num_frames=n,
+        fps=FPS,
+    )
     return Emission(EmitSpec(Stream.MEDIA, meta), np.zeros((n, 2, 2, 3), np.uint8))
 
 
@@ -50,8 +56,15 @@ async def test_playout_counts_a_stall_and_reanchors_after_it() -> None:
     await asyncio.sleep(0.05)
     viewer.on_emit(media(1, 5, 5))
     seq = handle.inputs[0].seq
-    viewer.on_emit(Emission(EmitSpec(Stream.APPLIED, AppliedMeta(
-        kind=InputKind.PROMPT, seq=seq, chunk=1, pts_90k=pts_of_frame(5, FPS))), None))
+    viewer.on_emit(
+        Emission(
+            EmitSpec(
+                Stream.APPLIED,
+                AppliedMeta(kind=InputKind.PROMPT, seq=seq, chunk=1, pts_90k=pts_of_frame(5, FPS)),
+            ),
+            None,
+        )
+    )
     await asyncio.sleep(0.3)
     stop.set()
     await task

@@ -19,9 +19,12 @@ from models.tinyworld.text import WordTextEncoder
 def _random_card(preset: str = "tinyworld-test"):
     card = TINY_WORLD
     dit = dataclasses.replace(card.components["dit"], preset=preset)
-    return dataclasses.replace(card, components={**card.components, "dit": dit},
-                               weights="random",
-                               description="tiny-world architecture, random weights (tests)")
+    return dataclasses.replace(
+        card,
+        components={**card.components, "dit": dit},
+        weights="random",
+        description="tiny-world architecture, random weights (tests)",
+    )
 
 
 def test_card_is_valid_and_describes_its_recipe() -> None:
@@ -83,11 +86,23 @@ def test_pixel_codec_is_identity_with_a_counting_cache() -> None:
 def test_missing_or_foreign_checkpoint_names_the_file(tmp_path) -> None:
     card = TINY_WORLD
     with pytest.raises(CheckpointError, match="does not exist"):
-        build_components(card, device=torch.device("cpu"), dtype=torch.float32, seed=0,
-                         random_weights=False, checkpoint_dir=tmp_path)
+        build_components(
+            card,
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+            seed=0,
+            random_weights=False,
+            checkpoint_dir=tmp_path,
+        )
     from safetensors.torch import save_file
 
     save_file({"x": torch.zeros(1)}, str(tmp_path / "tiny-world.safetensors"))
     with pytest.raises(CheckpointError, match="not an x0-prediction"):
-        build_components(card, device=torch.device("cpu"), dtype=torch.float32, seed=0,
-                         random_weights=False, checkpoint_dir=tmp_path)
+        build_components(
+            card,
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+            seed=0,
+            random_weights=False,
+            checkpoint_dir=tmp_path,
+        )

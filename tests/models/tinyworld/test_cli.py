@@ -18,10 +18,26 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def test_parsers_take_the_model_id_and_the_hosts_common_options(tmp_path) -> None:
-    args = _parser().parse_args(["train", "tiny-world", "--out", str(tmp_path), "--device",
-                                 "cpu", "--budget-s", "30", "--log-level", "debug"])
-    assert (args.command, args.model, args.device, args.budget_s) == ("train", "tiny-world",
-                                                                     "cpu", 30.0)
+    args = _parser().parse_args(
+        [
+            "train",
+            "tiny-world",
+            "--out",
+            str(tmp_path),
+            "--device",
+            "cpu",
+            "--budget-s",
+            "30",
+            "--log-level",
+            "debug",
+        ]
+    )
+    assert (args.command, args.model, args.device, args.budget_s) == (
+        "train",
+        "tiny-world",
+        "cpu",
+        30.0,
+    )
     assert args.log_level == "debug" and callable(args.handler)
     args = _parser().parse_args(["eval", "tiny-world", "--rollouts", "3", "--long-s", "0"])
     assert (args.rollouts, args.long_s, args.chunks, args.device) == (3, 0.0, 18, "cpu")
@@ -30,9 +46,24 @@ def test_parsers_take_the_model_id_and_the_hosts_common_options(tmp_path) -> Non
 
 
 def test_train_writes_a_checkpoint(tmp_path, capsys) -> None:
-    code = main(["train", "tiny-world", "--device", "cpu", "--out", str(tmp_path),
-                 "--max-steps", "2", "--batch", "2", "--preset", "tinyworld-test",
-                 "--size", "32"])
+    code = main(
+        [
+            "train",
+            "tiny-world",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+            "--max-steps",
+            "2",
+            "--batch",
+            "2",
+            "--preset",
+            "tinyworld-test",
+            "--size",
+            "32",
+        ]
+    )
     assert code == 0
     assert (tmp_path / "tiny-world.safetensors").is_file()
     assert '"steps": 2' in capsys.readouterr().out

@@ -26,8 +26,12 @@ def short_report() -> EvalReport:
 def test_inputs_pushed_between_chunks_apply_to_the_next_one_and_are_acknowledged() -> None:
     card = get("tiny-world")
     dit = dataclasses.replace(card.components["dit"], preset="tinyworld-test")
-    card = dataclasses.replace(card, components={**card.components, "dit": dit},
-                               weights="random", description="random weights (tests)")
+    card = dataclasses.replace(
+        card,
+        components={**card.components, "dit": dit},
+        weights="random",
+        description="random weights (tests)",
+    )
     stream = LoopStream(load_instance(card, device="cpu"), "a red ball on grass", seed=0)
     first = stream.next_chunk()
     assert first.shape == (4, 96, 96, 3)
@@ -38,8 +42,16 @@ def test_inputs_pushed_between_chunks_apply_to_the_next_one_and_are_acknowledged
     assert stream.applied == {keys: 1, prompt: 1}
     kinds = [kind for kind, _ in stream.plan_wall_s]
     # the first chunk decodes in two parts (its first frame alone), LoopStream joins them
-    assert kinds[:8] == ["text_encode", "chunk_step", "chunk_step", "chunk_step", "chunk_step",
-                         "vae_decode", "vae_decode", "kv_update"]
+    assert kinds[:8] == [
+        "text_encode",
+        "chunk_step",
+        "chunk_step",
+        "chunk_step",
+        "chunk_step",
+        "vae_decode",
+        "vae_decode",
+        "kv_update",
+    ]
     assert "kv_recache" in kinds  # the switch re-cached the window under the new prompt
 
 

@@ -15,8 +15,15 @@ def _dit(seed: int = 0) -> PixelDiT:
 
 
 def _cache(dit: PixelDiT) -> ChunkKVCache:
-    return ChunkKVCache.allocate(dit.config, batch=1, sink_frames=0, window_frames=2,
-                                 tokens_per_frame=4, device="cpu", dtype=torch.float32)
+    return ChunkKVCache.allocate(
+        dit.config,
+        batch=1,
+        sink_frames=0,
+        window_frames=2,
+        tokens_per_frame=4,
+        device="cpu",
+        dtype=torch.float32,
+    )
 
 
 def test_x0_prediction_round_trips_through_the_loops_velocity() -> None:
@@ -53,8 +60,9 @@ def test_positions_start_as_a_no_op_and_then_tell_tokens_apart() -> None:
     # a constant input now gives position-dependent output (plain RoPE could not)
     cross = dit.cross_kv(torch.zeros((1, 8, dit.config.text_dim)))
     with torch.no_grad():
-        x0 = dit.predict_x0(torch.zeros((1, 3, 1, 32, 32)), torch.tensor([1000.0]), cross,
-                            _cache(dit), 0)
+        x0 = dit.predict_x0(
+            torch.zeros((1, 3, 1, 32, 32)), torch.tensor([1000.0]), cross, _cache(dit), 0
+        )
     patches = x0[0, :, 0].unfold(1, 16, 16).unfold(2, 16, 16)  # [3, 2, 2, 16, 16]
     assert not torch.allclose(patches[:, 0, 0], patches[:, 1, 1], atol=1e-4)
 
@@ -66,8 +74,9 @@ def test_checkpoints_round_trip_and_older_ones_load_without_positions(tmp_path) 
     save_checkpoint(tmp_path / "a.safetensors", dit, text, {"steps": 1})
     loaded, _, _, recipe = load_checkpoint(tmp_path / "a.safetensors")
     assert recipe == {"steps": 1}
-    for (name, a), (_, b) in zip(dit.state_dict().items(), loaded.state_dict().items(),
-                                 strict=True):
+    for (name, a), (_, b) in zip(
+        dit.state_dict().items(), loaded.state_dict().items(), strict=True
+    ):
         assert torch.equal(a, b), name
     from safetensors import safe_open
     from safetensors.torch import save_file

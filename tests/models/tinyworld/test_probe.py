@@ -14,8 +14,15 @@ def _action(*keys: str) -> torch.Tensor:
 
 
 def test_rotate_keys_turns_directions_clockwise_and_keeps_the_rest() -> None:
-    pairs = [(("w",), ("d",)), (("d",), ("s",)), (("s",), ("a",)), (("a",), ("w",)),
-             (("w", "d", "shift"), ("d", "s", "shift")), (("space",), ("space",)), ((), ())]
+    pairs = [
+        (("w",), ("d",)),
+        (("d",), ("s",)),
+        (("s",), ("a",)),
+        (("a",), ("w",)),
+        (("w", "d", "shift"), ("d", "s", "shift")),
+        (("space",), ("space",)),
+        ((), ()),
+    ]
     got = rotate_keys(torch.stack([_action(*k) for k, _ in pairs]))
     assert torch.equal(got, torch.stack([_action(*k) for _, k in pairs]))
     assert got.shape[-1] == ACTION_DIM

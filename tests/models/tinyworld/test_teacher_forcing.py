@@ -21,32 +21,58 @@ TOLERANCE = TINY_WORLD.parity.tolerances["teacher_forced_vs_chunk_rollout"]
 def _dit():
     dit, _, _ = new_components("tinyworld-test", seed=0)
     g = torch.Generator().manual_seed(1)
-    for hook in (dit.action_embedding, dit.audio_embedding, dit.position_embedding,
-                 dit.frame_embedding):
+    for hook in (
+        dit.action_embedding,
+        dit.audio_embedding,
+        dit.position_embedding,
+        dit.frame_embedding,
+    ):
         for p in hook.parameters():
             p.data.copy_(torch.randn(p.shape, generator=g) * 0.3)
     return dit.eval()
 
 
 def _cache(dit, c: int, tokens: int) -> ChunkKVCache:
-    return ChunkKVCache.allocate(dit.config, batch=1, sink_frames=0, window_frames=c,
-                                 tokens_per_frame=tokens, device="cpu", dtype=torch.float32)
+    return ChunkKVCache.allocate(
+        dit.config,
+        batch=1,
+        sink_frames=0,
+        window_frames=c,
+        tokens_per_frame=tokens,
+        device="cpu",
+        dtype=torch.float32,
+    )
 
 
-def _served(dit, context, noisy, t, text, has_context, action, action_on, audio, audio_on,
-            frame_start: int):
+def _served(
+    dit, context, noisy, t, text, has_context, action, action_on, audio, audio_on, frame_start: int
+):
     """The loop's computation for one sample: KV update of the context chunk (if any), then
     the denoise step of the target (``None`` where a hook is off)."""
     c = noisy.shape[2]
     cache = _cache(dit, c, dit.config.tokens_per_frame(noisy.shape[3], noisy.shape[4]))
     cross = dit.cross_kv(text)
-    hooks = [(action[:, i] if action_on[0, i] else None,
-              audio[:, i * c:(i + 1) * c] if audio_on[0, i] else None) for i in range(2)]
+    hooks = [
+        (
+            action[:, i] if action_on[0, i] else None,
+            audio[:, i * c : (i + 1) * c] if audio_on[0, i] else None,
+        )
+        for i in range(2)
+    ]
     if has_context:
-        dit.forward_chunk(context, torch.zeros(1), cross, cache, frame_start, action=hooks[0][0],
-                          audio=hooks[0][1], write_cache=True)
-    return dit.predict_x0(noisy, t, cross, cache, frame_start + c, action=hooks[1][0],
-                          audio=hooks[1][1])
+        dit.forward_chunk(
+            context,
+            torch.zeros(1),
+            cross,
+            cache,
+            frame_start,
+            action=hooks[0][0],
+            audio=hooks[0][1],
+            write_cache=True,
+        )
+    return dit.predict_x0(
+        noisy, t, cross, cache, frame_start + c, action=hooks[1][0], audio=hooks[1][1]
+    )
 
 
 @pytest.mark.parametrize("has_context", [1, 0])
@@ -66,13 +92,33 @@ def test_pair_forward_equals_the_loops_kv_update_then_denoise(has_context, hooks
     audio_on = torch.tensor([hooks_on[::-1], hooks_on])
     flags = torch.tensor([has_context, 1 - has_context])
     with torch.no_grad():
-        ours = pair_prediction(dit, context, noisy, t, text, flags, action=action,
-                               action_on=action_on, audio=audio, audio_on=audio_on)
+        ours = pair_prediction(
+            dit,
+            context,
+            noisy,
+            t,
+            text,
+            flags,
+            action=action,
+            action_on=action_on,
+            audio=audio,
+            audio_on=audio_on,
+        )
         for i in range(2):
-            served = _served(dit, context[i:i + 1], noisy[i:i + 1], t[i:i + 1], text[i:i + 1],
-                             int(flags[i]), action[i:i + 1], action_on[i:i + 1],
-                             audio[i:i + 1], audio_on[i:i + 1], frame_start=6)
-            err = (ours[i:i + 1] - served).abs().max() / served.abs().max()
+            served = _served(
+                dit,
+                context[i : i + 1],
+                noisy[i : i + 1],
+                t[i : i + 1],
+                text[i : i + 1],
+                int(flags[i]),
+                action[i : i + 1],
+                action_on[i : i + 1],
+                audio[i : i + 1],
+                audio_on[i : i + 1],
+                frame_start=6,
+            )
+            err = (ours[i : i + 1] - served).abs().max() / served.abs().max()
             assert err < TOLERANCE, f"sample {i}: max relative error {err:.2e}"
 
 
@@ -104,5 +150,4 @@ def test_shape_errors_name_the_shapes() -> None:
     with pytest.raises(TeacherForcingShapeError, match=r"timestep \(1, 1\)"):
         pair_prediction(dit, x, x, torch.zeros((1, 1)), torch.zeros((1, 8, 16)), torch.ones(1))
     with pytest.raises(TeacherForcingShapeError, match="must match"):
-        pair_prediction(dit, x[:, :, :1], x, torch.zeros(1), torch.zeros((1, 8, 16)),
-                        torch.ones(1))
+        pair_prediction(dit, x[:, :, :1], x, torch.zeros(1), torch.zeros((1, 8, 16)), torch.ones(1))

@@ -43,8 +43,9 @@ def test_same_seed_same_frames_and_keys_move_the_sprite_with_inertia() -> None:
     assert float(a.velocity.abs().max()) < 0.01
 
 
-@pytest.mark.parametrize(("key", "axis", "sign"), [("w", 1, -1), ("a", 0, -1), ("s", 1, 1),
-                                                   ("d", 0, 1)])
+@pytest.mark.parametrize(
+    ("key", "axis", "sign"), [("w", 1, -1), ("a", 0, -1), ("s", 1, 1), ("d", 0, 1)]
+)
 def test_each_key_moves_its_way_and_walls_stop_it(key: str, axis: int, sign: int) -> None:
     world = World("a blue square on sand", seed=0)
     before = float(world.position[axis])
