@@ -74,6 +74,7 @@ __all__ = [
     "StepResult",
     "Stream",
     "WorkPlan",
+    "frame_of_pts",
     "pts_of_frame",
 ]
 
@@ -88,6 +89,12 @@ def pts_of_frame(frame_index: int, fps: int) -> int:
     does not divide 90,000 (7 fps: 12857.14 ticks) a running sum would drift a tick per frame.
     """
     return (frame_index * PTS_HZ) // fps
+
+
+def frame_of_pts(pts_90k: int, fps: int) -> int:
+    """The frame index whose PTS is ``pts_90k`` (the inverse of ``pts_of_frame``: a ceiling,
+    since ``pts_of_frame`` rounds down)."""
+    return -(-pts_90k * fps // PTS_HZ)
 
 
 class PlanKind(str, enum.Enum):
