@@ -51,7 +51,7 @@ class ChunkAssembly:
 
     def add(self, meta: MediaMeta, output: Any, *, playable: bool) -> None:
         """One media emission; its frames are queued for playout at once when ``playable``."""
-        frames = np.array(output, copy=True)  # [n, H, W, 3] uint8, owned: the loop reuses its own
+        frames = np.asarray(output).copy()  # [n, H, W, 3] uint8, owned: the loop reuses its own
         chunk, segment, fps = meta.chunk, meta.segment, meta.fps
         pts_start = meta.pts_90k
         last_index = meta.frame_start + frames.shape[0] - 1  # of the whole chunk, once final
