@@ -1,4 +1,4 @@
-"""The driven-loop contract (ARCHITECTURE.md §3): the one seam between models/ and runtime/.
+"""The driven-loop contract (docs/architecture.md §2): the one seam between models/ and runtime/.
 
 A *loop* is a serializable state machine that the runtime drives::
 
@@ -112,7 +112,7 @@ class PlanKind(str, enum.Enum):
 
 
 class Priority(str, enum.Enum):
-    """Scheduling class (ARCHITECTURE.md §4)."""
+    """Scheduling class (docs/architecture.md §3)."""
 
     REALTIME = "realtime"  # a session with a viewer: deadlines from PTS, earliest-deadline first
     BATCH = "batch"  # jobs and idle sessions: run in slack, aged so they never starve
@@ -170,7 +170,7 @@ class ModelState(Protocol):
 class CacheKey:
     """Identifies a cached artifact; every field that can change the cached value is in the key.
 
-    Wrong reuse is worse than no reuse (ARCHITECTURE.md §5): when in doubt, add a field.
+    Wrong reuse is worse than no reuse (docs/architecture.md §4): when in doubt, add a field.
     ``input_hash`` is a content hash of the inputs (e.g. sha256 of the prompt text).
     """
 

@@ -1,4 +1,4 @@
-"""``/v1/jobs`` routes (API.md "REST"): submit, status, artifact download, cancel.
+"""``/v1/jobs`` routes (docs/api.md "REST"): submit, status, artifact download, cancel.
 
 A job answers 202 at once and runs in the realtime sessions' slack. ``GET .../artifact``
 answers 409 until the job succeeded (the message names its state), then streams the MP4/PNG.

@@ -23,7 +23,6 @@ from runtime.contract import (
     InputEvent,
     InputKind,
     PromptInput,
-    PromptMode,
 )
 from sessions.audio import TARGET_RATE_HZ, AudioClip
 from sessions.events import (
@@ -94,8 +93,8 @@ class InputLedger:
         capability = "prompt.cut" if mode == "cut" else "prompt.switch"
         self._require_capability(capability, f"prompt mode {mode!r}")
         self._require_open()
-        self._prompts.receive(self._next_seq, text, mode, received_s=self._wall())
-        payload = PromptInput(text=text, mode=PromptMode(mode))
+        entry = self._prompts.receive(self._next_seq, text, mode, received_s=self._wall())
+        payload = PromptInput(text=text, mode=entry.mode)
         return self._receive(InputKind.PROMPT, payload, {"text": text})
 
     def action(self, keys: list[str], mouse: tuple[float, float] | None = None) -> int:
