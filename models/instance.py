@@ -34,11 +34,12 @@ from models.loops.ops import (
 from models.loops.registry import build_loop
 from models.wan.attention import ATTENTION_BACKENDS, WanSelfAttention
 from models.wan.config import WanDiTConfig
+from models.wan.dit_flops import dit_flops
 from models.wan.fp8 import quantize_linears
 from models.wan.kv_cache import ChunkKVCache
 from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
 from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache, UMT5TextEncoder
-from models.wan.transformer import WanDiT, dit_flops
+from models.wan.transformer import WanDiT
 from models.wan.vae import WanVAE
 from models.wan.vae_config import WanVAEConfig
 

@@ -32,8 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Literal
 
 from runtime.contract import AppliedMeta, Emission, InputEvent, InputKind, LoopResult, Stream
@@ -49,6 +48,7 @@ from sessions.persistence import SESSION_EVENT_TYPES, Persistence
 from sessions.playout import Playout
 from sessions.prompt_memory import PromptMemory
 from sessions.records import ChunkRecorder, frames_digest
+from sessions.session_config import SessionConfig
 from sessions.states import SESSION_TERMINAL, SessionState, check_session_transition
 from sessions.store import Store
 
@@ -70,26 +70,6 @@ class SessionStateError(RuntimeError):
 
 class SessionClosedError(SessionStateError):
     """The session is closing, closed or failed; it accepts no more inputs."""
-
-
-@dataclass(frozen=True, slots=True)
-class SessionConfig:
-    """Static facts of one session, fixed at admission."""
-
-    session_id: str
-    model_id: str
-    prompt: str
-    seed: int
-    fps: int
-    width: int
-    height: int
-    priority_class: Literal["realtime", "batch"]
-    capabilities: frozenset[str]
-    record_template: Mapping[str, Any] = field(
-        default_factory=dict
-    )  # static behaviour-record fields
-    # The model's check of an action (keys, (dx, dy)) -> canonical keys; raises ValueError.
-    action_validator: Callable[[list[str], tuple[float, float]], list[str]] | None = None
 
 
 class Session:

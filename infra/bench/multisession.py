@@ -35,6 +35,10 @@ what finished. The table comes last.
 
     python -m infra.bench.multisession [--device cpu --model wan-tiny-random] [--seconds 12]
         [--scenarios n1,n2,n3,n2job,n2switch,small] [--schedulers step-edf,chunk-rr,fifo]
+
+Its parts: ``multisession_scenarios`` (the scenario table), ``multisession_warmup`` (the
+warm-up, calibration and job-alone passes), ``multisession_admission`` (admission as the
+session host asks it), ``multisession_report`` (profiler, table, JSON, cost snapshot).
 """
 
 from __future__ import annotations
@@ -67,32 +71,18 @@ from infra.bench.multisession_report import (
     format_table,
     write_json,
 )
+from infra.bench.multisession_scenarios import SCENARIOS, Scenario, parse_profile, scenarios
+from infra.bench.multisession_warmup import JOB_FRAMES, job_alone, job_request, warm_up
 from infra.bench.sim_viewer import SimViewer
 from models.card import Profile
 from models.instance import WanInstance, load_instance
-from models.loops.requests import JobRequest, SessionRequest
+from models.loops.requests import SessionRequest
 from models.registry import get
 from runtime.admission import Admit, Reject
 from runtime.contract import ActionInput, Cancelled, InputKind, LoopFailed, Priority, PromptInput
 from runtime.cost import CostModel, DeviceConstants
 from runtime.engine import Engine
-from runtime.observers import Profiler
 from runtime.policies import SCHEDULER_POLICIES, make_scheduler
-
-SCENARIOS = ("n1", "n2", "n3", "n2job", "n2switch", "small")
-_JOB_FRAMES = 21
-
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    name: str
-    profile: Profile
-    sessions: int
-    job: bool = False
-    switch_every_s: float | None = None
-    admitted: bool = False  # sessions go through admission (small)
-    one_more: bool = False  # after the ramp, ask admission for one more (small+1)
-    ramp_s: float = 0.0
 
 
 @dataclass
@@ -124,95 +114,6 @@ class Bench:
 
 def _key(p: Profile) -> str:
     return f"{p.width}x{p.height}@{p.fps}"
-
-
-# -- warm-up and the job alone ------------------------------------------------------------
-
-
-async def _warm_up(bench: Bench, profile: Profile, cost: CostModel) -> float:
-    """Like ``server.app._warm_up``: one bounded session through every K/V-prefix length into
-    steady state, both parts of a first chunk, on slab 0 - plus prompt switches at several
-    chunks (re-cache graphs) and an action, so no measured run compiles. Its plan times feed
-    ``cost`` (a compiling pass must not calibrate the bench's cost model). -> seconds."""
-    inst = bench.instance
-    sink, ring = inst.kv_geometry(profile.chunk_latent_frames)
-    fill = -(-(sink + ring) // profile.chunk_latent_frames)
-    engine = Engine(cost=cost, observers=(Profiler(cost),))
-    await engine.start()
-    viewer = SimViewer(profile.fps)
-    handles: list[Any] = []
-
-    def on_emit(emission: Any) -> None:
-        viewer.on_emit(emission)
-        meta = emission.spec.meta
-        if emission.spec.stream == "media" and meta.final and meta.chunk in (1, fill, fill + 1):
-            viewer.push(handles[0], InputKind.PROMPT, PromptInput(text=f"warm-up {meta.chunk}"))
-            if bench.can_act:
-                viewer.push(handles[0], InputKind.ACTION, ActionInput(keys=("d",)))
-
-    start = time.perf_counter()
-    try:
-        handles.append(
-            engine.spawn(
-                inst.loop("chunk_rollout"),
-                SessionRequest(
-                    prompt="warm-up",
-                    seed=0,
-                    width=profile.width,
-                    height=profile.height,
-                    fps=profile.fps,
-                    max_chunks=fill + 4,
-                    kv_slab=0,
-                ),
-                inst,
-                loop_id="warm-up",
-                priority=Priority.BATCH,
-                on_emit=on_emit,
-            )
-        )
-        await handles[0].result()
-    finally:
-        await engine.close()
-    return time.perf_counter() - start
-
-
-def _job_request(profile: Profile, tag: str) -> JobRequest:
-    return JobRequest(
-        task="t2v",
-        prompt=f"job {tag}",
-        num_frames=_JOB_FRAMES,
-        width=profile.width,
-        height=profile.height,
-        steps=profile.steps,
-        seed=3,
-    )
-
-
-async def _job_alone(bench: Bench, profile: Profile) -> float:
-    """The job on an otherwise idle engine (run twice; the first warms up) -> seconds."""
-    seconds = math.nan
-    for attempt in range(2):
-        # the first attempt compiles the job's own graphs: its times calibrate nothing
-        cost = bench.cost if attempt else CostModel(bench.cost.device)
-        engine = Engine(
-            cost=cost, scheduler=make_scheduler("step-edf"), observers=(Profiler(cost),)
-        )
-        await engine.start()
-        try:
-            start = time.monotonic()
-            handle = engine.spawn(
-                bench.instance.loop_for("text_to_video"),
-                _job_request(profile, f"alone {attempt}"),
-                bench.instance,
-                loop_id="job",
-                priority=Priority.BATCH,
-                on_emit=lambda emission: None,
-            )
-            await handle.result()
-            seconds = time.monotonic() - start
-        finally:
-            await engine.close()
-    return seconds
 
 
 # -- one (scenario, scheduler) ------------------------------------------------------------
@@ -295,7 +196,7 @@ async def _run(bench: Bench, scenario: Scenario, scheduler: str) -> dict[str, An
         if scenario.job:
             job_handle = engine.spawn(
                 inst.loop_for("text_to_video"),
-                _job_request(profile, tag),
+                job_request(profile, tag),
                 inst,
                 loop_id="job",
                 priority=Priority.BATCH,
@@ -407,7 +308,7 @@ async def _finish_job(bench: Bench, task: asyncio.Task[float]) -> dict[str, Any]
     """The job's completion time (waiting up to ``--job-timeout`` after the sessions ended)."""
     during = task.done()
     out: dict[str, Any] = {
-        "num_frames": _JOB_FRAMES,
+        "num_frames": JOB_FRAMES,
         "alone_s": bench.job_alone_s,
         "completion_s": None,
         "x_alone": None,
@@ -429,35 +330,6 @@ async def _finish_job(bench: Bench, task: asyncio.Task[float]) -> dict[str, Any]
 # -- the whole bench ----------------------------------------------------------------------
 
 
-def _parse_profile(text: str) -> tuple[int, int, int]:
-    size, _, fps = text.partition("@")
-    width, _, height = size.partition("x")
-    return int(width), int(height), int(fps)
-
-
-def _scenarios(bench: Bench, names: list[str], small_limit: int) -> list[Scenario]:
-    card, args = bench.instance.card, bench.args
-    default = card.default_profile
-    table = {
-        "n1": Scenario("n1", default, 1),
-        "n2": Scenario("n2", default, 2),
-        "n3": Scenario("n3", default, 3),
-        "n2job": Scenario("n2job", default, 2, job=True),
-        "n2switch": Scenario("n2switch", default, 2, switch_every_s=args.switch_every),
-    }
-    out = []
-    for name in names:
-        if name == "small":
-            w, h, fps = _parse_profile(args.small_profile)
-            small = card.resolve_profile(width=w, height=h, fps=fps)
-            out.append(Scenario("small", small, small_limit, admitted=True, ramp_s=args.ramp))
-        elif name in table:
-            out.append(table[name])
-        else:
-            raise SystemExit(f"multisession: unknown scenario {name!r}; known: {SCENARIOS}")
-    return out
-
-
 async def _bench(bench: Bench, names: list[str], schedulers: list[str]) -> None:
     inst, args = bench.instance, bench.args
     default = inst.card.default_profile
@@ -465,15 +337,15 @@ async def _bench(bench: Bench, names: list[str], schedulers: list[str]) -> None:
     inst.reserve_kv_slabs(default, max(sizes))  # one buffer per geometry: sized once, here
     profiles = [default]
     if "small" in names:
-        w, h, fps = _parse_profile(args.small_profile)
+        w, h, fps = parse_profile(args.small_profile)
         small = inst.card.resolve_profile(width=w, height=h, fps=fps)
         inst.reserve_kv_slabs(small, args.small_max)
         profiles.append(small)
     for profile in profiles:
         bench.chunk_seconds[_key(profile)] = inst.chunk_seconds(profile)
         # compile on a throwaway cost model, then calibrate the bench's on a warm pass
-        seconds = await _warm_up(bench, profile, CostModel(bench.cost.device))
-        calibrate_s = await _warm_up(bench, profile, bench.cost)
+        seconds = await warm_up(inst, profile, CostModel(bench.cost.device), can_act=bench.can_act)
+        calibrate_s = await warm_up(inst, profile, bench.cost, can_act=bench.can_act)
         print(
             f"warm-up {_key(profile)}: {seconds:.1f} s, calibration pass {calibrate_s:.1f} s",
             flush=True,
@@ -503,9 +375,9 @@ async def _bench(bench: Bench, names: list[str], schedulers: list[str]) -> None:
             flush=True,
         )
     if "n2job" in names:
-        bench.job_alone_s = await _job_alone(bench, default)
-        print(f"t2v job alone ({_JOB_FRAMES} frames): {bench.job_alone_s:.2f} s", flush=True)
-    for scenario in _scenarios(bench, names, small_limit):
+        bench.job_alone_s = await job_alone(inst, bench.cost, default)
+        print(f"t2v job alone ({JOB_FRAMES} frames): {bench.job_alone_s:.2f} s", flush=True)
+    for scenario in scenarios(inst.card, args, names, small_limit):
         variants = [(scenario, schedulers)]
         if scenario.admitted:
             refusal = [s for s in args.refusal_schedulers.split(",") if s in schedulers]

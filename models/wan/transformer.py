@@ -35,10 +35,11 @@ from models.wan.conditioning import (
     time_projection,
 )
 from models.wan.config import WanDiTConfig
+from models.wan.dit_flops import dit_flops
 from models.wan.kv_cache import ChunkKVCache, WriteRun
 from models.wan.rope import rope_cos_sin
 
-__all__ = ["CrossKV", "InputShapeError", "WanBlock", "WanDiT", "dit_flops", "param_dtype"]
+__all__ = ["CrossKV", "InputShapeError", "WanBlock", "WanDiT", "param_dtype"]
 
 # Parameters kept in float32 when the model runs in bf16/fp16 (as diffusers does): the timestep
 # path feeds every modulation, and the cross-attention norm's affine is tiny.
@@ -474,36 +475,3 @@ def _gather_past(
         return caches[0].layer(layer, tokens)
     pairs = [c.layer(layer, tokens) for c in caches]
     return torch.cat([k for k, _ in pairs]), torch.cat([v for _, v in pairs])
-
-
-def dit_flops(
-    config: WanDiTConfig,
-    tokens_q: int,
-    tokens_kv: int,
-    text_len: int,
-    *,
-    batch: int = 1,
-    include_text: bool = False,
-) -> float:
-    """Matmul FLOPs (2*m*n*k each) of one forward over ``tokens_q`` query tokens.
-
-    ``tokens_kv`` is how many keys self-attention sees (cached + own; = ``tokens_q`` for a
-    bidirectional forward). Cross-attention K/V and the text embedding are counted only with
-    ``include_text`` (they are computed once per prompt). Elementwise work is not counted.
-    """
-    d, pv = config.dim, config.patch_volume
-    per_layer = (
-        4 * 2 * tokens_q * d * d  # self q, k, v, o
-        + 2 * 2 * tokens_q * tokens_kv * d  # self QK^T and AV over all heads
-        + 2 * 2 * tokens_q * d * d  # cross q, o
-        + 2 * 2 * tokens_q * text_len * d  # cross QK^T and AV
-        + 2 * 2 * tokens_q * d * config.ffn_dim  # FFN up and down
-    )
-    total = config.num_layers * per_layer
-    total += 2 * tokens_q * d * config.in_channels * pv  # patch embedding
-    total += 2 * tokens_q * d * config.out_channels * pv  # head
-    total += 2 * d * (config.freq_dim + d + 6 * d)  # time embedding + projection
-    if include_text:
-        total += 2 * text_len * d * (config.text_dim + d)  # text embedding
-        total += config.num_layers * 2 * 2 * text_len * d * d  # cross k, v
-    return float(batch * total)

@@ -56,16 +56,9 @@ async def test_loop_session_playout_and_track_share_one_pts_clock(
             "precision": "fp32",
         },
     )
+    columns = ("session_id", "model_id", "prompt", "seed", "fps", "width", "height")
     store.add_session(
-        session_id="s",
-        model_id=config.model_id,
-        prompt="a kite",
-        seed=1,
-        fps=fps,
-        width=64,
-        height=64,
-        priority_class="realtime",
-        state="created",
+        **{c: getattr(config, c) for c in columns}, priority_class="realtime", state="created"
     )
     clock = FakeClock(50.0)
     session = Session(config, media_capacity_frames=128, store=store, clock=clock)
