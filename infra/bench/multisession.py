@@ -63,6 +63,7 @@ from infra.bench.multisession_setup import (
     SCENARIOS,
     Bench,
     job_alone,
+    main_profile,
     parse_profile,
     profile_key,
     scenarios,
@@ -79,7 +80,7 @@ async def _bench(
     bench: Bench, names: list[str], schedulers: list[str], batch_schedulers: list[str]
 ) -> None:
     inst, args = bench.instance, bench.args
-    default = inst.card.default_profile
+    default = main_profile(bench)
     bases = [n.partition("+")[0] for n in names]
     sizes = [1] + [int(n[1]) for n in bases if n[:1] == "n" and n[1:2].isdigit()]
     inst.reserve_kv_slabs(default, max(sizes))  # one buffer per geometry: sized once, here
@@ -134,7 +135,7 @@ async def _bench(
     for scenario in scenarios(bench, names, small_limit):
         policies_of = batch_schedulers if scenario.batch else schedulers
         variants = [(scenario, policies_of)]
-        if scenario.admitted:
+        if scenario.admitted and not scenario.batch:
             refusal = [s for s in args.refusal_schedulers.split(",") if s in policies_of]
             variants.append((dataclasses.replace(scenario, one_more=True), refusal))
         for variant, policies in variants:
@@ -160,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         help="per run after its last session started (default 12 cuda, 3 cpu)",
     )
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument(
+        "--profile", default=None, help="WxH@FPS of the n* scenarios (default: the card's)"
+    )
     parser.add_argument("--schedulers", default=",".join(SCHEDULER_POLICIES))
     parser.add_argument(
         "--batch-schedulers",

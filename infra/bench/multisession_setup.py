@@ -34,6 +34,7 @@ __all__ = [
     "Scenario",
     "job_alone",
     "job_request",
+    "main_profile",
     "parse_profile",
     "profile_key",
     "scenarios",
@@ -228,6 +229,15 @@ async def job_alone(bench: Bench, profile: Profile) -> float:
     return seconds
 
 
+def main_profile(bench: Bench) -> Profile:
+    """The profile of the n* scenarios: ``--profile`` or the card's default."""
+    card = bench.instance.card
+    if not bench.args.profile:
+        return card.default_profile
+    w, h, fps = parse_profile(bench.args.profile)
+    return card.resolve_profile(width=w, height=h, fps=fps)
+
+
 def parse_profile(text: str) -> tuple[int, int, int]:
     size, _, fps = text.partition("@")
     width, _, height = size.partition("x")
@@ -236,7 +246,7 @@ def parse_profile(text: str) -> tuple[int, int, int]:
 
 def scenarios(bench: Bench, names: list[str], small_limit: int) -> list[Scenario]:
     card, args = bench.instance.card, bench.args
-    default = card.default_profile
+    default = main_profile(bench)
     table = {
         "n1": Scenario("n1", default, 1),
         "n2": Scenario("n2", default, 2),
