@@ -83,7 +83,8 @@ class InputLedger:
         self._wall = wall
         self._action_validator = action_validator
         self._next_seq = 1
-        self._pending: dict[int, tuple[InputKind, Any]] = {}  # seq -> (kind, recorded)
+        # seq -> (kind, what the record keeps) of actions and audio until applied
+        self._pending: dict[int, tuple[InputKind, Any]] = {}
         self.audio_samples_in = 0
 
     # ---------------------------------------------------------------- received
@@ -94,8 +95,7 @@ class InputLedger:
         self._require_capability(capability, f"prompt mode {mode!r}")
         self._require_open()
         entry = self._prompts.receive(self._next_seq, text, mode, received_s=self._wall())
-        payload = PromptInput(text=text, mode=entry.mode)
-        return self._receive(InputKind.PROMPT, payload, {"text": text})
+        return self._receive(InputKind.PROMPT, PromptInput(text=text, mode=entry.mode))
 
     def action(self, keys: list[str], mouse: tuple[float, float] | None = None) -> int:
         """Queues held keys and a mouse move (dx, dy pixels), checked by the model first."""
@@ -122,14 +122,19 @@ class InputLedger:
         return self.audio_samples_in / TARGET_RATE_HZ
 
     def _receive(
-        self, kind: InputKind, payload: PromptInput | ActionInput | AudioInput, recorded: Any
+        self,
+        kind: InputKind,
+        payload: PromptInput | ActionInput | AudioInput,
+        recorded: Any = None,
     ) -> int:
-        """Numbers an input and sends it; ``recorded`` is what the behaviour record keeps."""
+        """Numbers an input and sends it; ``recorded`` is what the behaviour record keeps of an
+        action or audio clip until it is applied (a prompt's text is in prompt memory)."""
         self._require_open()
         seq = self._next_seq
         self._next_seq += 1
         self._send(InputEvent(kind=kind, seq=seq, payload=payload, received_s=self._clock()))
-        self._pending[seq] = (kind, recorded)
+        if kind is not InputKind.PROMPT:
+            self._pending[seq] = (kind, recorded)
         self._events.publish(InputReceived(seq=seq, kind=kind.value))
         return seq
 
@@ -152,6 +157,7 @@ class InputLedger:
                 seq, chunk=chunk, pts_90k=pts, applied_s=self._wall()
             )
             self._supersede(seq, kind, [e.seq for e in superseded])
+            recorded = {"text": entry.text}
             self._events.publish(
                 PromptApplied(
                     seq=seq,
@@ -162,13 +168,14 @@ class InputLedger:
                     text=entry.text,
                 )
             )
-        elif kind is InputKind.ACTION:
-            older = [s for s, (k, _) in self._pending.items() if k is InputKind.ACTION and s < seq]
-            self._supersede(seq, kind, older)
-            self._events.publish(ActionApplied(seq=seq, chunk=chunk, pts=pts))
         else:
-            self._events.publish(AudioApplied(seq=seq, chunk=chunk, pts=pts))
-        _, recorded = self._pending.pop(seq, (kind, None))
+            if kind is InputKind.ACTION:
+                older = [s for s, (k, _) in self._pending.items() if k is kind and s < seq]
+                self._supersede(seq, kind, older)
+                self._events.publish(ActionApplied(seq=seq, chunk=chunk, pts=pts))
+            else:
+                self._events.publish(AudioApplied(seq=seq, chunk=chunk, pts=pts))
+            _, recorded = self._pending.pop(seq, (kind, None))
         self._records.applied(kind, seq, chunk, recorded)
 
     def _supersede(self, by_seq: int, kind: InputKind, seqs: list[int]) -> None:

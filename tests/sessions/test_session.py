@@ -425,3 +425,32 @@ async def test_a_chunk_in_parts_is_queued_at_once_and_recorded_whole(tmp_path) -
         frames_digest(whole),
     )
     store.close()
+
+
+async def test_a_chunks_record_holds_the_inputs_it_first_reflects(tmp_path) -> None:
+    store = Store(tmp_path / "db.sqlite3")
+    config = make_session().config
+    columns = ("session_id", "model_id", "prompt", "seed", "fps", "width", "height")
+    store.add_session(
+        **{c: getattr(config, c) for c in columns}, priority_class="realtime", state="created"
+    )
+    session = make_session(store=store)
+    session.attach(FakeHandle())
+    session.on_emission(media(0))
+    prompt, _ = session.push_prompt("a desert")
+    action = session.push_action(["w"], (2.0, 0.0))
+    session.on_emission(media(1))  # a chunk's media comes before the acks of what it reflects
+    session.on_emission(applied("prompt", prompt, chunk=1, pts=45000))
+    session.on_emission(applied("action", action, chunk=1, pts=45000))
+    await session.close()
+    await store.run(lambda: None)
+    records = store.records("s1")
+    assert [(r["chunk"], r["prompt"], r["prompt_seq"]) for r in records] == [
+        (0, "a forest", 0),
+        (1, "a desert", prompt),
+    ]
+    assert records[1]["actions"] == {
+        "action": {"seq": action, "keys": ["w"], "mouse": [2.0, 0.0]},
+        "audio_seqs": [],
+    }
+    store.close()
