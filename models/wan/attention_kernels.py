@@ -111,6 +111,7 @@ class LowPrecisionAttention(AttentionBackend):
 
     name: str = ""
     lossy: bool = True
+    head_dims: tuple[int, ...] = (64, 128)
     # reason the kernel is off for good in this process (it raised, or failed its self-check)
     broken: str | None = None
     checked: set[tuple] = field(default_factory=set)  # (device, head dim, dtype) self-checked
@@ -118,15 +119,18 @@ class LowPrecisionAttention(AttentionBackend):
     def unsupported(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> str | None:
-        """Why this call cannot run on the kernel (None: it can)."""
-        if q.device.type != "cuda":
-            return f"device {q.device.type} (CUDA only)"
+        """Why this call cannot run on the kernel (None: it can); the device is checked last,
+        after the kernel's own limits (head dims)."""
         if mask is not None:
             return "masked attention (a cache with holes)"
         if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
             return f"dtype {q.dtype}"
         if k.shape[2] != q.shape[2]:
             return f"{q.shape[2]} query heads vs {k.shape[2]} key heads"
+        if q.shape[3] not in self.head_dims:
+            return f"head dim {q.shape[3]} not in {self.head_dims}"
+        if q.device.type != "cuda":
+            return f"device {q.device.type} (CUDA only)"
         return None
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -157,7 +161,7 @@ class LowPrecisionAttention(AttentionBackend):
         key = (q.device, q.shape[3], q.dtype)
         if key in self.checked:
             return None
-        if torch.cuda.is_current_stream_capturing():
+        if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return "not self-checked yet (CUDA graph capture)"
         gen = torch.Generator(device=q.device).manual_seed(0)
         a, b, c = (
@@ -194,13 +198,6 @@ class SageAttention(LowPrecisionAttention):
             return f"sageattention not importable ({type(exc).__name__}: {exc})"
         return None
 
-    def unsupported(self, q, k, v, mask):
-        if (reason := super().unsupported(q, k, v, mask)) is not None:
-            return reason
-        if q.shape[3] not in self.head_dims:
-            return f"head dim {q.shape[3]} not in {self.head_dims}"
-        return None
-
     def run(self, q, k, v):
         from sageattention import sageattn
 
@@ -217,6 +214,7 @@ class Fp8TritonAttention(LowPrecisionAttention):
 
     name: str = "fp8-triton"
     pv_fp8: bool = True
+    head_dims: tuple[int, ...] = (32, 64, 128)  # models.wan.fp8_attention.HEAD_DIMS
 
     def missing(self) -> str | None:
         try:
@@ -226,14 +224,10 @@ class Fp8TritonAttention(LowPrecisionAttention):
         return None
 
     def unsupported(self, q, k, v, mask):
-        from models.wan.fp8_attention import HEAD_DIMS
-
         if (reason := super().unsupported(q, k, v, mask)) is not None:
             return reason
         if torch.cuda.get_device_capability(q.device) < (8, 9):
             return "no FP8 tensor cores (compute capability < 8.9)"
-        if q.shape[3] not in HEAD_DIMS:
-            return f"head dim {q.shape[3]} not in {HEAD_DIMS}"
         return None
 
     def run(self, q, k, v):
