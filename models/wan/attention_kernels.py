@@ -115,6 +115,8 @@ class LowPrecisionAttention(AttentionBackend):
     # reason the kernel is off for good in this process (it raised, or failed its self-check)
     broken: str | None = None
     checked: set[tuple] = field(default_factory=set)  # (device, head dim, dtype) self-checked
+    # calls served by the kernel / by SDPA instead (what a measurement actually measured)
+    calls: dict[str, int] = field(default_factory=lambda: {"kernel": 0, "sdpa": 0})
 
     def unsupported(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
@@ -147,10 +149,13 @@ class LowPrecisionAttention(AttentionBackend):
         reason = self.broken or self.unsupported(q, k, v, mask) or self._self_check(q)
         if reason is None:
             try:
-                return self.run(q, k, v)
+                out = self.run(q, k, v)
+                self.calls["kernel"] += 1
+                return out
             except Exception as exc:  # a kernel that cannot compile or launch here
                 self.broken = reason = f"kernel failed: {type(exc).__name__}: {exc}"
         _note_fallback(self.name, reason)
+        self.calls["sdpa"] += 1
         return attend(q, k, v, mask).unflatten(-1, (q.shape[2], q.shape[3])).contiguous()
 
     def _self_check(self, q: torch.Tensor) -> str | None:
