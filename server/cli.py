@@ -274,6 +274,8 @@ BENCHMARKS = {
     "multisession": "infra.bench.multisession",
     "vae-decode": "infra.bench.vae_decode",
     "browser-latency": "infra.bench.browser_latency",
+    "attention": "infra.bench.attention_bench",
+    "quality-guard": "infra.bench.quality_guard",
 }
 
 

@@ -326,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
         help="+taehv: the decoder component to swap in (FACTORY(instance, weights=...))",
     )
     parser.add_argument("--tiny-decoder-weights", default=None, metavar="PATH")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="start no variant after this many seconds of sessions (the rest: 'skipped')",
+    )
     args = parser.parse_args(argv)
     # the micro-bench's shape options (the Wan shape on CUDA, a small one on the CPU)
     args.queries = args.keys = args.heads = None
@@ -382,7 +388,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.chunks <= first_steady:
         parser.error(f"--chunks must exceed {first_steady} to reach steady state")
     instance.reserve_kv_slabs(profile, 1)
+    started = time.perf_counter()
     for index, variant in enumerate(variants):
+        if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
+            results[variant] = {"skipped": f"--budget-s {args.budget_s:.0f} spent"}
+            print(f"{variant}: skipped (budget)", flush=True)
+            continue
         try:
             if index:
                 del instance
@@ -444,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}; DiT step = {step_flops / 1e12:.1f} TFLOP"
     )
     print_tables(results, args.reference)
+    write_json(args.json, header, results)
     return 0 if all("error" not in r for r in results.values()) else 1
 
 

@@ -89,8 +89,9 @@ def _par(p: dict[str, Any] | None, is_ref: bool) -> str:
 
 
 def row(name: str, r: dict[str, Any], base: dict[str, Any] | None, reference: str = "") -> str:
-    if "error" in r:
-        return f"| {name} | failed: {r['error'][:160]} |" + " |" * 13
+    if "error" in r or "skipped" in r:
+        what = f"failed: {r['error'][:160]}" if "error" in r else f"skipped: {r['skipped']}"
+        return f"| {name} | {what} |" + " |" * 13
     ratio = r["fps"] / base["fps"] if base and "fps" in base else float("nan")
     ident = r.get("graphs_identical")
     ident_s = "—" if ident is None else ("yes" if ident else "**no**")
@@ -119,7 +120,7 @@ def print_tables(results: dict[str, dict[str, Any]], reference: str) -> None:
         "\nfirst chunk of a fresh session (device ms): text encode | 4 steps | KV update | decode"
     )
     for name, r in results.items():
-        if "error" in r:
+        if "fps" not in r:
             continue
         first = r["first_chunk_device_ms"]
         print(

@@ -95,9 +95,11 @@ def run_guard(
     seed: int = 0,
     json_path: str | None = None,
     classifier: FrameClassifier | None = None,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``off`` and every lever (module docstring) -> {"rows": {lever: row}, ...}.
-    ``classifier``: a calibrated one (default: calibrated here, as ``dreamrt eval`` does)."""
+    ``classifier``: a calibrated one (default: calibrated here, as ``dreamrt eval`` does);
+    ``budget_s``: start no lever after this many seconds (the rest: ``skipped``)."""
     start = time.perf_counter()
     if classifier is None:
         profile = TINY_WORLD.default_profile
@@ -113,6 +115,9 @@ def run_guard(
         "rows": {},
     }
     for lever in ["off", *levers]:
+        if budget_s is not None and time.perf_counter() - start > budget_s:
+            out["rows"][lever] = {"skipped": f"budget of {budget_s:.0f} s spent"}
+            continue
         try:
             config = lever_config(lever)
             instance = load_instance(TINY_WORLD, device=device)
@@ -154,7 +159,7 @@ def _judge(rows: dict[str, dict[str, Any]]) -> None:
     """Deltas (points) against ``off`` and each lever's verdict, in place."""
     off = rows.get("off")
     for row in rows.values():
-        if "error" in row or off is None or "error" in off:
+        if "passed_thresholds" not in row or off is None or "passed_thresholds" not in off:
             continue
         row["delta_points"] = {m: 100.0 * (row[m] - off[m]) for m in THRESHOLDS}
         worst = min(row["delta_points"].values())
@@ -173,8 +178,9 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"| lever | served by | {header} | thresholds | max drop pt | verdict |")
     print("| --- " * (2 * len(names) + 5) + "|")
     for lever, r in result["rows"].items():
-        if "error" in r:
-            print(f"| {lever} | failed: {r['error'][:160]} |" + " |" * (2 * len(names) + 3))
+        if "passed_thresholds" not in r:
+            what = f"failed: {r['error'][:160]}" if "error" in r else f"skipped: {r['skipped']}"
+            print(f"| {lever} | {what} |" + " |" * (2 * len(names) + 3))
             continue
         cells = []
         for n in names:
@@ -203,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-s", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--budget-s", type=float, default=None, help="start no lever after this many seconds"
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("quality_guard: CUDA is not available (--device cpu runs it on the CPU)")
@@ -223,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         long_s=args.long_s,
         seed=args.seed,
         json_path=args.json,
+        budget_s=args.budget_s,
     )
     print_table(result)
     return 0 if all("error" not in r for r in result["rows"].values()) else 1
