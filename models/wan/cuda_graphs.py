@@ -107,7 +107,11 @@ class CudaRecorder:
     def capture(self, body: Body, call: ChunkCall) -> Graph:
         side = self._side(call.x.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, stream=side):
+        # thread_local: other threads (the event loop polling a decode's event, say) stay free
+        # to call CUDA while the executor thread captures
+        with torch.cuda.graph(
+            graph, pool=self._pool, stream=side, capture_error_mode="thread_local"
+        ):
             out = body(call)
         return _CudaGraph(graph, out)
 
