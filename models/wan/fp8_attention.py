@@ -87,6 +87,18 @@ _CHOSEN: dict[tuple, KernelConfig] = {}  # shape bucket -> config picked on firs
 
 
 @triton.jit
+def _row_tile(X, N, stride_xb, stride_xn, stride_xh, D: tl.constexpr, ROWS: tl.constexpr):
+    # this program's ROWS tokens of one (batch, head) of X [B, N, H, D] (D contiguous)
+    # -> (tile [ROWS, D] float32, b, h, token offsets [ROWS], in-range mask [ROWS])
+    pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    offs_n = pid_n * ROWS + tl.arange(0, ROWS)
+    rows = offs_n < N
+    ptrs = X + b * stride_xb + h * stride_xh + offs_n[:, None] * stride_xn
+    x = tl.load(ptrs + tl.arange(0, D)[None, :], mask=rows[:, None], other=0.0)
+    return x.to(tl.float32), b, h, offs_n, rows
+
+
+@triton.jit
 def _quantize_rows_kernel(
     X,
     X8,
@@ -99,20 +111,12 @@ def _quantize_rows_kernel(
     D: tl.constexpr,
     ROWS: tl.constexpr,
 ):
-    # one program: ROWS tokens of one (batch, head); X [B, N, H, D] (any strides, D
-    # contiguous) -> X8 [B, N, H, D] contiguous e4m3, S [B, H, N] float32 per-token scales
-    pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    offs_n = pid_n * ROWS + tl.arange(0, ROWS)
-    offs_d = tl.arange(0, D)
-    rows = offs_n < N
-    x = tl.load(
-        X + b * stride_xb + h * stride_xh + offs_n[:, None] * stride_xn + offs_d[None, :],
-        mask=rows[:, None],
-        other=0.0,
-    ).to(tl.float32)
+    # X [B, N, H, D] (any strides, D contiguous) -> X8 [B, N, H, D] contiguous e4m3,
+    # S [B, H, N] float32 per-token scales
+    x, b, h, offs_n, rows = _row_tile(X, N, stride_xb, stride_xn, stride_xh, D, ROWS)
     scale = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12) / 448.0
     x8 = (x / scale[:, None]).to(tl.float8e4nv)
-    out = X8 + ((b * N + offs_n[:, None]) * H + h) * D + offs_d[None, :]
+    out = X8 + ((b * N + offs_n[:, None]) * H + h) * D + tl.arange(0, D)[None, :]
     tl.store(out, x8, mask=rows[:, None])
     tl.store(S + (b * H + h) * N + offs_n, scale, mask=rows)
 
@@ -130,17 +134,9 @@ def _quantize_v_kernel(
     D: tl.constexpr,
     ROWS: tl.constexpr,
 ):
-    # one program: ROWS keys of one (batch, head); V [B, N, H, D], INV [B, H, D] = 1 / sv
-    # -> V8T [B, H, D, N] e4m3 (keys contiguous)
-    pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    offs_n = pid_n * ROWS + tl.arange(0, ROWS)
+    # V [B, N, H, D], INV [B, H, D] = 1 / sv -> V8T [B, H, D, N] e4m3 (keys contiguous)
+    v, b, h, offs_n, rows = _row_tile(V, N, stride_vb, stride_vn, stride_vh, D, ROWS)
     offs_d = tl.arange(0, D)
-    rows = offs_n < N
-    v = tl.load(
-        V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
-        mask=rows[:, None],
-        other=0.0,
-    ).to(tl.float32)
     inv = tl.load(INV + (b * H + h) * D + offs_d)
     v8 = (v * inv[None, :]).to(tl.float8e4nv)
     out = V8T + ((b * H + h) * D + offs_d[None, :]) * N + offs_n[:, None]
