@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from models.wan import attention_kernels
 from models.wan.attention_kernels import (
     ATTENTION_BACKENDS,
     LowPrecisionAttention,
@@ -21,6 +22,12 @@ from models.wan.attention_kernels import (
 )
 
 LOGGER = "models.wan.attention_kernels"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_fallback_log(monkeypatch):
+    # each (backend, reason) is logged once per process: start every test with none logged
+    monkeypatch.setattr(attention_kernels, "_LOGGED", set())
 
 
 def qkv(d: int = 64, nq: int = 10, nk: int = 24, heads: int = 2, seed: int = 0):

@@ -13,6 +13,7 @@ import torch
 from models.instance import InstanceError, load_instance
 from models.loops.requests import SessionRequest
 from models.registry import get
+from models.wan import attention_kernels
 from models.wan.attention import WanSelfAttention
 from models.wan.cuda_graphs import ChunkGraphs
 from runtime.driver import run_inline
@@ -43,7 +44,10 @@ def test_unknown_levers_are_refused_with_the_known_values(instance) -> None:
     assert instance.levers["attention"] == "auto"
 
 
-def test_exact_levers_and_cpu_fallbacks_keep_the_frames_bit_identical(instance, caplog) -> None:
+def test_exact_levers_and_cpu_fallbacks_keep_the_frames_bit_identical(
+    instance, caplog, monkeypatch
+) -> None:
+    monkeypatch.setattr(attention_kernels, "_LOGGED", set())  # logged once per process
     reference, _ = frames(instance)
     try:
         with caplog.at_level(logging.WARNING, logger="models.wan.attention_kernels"):
