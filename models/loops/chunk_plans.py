@@ -25,7 +25,7 @@ from models.loops.chunk_rollout_state import ChunkRolloutState
 from models.loops.model import LoopModel
 from models.loops.ops import ChunkDenoiseArgs, DecodeArgs, KVWriteArgs
 from models.loops.sampling import SigmaStep, noise_seed
-from models.wan.dit_flops import dit_flops
+from models.wan.flops import dit_flops
 from models.wan.kv_cache import EMPTY
 from models.wan.transformer import CrossKV
 from runtime.contract import (

@@ -1,9 +1,4 @@
-"""The Wan DiT's matmul FLOPs per forward: the analytic count the cost model's prior, the
-bench's MFU and admission's compute share are built on.
-
-Counted as 2*m*n*k per matmul, equal to ``torch.utils.flop_counter.FlopCounterMode`` on the
-real module (``tests/models/test_transformer_parity.py``); elementwise work is not counted.
-"""
+"""Analytic matmul FLOPs of the Wan DiT (the cost model's prior, MFU in the benchmarks)."""
 
 from __future__ import annotations
 
