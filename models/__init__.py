@@ -1,6 +1,6 @@
 """dreamrt model plane: ModelCards, components (DiT, VAE, text encoders), loops, loaders.
 
-Imports only ``runtime.contract`` from the runtime (ARCHITECTURE.md §2). Public API::
+Imports only ``runtime.contract`` from the runtime (docs/architecture.md §1). Public API::
 
     models.load_transformer(path, device=..., dtype=...)  # diffusers-format or original Wan
     models.load_vae(path, device=..., dtype=...)          # AutoencoderKLWan-compatible

@@ -1,4 +1,5 @@
-"""ModelCard: what a model is, which loops serve it, and what its weights assume (seed §4, §9).
+"""ModelCard: what a model is, which loops serve it, and what its weights assume
+(docs/architecture.md §7).
 
 A card is pure data (no torch at import) and is checked twice:
 

@@ -17,8 +17,8 @@ __all__ = ["ParitySpec", "PrecisionContract", "RecipeSpec"]
 
 @dataclass(frozen=True, slots=True)
 class RecipeSpec:
-    """What produced the weights (seed §4.2). ``assumes_loop`` is the loop id whose sampler the
-    weights require; ``assumes_precision`` the precision the recipe baked in;
+    """What produced the weights (docs/architecture.md §7). ``assumes_loop`` is the loop id
+    whose sampler the weights require; ``assumes_precision`` the precision the recipe baked in;
     ``consistency_required`` the lowest parity level under which its outputs are valid."""
 
     method: str

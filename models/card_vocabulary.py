@@ -87,7 +87,7 @@ class CheckpointFormat(str, enum.Enum):
 
 
 class ParityLevel(str, enum.Enum):
-    """Consistency ladder (seed §9.2); ordered, C0 weakest."""
+    """Consistency ladder (docs/architecture.md §7, the parity ladder); ordered, C0 weakest."""
 
     C0 = "C0"  # component parity
     C1 = "C1"  # loop parity, fixed seed

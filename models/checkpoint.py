@@ -37,6 +37,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from models.checkpoint_errors import (
+    CheckpointError,
+    CheckpointFormatError,
+    CheckpointKeyError,
+    CheckpointShapeError,
+    listing,
+)
 from models.wan import keymaps, vae_keymap
 from models.wan.config import WanDiTConfig
 from models.wan.transformer import WanDiT, param_dtype
@@ -59,72 +66,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _PICKLE_SUFFIXES = (".pt", ".pth", ".ckpt")
-_MAX_LISTED = 64
-
-
-def _listing(items: Iterable[str]) -> str:
-    items = list(items)
-    shown = ", ".join(items[:_MAX_LISTED])
-    more = f" ... and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else ""
-    return f"({len(items)}): [{shown}{more}]"
-
-
-class CheckpointError(Exception):
-    """A checkpoint that cannot be turned into the requested module."""
-
-
-class CheckpointFormatError(CheckpointError):
-    """No weights found, an unreadable layout, or names in neither known format."""
-
-
-class CheckpointKeyError(CheckpointError):
-    """The checkpoint's names do not fit the module; lists every offending key.
-
-    ``missing``: what the checkpoint lacks, named as it would be in the checkpoint's naming
-    ``fmt`` (``"diffusers"``, ``"original"``; wrappers left out); ``unexpected``: checkpoint keys
-    that map onto no parameter; ``ambiguous``: module names several checkpoint keys map onto.
-    """
-
-    def __init__(
-        self,
-        source: str,
-        component: str,
-        fmt: str,
-        missing: Iterable[str],
-        unexpected: Iterable[str],
-        ambiguous: Iterable[str] = (),
-    ) -> None:
-        self.source, self.component, self.fmt = source, component, fmt
-        self.missing, self.unexpected = sorted(missing), sorted(unexpected)
-        self.ambiguous = sorted(ambiguous)
-        parts = [f"missing {_listing(self.missing)}", f"unexpected {_listing(self.unexpected)}"]
-        if self.ambiguous:
-            parts.append(f"ambiguous (pass prefix=...) {_listing(self.ambiguous)}")
-        super().__init__(
-            f"checkpoint {source} ({fmt} naming) does not fit {component}: " + "; ".join(parts)
-        )
-
-
-class CheckpointShapeError(CheckpointError):
-    """Tensors whose shapes differ from the module built from the config (lists them all).
-
-    ``mismatches``: ``(checkpoint key, file shape, module shape)``.
-    """
-
-    def __init__(
-        self,
-        source: str,
-        component: str,
-        mismatches: list[tuple[str, tuple[int, ...], tuple[int, ...]]],
-    ) -> None:
-        self.source, self.component, self.mismatches = source, component, sorted(mismatches)
-        listed = [f"{k}: file {c} vs module {m}" for k, c, m in self.mismatches]
-        super().__init__(
-            f"checkpoint {source} has wrongly shaped tensors for {component} "
-            f"(wrong config?) {_listing(listed)}"
-        )
-
-
 # --------------------------------------------------------------------------------------------
 # locating and reading files
 
@@ -208,7 +149,7 @@ def _shards(index: Path) -> list[Path]:
     files = [index.parent / name for name in sorted(set(weight_map.values()))]
     absent = [f.name for f in files if not f.exists()]
     if absent:
-        raise CheckpointFormatError(f"{index}: shards missing {_listing(absent)}")
+        raise CheckpointFormatError(f"{index}: shards missing {listing(absent)}")
     return files
 
 
@@ -368,7 +309,7 @@ def load_transformer(
     if fmt is None:
         raise CheckpointFormatError(
             f"{source}: not a WanDiT checkpoint: neither diffusers nor original Wan key names "
-            f"under prefix {prefix!r}; keys found {_listing(sorted(tensors))}"
+            f"under prefix {prefix!r}; keys found {listing(sorted(tensors))}"
         )
     mapping = map_keys(
         short,
@@ -458,7 +399,7 @@ def load_vae(
     if fmt is None:
         raise CheckpointFormatError(
             f"{source}: not a WanVAE checkpoint: neither diffusers nor original Wan VAE names; "
-            f"keys found {_listing(sorted(tensors))}"
+            f"keys found {listing(sorted(tensors))}"
         )
     by_name = {row.name_in(fmt): row.ours for row in table}
     by_ours = {row.ours: row.name_in(fmt) for row in table}

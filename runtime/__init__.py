@@ -1,4 +1,4 @@
 """dreamrt runtime: loop contract, driver, scheduler, admission, cost model, pools, engine.
 
-Imports none of models/, sessions/, server/ (ARCHITECTURE.md §2).
+Imports none of models/, sessions/, server/ (docs/architecture.md §1).
 """

@@ -1,4 +1,4 @@
-"""Admission = reservation (ARCHITECTURE.md §4, seed §6.2).
+"""Admission = reservation (docs/architecture.md §3).
 
 A session or job is admitted only if everything it will need fits *together with everything
 already admitted*; nothing is discovered at step 37. Three resources are reserved:

@@ -1,4 +1,5 @@
-"""Request-level baseline scheduling policies, ``chunk-rr`` and ``fifo`` (seed §17).
+"""Request-level baseline scheduling policies, ``chunk-rr`` and ``fifo`` (docs/architecture.md
+§3, "Policies are objects").
 
 They exist to be measured against ``step-edf`` (``runtime.step_edf``): same engine, same
 loops, only the policy object differs. Both ignore deadlines, priorities and batching (every

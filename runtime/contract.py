@@ -1,4 +1,4 @@
-"""The driven-loop contract (ARCHITECTURE.md §3): the one seam between models/ and runtime/.
+"""The driven-loop contract (docs/architecture.md §2): the one seam between models/ and runtime/.
 
 A *loop* is a serializable state machine that the runtime drives::
 
@@ -75,6 +75,7 @@ __all__ = [
     "Stream",
     "TimedPendingOutput",
     "WorkPlan",
+    "frame_of_pts",
     "pts_of_frame",
 ]
 
@@ -89,6 +90,12 @@ def pts_of_frame(frame_index: int, fps: int) -> int:
     does not divide 90,000 (7 fps: 12857.14 ticks) a running sum would drift a tick per frame.
     """
     return (frame_index * PTS_HZ) // fps
+
+
+def frame_of_pts(pts_90k: int, fps: int) -> int:
+    """The frame index whose PTS is ``pts_90k`` (the inverse of ``pts_of_frame``: a ceiling,
+    since ``pts_of_frame`` rounds down)."""
+    return -(-pts_90k * fps // PTS_HZ)
 
 
 class PlanKind(str, enum.Enum):
@@ -106,7 +113,7 @@ class PlanKind(str, enum.Enum):
 
 
 class Priority(str, enum.Enum):
-    """Scheduling class (ARCHITECTURE.md §4)."""
+    """Scheduling class (docs/architecture.md §3)."""
 
     REALTIME = "realtime"  # a session with a viewer: deadlines from PTS, earliest-deadline first
     BATCH = "batch"  # jobs and idle sessions: run in slack, aged so they never starve
@@ -164,7 +171,7 @@ class ModelState(Protocol):
 class CacheKey:
     """Identifies a cached artifact; every field that can change the cached value is in the key.
 
-    Wrong reuse is worse than no reuse (ARCHITECTURE.md §5): when in doubt, add a field.
+    Wrong reuse is worse than no reuse (docs/architecture.md §4): when in doubt, add a field.
     ``input_hash`` is a content hash of the inputs (e.g. sha256 of the prompt text).
     """
 

@@ -1,4 +1,5 @@
-"""Cost model: predicted GPU-seconds per WorkPlan, the runtime's one currency (ARCHITECTURE.md §4).
+"""Cost model: predicted GPU-seconds per WorkPlan, the runtime's one currency
+(docs/architecture.md §3).
 
 Two layers:
 

@@ -1,4 +1,4 @@
-"""The generic driver: the only place loop iteration lives (ARCHITECTURE.md §3).
+"""The generic driver: the only place loop iteration lives (docs/architecture.md §2).
 
 ``Driver.run`` is exactly the loop in ``runtime.contract``'s docstring::
 

@@ -1,4 +1,5 @@
-"""The engine: schedule -> execute -> update (ARCHITECTURE.md §4, vLLM v1's engine/scheduler split).
+"""The engine: schedule -> execute -> update (docs/architecture.md §3; the split of vLLM v1's
+engine and scheduler).
 
 ::
 

@@ -1,4 +1,4 @@
-"""The executor seam: the ONE thread that runs tensor work (ARCHITECTURE.md §4 "Threads").
+"""The executor seam: the ONE thread that runs tensor work (docs/architecture.md §6 "Threads").
 
 The engine hands it ``ExecJob``s (one picked batch each); it runs the op, the observers and
 failure isolation, and hands back a ``JobOutcome`` through the ``deliver`` callback, called on

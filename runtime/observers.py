@@ -1,4 +1,5 @@
-"""Observers: read-only hooks around each executed batch (seed §11).
+"""Observers: read-only hooks around each executed batch (docs/architecture.md §3, "Failure
+isolation").
 
 The engine calls ``before_batch`` right before the op and ``after_batch`` right after it
 returned (only when it returned; an op that raised is handled by failure isolation). Both run

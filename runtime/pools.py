@@ -1,4 +1,5 @@
-"""The chunk-KV slab pool (ARCHITECTURE.md §5): which slab index belongs to whom, never the tensors.
+"""The chunk-KV slab pool (docs/architecture.md §4): which slab index belongs to whom, never
+the tensors.
 
 The model instance preallocates ONE K/V buffer per (card, geometry) with a slab axis
 (``models/wan/kv_slabs.py``); a session's cache is a view of one slab. This pool is the

@@ -10,7 +10,7 @@ The engine is *given* its scheduler (STYLE rule 3, policies are objects); the po
 - ``runtime.step_edf.StepEdfScheduler`` (``step-edf``, the default): step-level earliest
   deadline first with batching, slack-filling batch work and aging;
 - ``runtime.baseline_schedulers`` (``chunk-rr``, ``fifo``): request-level baselines that exist
-  to be measured against step-edf (seed §17);
+  to be measured against step-edf (``dreamrt bench multisession``);
 
 and ``runtime.policies.make_scheduler(name)`` builds one by name. ``TicketQueue`` is the
 bookkeeping they share (queue, paused loops, the one batch in flight); a policy adds ``pick``
@@ -257,7 +257,8 @@ class TicketQueue:
 
 
 class PlayoutDeadlines:
-    """Deadline and lead limit of a realtime plan (ARCHITECTURE.md §4 "Deadlines").
+    """Deadline and lead limit of a realtime plan (docs/architecture.md §3, "Classes and
+    deadlines").
 
     The media a plan contributes to must be on the wire at ``media_t0_s + due_media_s +
     playout_buffer_s``; the plan must finish ``followups_s`` (predicted cost of the plans still

@@ -1,5 +1,5 @@
 """``step-edf``: step-level earliest deadline first, the engine's default scheduling policy
-(ARCHITECTURE.md §4).
+(docs/architecture.md §3).
 
 Picking, in order (each rule is a policy object, STYLE rule 3):
 

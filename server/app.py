@@ -6,8 +6,9 @@ loads the model and wires sessions, store, auth, WebRTC and metrics together.
 startup   store (SQLite under ``data_dir``) + recovery -> model instance(s) -> engine (cost model
           calibrated from ``data_dir/cost/<card>@<device>.json`` when present, the scheduling
           policy ``config.scheduler``, admission with KV/peak/compute capacities, one executor
-          thread, metrics as a batch listener) -> KV slab pool -> session host (resumes
-          unfinished jobs) -> ICE host restriction and encoder bitrate
+          thread, metrics as a batch listener) -> KV slab pool -> session host and job host on
+          the same served models (the job host resumes unfinished jobs) -> ICE host
+          restriction and encoder bitrate
 shutdown  viewers' peers -> sessions and jobs -> engine -> store, then the process-wide
           aiortc/aioice settings are restored and the cost calibration is saved to that file.
           Nothing of the server keeps running.
@@ -39,6 +40,8 @@ from server.livekit_token import LiveKitCredentials
 from server.metrics import MetricsSnapshot, ServerMetrics
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
 from sessions.host import SessionHost
+from sessions.job_host import JobHost
+from sessions.served_models import ServedModels
 from sessions.store import Store
 
 __all__ = ["DEFAULT_MODEL", "ServerConfig", "ServerContext", "create_app"]
@@ -95,6 +98,7 @@ class ServerContext:
     store: Store
     engine: Any
     host: SessionHost
+    jobs: JobHost
     auth: Authenticator
     metrics: ServerMetrics
     device: str
@@ -166,7 +170,7 @@ class ServerContext:
         slabs_free, slabs_capacity = self.host.slab_counts()
         return MetricsSnapshot(
             sessions_by_state=counts["sessions_by_state"],
-            jobs_by_state=counts["jobs_by_state"],
+            jobs_by_state=self.jobs.counts(),
             frames_sent=counts["frames_sent"],
             stalls=counts["stalls"],
             media_dropped=counts["media_dropped"],
@@ -278,14 +282,16 @@ async def _build(config: ServerConfig) -> ServerContext:
         action_vector(keys, mouse)  # raises InputError (a ValueError) naming the bad key/value
         return normalize_keys(keys)
 
+    served = ServedModels({model_id: instance}, default=model_id)
     host = SessionHost(
         engine=engine,
-        models={model_id: instance},
-        default_model=model_id,
+        models=served,
         store=store,
-        artifact_dir=config.data_dir / "artifacts",
         slabs_per_geometry=config.max_sessions,
         action_validator=validate_action,
+    )
+    jobs = JobHost(
+        engine=engine, models=served, store=store, artifact_dir=config.data_dir / "artifacts"
     )
     host.preallocate()  # the default profile's chunk-KV slabs exist before the first session
     auth = Authenticator(mode, store=store, admin_key=_admin_key(config, mode))
@@ -294,6 +300,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         store=store,
         engine=engine,
         host=host,
+        jobs=jobs,
         auth=auth,
         metrics=metrics,
         device=device,
@@ -304,7 +311,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         ctx.undo.append(restrict_host_candidates(config.ice_hosts))
     if config.video_bitrate_bps is not None:
         ctx.undo.append(configure_video_bitrate(config.video_bitrate_bps))
-    host.resume_jobs(unfinished_jobs)
+    jobs.resume_jobs(unfinished_jobs)
     if config.unwatched_timeout_s > 0:
         host.start_reaper(
             config.unwatched_timeout_s, interval_s=min(5.0, config.unwatched_timeout_s / 2)
@@ -394,6 +401,7 @@ async def _teardown(ctx: ServerContext) -> None:
         with contextlib.suppress(Exception):
             await peer.close()
     await ctx.host.close()
+    await ctx.jobs.close()
     await ctx.engine.close()
     await asyncio.to_thread(ctx.store.close)
     for undo in reversed(ctx.undo):

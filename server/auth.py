@@ -1,4 +1,4 @@
-"""Bearer-token authorisation for ``/v1`` routes (API.md "REST").
+"""Bearer-token authorisation for ``/v1`` routes (docs/api.md "REST").
 
 Modes: ``none`` (no checks; the default only when the server binds a loopback address, and
 refused on any other address unless forced) and ``token``. In token mode every ``/v1`` request

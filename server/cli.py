@@ -1,4 +1,4 @@
-"""The ``dreamrt`` command line (API.md "Command line"): serve, models, watch, job, bench.
+"""The ``dreamrt`` command line (docs/api.md "Command line"): serve, models, watch, job, bench.
 
 Exit codes: 0 success, 1 the command failed (the message says why), 2 bad usage or a refused
 configuration (e.g. ``--auth none`` on a public address without ``--force-no-auth``).

@@ -1,12 +1,12 @@
 """The ``control`` data channel: message schemas (msgspec), size limit and rate limit.
 
-Client -> server messages (API.md): ``prompt`` (``text``, optional ``mode`` switch|cut),
-``action`` (``keys``, optional ``mouse`` [dx, dy]), ``feedback`` (``rating`` -1|0|1, optional
-``chunk``, ``note``), ``pause``, ``resume``, ``ping`` (``t``). Each message is one JSON text of
-at most ``MAX_MESSAGE_BYTES``; it is decoded straight into a tagged ``msgspec.Struct``, so a
-wrong type, a missing field, an unknown ``type`` or an unknown field is a ``ControlError``
-whose message names the field (``$.text``) — the peer then gets an ``error`` event and the
-session continues.
+Client -> server messages (docs/api.md "Data channel `control`"): ``prompt`` (``text``,
+optional ``mode`` switch|cut), ``action`` (``keys``, optional ``mouse`` [dx, dy]), ``feedback``
+(``rating`` -1|0|1, optional ``chunk``, ``note``), ``pause``, ``resume``, ``ping`` (``t``).
+Each message is one JSON text of at most ``MAX_MESSAGE_BYTES``; it is decoded straight into a
+tagged ``msgspec.Struct``, so a wrong type, a missing field, an unknown ``type`` or an unknown
+field is a ``ControlError`` whose message names the field (``$.text``) — the peer then gets an
+``error`` event and the session continues.
 
 ``TokenBucket`` limits messages per peer: ``rate_per_s`` sustained, ``burst`` at once. Pure
 (no asyncio); the clock is injectable.

@@ -42,8 +42,6 @@ __all__ = ["FramePacer", "PacedFrame", "PacerReader"]
 
 log = logging.getLogger(__name__)
 
-_PTS_HZ = PTS_HZ
-
 
 @dataclass(frozen=True, slots=True)
 class PacedFrame:
@@ -151,7 +149,7 @@ class FramePacer:
         anchor = self.session.playout_anchor_s
         due_s = slot_s
         if self._last is not None and not self._stalling and not flushed and anchor is not None:
-            by_pts = anchor + frame.pts_90k / _PTS_HZ
+            by_pts = anchor + frame.pts_90k / PTS_HZ
             if by_pts <= slot_s + self._max_hold_s:
                 due_s = max(slot_s, by_pts)
         delay = due_s - self._clock()

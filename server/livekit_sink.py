@@ -18,12 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from server.frame_pacer import FramePacer, PacedFrame
 from server.livekit_room import RoomConnection
+from sessions.playout import PTS_HZ
 
 __all__ = ["LiveKitVideoSink", "timestamp_us", "video_bitrate_bps"]
 
 log = logging.getLogger(__name__)
 
-_PTS_HZ = 90_000
 # Bits per pixel per frame for a generated (smooth, low-noise) picture: 0.1 gives ~1.5 Mbps at
 # 1280x720@16 and ~0.37 Mbps at 640x360@16, clamped to what a room's subscribers can carry.
 _BITS_PER_PIXEL = 0.1
@@ -39,7 +39,7 @@ def video_bitrate_bps(width: int, height: int, fps: int) -> int:
 
 def timestamp_us(pts_90k: int) -> int:
     """A 90 kHz PTS in microseconds (what ``VideoSource.capture_frame`` takes)."""
-    return pts_90k * 1_000_000 // _PTS_HZ
+    return pts_90k * 1_000_000 // PTS_HZ
 
 
 class LiveKitVideoSink:

@@ -1,4 +1,4 @@
-"""``/v1/jobs`` routes (API.md "REST"): submit, status, artifact download, cancel.
+"""``/v1/jobs`` routes (docs/api.md "REST"): submit, status, artifact download, cancel.
 
 A job answers 202 at once and runs in the realtime sessions' slack. ``GET .../artifact``
 answers 409 until the job succeeded (the message names its state), then streams the MP4/PNG.
@@ -30,9 +30,9 @@ router = APIRouter(prefix="/v1/jobs")
 @router.post("", status_code=202)
 async def submit(body: JobBody, request: Request, grant: AuthGrant) -> JobCreated:
     require_general(grant)
-    host = ctx_of(request).host
+    jobs = ctx_of(request).jobs
     with creation_errors():
-        job = host.submit_job(
+        job = jobs.submit_job(
             task=body.task,
             prompt=body.prompt,
             model=body.model,
@@ -47,7 +47,7 @@ async def submit(body: JobBody, request: Request, grant: AuthGrant) -> JobCreate
 
 async def _job_view(request: Request, job_id: str) -> dict[str, Any]:
     ctx = ctx_of(request)
-    job = ctx.host.job(job_id)
+    job = ctx.jobs.job(job_id)
     if job is not None:
         view = job.snapshot()
         view["_artifact_path"] = str(job.artifact.path) if job.artifact is not None else None
@@ -99,7 +99,7 @@ async def cancel(job_id: str, request: Request, grant: AuthGrant) -> Response:
     require_general(grant)
     ctx = ctx_of(request)
     if (
-        not await ctx.host.cancel_job(job_id)
+        not await ctx.jobs.cancel_job(job_id)
         and await ctx.store.run(ctx.store.get_job, job_id) is None
     ):
         raise ApiError(404, "not_found", f"no job {job_id!r}")

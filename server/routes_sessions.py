@@ -1,4 +1,4 @@
-"""``/v1/sessions`` routes (API.md "REST"): create, read, offer, inputs, feedback, fork/choose,
+"""``/v1/sessions`` routes (docs/api.md "REST"): create, read, offer, inputs, feedback, fork/choose,
 pause/resume, delete, and the SSE event stream.
 
 Status codes: 201 created, 202 accepted (the two-phase ack follows on the event stream), 204

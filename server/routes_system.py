@@ -64,7 +64,7 @@ def creation_errors() -> Iterator[None]:
     """Maps what the host refuses while creating a session or job to 422s naming the field:
     an unknown model, a profile the card cannot serve, a task the card does not offer."""
     from models.card import ProfileError
-    from sessions.host import UnsupportedTaskError
+    from sessions.served_models import UnsupportedTaskError
 
     try:
         yield

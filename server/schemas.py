@@ -1,4 +1,5 @@
-"""Request and response bodies of the REST API (API.md), validated by pydantic at the edge.
+"""Request and response bodies of the REST API (docs/api.md "REST"), validated by pydantic at
+the edge.
 
 Unknown fields are refused (``extra="forbid"``): a typo such as ``"promt"`` is a 422 naming
 the field rather than a silently ignored value. Nothing past this module sees pydantic.

@@ -1,10 +1,10 @@
-"""Typed session/job events and the one ordered event stream per session (ARCHITECTURE.md §6).
+"""Typed session/job events and the one ordered event stream per session (docs/architecture.md §5).
 
 Every event is a ``msgspec.Struct`` tagged by its ``type`` (``"session.state"``,
 ``"input.received"``, ``"prompt.applied"``, ``"media.chunk"`` …), so the wire form is exactly
-the JSON of API.md and decoding an unknown type is an error, not a silent dict. ``event_id``
-is the position in its stream (from 1, strictly increasing; SSE uses it as ``id:``) and
-``time_s`` the wall time (Unix seconds) it was published.
+the JSON of docs/api.md "Events" and decoding an unknown type is an error, not a silent dict.
+``event_id`` is the position in its stream (from 1, strictly increasing; SSE uses it as
+``id:``) and ``time_s`` the wall time (Unix seconds) it was published.
 
 ``EventStream`` is single-threaded: publish and subscribe on the asyncio loop thread that owns
 the session (the engine delivers emissions there). Subscribers are bounded: one that falls
@@ -19,9 +19,10 @@ import collections
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Literal
 
 import msgspec
+
+from runtime.contract import PromptMode
 
 __all__ = [
     "ActionApplied",
@@ -63,7 +64,7 @@ class InputReceived(_Base, tag="input.received"):
     """First acknowledgement: the input got sequence number ``seq`` and is queued for the loop."""
 
     seq: int
-    kind: str  # "prompt" | "cut" | "action" | "audio"
+    kind: str  # runtime.contract.InputKind: "prompt" (a cut too) | "action" | "audio"
 
 
 class InputSuperseded(_Base, tag="input.superseded"):
@@ -80,7 +81,7 @@ class PromptApplied(_Base, tag="prompt.applied"):
     seq: int
     chunk: int
     pts: int  # 90 kHz, generation media time
-    mode: Literal["switch", "cut"] = "switch"
+    mode: PromptMode = PromptMode.SWITCH
     segment: int = 0
     text: str = ""
 

@@ -1,8 +1,9 @@
-"""The session host: admits, starts, finds and ends the sessions and jobs of one server.
+"""The session host: admits, starts, finds and ends the realtime sessions of one server.
 
-It owns the id -> Session/Job maps and the bookkeeping around the engine; the engine, the
-served models and the store are handed in by the composition root (``server.app``), so this
-module imports no model code.
+It owns the id -> Session map and the bookkeeping around the engine; the engine, the served
+models (``sessions.served_models``) and the store are handed in by the composition root
+(``server.app``), so this module imports no model code. Jobs have their own host beside it
+(``sessions.job_host.JobHost``) on the same engine.
 
 Admission of a session is one gate (capacity is a value: ``create_session`` returns
 ``Reject``): ``engine.admission.admit`` reserves the session's compute share (the cost model's
@@ -14,9 +15,6 @@ with admission; the slab index travels to the loop in ``SessionRequest.kv_slab``
 Then the loop (``chunk_rollout``) is spawned **paused** (it runs once a viewer pulls the
 video, see ``sessions.session``) and the session is attached to it. When the loop ends for any
 reason the engine releases the reservation, which returns the slab to its pool.
-
-Jobs (``submit_job``) are batch-class loops (the loop the card names for the task) without
-admission: they run in the realtime sessions' slack and are queued, never refused.
 """
 
 from __future__ import annotations
@@ -25,76 +23,36 @@ import asyncio
 import logging
 import secrets
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-from models.card import ModelCard, Profile
-from models.loops.requests import JobRequest, SessionRequest
+from models.card import Profile
+from models.loops.requests import SessionRequest
 from runtime.admission import AdmissionRequest, Reject
-from runtime.contract import Loop, Priority
+from runtime.contract import Priority
 from runtime.pools import KVSlabPool
-from sessions.job import Job, JobConfig
+from sessions.served_models import (
+    EngineLike,
+    HostError,
+    ServedModel,
+    ServedModels,
+    UnsupportedTaskError,
+    new_id,
+)
 from sessions.session import Session, SessionConfig
-from sessions.states import JobState
 from sessions.store import Store
 
-__all__ = ["HostError", "ServedModel", "SessionHost", "UnsupportedTaskError"]
+__all__ = ["SessionHost"]
 
 log = logging.getLogger(__name__)
 
 SESSION_LOOP = "chunk_rollout"
-_TASK_CAPABILITY = {"t2v": "text_to_video", "t2i": "text_to_image"}
-
-
-class HostError(RuntimeError):
-    """The host is closed, or an id is already in use."""
-
-
-class UnsupportedTaskError(ValueError):
-    """The model card cannot serve this request (capability or recipe); ``field`` names the
-    request field at fault."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-class ServedModel(Protocol):
-    """A loaded model as the host needs it (``models.instance.WanInstance`` satisfies it)."""
-
-    card: ModelCard
-
-    def loop(self, loop_id: str) -> Loop[Any]: ...
-
-    def kv_slab_bytes(self, profile: Profile) -> int: ...
-
-    def slab_geometry(self, profile: Profile) -> Any: ...
-
-    def reserve_kv_slabs(self, profile: Profile, num_slabs: int) -> Any: ...
-
-    def peak_bytes(self, profile: Profile) -> int: ...
-
-    def chunk_flops(self, profile: Profile) -> float: ...
-
-    def chunk_seconds(self, profile: Profile) -> float: ...
-
-
-class EngineLike(Protocol):
-    admission: Any
-    cost: Any
-
-    def spawn(self, loop: Any, request: Any, model: Any, **kwargs: Any) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
 class _Live:
     session: Session
-
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(8)}"
 
 
 class SessionHost:
@@ -104,59 +62,32 @@ class SessionHost:
         self,
         *,
         engine: EngineLike,
-        models: Mapping[str, ServedModel],
-        default_model: str,
+        models: ServedModels,
         store: Store,
-        artifact_dir: str | Path,
         slabs_per_geometry: int = 4,
         action_validator: Callable[[list[str], tuple[float, float]], list[str]] | None = None,
         media_seconds: float = 4.0,
-        max_finished_jobs: int = 256,
     ) -> None:
-        if default_model not in models:
-            raise HostError(
-                f"default model {default_model!r} is not among the served {sorted(models)}"
-            )
         self.engine = engine
-        self.models = dict(models)
-        self.default_model = default_model
+        self.models = models
         self.store = store
-        self.artifact_dir = Path(artifact_dir)
         self.slabs_per_geometry = slabs_per_geometry
         self._action_validator = action_validator
         self._media_seconds = media_seconds
-        self._max_finished_jobs = max_finished_jobs
         self._sessions: dict[str, _Live] = {}
-        self._jobs: dict[str, Job] = {}
         self._closed = False
         self._reaper: asyncio.Task[None] | None = None
         self.rejections: Counter[str] = Counter()
-        self.finished_totals: Counter[str] = (
-            Counter()
-        )  # frames_sent / stalls / media_dropped of ended sessions
+        # frames_sent / stalls / media_dropped of ended sessions
+        self.finished_totals: Counter[str] = Counter()
         self.finished_states: Counter[str] = Counter()
-
-    # ---------------------------------------------------------------- lookup
-
-    def model(self, model_id: str | None) -> ServedModel:
-        """The served model ``model_id`` (default when None); ``KeyError`` names the served ids."""
-        key = model_id or self.default_model
-        if key not in self.models:
-            raise KeyError(f"model {key!r} is not served here; served: {sorted(self.models)}")
-        return self.models[key]
 
     def session(self, session_id: str) -> Session | None:
         live = self._sessions.get(session_id)
         return None if live is None else live.session
 
-    def job(self, job_id: str) -> Job | None:
-        return self._jobs.get(job_id)
-
     def sessions(self) -> list[Session]:
         return [live.session for live in self._sessions.values()]
-
-    def jobs(self) -> list[Job]:
-        return list(self._jobs.values())
 
     # ---------------------------------------------------------------- sessions
 
@@ -174,14 +105,14 @@ class SessionHost:
         """Admits and starts a session, or returns ``Reject`` (capacity). Raises ``KeyError``
         (unknown model), ``models.card.ProfileError`` (bad geometry) or ``UnsupportedTaskError``."""
         self._check_open()
-        served = self.model(model)
+        served = self.models.resolve(model)
         card = served.card
         if "session.realtime" not in card.capabilities:
             raise UnsupportedTaskError(
                 "model", f"model {card.model_id!r} cannot stream sessions (no 'session.realtime')"
             )
         profile = card.resolve_profile(fps=fps, width=width, height=height)
-        session_id = _new_id("ses")
+        session_id = new_id("ses")
         reservation_id, slab_id = None, None
         if self.engine.admission is not None:
             answer = self.engine.admission.admit(
@@ -333,150 +264,6 @@ class SessionHost:
         await live.session.close(reason)
         return True
 
-    # ---------------------------------------------------------------- jobs
-
-    def submit_job(
-        self,
-        *,
-        task: Literal["t2v", "t2i"],
-        prompt: str,
-        model: str | None = None,
-        num_frames: int | None = None,
-        width: int | None = None,
-        height: int | None = None,
-        steps: int | None = None,
-        seed: int | None = None,
-        job_id: str | None = None,
-    ) -> Job:
-        """Queues a job (batch class; never refused). Raises ``KeyError``, ``ProfileError`` or
-        ``UnsupportedTaskError`` for requests the model cannot serve."""
-        self._check_open()
-        served = self.model(model)
-        card = served.card
-        capability = _TASK_CAPABILITY.get(task)
-        if capability is None or capability not in card.capabilities:
-            raise UnsupportedTaskError(
-                "task",
-                f"model {card.model_id!r} cannot run task {task!r} (needs {capability!r}; "
-                f"it has {sorted(card.capabilities)})",
-            )
-        profile = card.resolve_profile(width=width, height=height)
-        spec = card.loop_for(capability)
-        assumed_steps = (
-            spec.schedule.steps if spec is not None and spec.schedule is not None else profile.steps
-        )
-        if steps is not None and steps != assumed_steps:
-            raise UnsupportedTaskError(
-                "steps",
-                f"model {card.model_id!r} samples with {assumed_steps} steps (recipe "
-                f"{card.recipe.method!r}); {steps} steps were requested",
-            )
-        if task == "t2i" and num_frames not in (None, 1):
-            raise UnsupportedTaskError(
-                "num_frames", f"t2i makes one frame; num_frames={num_frames} was requested"
-            )
-        job_id = job_id or _new_id("job")
-        seed = seed if seed is not None else secrets.randbelow(2**31)
-        params = {
-            "num_frames": num_frames,
-            "width": profile.width,
-            "height": profile.height,
-            "steps": assumed_steps,
-            "seed": seed,
-        }
-        config = JobConfig(
-            job_id=job_id,
-            task=task,
-            model_id=card.model_id,
-            prompt=prompt,
-            fps=profile.fps,
-            params=params,
-        )
-        job = Job(config, artifact_dir=self.artifact_dir, store=self.store)
-        self.store.defer(self._upsert_job, job_id, task, card.model_id, prompt, params)
-        request = JobRequest(
-            task=task,
-            prompt=prompt,
-            num_frames=num_frames,
-            width=profile.width,
-            height=profile.height,
-            steps=assumed_steps,
-            seed=seed,
-        )
-        if spec is None:  # a validated card has a loop for every capability it declares
-            raise HostError(f"model {card.model_id!r} names no loop for {capability!r}")
-        handle = self.engine.spawn(
-            served.loop(spec.loop_id),  # the card says which loop serves the task
-            request,
-            served,
-            loop_id=job_id,
-            priority=Priority.BATCH,
-            on_emit=job.on_emission,
-        )
-        self._jobs[job_id] = job
-        job.attach(handle, on_finished=self._job_finished)
-        log.info(
-            "job %s queued: %s %s %dx%d", job_id, task, card.model_id, profile.width, profile.height
-        )
-        return job
-
-    def _job_finished(self, job: Job) -> None:
-        """Keeps the newest ``max_finished_jobs`` finished jobs in memory; older ones are read
-        back from the store (their rows hold state, progress, error and the artifact path)."""
-        finished = [j for j in self._jobs.values() if j.terminal]
-        for old in finished[: max(0, len(finished) - self._max_finished_jobs)]:
-            del self._jobs[old.id]
-
-    def _upsert_job(
-        self, job_id: str, task: str, model_id: str, prompt: str, params: dict[str, Any]
-    ) -> None:
-        if self.store.get_job(job_id) is None:
-            self.store.add_job(
-                job_id=job_id,
-                task=task,
-                model_id=model_id,
-                prompt=prompt,
-                params=params,
-                state=JobState.QUEUED.value,
-            )
-        else:
-            self.store.update_job(job_id, state=JobState.QUEUED.value, progress=0.0, error=None)
-
-    def resume_jobs(self, rows: list[dict[str, Any]]) -> list[Job]:
-        """Queues again the jobs a previous process left unfinished (``Store.recover``)."""
-        resumed = []
-        for row in rows:
-            params = row["params"]
-            try:
-                resumed.append(
-                    self.submit_job(
-                        task=row["task"],
-                        prompt=row["prompt"],
-                        model=row["model_id"],
-                        num_frames=params.get("num_frames"),
-                        width=params.get("width"),
-                        height=params.get("height"),
-                        seed=params.get("seed"),
-                        job_id=row["id"],
-                    )
-                )
-            except (KeyError, ValueError) as exc:
-                log.warning("job %s cannot be resumed: %s", row["id"], exc)
-                self.store.defer(
-                    self.store.update_job,
-                    row["id"],
-                    state=JobState.FAILED.value,
-                    error=f"not resumable after restart: {exc}",
-                )
-        return resumed
-
-    async def cancel_job(self, job_id: str) -> bool:
-        job = self._jobs.get(job_id)
-        if job is None:
-            return False
-        await job.cancel()
-        return True
-
     # ---------------------------------------------------------------- lifecycle and views
 
     def _check_open(self) -> None:
@@ -511,7 +298,7 @@ class SessionHost:
         self._reaper = asyncio.get_running_loop().create_task(reap(), name="dreamrt-reaper")
 
     async def close(self) -> None:
-        """Stops the reaper, closes every session and cancels every unfinished job. Idempotent."""
+        """Stops the reaper and closes every session. Idempotent."""
         self._closed = True
         if self._reaper is not None:
             self._reaper.cancel()
@@ -519,7 +306,6 @@ class SessionHost:
             self._reaper = None
         await asyncio.gather(
             *(live.session.close("server shutdown") for live in list(self._sessions.values())),
-            *(job.cancel("server shutdown") for job in self._jobs.values() if not job.terminal),
             return_exceptions=True,
         )
 
@@ -529,7 +315,6 @@ class SessionHost:
         states = Counter(s.state.value for s in sessions)
         return {
             "sessions_by_state": dict(states),
-            "jobs_by_state": dict(Counter(j.state.value for j in self._jobs.values())),
             "frames_sent": self.finished_totals["frames_sent"]
             + sum(s.frames_sent for s in sessions),
             "stalls": self.finished_totals["stalls"] + sum(s.stalls for s in sessions),

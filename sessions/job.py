@@ -1,4 +1,7 @@
-"""An offline job: a batch-class loop ("diffusion_denoise") with no viewer and an artifact sink.
+"""An offline job: a batch-class loop with no viewer and an artifact sink.
+
+The loop is the one the model card names for the task (``ModelCard.loop_for``):
+``diffusion_denoise`` on a bidirectional card, ``chunk_rollout`` on a chunk-causal one.
 
 Lifecycle (``sessions.states.JobState``): ``queued`` when accepted; ``running`` at the first
 ``"progress"`` emission (the scheduler actually ran a plan of it); ``succeeded`` once the
@@ -23,10 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from runtime.contract import Cancelled, Emission, LoopFailed, LoopResult
+from runtime.contract import Emission, LoopResult, Stream
 from sessions.artifacts import Artifact, write_task_artifact
-from sessions.events import EventStream, JobArtifact, JobProgress, JobStateChanged, encode_event
+from sessions.events import EventStream, JobArtifact, JobProgress, JobStateChanged
 from sessions.loop_handle import LoopHandleLike
+from sessions.loop_watch import LoopWatch
+from sessions.persistence import Persistence
 from sessions.states import JOB_TERMINAL, JobState, check_job_transition
 from sessions.store import Store
 
@@ -59,19 +64,16 @@ class Job:
         self.config = config
         self.id = config.job_id
         self._artifact_dir = Path(artifact_dir)
-        self._store = store
         self._wall = wall_clock
         self.created_at = wall_clock()
+        self._persistence = Persistence(store, self.id, row="job")
         self.events = EventStream(clock=wall_clock)
-        self.events.add_sink(self._persist)
+        self.events.add_sink(self._persistence.event)
         self._state = JobState.QUEUED
         self.progress = 0.0
         self.error: str | None = None
         self.artifact: Artifact | None = None
-        self._handle: LoopHandleLike | None = None
-        self._finished = asyncio.Event()
-        self._watcher: asyncio.Task[None] | None = None
-        self._on_finished: list[Callable[[Job], None]] = []
+        self._loop = LoopWatch(f"job {self.id}")
         self.events.publish(JobStateChanged(state=self._state.value))
 
     @property
@@ -91,31 +93,19 @@ class Job:
             "job %s: %s -> %s%s", self.id, old.value, target.value, f" ({error})" if error else ""
         )
         self.events.publish(JobStateChanged(state=target.value, previous=old.value, error=error))
-        if self._store is not None:
-            self._store.defer(
-                self._store.update_job,
-                self.id,
-                state=target.value,
-                progress=self.progress,
-                error=self.error,
-            )
+        self._persistence.update(state=target.value, progress=self.progress, error=self.error)
 
     def attach(
         self, handle: LoopHandleLike, *, on_finished: Callable[[Job], None] | None = None
     ) -> None:
-        if self._handle is not None:
-            raise RuntimeError(f"job {self.id} already has loop {self._handle.loop_id!r}")
-        self._handle = handle
-        if on_finished is not None:
-            self._on_finished.append(on_finished)
-        self._watcher = asyncio.get_running_loop().create_task(
-            self._watch(handle), name=f"job-{self.id}"
+        self._loop.attach(
+            handle, self, on_finished=None if on_finished is None else lambda: on_finished(self)
         )
 
     def on_emission(self, emission: Emission) -> None:
         """The engine's ``on_emit`` callback. Never raises."""
         try:
-            if emission.spec.stream != "progress" or self.terminal:
+            if emission.spec.stream != Stream.PROGRESS or self.terminal:
                 return
             done, total = emission.spec.meta.done, emission.spec.meta.total
             if self._state is JobState.QUEUED:
@@ -127,28 +117,25 @@ class Job:
         except Exception:
             log.exception("job %s: emission %r failed", self.id, emission.spec)
 
-    async def _watch(self, handle: LoopHandleLike) -> None:
-        try:
-            result = await handle.result()
-            await self._write_artifact(result)
-        except Cancelled as exc:
-            if not self.terminal:
-                self._transition(JobState.CANCELLED, exc.reason)
-        except LoopFailed as exc:
-            if not self.terminal:
-                self._transition(JobState.FAILED, f"{exc.code}: {exc.message}")
-        except Exception as exc:
-            log.exception("job %s failed", self.id)
-            if not self.terminal:
-                self._transition(JobState.FAILED, f"{type(exc).__name__}: {exc}")
-        finally:
-            self.events.close()
-            self._finished.set()
-            for callback in self._on_finished:
-                try:
-                    callback(self)
-                except Exception:
-                    log.exception("job %s: on_finished callback failed", self.id)
+    # LoopOutcome: how the loop's end moves the job (sessions.loop_watch)
+
+    async def loop_completed(self, result: LoopResult) -> None:
+        await self._write_artifact(result)
+
+    def loop_cancelled(self, reason: str) -> None:
+        if not self.terminal:
+            self._transition(JobState.CANCELLED, reason)
+
+    def loop_failed(self, code: str, message: str) -> None:
+        if not self.terminal:
+            self._transition(JobState.FAILED, f"{code}: {message}")
+
+    def loop_raised(self, exc: Exception) -> None:
+        if not self.terminal:
+            self._transition(JobState.FAILED, f"{type(exc).__name__}: {exc}")
+
+    def loop_ended(self) -> None:
+        self.events.close()
 
     async def _write_artifact(self, result: LoopResult) -> None:
         if "frames" not in result.outputs:
@@ -172,35 +159,30 @@ class Job:
         self.events.publish(
             JobArtifact(media_type=artifact.media_type, size_bytes=artifact.size_bytes)
         )
-        if self._store is not None:
-            self._store.defer(
-                self._store.update_job,
-                self.id,
-                artifact_path=str(artifact.path),
-                media_type=artifact.media_type,
-            )
+        self._persistence.update(artifact_path=str(artifact.path), media_type=artifact.media_type)
         self._transition(JobState.SUCCEEDED)
 
     async def cancel(self, reason: str = "deleted") -> None:
         """Cancels the loop (lands at its next step boundary) and waits. Idempotent."""
+        handle = self._loop.handle
         if self.terminal:
-            await self._finished.wait()
+            await self._loop.wait()
             return
-        if self._handle is None:
+        if handle is None:
             self._transition(JobState.CANCELLED, reason)
             self.events.close()
-            self._finished.set()
+            self._loop.finish()
             return
-        self._handle.cancel(reason)
-        if self._watcher is not None and not self._handle.done:
-            await self._finished.wait()
+        handle.cancel(reason)
+        if not handle.done:
+            await self._loop.wait()
         elif not self.terminal:
             # The loop already finished and only the artifact write is pending.
             self._transition(JobState.CANCELLED, reason)
-            await self._finished.wait()
+            await self._loop.wait()
 
     async def wait_finished(self) -> None:
-        await self._finished.wait()
+        await self._loop.wait()
 
     def snapshot(self) -> dict[str, Any]:
         """The body of ``GET /v1/jobs/{id}``."""
@@ -220,16 +202,3 @@ class Job:
                 "size_bytes": self.artifact.size_bytes,
             }
         return body
-
-    def _persist(self, event: Any) -> None:
-        if self._store is None:
-            return
-        event_type = type(event).__struct_config__.tag
-        self._store.defer(
-            self._store.add_event,
-            self.id,
-            event.event_id,
-            event_type,
-            encode_event(event),
-            event.time_s,
-        )

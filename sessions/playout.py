@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 
-from runtime.contract import PTS_HZ
+from runtime.contract import PTS_HZ, frame_of_pts, pts_of_frame
 
 __all__ = ["PTS_HZ", "Playout"]
 
@@ -38,6 +38,15 @@ class Playout:
         """Anchors so that ``next_pts_90k`` is due now; returns the new anchor."""
         self.anchor_s = self._clock() - next_pts_90k / PTS_HZ
         return self.anchor_s
+
+    def anchor_next(self, queued_pts_90k: int | None, last_pts_90k: int | None) -> float:
+        """Anchors at the next frame to show (first pull, resume): the one queued first, else
+        the frame after the last one generated, else PTS 0. Returns the new anchor."""
+        if queued_pts_90k is not None:
+            return self.anchor_at(queued_pts_90k)
+        if last_pts_90k is not None:
+            return self.anchor_at(pts_of_frame(frame_of_pts(last_pts_90k, self.fps) + 1, self.fps))
+        return self.anchor_at(0)
 
     def shown(self, pts_90k: int | None, shown_s: float) -> float | None:
         """A frame went on the wire at ``shown_s``: fresh with its PTS, or a repeat (None).

@@ -1,15 +1,16 @@
 """Prompt memory of one session: what was asked, when, and what the stream shows now.
 
-A prompt goes through two moments, matching the two-phase acknowledgement of API.md:
+A prompt goes through two moments, matching the two-phase acknowledgement of docs/api.md "Events":
 ``receive`` (it got a sequence number, the loop will see it at its next step boundary) and
 ``apply`` (the loop reports the first chunk that reflects it). The *active* prompt is the last
-applied one. Its embedding is cached by the model's feature cache under the sha256 of the text
+applied one. Its embedding is cached by the model's text encoder under the sha256 of the text
 (``runtime.contract.CacheKey.input_hash``); prompt memory keeps that hash (``embedding_ref``),
 never the tensor, so it stays serialisable and model-free.
 
-``mode`` is ``"switch"`` (the stream continues, KV re-cached under the new prompt) or ``"cut"``
-(a new Dreamverse segment: the in-flight chunk is abandoned); each applied cut increments
-``segment``.
+``mode`` is ``runtime.contract.PromptMode`` (the one name of it from the API to the loop):
+``switch`` (the stream continues, KV re-cached under the new prompt) or ``cut`` (a new
+Dreamverse segment: the in-flight chunk is abandoned); each applied cut increments ``segment``.
+The session's first prompt (sequence number 0) has the mode ``"initial"``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["PromptEntry", "PromptMemory", "UnknownPromptError", "text_hash"]
+from runtime.contract import PromptMode
 
-PromptMode = Literal["initial", "switch", "cut"]
+__all__ = ["PromptEntry", "PromptMemory", "UnknownPromptError", "text_hash"]
 
 
 def text_hash(text: str) -> str:
@@ -36,7 +37,7 @@ class UnknownPromptError(KeyError):
 class PromptEntry:
     seq: int
     text: str
-    mode: PromptMode
+    mode: PromptMode | Literal["initial"]
     received_s: float
     applied_s: float | None = None
     chunk: int | None = None  # first chunk that reflects it
@@ -106,11 +107,11 @@ class PromptMemory:
         return [e for e in self.history() if e.pending]
 
     def receive(
-        self, seq: int, text: str, mode: Literal["switch", "cut"], *, received_s: float
+        self, seq: int, text: str, mode: PromptMode | str, *, received_s: float
     ) -> PromptEntry:
         if seq in self._entries:
             raise ValueError(f"prompt seq {seq} already received")
-        entry = PromptEntry(seq=seq, text=text, mode=mode, received_s=received_s)
+        entry = PromptEntry(seq=seq, text=text, mode=PromptMode(mode), received_s=received_s)
         self._entries[seq] = entry
         return entry
 
@@ -132,7 +133,7 @@ class PromptMemory:
         superseded = [e for e in self.pending() if e.seq < seq]
         for older in superseded:
             older.superseded_by = seq
-        if entry.mode == "cut":
+        if entry.mode is PromptMode.CUT:
             self._segment += 1
         entry.applied_s = applied_s
         entry.chunk = chunk

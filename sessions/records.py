@@ -1,4 +1,4 @@
-"""Behaviour records: one per generated chunk, enough to replay it (ARCHITECTURE.md §6).
+"""Behaviour records: one per generated chunk, enough to replay it (docs/architecture.md §5).
 
 A record holds the static facts of the session's loop (``template``: weights version, loop id,
 sampler, steps, timesteps, precision), the seed, the chunk's place (segment, chunk, PTS range,
@@ -19,14 +19,18 @@ from typing import Any
 
 import numpy as np
 
+from runtime.contract import InputKind
 from sessions.store import Store
 
 __all__ = ["ChunkRecorder", "frames_digest"]
 
 
 def frames_digest(frames: np.ndarray) -> str:
-    """First 16 hex chars of sha256 over uint8 ``[n, H, W, 3]`` frames in C order."""
-    return hashlib.sha256(np.ascontiguousarray(frames).tobytes()).hexdigest()[:16]
+    """First 16 hex chars of sha256 over uint8 ``[n, H, W, 3]`` frames in C order.
+
+    Hashes the array's buffer in place (no copy); hashlib releases the GIL meanwhile, so a
+    worker thread runs it beside the event loop (``sessions.emission_order``)."""
+    return hashlib.sha256(np.ascontiguousarray(frames).data).hexdigest()[:16]
 
 
 class ChunkRecorder:
@@ -74,16 +78,18 @@ class ChunkRecorder:
             "replay_key": f"{self._base['session_id']}/{segment}/{chunk}/{self._base['seed']}",
         }
 
-    def applied(self, kind: str, seq: int, chunk: int, payload: Mapping[str, Any] | None) -> None:
-        """An input the loop reports as first reflected by ``chunk``."""
+    def applied(
+        self, kind: InputKind, seq: int, chunk: int, payload: Mapping[str, Any] | None
+    ) -> None:
+        """An input the loop reports as first reflected by ``chunk`` (a cut is a prompt)."""
         record = self._open
         if record is None or record["chunk"] != chunk:
             return
-        if kind in ("prompt", "cut") and payload is not None:
+        if kind is InputKind.PROMPT and payload is not None:
             record["prompt"], record["prompt_seq"] = str(payload["text"]), seq
-        elif kind == "action":
+        elif kind is InputKind.ACTION:
             record["actions"]["action"] = {"seq": seq, **dict(payload or {})}
-        elif kind == "audio":
+        elif kind is InputKind.AUDIO:
             record["actions"]["audio_seqs"].append(seq)
 
     def flush(self) -> None:

@@ -1,4 +1,4 @@
-"""A realtime session: one engine loop ("chunk_rollout"), its inputs, media, events and records.
+"""A realtime session: one engine loop ("chunk_rollout"), its lifecycle, viewers and playout.
 
 Lifecycle (``sessions.states``): ``created`` on admission; ``negotiating`` while a WebRTC offer
 is answered; ``live`` once the viewer's video track is first pulled; ``paused`` on request or
@@ -6,22 +6,24 @@ when the viewer leaves; ``closing -> closed`` on DELETE or when the loop complet
 when the loop fails. Every transition goes through ``_transition`` (checked against the table,
 logged ``old -> new``, published as ``session.state``, persisted).
 
-Wiring (decided, see README "API"):
+The loop is spawned at admission and **paused until a viewer pulls the track**: no GPU time is
+spent on frames nobody will see. The deadline anchor is set at that first pull and then follows
+the actual playout (``sessions.playout``); every move is forwarded to the engine.
 
-- The loop is spawned at admission and **paused until a viewer pulls the track**: no GPU time is
-  spent on frames nobody will see. The deadline anchor is set at that first pull and then
-  follows the actual playout (``sessions.playout``); every move is forwarded to the engine.
-- Inputs get the session's next sequence number (``0`` is the initial prompt), an
-  ``input.received`` event at once, and reach the loop as ``InputEvent``s. The loop's
-  ``"applied"`` emissions become ``prompt.applied`` / ``action.applied`` / ``audio.applied``
-  with the chunk and PTS; older pending inputs of the same latched kind that the loop skipped
-  (latest wins) get ``input.superseded``. An applied switch or cut flushes the media queue's
-  backlog older than the applied PTS.
-- ``"media"`` emissions enter the bounded drop-oldest ``MediaQueue`` and publish
-  ``media.chunk`` (with a content digest); ``sessions.records`` keeps one record per chunk.
+A session is composed of one part per concern (docs/architecture.md §5):
+
+- ``ledger`` (``sessions.input_ledger``): inputs checked, numbered, acknowledged twice,
+  superseded; prompts in ``prompts`` (``sessions.prompt_memory``);
+- ``chunks`` (``sessions.chunk_assembly``): ``"media"`` emissions into the bounded drop-oldest
+  ``media`` queue at once, then ``media.chunk`` (with a digest hashed off the event loop) and
+  one behaviour record per chunk (``records``);
+- ``sessions.emission_order``: the loop's emissions take effect in emission order, an applied
+  switch or cut flushing the media backlog older than its PTS at once;
+- ``sessions.loop_watch`` and ``sessions.persistence``: the loop's end, and the store writes,
+  shared with ``sessions.job``.
 
 Event-loop thread only (the engine calls ``on_emission`` there). A failed loop publishes an
-``error`` event and the session becomes ``failed``; an exception inside ``on_emission`` is
+``error`` event and the session becomes ``failed``; an exception while handling an emission is
 logged and reported as an ``error`` event without touching the loop.
 """
 
@@ -30,47 +32,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Literal
 
-import numpy as np
-
-from runtime.contract import (
-    PTS_HZ,
-    ActionInput,
-    AppliedMeta,
-    AudioInput,
-    Cancelled,
-    Emission,
-    InputEvent,
-    InputKind,
-    LoopFailed,
-    MediaMeta,
-    PromptInput,
-    PromptMode,
-    Stream,
-    pts_of_frame,
-)
+from runtime.contract import AppliedMeta, Emission, InputEvent, InputKind, LoopResult, Stream
 from sessions.audio import AudioClip
-from sessions.events import (
-    ActionApplied,
-    AudioApplied,
-    ErrorEvent,
-    Event,
-    EventStream,
-    InputReceived,
-    InputSuperseded,
-    MediaChunk,
-    PromptApplied,
-    SessionStateChanged,
-    encode_event,
-)
+from sessions.chunk_assembly import ChunkAssembly
+from sessions.emission_order import EmissionOrder
+from sessions.events import ErrorEvent, Event, EventStream, SessionStateChanged
+from sessions.input_ledger import InputLedger, InvalidInputError, UnsupportedInputError
 from sessions.loop_handle import LoopHandleLike
+from sessions.loop_watch import LoopWatch
 from sessions.media_queue import MediaFrame, MediaQueue
+from sessions.persistence import SESSION_EVENT_TYPES, Persistence
 from sessions.playout import Playout
 from sessions.prompt_memory import PromptMemory
 from sessions.records import ChunkRecorder, frames_digest
+from sessions.session_config import SessionConfig
 from sessions.states import SESSION_TERMINAL, SessionState, check_session_transition
 from sessions.store import Store
 
@@ -85,21 +63,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Events written to the store: what is needed to reconstruct the session's story.
-_PERSISTED = frozenset(
-    {
-        "session.state",
-        "input.received",
-        "input.superseded",
-        "prompt.applied",
-        "action.applied",
-        "audio.applied",
-        "error",
-        "feedback.recorded",
-        "livekit.state",
-    }
-)
-
 
 class SessionStateError(RuntimeError):
     """The request does not fit the session's current state (e.g. resume without a viewer)."""
@@ -107,34 +70,6 @@ class SessionStateError(RuntimeError):
 
 class SessionClosedError(SessionStateError):
     """The session is closing, closed or failed; it accepts no more inputs."""
-
-
-class UnsupportedInputError(ValueError):
-    """The session's model card does not declare the capability this input needs."""
-
-
-class InvalidInputError(ValueError):
-    """The input's payload is not one the model accepts (e.g. an unknown action key)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SessionConfig:
-    """Static facts of one session, fixed at admission."""
-
-    session_id: str
-    model_id: str
-    prompt: str
-    seed: int
-    fps: int
-    width: int
-    height: int
-    priority_class: Literal["realtime", "batch"]
-    capabilities: frozenset[str]
-    record_template: Mapping[str, Any] = field(
-        default_factory=dict
-    )  # static behaviour-record fields
-    # The model's check of an action (keys, (dx, dy)) -> canonical keys; raises ValueError.
-    action_validator: Callable[[list[str], tuple[float, float]], list[str]] | None = None
 
 
 class Session:
@@ -151,17 +86,16 @@ class Session:
     ) -> None:
         self.config = config
         self.id = config.session_id
-        self._store = store
-        self._wall = wall_clock
         self._clock = clock
         self.created_at = wall_clock()
+        self._persistence = Persistence(
+            store, self.id, row="session", event_types=SESSION_EVENT_TYPES
+        )
         self.events = EventStream(clock=wall_clock)
-        self.events.add_sink(self._persist)
+        self.events.add_sink(self._persistence.event)
         self.media = MediaQueue(media_capacity_frames)
         self.prompts = PromptMemory(config.prompt, received_s=self.created_at)
         self._state = SessionState.CREATED
-        self._next_seq = 1
-        self._pending: dict[int, tuple[str, Any]] = {}  # seq -> (kind, payload) until applied
         self.records = ChunkRecorder(
             store,
             session_id=config.session_id,
@@ -169,19 +103,31 @@ class Session:
             seed=config.seed,
             template=config.record_template,
         )
-        self._handle: LoopHandleLike | None = None
-        self._watcher: asyncio.Task[None] | None = None
-        self._finished = asyncio.Event()
-        self._on_finished: list[Callable[[Session], None]] = []
+        self._loop = LoopWatch(f"session {self.id}")
+        self._order = EmissionOrder(frames_digest, on_error=self._emission_failed)
+        self.chunks = ChunkAssembly(
+            media=self.media,
+            events=self.events,
+            records=self.records,
+            prompts=self.prompts,
+            order=self._order,
+        )
+        self.ledger = InputLedger(
+            model_id=config.model_id,
+            capabilities=config.capabilities,
+            events=self.events,
+            prompts=self.prompts,
+            records=self.records,
+            require_open=self._require_open,
+            send=self._send,
+            clock=clock,
+            wall=wall_clock,
+            action_validator=config.action_validator,
+        )
         self._viewers: set[object | None] = set()  # sinks pulling video (None: WebRTC)
         self._unwatched_since: float | None = clock()  # no viewer and no offer in progress since
         self.playout = Playout(config.fps, clock=clock)
         self._playing = asyncio.Event()  # set while live or terminal: wakes the track
-        self.last_chunk = -1
-        self.chunks_generated = 0
-        # the parts so far of a chunk that arrives in parts: (chunk, segment, pts_start, frames)
-        self._partial: tuple[int, int, int, np.ndarray] | None = None
-        self.audio_samples_in = 0
         self.error: str | None = None
         self.events.publish(SessionStateChanged(state=self._state.value))
 
@@ -198,6 +144,10 @@ class Session:
     @property
     def accepts_inputs(self) -> bool:
         return self._state not in SESSION_TERMINAL and self._state is not SessionState.CLOSING
+
+    @property
+    def _handle(self) -> LoopHandleLike | None:
+        return self._loop.handle
 
     def _transition(self, target: SessionState, reason: str = "") -> None:
         old = self._state
@@ -217,47 +167,43 @@ class Session:
         self.events.publish(
             SessionStateChanged(state=target.value, previous=old.value, reason=reason)
         )
-        if self._store is not None:
-            self._store.defer(
-                self._store.update_session, self.id, state=target.value, error=self.error
-            )
+        self._persistence.update(state=target.value, error=self.error)
 
     def attach(
         self, handle: LoopHandleLike, *, on_finished: Callable[[Session], None] | None = None
     ) -> None:
         """Binds the engine's loop handle (spawned paused) and starts watching its result."""
-        if self._handle is not None:
-            raise SessionStateError(f"session {self.id} already has loop {self._handle.loop_id!r}")
-        self._handle = handle
-        if on_finished is not None:
-            self._on_finished.append(on_finished)
-        self._watcher = asyncio.get_running_loop().create_task(
-            self._watch(handle), name=f"session-{self.id}"
+        if self._loop.handle is not None:
+            raise SessionStateError(
+                f"session {self.id} already has loop {self._loop.handle.loop_id!r}"
+            )
+        self._loop.attach(
+            handle,
+            self,
+            settle=self._order.drain,  # every chunk emitted is published before the end
+            on_finished=None if on_finished is None else lambda: on_finished(self),
         )
 
-    async def _watch(self, handle: LoopHandleLike) -> None:
-        try:
-            await handle.result()
-            if not self.terminal and self._state is not SessionState.CLOSING:
-                self._transition(SessionState.CLOSING, "loop complete")
-        except Cancelled as exc:
-            if not self.terminal and self._state is not SessionState.CLOSING:
-                self._transition(SessionState.CLOSING, f"loop cancelled: {exc.reason}")
-        except LoopFailed as exc:
-            self._fail(exc.code, exc.message)
-        except Exception as exc:
-            log.exception("session %s: loop result raised", self.id)
-            self._fail("internal", repr(exc))
-        finally:
-            if self._state is SessionState.CLOSING:
-                self._transition(SessionState.CLOSED)
-            self._shutdown_streams()
-            self._finished.set()
-            for callback in self._on_finished:
-                try:
-                    callback(self)
-                except Exception:
-                    log.exception("session %s: on_finished callback failed", self.id)
+    # LoopOutcome: how the loop's end moves the session (sessions.loop_watch)
+
+    async def loop_completed(self, result: LoopResult) -> None:
+        if self.accepts_inputs:
+            self._transition(SessionState.CLOSING, "loop complete")
+
+    def loop_cancelled(self, reason: str) -> None:
+        if self.accepts_inputs:
+            self._transition(SessionState.CLOSING, f"loop cancelled: {reason}")
+
+    def loop_failed(self, code: str, message: str) -> None:
+        self._fail(code, message)
+
+    def loop_raised(self, exc: Exception) -> None:
+        self._fail("internal", repr(exc))
+
+    def loop_ended(self) -> None:
+        if self._state is SessionState.CLOSING:
+            self._transition(SessionState.CLOSED)
+        self._shutdown_streams()
 
     def _fail(self, code: str, message: str) -> None:
         if self.terminal:
@@ -269,15 +215,12 @@ class Session:
     def _shutdown_streams(self) -> None:
         self.records.flush()
         self.media.close()
-        if self._store is not None:
-            self._store.defer(
-                self._store.update_session,
-                self.id,
-                frames_sent=self.frames_sent,
-                stalls=self.stalls,
-                fps_measured=self.fps_measured(),
-                segment=self.prompts.segment,
-            )
+        self._persistence.update(
+            frames_sent=self.frames_sent,
+            stalls=self.stalls,
+            fps_measured=self.fps_measured(),
+            segment=self.prompts.segment,
+        )
         self.events.close()
 
     def fail(self, code: str, message: str) -> None:
@@ -289,26 +232,26 @@ class Session:
         self._fail(code, message)
         if self._handle is None:
             self._shutdown_streams()
-            self._finished.set()
+            self._loop.finish()
             return
         self._handle.cancel(f"{code}: {message}")
 
     async def close(self, reason: str = "deleted") -> None:
         """Cancels the loop and waits until the session is closed. Idempotent."""
         if self._state is SessionState.CLOSING or self.terminal:
-            await self._finished.wait()
+            await self._loop.wait()
             return
         self._transition(SessionState.CLOSING, reason)
         if self._handle is None:
             self._transition(SessionState.CLOSED)
             self._shutdown_streams()
-            self._finished.set()
+            self._loop.finish()
             return
         self._handle.cancel(reason)
-        await self._finished.wait()
+        await self._loop.wait()
 
     async def wait_finished(self) -> None:
-        await self._finished.wait()
+        await self._loop.wait()
 
     # ---------------------------------------------------------------- viewer and playout
 
@@ -423,17 +366,10 @@ class Session:
 
     def _anchor_now(self) -> None:
         """Deadlines restart from now at the next frame to show (first pull, resume)."""
-        nxt = self.media.peek()
-        last = self.media.last_pts
-        if nxt is not None:
-            next_pts = nxt.pts_90k
-        elif last is not None:
-            fps = self.config.fps
-            index = -(-last * fps // PTS_HZ)  # ceil: the frame whose PTS is ``last``
-            next_pts = pts_of_frame(index + 1, fps)
-        else:
-            next_pts = 0
-        anchor = self.playout.anchor_at(next_pts)
+        head = self.media.peek()
+        anchor = self.playout.anchor_next(
+            None if head is None else head.pts_90k, self.media.last_pts
+        )
         if self._handle is not None:
             self._handle.set_media_t0(anchor)
 
@@ -445,20 +381,9 @@ class Session:
                 f"session {self.id} is {self._state.value}; it accepts no inputs"
             )
 
-    def _push(
-        self, kind: InputKind, payload: PromptInput | ActionInput | AudioInput, recorded: Any
-    ) -> int:
-        """Sends an input to the loop; ``recorded`` is what the behaviour record keeps of it."""
-        self._require_open()
-        seq = self._next_seq
-        self._next_seq += 1
+    def _send(self, event: InputEvent) -> None:
         if self._handle is not None:
-            self._handle.push_input(
-                InputEvent(kind=kind, seq=seq, payload=payload, received_s=self._clock())
-            )
-        self._pending[seq] = (kind, recorded)
-        self.events.publish(InputReceived(seq=seq, kind=kind.value))
-        return seq
+            self._handle.push_input(event)
 
     def push_prompt(self, text: str, mode: Literal["switch", "cut"] = "switch") -> tuple[int, int]:
         """Queues a prompt; returns ``(seq, applies_at_chunk)``.
@@ -466,42 +391,16 @@ class Session:
         ``applies_at_chunk`` is a prediction: a switch lands after the in-flight chunk, a cut
         replaces it. The ``prompt.applied`` event carries the authoritative chunk.
         """
-        capability = "prompt.cut" if mode == "cut" else "prompt.switch"
-        self._require_capability(capability, f"prompt mode {mode!r}")
-        self._require_open()
-        seq = self._next_seq
-        self.prompts.receive(seq, text, mode, received_s=self._wall())
-        self._push(InputKind.PROMPT, PromptInput(text=text, mode=PromptMode(mode)), {"text": text})
-        in_flight = self.last_chunk + 1
+        seq = self.ledger.prompt(text, mode)
+        in_flight = self.chunks.last_chunk + 1
         return seq, in_flight if mode == "cut" else in_flight + 1
 
     def push_action(self, keys: list[str], mouse: tuple[float, float] | None = None) -> int:
-        self._require_capability("input.action", "actions")
-        dx, dy = mouse if mouse is not None else (0.0, 0.0)
-        keys = list(keys)
-        if self.config.action_validator is not None:
-            try:
-                keys = self.config.action_validator(keys, (float(dx), float(dy)))
-            except ValueError as exc:
-                raise InvalidInputError(str(exc)) from None
-        payload = ActionInput(keys=tuple(keys), mouse=(float(dx), float(dy)))
-        return self._push(InputKind.ACTION, payload, {"keys": keys, "mouse": [*payload.mouse]})
+        return self.ledger.action(keys, mouse)
 
     def push_audio(self, clip: AudioClip) -> int:
         """Queues 16 kHz mono audio; the samples travel as the ndarray they are."""
-        self._require_capability("input.audio", "audio")
-        self.audio_samples_in += clip.samples.shape[0]
-        return self._push(
-            InputKind.AUDIO, AudioInput(samples=clip.samples), {"seconds": clip.duration_s}
-        )
-
-    def _require_capability(self, capability: str, what: str) -> None:
-        if capability not in self.config.capabilities:
-            raise UnsupportedInputError(
-                f"model {self.config.model_id!r} does not accept {what} "
-                f"(it lacks the {capability!r} capability; "
-                f"it has {sorted(self.config.capabilities)})"
-            )
+        return self.ledger.audio(clip)
 
     def report_error(self, code: str, message: str, seq: int | None = None) -> None:
         """Publishes an ``error`` event (e.g. a malformed control message); the session goes on."""
@@ -513,90 +412,39 @@ class Session:
     # ---------------------------------------------------------------- emissions from the loop
 
     def on_emission(self, emission: Emission) -> None:
-        """The engine's ``on_emit`` callback (event-loop thread). Never raises."""
+        """The engine's ``on_emit`` callback (event-loop thread). Never raises.
+
+        What playout needs happens at once (frames into the media queue, a switch's or cut's
+        flush of the older backlog); the events and records follow in emission order."""
         try:
             stream = emission.spec.stream
             if stream == Stream.MEDIA:
-                self._on_media(emission.spec.meta, emission.output)
+                self.chunks.add(emission.spec.meta, emission.output, playable=not self.terminal)
             elif stream == Stream.APPLIED:
-                self._on_applied(emission.spec.meta)
+                meta: AppliedMeta = emission.spec.meta
+                if InputKind(meta.kind) is InputKind.PROMPT:
+                    self.media.flush_before(meta.pts_90k)
+                self._order.after(lambda: self.ledger.applied(meta))
             elif stream != Stream.PROGRESS:
                 log.debug("session %s: ignoring emission stream %r", self.id, stream)
         except Exception as exc:
-            log.exception("session %s: emission %r failed", self.id, emission.spec)
-            self.report_error("emission", f"{type(exc).__name__}: {exc}")
+            self._emission_failed(exc)
 
-    def _on_media(self, meta: MediaMeta, output: Any) -> None:
-        """Frames go to the media queue at once; a chunk that comes in parts (``final`` False
-        on all but its last) is counted, published and recorded once, whole, at its last."""
-        frames = np.array(
-            output, copy=True
-        )  # [n, H, W, 3] uint8, owned: the loop may reuse its buffer
-        chunk, segment, fps = meta.chunk, meta.segment, meta.fps
-        pts_start = meta.pts_90k
-        last_index = meta.frame_start + frames.shape[0] - 1  # of the whole chunk, once final
-        if self._state not in SESSION_TERMINAL:
-            pts = [pts_of_frame(meta.frame_start + i, fps) for i in range(frames.shape[0])]
-            self.media.put_chunk(frames, pts, chunk=chunk, segment=segment)
-        earlier = self._partial if self._partial and self._partial[:2] == (chunk, segment) else None
-        if earlier is not None:  # join the chunk's earlier parts
-            pts_start, frames = earlier[2], np.concatenate((earlier[3], frames))
-        if not meta.final:
-            self._partial = (chunk, segment, pts_start, frames)
-            return
-        self._partial = None
-        n = frames.shape[0]
-        digest = frames_digest(frames)
-        self.last_chunk = max(self.last_chunk, chunk)
-        self.chunks_generated += 1
-        self.events.publish(
-            MediaChunk(
-                chunk=chunk, pts_start=pts_start, frames=n, segment=segment, fps=fps, digest=digest
-            )
-        )
-        active = self.prompts.active
-        self.records.media(
-            chunk=chunk,
-            segment=segment,
-            pts_start=pts_start,
-            pts_end=pts_of_frame(last_index, fps),
-            num_frames=n,
-            digest=digest,
-            prompt=active.text,
-            prompt_seq=active.seq,
-        )
+    def _emission_failed(self, exc: Exception) -> None:
+        log.error("session %s: an emission failed: %r", self.id, exc)
+        self.report_error("emission", f"{type(exc).__name__}: {exc}")
 
-    def _on_applied(self, meta: AppliedMeta) -> None:
-        kind, seq, chunk, pts = InputKind(meta.kind), meta.seq, meta.chunk, meta.pts_90k
-        if kind is InputKind.PROMPT:
-            entry, superseded = self.prompts.apply(
-                seq, chunk=chunk, pts_90k=pts, applied_s=self._wall()
-            )
-            self._supersede(seq, "prompt", [e.seq for e in superseded])
-            self.media.flush_before(pts)
-            self.events.publish(
-                PromptApplied(
-                    seq=seq,
-                    chunk=chunk,
-                    pts=pts,
-                    mode=entry.mode,
-                    segment=entry.segment or 0,
-                    text=entry.text,
-                )
-            )
-        elif kind is InputKind.ACTION:
-            older = [s for s, (k, _) in self._pending.items() if k is InputKind.ACTION and s < seq]
-            self._supersede(seq, "action", older)
-            self.events.publish(ActionApplied(seq=seq, chunk=chunk, pts=pts))
-        else:
-            self.events.publish(AudioApplied(seq=seq, chunk=chunk, pts=pts))
-        _, recorded = self._pending.pop(seq, (kind, None))
-        self.records.applied(kind.value, seq, chunk, recorded)
+    async def settle(self) -> None:
+        """Returns once every emission so far took effect (digests are hashed off the loop)."""
+        await self._order.drain()
 
-    def _supersede(self, by_seq: int, family: str, seqs: list[int]) -> None:
-        for older in sorted(seqs):
-            self._pending.pop(older, None)
-            self.events.publish(InputSuperseded(seq=older, kind=family, by_seq=by_seq))
+    @property
+    def last_chunk(self) -> int:
+        return self.chunks.last_chunk
+
+    @property
+    def chunks_generated(self) -> int:
+        return self.chunks.chunks_generated
 
     # ---------------------------------------------------------------- views
 
@@ -619,20 +467,6 @@ class Session:
             },
             "chunks": self.chunks_generated,
             "media_dropped": self.media.dropped_overflow,
-            "audio_seconds_in": round(self.audio_samples_in / 16_000, 3),
+            "audio_seconds_in": round(self.ledger.audio_seconds_in, 3),
             "error": self.error,
         }
-
-    def _persist(self, event: Event) -> None:
-        if self._store is None:
-            return
-        event_type = type(event).__struct_config__.tag
-        if event_type in _PERSISTED:
-            self._store.defer(
-                self._store.add_event,
-                self.id,
-                event.event_id,
-                event_type,
-                encode_event(event),
-                event.time_s,
-            )

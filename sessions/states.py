@@ -1,6 +1,6 @@
 """Session and job lifecycles: string enums and their one transition table each.
 
-Session (ARCHITECTURE.md §6)::
+Session (docs/architecture.md §5)::
 
     created ──► negotiating ──► live ◄──► paused
        │            │  ▲          │          │ ▲

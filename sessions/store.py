@@ -1,4 +1,4 @@
-"""The durable store: one SQLite file (WAL) under ``--data-dir`` (ARCHITECTURE.md §6).
+"""The durable store: one SQLite file (WAL) under ``--data-dir`` (docs/architecture.md §5).
 
 Tables: ``sessions`` and ``jobs`` (their last known state and parameters), ``events`` (the
 lifecycle/acknowledgement events needed to reconstruct what happened — not every media

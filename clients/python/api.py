@@ -1,4 +1,4 @@
-"""A small async REST client for dreamrt (httpx). Speaks only the wire format of API.md.
+"""A small async REST client for dreamrt (httpx). Speaks only the wire format of docs/api.md.
 
 Every call raises ``ApiCallError`` (status, code, message, ``retry_after_s``) on a non-2xx
 answer, so callers can tell capacity (503 + Retry-After) from mistakes (4xx).

@@ -8,7 +8,7 @@ event as a dict, in order). ``close()`` is idempotent: it ends both tasks, close
 connection and deletes the session it created.
 
 Frames that repeat the last picture while generation is late carry a PTS only one tick above
-the previous frame (API.md "Video"); ``fresh_frames()`` leaves them out.
+the previous frame (docs/api.md "Video"); ``fresh_frames()`` leaves them out.
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ from clients.python.api import DreamrtClient
 __all__ = ["ReceivedFrame", "Viewer", "limit_host_candidates"]
 
 log = logging.getLogger(__name__)
+
+# The video clock of the wire (RTP, docs/api.md "Video"): PTS ticks at 90 kHz. A client shares
+# only the wire format with the server, so it names the clock rather than importing it.
+VIDEO_CLOCK_HZ = 90_000
 
 
 def limit_host_candidates(addresses: Sequence[str]) -> Callable[[], None]:
@@ -162,7 +166,7 @@ class Viewer:
         return self._rtp_last
 
     def send(self, message: dict[str, Any]) -> None:
-        """One control message (API.md "Data channel"), sent as JSON text."""
+        """One control message (docs/api.md "Data channel `control`"), sent as JSON text."""
         self._channel.send(json.dumps(message))
 
     def send_raw(self, text: str) -> None:
@@ -199,7 +203,7 @@ class Viewer:
     def fresh_frames(self) -> list[ReceivedFrame]:
         """Frames that are not stall repeats (their PTS is more than half a frame later)."""
         fps = self.profile.get("fps") or 0
-        min_step = 90_000 // (2 * fps) if fps else 2
+        min_step = VIDEO_CLOCK_HZ // (2 * fps) if fps else 2
         out: list[ReceivedFrame] = []
         for frame in self.frames:
             if not out or frame.pts - out[-1].pts >= min_step:

@@ -1,8 +1,9 @@
 /**
- * Input -> applied latency from the two-phase acks (API.md: every input that changes generation
+ * Input -> applied latency from the two-phase acks (docs/api.md "Events": every input that changes generation
  * is acknowledged by `input.received` {seq, kind} at once, then `<kind>.applied` {seq, chunk,
- * pts}; a cut is acknowledged by `prompt.applied` with mode "cut"; `input.superseded` {seq}
- * says a latched input was replaced before any chunk used it).
+ * pts}; a cut is a prompt with mode "cut": the server receives it as kind "prompt" and
+ * acknowledges it by `prompt.applied` with mode "cut"; `input.superseded` {seq} says a latched
+ * input was replaced before any chunk used it). The page keeps cuts apart from switches.
  *
  * The client sends no ids, so inputs are matched to acks by order: the data channel is ordered
  * and the server acknowledges inputs in arrival order. `input.received` gives the oldest
@@ -13,6 +14,9 @@
  */
 
 const KINDS = ["prompt", "cut", "action", "audio"];
+
+/** The server's input kind of what the page tracks as `kind` (a cut is a prompt). */
+const inputKind = (kind) => (kind === "cut" ? "prompt" : kind);
 const MAX_PENDING = 512;
 const WINDOW = 50;
 
@@ -59,7 +63,7 @@ export class AckTracker {
   }
 
   _received(event) {
-    const entry = this._pending.find((p) => p.seq === null && (!event.kind || p.kind === event.kind));
+    const entry = this._pending.find((p) => p.seq === null && (!event.kind || inputKind(p.kind) === event.kind));
     if (!entry) return null;
     entry.seq = event.seq ?? -1;
     entry.receivedMs = this._now();
@@ -74,11 +78,13 @@ export class AckTracker {
     const index =
       event.seq != null
         ? this._pending.findIndex((p) => p.seq === event.seq)
-        : this._pending.findIndex((p) => p.kind === kind);
+        : this._pending.findIndex((p) => p.kind === (event.mode === "cut" ? "cut" : kind));
     if (index < 0) return null;
     const entry = this._pending[index];
-    // Drop the match and everything of the same kind sent before it (superseded, never applied).
-    this._pending = this._pending.filter((p, i) => i > index || (p.kind !== entry.kind && i !== index));
+    // Drop the match and everything of the same input kind sent before it (superseded, never
+    // applied; a later prompt supersedes earlier switches and cuts alike).
+    const family = inputKind(entry.kind);
+    this._pending = this._pending.filter((p, i) => i > index || (inputKind(p.kind) !== family && i !== index));
     const latencyMs = now - entry.sentMs;
     this._push(this.appliedMs[entry.kind], latencyMs);
     this.lastApplied = {

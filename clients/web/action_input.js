@@ -1,5 +1,5 @@
 /**
- * Keyboard and mouse-drag actions (API.md: {"type":"action","keys":[...],"mouse":[dx,dy]}).
+ * Keyboard and mouse-drag actions (docs/api.md "Data channel `control`": {"type":"action","keys":[...],"mouse":[dx,dy]}).
  *
  * While any action key is held or the pointer is dragging on the stage, the current action is
  * sent every `periodMs` (default 50 ms = 20 Hz, above the 10 Hz the server latches per chunk);

@@ -1,5 +1,5 @@
 /**
- * REST client for the dreamrt API (API.md "REST"). Every method resolves with the parsed JSON
+ * REST client for the dreamrt API (docs/api.md "REST"). Every method resolves with the parsed JSON
  * answer (or null for empty answers) and rejects with an ApiError that carries the HTTP status,
  * a readable message (422 answers name the offending field) and, for 503, retryAfterS.
  */

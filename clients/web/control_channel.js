@@ -1,5 +1,5 @@
 /**
- * The `control` data channel (API.md "Data channel"): JSON text messages both ways.
+ * The `control` data channel (docs/api.md "Data channel `control`"): JSON text messages both ways.
  *
  * send() returns false instead of throwing when the channel is not open or its send buffer is
  * above `maxBufferedBytes` (actions are latest-wins, so dropping one under back-pressure is

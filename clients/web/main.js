@@ -33,7 +33,7 @@ const OVERLAY = {
   [PageState.CLOSED]: { title: "Session ended", action: "Start again" },
 };
 
-/** Server session states (API.md) -> page states; others leave the page state alone. */
+/** Server session states (docs/api.md "Events", `session.state`) -> page states; others leave the page state alone. */
 const SERVER_STATE = {
   live: PageState.LIVE,
   paused: PageState.PAUSED,

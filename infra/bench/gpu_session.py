@@ -72,9 +72,9 @@ from models.instance import WanInstance, load_instance
 from models.loops.ops import DecodeOp
 from models.loops.requests import SessionRequest
 from models.registry import get
+from models.wan.flops import dit_flops
 from models.wan.fp8 import Fp8Linear, scaled_mm_supported
 from models.wan.kv_cache import ChunkKVCache
-from models.wan.transformer import dit_flops
 from runtime.contract import Emission, Priority
 from runtime.cost import CostModel, DeviceConstants
 from runtime.engine import Engine

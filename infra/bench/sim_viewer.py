@@ -7,7 +7,7 @@ the WebRTC track (with ``sessions.playout``'s anchor rule), without encoding any
   their PTS (``pts_of_frame``) and the time they arrived; frames are uint8 on the host by
   then (the engine resolves a ``PendingOutput`` off the event loop before calling it);
 - ``run()`` shows the first frame as soon as it exists, then one frame per slot of ``1/fps``:
-  a fresh frame is due at ``anchor + pts / 90000`` (never before its slot); if none is there
+  a fresh frame is due at ``anchor + pts / PTS_HZ`` (never before its slot); if none is there
   when the slot comes, the last frame is repeated (a *repeat*; the first repeat after fresh
   frames opens a *stall*), and the next fresh frame after a stall is shown at once;
 - the anchor is media time 0 on the clock: set by the first frame shown and moved when a fresh

@@ -1,1 +1,1 @@
-"""Loops of the model plane (ARCHITECTURE.md §3): model semantics the runtime drives."""
+"""Loops of the model plane (docs/architecture.md §2): model semantics the runtime drives."""

@@ -23,7 +23,7 @@ from models.loops.model import LoopModel
 from models.loops.ops import DecodeArgs, DiffusionStepArgs
 from models.loops.requests import JobRequest
 from models.loops.sampling import noise_seed, sigma_steps
-from models.wan.transformer import dit_flops
+from models.wan.flops import dit_flops
 from models.wan.vae_cache import DecoderCache
 from runtime.contract import (
     Done,

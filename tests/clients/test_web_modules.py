@@ -87,7 +87,7 @@ def test_ack_tracker_matches_received_and_applied_by_seq(page: Any) -> None:
         t = 410; out.push(acks.observe({ type: 'prompt.applied', seq: 2, chunk: 5, pts: 22500 }));
         const pendingAfter = acks.pendingCount;
         acks.noteSent('cut');
-        t = 415; acks.observe({ type: 'input.received', seq: 4, kind: 'cut' });
+        t = 415; acks.observe({ type: 'input.received', seq: 4, kind: 'prompt' });  // a cut is a prompt
         t = 500; out.push(acks.observe({ type: 'prompt.applied', seq: 4, chunk: 6, pts: 27000, mode: 'cut' }));
         acks.noteSent('action');
         t = 505; acks.observe({ type: 'input.received', seq: 5, kind: 'action' });

@@ -12,7 +12,8 @@ import torch
 
 from models.card import CardError
 from models.instance import load_instance
-from models.loops.chunk_rollout import ChunkRollout, ChunkRolloutState, Phase
+from models.loops.chunk_plans import ChunkPlanner
+from models.loops.chunk_rollout import ChunkRolloutState, Phase
 from models.loops.requests import JobRequest, SessionRequest
 from models.registry import get
 from runtime.contract import (
@@ -266,7 +267,7 @@ def test_first_chunk_in_two_parts_equals_one_decode(instance, monkeypatch) -> No
         first = state.frames_emitted == 0
         return latent, self._m.latent.pixel_frames(latent, includes_first=first)
 
-    monkeypatch.setattr(ChunkRollout, "_decode_part", whole_chunk)
+    monkeypatch.setattr(ChunkPlanner, "decode_part", whole_chunk)
     whole, _, _ = _run(instance, request)
     assert len(_parts(split)) == 3 and len(_parts(whole)) == 2
     # the causal decoder's parts equal one decode up to float rounding (rel 1e-6): at most one

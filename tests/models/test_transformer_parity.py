@@ -14,9 +14,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from models.checkpoint import load_transformer
 from models.wan.config import ConfigError, WanDiTConfig
+from models.wan.flops import dit_flops
 from models.wan.kv_cache import ChunkKVCache
 from models.wan.rope import rope_cos_sin
-from models.wan.transformer import InputShapeError, WanDiT, dit_flops
+from models.wan.transformer import InputShapeError, WanDiT
 
 TOLERANCE = 1e-5
 

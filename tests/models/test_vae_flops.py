@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from models.card import KVUpdate
 from models.instance import load_instance
 from models.registry import get
-from models.wan.transformer import dit_flops
+from models.wan.flops import dit_flops
 from models.wan.vae import WanVAE
 from models.wan.vae_config import WanVAEConfig
 

@@ -1,4 +1,4 @@
-"""Import rules (ARCHITECTURE.md §2): pure modules import neither torch nor asyncio; runtime/
+"""Import rules (docs/architecture.md §1): pure modules import neither torch nor asyncio; runtime/
 imports none of models/, sessions/, server/."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""THE INTERLEAVE GATE (seed §9.3): loops sharing one model through the engine, interleaved
-step by step or batched, produce what each produces alone.
+"""THE INTERLEAVE GATE (docs/architecture.md §3 "Batching", §7 "gate"): loops sharing one
+model through the engine, interleaved step by step or batched, produce what each produces alone.
 
 - interleaved (max_batch=1): bit-identical (torch.equal) to each loop run alone;
 - batched (max_batch=3): equal within the stated tolerance BATCHED_RTOL / BATCHED_ATOL;

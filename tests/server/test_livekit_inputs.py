@@ -98,5 +98,5 @@ async def test_room_audio_reaches_the_session_at_16k_mono_in_half_second_pushes(
     pushed = [e for e in handle.inputs if e.kind == "audio"]
     assert len(pushed) == 2  # two full half-seconds; the 0.2 s tail waits for more
     assert all(len(e.payload.samples) == int(AUDIO_PUSH_S * 16_000) for e in pushed)
-    assert session.audio_samples_in == 16_000
+    assert session.ledger.audio_samples_in == 16_000
     await inputs.close()

@@ -6,21 +6,16 @@ import asyncio
 
 import pytest
 
-from models import registry
 from models.card import ProfileError
-from models.instance import load_instance
 from runtime.admission import AdmissionConfig, AdmissionController, Reject
 from runtime.cost import CostModel, DeviceConstants
 from runtime.engine import Engine
-from sessions.host import HostError, SessionHost, UnsupportedTaskError
+from sessions.host import SessionHost
+from sessions.served_models import HostError, ServedModels
 from sessions.store import Store
+from tests.sessions.conftest import TINY_MODEL
 
-MODEL = "wan-tiny-random"
-
-
-@pytest.fixture(scope="module")
-def instance():
-    return load_instance(registry.get(MODEL), device="cpu")
+MODEL = TINY_MODEL
 
 
 @pytest.fixture
@@ -31,10 +26,8 @@ async def host(instance, tmp_path):
     store = Store(tmp_path / "db.sqlite3")
     session_host = SessionHost(
         engine=engine,
-        models={MODEL: instance},
-        default_model=MODEL,
+        models=ServedModels({MODEL: instance}, default=MODEL),
         store=store,
-        artifact_dir=tmp_path / "artifacts",
         slabs_per_geometry=2,
     )
     session_host.preallocate()
@@ -80,57 +73,15 @@ async def test_requests_the_model_cannot_serve_are_typed_errors(host: SessionHos
     with pytest.raises(ProfileError) as info:
         host.create_session(prompt="a", width=70)
     assert info.value.field == "width"
-    with pytest.raises(UnsupportedTaskError) as steps:
-        host.submit_job(task="t2v", prompt="a", steps=7)
-    assert steps.value.field == "steps"
-    with pytest.raises(UnsupportedTaskError) as frames:
-        host.submit_job(task="t2i", prompt="a", num_frames=2)
-    assert frames.value.field == "num_frames"
+    with pytest.raises(HostError, match="not among the served"):
+        ServedModels({MODEL: host.models[MODEL]}, default="no-such")
     assert host.slab_counts() == (2, 2)  # a refused request holds nothing
-
-
-async def test_jobs_run_without_a_viewer_and_resume_after_a_restart(host: SessionHost) -> None:
-    job = host.submit_job(task="t2i", prompt="a cat", seed=4)
-    await asyncio.wait_for(job.wait_finished(), 60)
-    assert job.state.value == "succeeded" and job.artifact.path.exists()
-    row = await host.store.run(host.store.get_job, job.id)
-    assert row["state"] == "succeeded" and row["params"]["seed"] == 4
-    resumed = host.resume_jobs(
-        [
-            {
-                "id": "job_old",
-                "task": "t2i",
-                "prompt": "p",
-                "model_id": MODEL,
-                "params": {"seed": 1},
-            },
-            {"id": "job_gone", "task": "t2i", "prompt": "p", "model_id": "no-such", "params": {}},
-        ]
-    )
-    assert [j.id for j in resumed] == ["job_old"]
-    await asyncio.wait_for(resumed[0].wait_finished(), 60)
-    assert resumed[0].state.value == "succeeded"
-    await host.store.run(lambda: None)
-    assert host.store.get_job("job_gone") is None  # never stored: it had no row to mark
 
 
 async def test_a_closed_host_refuses_new_work(host: SessionHost) -> None:
     await host.close()
     with pytest.raises(HostError, match="closed"):
         host.create_session(prompt="a")
-
-
-async def test_finished_jobs_beyond_the_memory_bound_are_read_from_the_store(
-    host: SessionHost,
-) -> None:
-    host._max_finished_jobs = 1
-    first = host.submit_job(task="t2i", prompt="a", seed=1)
-    await asyncio.wait_for(first.wait_finished(), 60)
-    second = host.submit_job(task="t2i", prompt="b", seed=2)
-    await asyncio.wait_for(second.wait_finished(), 60)
-    assert host.job(first.id) is None and host.job(second.id) is second
-    row = await host.store.run(host.store.get_job, first.id)
-    assert row["state"] == "succeeded" and row["artifact_path"] == str(first.artifact.path)
 
 
 async def test_sessions_nobody_watches_are_closed_and_their_slabs_return(host: SessionHost) -> None:

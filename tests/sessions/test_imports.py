@@ -1,13 +1,15 @@
-"""ARCHITECTURE.md §2: sessions/ imports runtime/ and the model registry's card types, never
-server/, clients/ or model code (no torch); server/ is reached only from the composition root."""
+"""docs/architecture.md §1: sessions/ imports runtime/ and the model registry's card types,
+never server/, clients/ or model code (no torch); server/ is reached only from the composition
+root."""
 
 import subprocess
 import sys
 
 PROBE = """
 import sys
-import sessions.host, sessions.session, sessions.job, sessions.store
-import sessions.events, sessions.audio
+import sessions.host, sessions.job_host, sessions.served_models, sessions.session, sessions.job
+import sessions.input_ledger, sessions.chunk_assembly, sessions.emission_order
+import sessions.loop_watch, sessions.persistence, sessions.store, sessions.events, sessions.audio
 import sessions.artifacts, sessions.media_queue, sessions.prompt_memory, sessions.states
 top = ('server', 'clients', 'models', 'torch')
 loaded = sorted(m for m in sys.modules if m.split('.')[0] in top)

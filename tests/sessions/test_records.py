@@ -1,5 +1,6 @@
 import numpy as np
 
+from runtime.contract import InputKind
 from sessions.records import ChunkRecorder, frames_digest
 from sessions.store import Store
 
@@ -45,11 +46,11 @@ def test_records_are_completed_by_the_acks_that_follow_their_media(tmp_path) -> 
         prompt="a",
         prompt_seq=0,
     )
-    recorder.applied("prompt", 1, 1, {"text": "b"})
-    recorder.applied("action", 2, 1, {"keys": ["w"], "mouse": [1.0, 0.0]})
-    recorder.applied("audio", 3, 1, {"seconds": 0.5})
+    recorder.applied(InputKind.PROMPT, 1, 1, {"text": "b"})
+    recorder.applied(InputKind.ACTION, 2, 1, {"keys": ["w"], "mouse": [1.0, 0.0]})
+    recorder.applied(InputKind.AUDIO, 3, 1, {"seconds": 0.5})
     recorder.applied(
-        "action", 4, 7, {"keys": ["s"], "mouse": [0.0, 0.0]}
+        InputKind.ACTION, 4, 7, {"keys": ["s"], "mouse": [0.0, 0.0]}
     )  # not this chunk: ignored
     recorder.flush()
     recorder.flush()

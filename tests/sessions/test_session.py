@@ -156,18 +156,22 @@ async def test_prompt_switch_two_phase_ack_flushes_stale_backlog() -> None:
     session.on_emission(applied("prompt", seq, chunk=2, pts=90000))
     assert len(session.media) == 0  # 7 stale frames of chunks 0-1 flushed
     session.on_emission(media(2, value=3))
+    # the frames play at once; the events wait for the chunks' digests (hashed off the loop)
     assert [session.media.pop().chunk for _ in range(4)] == [2, 2, 2, 2]
+    await session.settle()
     assert session.prompts.active_text == "a desert"
     tags = event_types(session)
+    # input.received at once; what the loop emitted follows in emission order
     assert tags == [
         "session.state",
-        "media.chunk",
-        "media.chunk",
         "input.received",
+        "media.chunk",
+        "media.chunk",
         "prompt.applied",
         "media.chunk",
     ]
-    received, applied_event = session.events.history()[3:5]
+    assert [e.chunk for e in session.events.history() if hasattr(e, "digest")] == [0, 1, 2]
+    received, applied_event = (session.events.history()[i] for i in (1, 4))
     assert (received.seq, received.kind) == (1, "prompt")
     assert (applied_event.seq, applied_event.chunk, applied_event.pts, applied_event.mode) == (
         1,
@@ -185,6 +189,7 @@ async def test_cut_starts_a_new_segment_and_predicts_the_in_flight_chunk() -> No
     seq, applies_at = session.push_prompt("a city", "cut")
     assert applies_at == 1
     session.on_emission(applied("prompt", seq, chunk=1, pts=45000))
+    await session.settle()
     event = session.events.history()[-1]
     assert (event.mode, event.segment, session.prompts.segment) == ("cut", 1, 1)
     assert session.snapshot()["segment"] == 1 and session.snapshot()["prompt"] == "a city"
@@ -245,9 +250,8 @@ async def test_audio_reaches_the_loop_as_16k_samples() -> None:
 async def test_loop_failure_fails_the_session_with_an_error_event() -> None:
     session = make_session()
     handle = FakeHandle()
-    session.attach(handle)
     finished = []
-    session._on_finished.append(finished.append)
+    session.attach(handle, on_finished=finished.append)
     handle.fail("nan", "NaN in chunk_step")
     await session.wait_finished()
     assert session.state.value == "failed" and session.error == "nan: NaN in chunk_step"
@@ -296,6 +300,7 @@ async def test_media_digest_records_and_persisted_events(tmp_path) -> None:
     session.attach(FakeHandle())
     emission = media(0, value=9)
     session.on_emission(emission)
+    await session.settle()
     assert session.events.history()[-1].digest == frames_digest(emission.output)
     session.push_action(["d"])
     await session.close()
@@ -404,6 +409,7 @@ async def test_a_chunk_in_parts_is_queued_at_once_and_recorded_whole(tmp_path) -
         )
     )
     whole = np.concatenate((first, rest))
+    await session.settle()
     chunk_events = [e for e in session.events.history() if e.__struct_config__.tag == "media.chunk"]
     assert [(e.chunk, e.pts_start, e.frames, e.digest) for e in chunk_events] == [
         (0, 0, 4, frames_digest(whole))
@@ -418,4 +424,33 @@ async def test_a_chunk_in_parts_is_queued_at_once_and_recorded_whole(tmp_path) -
         3 * 11250,
         frames_digest(whole),
     )
+    store.close()
+
+
+async def test_a_chunks_record_holds_the_inputs_it_first_reflects(tmp_path) -> None:
+    store = Store(tmp_path / "db.sqlite3")
+    config = make_session().config
+    columns = ("session_id", "model_id", "prompt", "seed", "fps", "width", "height")
+    store.add_session(
+        **{c: getattr(config, c) for c in columns}, priority_class="realtime", state="created"
+    )
+    session = make_session(store=store)
+    session.attach(FakeHandle())
+    session.on_emission(media(0))
+    prompt, _ = session.push_prompt("a desert")
+    action = session.push_action(["w"], (2.0, 0.0))
+    session.on_emission(media(1))  # a chunk's media comes before the acks of what it reflects
+    session.on_emission(applied("prompt", prompt, chunk=1, pts=45000))
+    session.on_emission(applied("action", action, chunk=1, pts=45000))
+    await session.close()
+    await store.run(lambda: None)
+    records = store.records("s1")
+    assert [(r["chunk"], r["prompt"], r["prompt_seq"]) for r in records] == [
+        (0, "a forest", 0),
+        (1, "a desert", prompt),
+    ]
+    assert records[1]["actions"] == {
+        "action": {"seq": action, "keys": ["w"], "mouse": [2.0, 0.0]},
+        "audio_seqs": [],
+    }
     store.close()

@@ -1,0 +1,268 @@
+"""The work plans of ``chunk_rollout``: for each phase of a chunk, the plan the loop returns.
+
+``ChunkPlanner`` builds every ``WorkPlan`` of one chunk-causal stream from its state (the loop
+decides *which* plan comes next; this module says what it runs, on which arguments, at what
+predicted cost, what it emits and what must still follow it before its media is due):
+
+    text_encode   the prompt's cross-attention K/V
+    kv_recache    the cached frames re-written under a switched prompt, grouped by chunk
+    chunk_step    one denoising step of the chunk (the first one draws the chunk's noise)
+    vae_decode    the chunk's next part, emitting its media (PTS from ``pts_of_frame``) and, on
+                  its first part, the ``applied`` acks of the inputs it reflects
+    kv_update     the clean chunk's K/V written into the session's slab
+
+Jobs (``collect_frames``) also emit ``progress`` on every plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from models.loops.chunk_rollout_state import ChunkRolloutState
+from models.loops.model import LoopModel
+from models.loops.ops import ChunkDenoiseArgs, DecodeArgs, KVWriteArgs
+from models.loops.sampling import SigmaStep, noise_seed
+from models.wan.flops import dit_flops
+from models.wan.kv_cache import EMPTY
+from models.wan.transformer import CrossKV
+from runtime.contract import (
+    AppliedMeta,
+    EmitSpec,
+    Followup,
+    MediaMeta,
+    PlanKind,
+    ProgressMeta,
+    Stream,
+    WorkPlan,
+    pts_of_frame,
+)
+
+__all__ = ["ChunkPlanner"]
+
+
+class ChunkPlanner:
+    """Plans of one loop's streams (one planner per loop, the state says whose stream).
+
+    ``steps``: the card schedule's denoising steps; ``fold``: the card's ``kv_update =
+    last_step`` (the last step writes the chunk's K/V, no separate KV update).
+    """
+
+    def __init__(self, model: LoopModel, steps: Sequence[SigmaStep], *, fold: bool) -> None:
+        self._m = model
+        self._steps = tuple(steps)
+        self._fold = fold
+
+    def text_encode(self, state: ChunkRolloutState) -> WorkPlan:
+        return self._plan(
+            state,
+            PlanKind.TEXT_ENCODE,
+            self._m.text_encode_op,
+            state.prompt,
+            f"text:{self._m.text_len}",
+        )
+
+    def kv_update(self, state: ChunkRolloutState) -> WorkPlan:
+        args = KVWriteArgs(
+            groups=((state.frame_start, state.latents),),
+            cross=self._cross(state),
+            cache=state.kv,
+            reset=False,
+            window=state.window_latents,
+            action=state.chunk_action,
+            audio=state.chunk_audio,
+        )
+        return self._plan(
+            state,
+            PlanKind.KV_UPDATE,
+            self._m.kv_write_op,
+            args,
+            self._shape(state),
+            flops=self._flops(state),
+        )
+
+    def writes_kv(self, state: ChunkRolloutState) -> bool:
+        """Whether this denoising step caches the chunk's K/V (``KVUpdate.LAST_STEP``)."""
+        return (
+            self._fold and state.denoise_step == len(self._steps) - 1 and not self.last_chunk(state)
+        )
+
+    @staticmethod
+    def last_chunk(state: ChunkRolloutState) -> bool:
+        return state.max_chunks is not None and state.chunk + 1 >= state.max_chunks
+
+    def decode_part(self, state: ChunkRolloutState) -> tuple[int, int]:
+        """(latent frames, pixel frames) the next decode plan of the current chunk covers: a
+        session's very first latent frame alone, else the rest of the chunk."""
+        first = state.frames_emitted == 0
+        latent = state.chunk_frames - state.decoded
+        if first and not state.collect_frames:
+            latent = 1
+        return latent, self._m.latent.pixel_frames(latent, includes_first=first)
+
+    def denoise(self, state: ChunkRolloutState) -> WorkPlan:
+        step = self._steps[state.denoise_step]
+        x = state.latents
+        if x is None:  # first step of the chunk: pure noise at sigma = 1
+            x = torch.empty(
+                (1, self._m.latent.channels, state.chunk_frames, state.latent_h, state.latent_w),
+                device=self._m.device,
+                dtype=self._m.dtype,
+            )
+        args = ChunkDenoiseArgs(
+            x=x,
+            timestep=step.timestep,
+            sigma=step.sigma,
+            sigma_next=step.sigma_next,
+            noise_seed=noise_seed(state.seed, state.segment, state.chunk, state.denoise_step),
+            init_seed=(
+                noise_seed(state.seed, state.segment, state.chunk, -1)
+                if state.latents is None
+                else None
+            ),
+            cross=self._cross(state),
+            cache=state.kv,
+            frame_start=state.frame_start,
+            action=state.chunk_action,
+            audio=state.chunk_audio,
+            window=state.window_latents if self.writes_kv(state) else None,
+        )
+        return self._plan(
+            state,
+            PlanKind.CHUNK_STEP,
+            self._m.chunk_step_op,
+            args,
+            self._shape(state),
+            flops=self._flops(state),
+        )
+
+    def recache(self, state: ChunkRolloutState) -> WorkPlan:
+        # Cached frames in position order, grouped by the chunk they were generated in.
+        slots = sorted((p, i) for i, p in enumerate(state.kv.slot_positions) if p != EMPTY)
+        groups: list[tuple[int, list[int]]] = []
+        for position, slot in slots:
+            if (
+                groups
+                and position // state.chunk_frames == groups[-1][0] // state.chunk_frames
+                and position == groups[-1][0] + len(groups[-1][1])
+            ):
+                groups[-1][1].append(slot)
+            else:
+                groups.append((position, [slot]))
+        window = state.window_latents
+        args = KVWriteArgs(
+            groups=tuple((start, window[:, :, idx].clone()) for start, idx in groups),
+            cross=self._cross(state),
+            cache=state.kv,
+            reset=True,
+            window=window,
+        )
+        return self._plan(
+            state,
+            PlanKind.KV_RECACHE,
+            self._m.kv_write_op,
+            args,
+            f"recache:{len(slots)}:{self._shape(state)}",
+            flops=self._flops(state) * max(1, len(groups)),
+        )
+
+    def decode(self, state: ChunkRolloutState) -> WorkPlan:
+        first = state.frames_emitted == 0
+        latent, n = self.decode_part(state)
+        final = state.decoded + latent == state.chunk_frames
+        pts = pts_of_frame(state.frames_emitted, state.fps)
+        emits = [
+            EmitSpec(
+                Stream.MEDIA,
+                MediaMeta(
+                    chunk=state.chunk,
+                    segment=state.segment,
+                    frame_start=state.frames_emitted,
+                    pts_90k=pts,
+                    num_frames=n,
+                    fps=state.fps,
+                    final=final,
+                ),
+            )
+        ]
+        if not state.decoded:  # the chunk's first frames reflect its inputs
+            emits += [
+                EmitSpec(
+                    Stream.APPLIED, AppliedMeta(kind=kind, seq=seq, chunk=state.chunk, pts_90k=pts)
+                )
+                for kind, seq in state.acks
+            ]
+        latents = state.latents[:, :, state.decoded : state.decoded + latent]
+        args = DecodeArgs(latents=latents, cache=state.decoder, defer=not state.collect_frames)
+        return self._plan(
+            state,
+            PlanKind.VAE_DECODE,
+            self._m.decode_op,
+            args,
+            f"decode:{int(first)}:{latent}:{self._shape(state)}",
+            emits=tuple(emits),
+        )
+
+    def _plan(
+        self,
+        state: ChunkRolloutState,
+        kind: PlanKind,
+        op: Any,
+        args: Any,
+        shape_sig: str,
+        *,
+        flops: float = 0.0,
+        emits: tuple[EmitSpec, ...] = (),
+    ) -> WorkPlan:
+        if state.collect_frames and state.max_chunks:
+            # text encode + per chunk: steps, decode, KV update (none after the last chunk)
+            total = state.max_chunks * (len(self._steps) + 2)
+            emits = (
+                *emits,
+                EmitSpec(Stream.PROGRESS, ProgressMeta(done=state.plans_done + 1, total=total)),
+            )
+        return WorkPlan(
+            loop_id=state.loop_id,
+            kind=kind,
+            op=op,
+            args=args,
+            shape_sig=shape_sig,
+            instance_id=self._m.instance_id,
+            precision=self._m.precision,
+            flops=flops,
+            due_media_s=state.frames_emitted / state.fps,
+            followups=self._followups(state, kind),
+            emits=emits,
+        )
+
+    def _followups(self, state: ChunkRolloutState, kind: PlanKind) -> tuple[Followup, ...]:
+        """Plans still to come before this plan's media is due: the chunk's remaining steps
+        and the decode that emits next; after a KV update, the whole next chunk's."""
+        shape, flops = self._shape(state), self._flops(state)
+        if kind is PlanKind.VAE_DECODE:
+            return ()
+        if kind is PlanKind.KV_UPDATE:
+            steps_left, latent, first = len(self._steps), state.chunk_frames, 0
+        else:
+            steps_left = len(self._steps) - state.denoise_step - (kind is PlanKind.CHUNK_STEP)
+            latent, first = self.decode_part(state)[0], int(state.frames_emitted == 0)
+        steps = tuple(Followup(PlanKind.CHUNK_STEP, shape, flops) for _ in range(steps_left))
+        return (*steps, Followup(PlanKind.VAE_DECODE, f"decode:{first}:{latent}:{shape}"))
+
+    # views of the state's tensors
+
+    @staticmethod
+    def _cross(state: ChunkRolloutState) -> CrossKV:
+        if state.cross_k is None or state.cross_v is None:
+            raise RuntimeError(f"loop {state.loop_id}: no prompt encoded before denoising")
+        return CrossKV(state.cross_k, state.cross_v)
+
+    def _shape(self, state: ChunkRolloutState) -> str:
+        return f"c{state.chunk_frames}x{state.latent_h}x{state.latent_w}"
+
+    def _flops(self, state: ChunkRolloutState) -> float:
+        t = self._m.tokens_per_frame(state.latent_h, state.latent_w)
+        q = state.chunk_frames * t
+        return dit_flops(self._m.dit_config, q, state.kv.capacity_frames * t + q, self._m.text_len)

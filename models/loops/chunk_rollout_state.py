@@ -1,0 +1,73 @@
+"""The state of ``chunk_rollout``: everything of one stream, serializable at any step boundary.
+
+A msgspec struct (``runtime.contract.LoopState``): progress counters, prompt memory, the inputs
+latched for the current chunk and those waiting for the next one, and the stream's tensors, its
+two caches among them (the chunk-KV slab view and the VAE decoder cache), so a snapshot carries
+them and a restored stream continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from models.wan.kv_cache import ChunkKVCache
+from models.wan.vae_cache import DecoderCache
+from runtime.contract import InputKind, LoopState
+
+__all__ = ["ChunkRolloutState", "Phase"]
+
+
+class Phase(str, enum.Enum):
+    START = "start"  # chunk boundary: text encode / re-cache if needed, then denoise
+    DENOISE = "denoise"
+    KV_UPDATE = "kv_update"
+    DECODE = "decode"
+
+
+class ChunkRolloutState(LoopState, kw_only=True):
+    """All of one stream's state (see module docstring). Shapes: C latent channels, c latent
+    frames per chunk, (h, w) latent grid, S sink + W ring frames in the K/V cache."""
+
+    loop_id: str
+    seed: int
+    fps: int
+    width: int
+    height: int
+    chunk_frames: int
+    latent_h: int
+    latent_w: int
+    max_chunks: int | None = None
+    collect_frames: bool = False
+    target_frames: int | None = None  # jobs: frames to return (the last chunk may overshoot)
+    # progress
+    phase: Phase = Phase.START
+    chunk: int = 0
+    segment: int = 0
+    denoise_step: int = 0
+    frame_start: int = 0  # absolute latent frame index (RoPE position) of the current chunk
+    frames_emitted: int = 0
+    decoded: int = 0  # latent frames of the current chunk decoded so far
+    plans_done: int = 0
+    # prompt memory
+    prompt: str
+    active_prompt: str | None = None  # the prompt whose cross K/V is held
+    recache_needed: bool = False
+    next_prompt: str | None = None  # a switch waiting for the next chunk boundary
+    next_prompt_is_cut: bool = False
+    # inputs latched for the current chunk, and those waiting for the next one
+    acks: list[tuple[InputKind, int]] = []  # (kind, seq) reflected by the current chunk
+    next_acks: list[tuple[InputKind, int]] = []
+    chunk_action: torch.Tensor | None = None  # [1, ACTION_DIM]
+    next_action: torch.Tensor | None = None
+    chunk_audio: torch.Tensor | None = None  # [1, c, AUDIO_DIM]
+    audio_pending: torch.Tensor  # [n] float32, 16 kHz mono
+    # tensors
+    latents: torch.Tensor | None = None  # [1, C, c, h, w] current chunk
+    cross_k: torch.Tensor | None = None  # [layers, 1, L, heads, head_dim]
+    cross_v: torch.Tensor | None = None
+    kv: ChunkKVCache  # the session's chunk-KV (a slab view), written in place by the ops
+    window_latents: torch.Tensor  # [1, C, S + W, h, w] clean latents of the cached frames
+    decoder: DecoderCache  # the session's VAE decoder cache, advanced in place by decodes
+    frames: list[torch.Tensor] = []  # collected uint8 [n, H, W, 3] chunks (jobs only)

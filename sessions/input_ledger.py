@@ -1,0 +1,184 @@
+"""The input ledger of one session: every input checked, numbered and acknowledged twice.
+
+An input the model card can take (its capability) gets the session's next sequence number
+(``0`` is the initial prompt), an ``input.received`` event at once, and reaches the loop as an
+``InputEvent``. When the loop reports the first chunk that reflects it (an ``"applied"``
+emission), the ledger publishes ``prompt.applied`` / ``action.applied`` / ``audio.applied`` with
+that chunk and PTS and completes the chunk's behaviour record. Prompts and actions are latched
+latest-wins per chunk, so the pending ones of the same kind older than an applied one were
+skipped by the loop: each gets ``input.superseded``. Prompts themselves live in prompt memory
+(``sessions.prompt_memory``), the one ledger of what was asked; this one keeps only what the
+record needs of the other inputs until they are applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from runtime.contract import (
+    ActionInput,
+    AppliedMeta,
+    AudioInput,
+    InputEvent,
+    InputKind,
+    PromptInput,
+)
+from sessions.audio import TARGET_RATE_HZ, AudioClip
+from sessions.events import (
+    ActionApplied,
+    AudioApplied,
+    EventStream,
+    InputReceived,
+    InputSuperseded,
+    PromptApplied,
+)
+from sessions.prompt_memory import PromptMemory
+from sessions.records import ChunkRecorder
+
+__all__ = ["InputLedger", "InvalidInputError", "UnsupportedInputError"]
+
+ActionValidator = Callable[[list[str], tuple[float, float]], list[str]]
+
+
+class UnsupportedInputError(ValueError):
+    """The session's model card does not declare the capability this input needs."""
+
+
+class InvalidInputError(ValueError):
+    """The input's payload is not one the model accepts (e.g. an unknown action key)."""
+
+
+class InputLedger:
+    """See the module docstring.
+
+    ``require_open`` raises when the session accepts no more inputs; ``send`` hands an input to
+    the loop; ``action_validator`` is the model's check of an action (keys, (dx, dy)) ->
+    canonical keys, raising ``ValueError``. ``clock`` stamps ``received_s`` (monotonic), ``wall``
+    the prompt memory (Unix seconds).
+    """
+
+    def __init__(
+        self,
+        *,
+        model_id: str,
+        capabilities: frozenset[str],
+        events: EventStream,
+        prompts: PromptMemory,
+        records: ChunkRecorder,
+        require_open: Callable[[], None],
+        send: Callable[[InputEvent], None],
+        clock: Callable[[], float],
+        wall: Callable[[], float],
+        action_validator: ActionValidator | None = None,
+    ) -> None:
+        self._model_id = model_id
+        self._capabilities = capabilities
+        self._events = events
+        self._prompts = prompts
+        self._records = records
+        self._require_open = require_open
+        self._send = send
+        self._clock = clock
+        self._wall = wall
+        self._action_validator = action_validator
+        self._next_seq = 1
+        # seq -> (kind, what the record keeps) of actions and audio until applied
+        self._pending: dict[int, tuple[InputKind, Any]] = {}
+        self.audio_samples_in = 0
+
+    # ---------------------------------------------------------------- received
+
+    def prompt(self, text: str, mode: Literal["switch", "cut"] = "switch") -> int:
+        """Queues a prompt (``mode`` switch or cut); returns its sequence number."""
+        capability = "prompt.cut" if mode == "cut" else "prompt.switch"
+        self._require_capability(capability, f"prompt mode {mode!r}")
+        self._require_open()
+        entry = self._prompts.receive(self._next_seq, text, mode, received_s=self._wall())
+        return self._receive(InputKind.PROMPT, PromptInput(text=text, mode=entry.mode))
+
+    def action(self, keys: list[str], mouse: tuple[float, float] | None = None) -> int:
+        """Queues held keys and a mouse move (dx, dy pixels), checked by the model first."""
+        self._require_capability("input.action", "actions")
+        dx, dy = mouse if mouse is not None else (0.0, 0.0)
+        keys = list(keys)
+        if self._action_validator is not None:
+            try:
+                keys = self._action_validator(keys, (float(dx), float(dy)))
+            except ValueError as exc:
+                raise InvalidInputError(str(exc)) from None
+        payload = ActionInput(keys=tuple(keys), mouse=(float(dx), float(dy)))
+        return self._receive(InputKind.ACTION, payload, {"keys": keys, "mouse": [*payload.mouse]})
+
+    def audio(self, clip: AudioClip) -> int:
+        """Queues 16 kHz mono audio; the samples travel as the ndarray they are."""
+        self._require_capability("input.audio", "audio")
+        self.audio_samples_in += clip.samples.shape[0]
+        payload = AudioInput(samples=clip.samples)
+        return self._receive(InputKind.AUDIO, payload, {"seconds": clip.duration_s})
+
+    @property
+    def audio_seconds_in(self) -> float:
+        return self.audio_samples_in / TARGET_RATE_HZ
+
+    def _receive(
+        self,
+        kind: InputKind,
+        payload: PromptInput | ActionInput | AudioInput,
+        recorded: Any = None,
+    ) -> int:
+        """Numbers an input and sends it; ``recorded`` is what the behaviour record keeps of an
+        action or audio clip until it is applied (a prompt's text is in prompt memory)."""
+        self._require_open()
+        seq = self._next_seq
+        self._next_seq += 1
+        self._send(InputEvent(kind=kind, seq=seq, payload=payload, received_s=self._clock()))
+        if kind is not InputKind.PROMPT:
+            self._pending[seq] = (kind, recorded)
+        self._events.publish(InputReceived(seq=seq, kind=kind.value))
+        return seq
+
+    def _require_capability(self, capability: str, what: str) -> None:
+        if capability not in self._capabilities:
+            raise UnsupportedInputError(
+                f"model {self._model_id!r} does not accept {what} "
+                f"(it lacks the {capability!r} capability; "
+                f"it has {sorted(self._capabilities)})"
+            )
+
+    # ---------------------------------------------------------------- applied
+
+    def applied(self, meta: AppliedMeta) -> None:
+        """The loop's acknowledgement that chunk ``meta.chunk`` is the first to reflect
+        ``meta.seq`` (raises ``UnknownPromptError`` for a prompt it never received)."""
+        kind, seq, chunk, pts = InputKind(meta.kind), meta.seq, meta.chunk, meta.pts_90k
+        if kind is InputKind.PROMPT:
+            entry, superseded = self._prompts.apply(
+                seq, chunk=chunk, pts_90k=pts, applied_s=self._wall()
+            )
+            self._supersede(seq, kind, [e.seq for e in superseded])
+            recorded = {"text": entry.text}
+            self._events.publish(
+                PromptApplied(
+                    seq=seq,
+                    chunk=chunk,
+                    pts=pts,
+                    mode=entry.mode,
+                    segment=entry.segment or 0,
+                    text=entry.text,
+                )
+            )
+        else:
+            if kind is InputKind.ACTION:
+                older = [s for s, (k, _) in self._pending.items() if k is kind and s < seq]
+                self._supersede(seq, kind, older)
+                self._events.publish(ActionApplied(seq=seq, chunk=chunk, pts=pts))
+            else:
+                self._events.publish(AudioApplied(seq=seq, chunk=chunk, pts=pts))
+            _, recorded = self._pending.pop(seq, (kind, None))
+        self._records.applied(kind, seq, chunk, recorded)
+
+    def _supersede(self, by_seq: int, kind: InputKind, seqs: list[int]) -> None:
+        for older in sorted(seqs):
+            self._pending.pop(older, None)
+            self._events.publish(InputSuperseded(seq=older, kind=kind.value, by_seq=by_seq))

@@ -1,0 +1,219 @@
+"""The job host: queues, finds, resumes and cancels the offline jobs of one server.
+
+Jobs (``submit_job``) are batch-class loops without admission: they run in the realtime
+sessions' slack and are queued, never refused. The model card says which loop serves the task
+(``ModelCard.loop_for``: ``diffusion_denoise`` on a bidirectional card, ``chunk_rollout`` on a
+chunk-causal one), and a request the card's recipe does not fit (another step count, several
+frames for ``t2i``) is refused with ``UnsupportedTaskError`` naming the field. Finished jobs
+beyond ``max_finished_jobs`` leave memory and are read back from the store. It sits beside
+``sessions.host.SessionHost``; the composition root (``server.app``) builds both on one engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+from models.loops.requests import JobRequest
+from runtime.contract import Priority
+from sessions.job import Job, JobConfig
+from sessions.served_models import (
+    EngineLike,
+    HostError,
+    ServedModels,
+    UnsupportedTaskError,
+    new_id,
+)
+from sessions.states import JobState
+from sessions.store import Store
+
+__all__ = ["JobHost"]
+
+log = logging.getLogger(__name__)
+
+_TASK_CAPABILITY = {"t2v": "text_to_video", "t2i": "text_to_image"}
+
+
+class JobHost:
+    """See the module docstring. Event-loop thread only."""
+
+    def __init__(
+        self,
+        *,
+        engine: EngineLike,
+        models: ServedModels,
+        store: Store,
+        artifact_dir: str | Path,
+        max_finished_jobs: int = 256,
+    ) -> None:
+        self.engine = engine
+        self.models = models
+        self.store = store
+        self.artifact_dir = Path(artifact_dir)
+        self.max_finished_jobs = max_finished_jobs
+        self._jobs: dict[str, Job] = {}
+        self._closed = False
+
+    def job(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def jobs(self) -> list[Job]:
+        return list(self._jobs.values())
+
+    def submit_job(
+        self,
+        *,
+        task: Literal["t2v", "t2i"],
+        prompt: str,
+        model: str | None = None,
+        num_frames: int | None = None,
+        width: int | None = None,
+        height: int | None = None,
+        steps: int | None = None,
+        seed: int | None = None,
+        job_id: str | None = None,
+    ) -> Job:
+        """Queues a job (batch class; never refused). Raises ``KeyError``, ``ProfileError`` or
+        ``UnsupportedTaskError`` for requests the model cannot serve."""
+        if self._closed:
+            raise HostError("the job host is closed")
+        served = self.models.resolve(model)
+        card = served.card
+        capability = _TASK_CAPABILITY.get(task)
+        if capability is None or capability not in card.capabilities:
+            raise UnsupportedTaskError(
+                "task",
+                f"model {card.model_id!r} cannot run task {task!r} (needs {capability!r}; "
+                f"it has {sorted(card.capabilities)})",
+            )
+        profile = card.resolve_profile(width=width, height=height)
+        spec = card.loop_for(capability)
+        if spec is None:  # a validated card has a loop for every capability it declares
+            raise HostError(f"model {card.model_id!r} names no loop for {capability!r}")
+        assumed_steps = spec.schedule.steps if spec.schedule is not None else profile.steps
+        if steps is not None and steps != assumed_steps:
+            raise UnsupportedTaskError(
+                "steps",
+                f"model {card.model_id!r} samples with {assumed_steps} steps (recipe "
+                f"{card.recipe.method!r}); {steps} steps were requested",
+            )
+        if task == "t2i" and num_frames not in (None, 1):
+            raise UnsupportedTaskError(
+                "num_frames", f"t2i makes one frame; num_frames={num_frames} was requested"
+            )
+        job_id = job_id or new_id("job")
+        seed = seed if seed is not None else secrets.randbelow(2**31)
+        params = {
+            "num_frames": num_frames,
+            "width": profile.width,
+            "height": profile.height,
+            "steps": assumed_steps,
+            "seed": seed,
+        }
+        config = JobConfig(
+            job_id=job_id,
+            task=task,
+            model_id=card.model_id,
+            prompt=prompt,
+            fps=profile.fps,
+            params=params,
+        )
+        job = Job(config, artifact_dir=self.artifact_dir, store=self.store)
+        self.store.defer(self._upsert_job, job_id, task, card.model_id, prompt, params)
+        request = JobRequest(
+            task=task,
+            prompt=prompt,
+            num_frames=num_frames,
+            width=profile.width,
+            height=profile.height,
+            steps=assumed_steps,
+            seed=seed,
+        )
+        handle = self.engine.spawn(
+            served.loop(spec.loop_id),  # the card says which loop serves the task
+            request,
+            served,
+            loop_id=job_id,
+            priority=Priority.BATCH,
+            on_emit=job.on_emission,
+        )
+        self._jobs[job_id] = job
+        job.attach(handle, on_finished=self._job_finished)
+        log.info(
+            "job %s queued: %s %s %dx%d", job_id, task, card.model_id, profile.width, profile.height
+        )
+        return job
+
+    def _job_finished(self, job: Job) -> None:
+        """Keeps the newest ``max_finished_jobs`` finished jobs in memory; older ones are read
+        back from the store (their rows hold state, progress, error and the artifact path)."""
+        finished = [j for j in self._jobs.values() if j.terminal]
+        for old in finished[: max(0, len(finished) - self.max_finished_jobs)]:
+            del self._jobs[old.id]
+
+    def _upsert_job(
+        self, job_id: str, task: str, model_id: str, prompt: str, params: dict[str, Any]
+    ) -> None:
+        if self.store.get_job(job_id) is None:
+            self.store.add_job(
+                job_id=job_id,
+                task=task,
+                model_id=model_id,
+                prompt=prompt,
+                params=params,
+                state=JobState.QUEUED.value,
+            )
+        else:
+            self.store.update_job(job_id, state=JobState.QUEUED.value, progress=0.0, error=None)
+
+    def resume_jobs(self, rows: list[dict[str, Any]]) -> list[Job]:
+        """Queues again the jobs a previous process left unfinished (``Store.recover``)."""
+        resumed = []
+        for row in rows:
+            params = row["params"]
+            try:
+                resumed.append(
+                    self.submit_job(
+                        task=row["task"],
+                        prompt=row["prompt"],
+                        model=row["model_id"],
+                        num_frames=params.get("num_frames"),
+                        width=params.get("width"),
+                        height=params.get("height"),
+                        seed=params.get("seed"),
+                        job_id=row["id"],
+                    )
+                )
+            except (KeyError, ValueError) as exc:
+                log.warning("job %s cannot be resumed: %s", row["id"], exc)
+                self.store.defer(
+                    self.store.update_job,
+                    row["id"],
+                    state=JobState.FAILED.value,
+                    error=f"not resumable after restart: {exc}",
+                )
+        return resumed
+
+    async def cancel_job(self, job_id: str) -> bool:
+        """Cancels a job held in memory and waits for it; False if there is none."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return False
+        await job.cancel()
+        return True
+
+    async def close(self) -> None:
+        """Cancels every unfinished job and refuses new ones. Idempotent."""
+        self._closed = True
+        await asyncio.gather(
+            *(job.cancel("server shutdown") for job in self._jobs.values() if not job.terminal),
+            return_exceptions=True,
+        )
+
+    def counts(self) -> dict[str, int]:
+        """Jobs in memory by state (metrics)."""
+        return dict(Counter(j.state.value for j in self._jobs.values()))

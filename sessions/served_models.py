@@ -1,0 +1,99 @@
+"""The served models as the session and job hosts see them, and what the hosts refuse with.
+
+The composition root (``server.app``) loads the models and hands them to both hosts as a
+``ServedModels`` (id -> model, and the default), so the hosts import no model code: a served
+model is anything with the ``ServedModel`` methods (``models.instance.WanInstance`` and the
+tiny-world instance have them).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+from models.card import ModelCard, Profile
+from runtime.contract import Loop
+
+__all__ = [
+    "EngineLike",
+    "HostError",
+    "ServedModel",
+    "ServedModels",
+    "UnsupportedTaskError",
+    "new_id",
+]
+
+
+class HostError(RuntimeError):
+    """A host is closed, or an id is already in use."""
+
+
+class UnsupportedTaskError(ValueError):
+    """The model card cannot serve this request (capability or recipe); ``field`` names the
+    request field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ServedModel(Protocol):
+    """A loaded model as the hosts need it (``models.instance.WanInstance`` satisfies it)."""
+
+    card: ModelCard
+
+    def loop(self, loop_id: str) -> Loop[Any]: ...
+
+    def kv_slab_bytes(self, profile: Profile) -> int: ...
+
+    def slab_geometry(self, profile: Profile) -> Any: ...
+
+    def reserve_kv_slabs(self, profile: Profile, num_slabs: int) -> Any: ...
+
+    def peak_bytes(self, profile: Profile) -> int: ...
+
+    def chunk_flops(self, profile: Profile) -> float: ...
+
+    def chunk_seconds(self, profile: Profile) -> float: ...
+
+
+class EngineLike(Protocol):
+    """What the hosts use of ``runtime.engine.Engine``."""
+
+    admission: Any
+    cost: Any
+
+    def spawn(self, loop: Any, request: Any, model: Any, **kwargs: Any) -> Any: ...
+
+
+class ServedModels(Mapping[str, ServedModel]):
+    """The models of one server by id, and the one a request without ``model`` gets."""
+
+    def __init__(self, models: Mapping[str, ServedModel], default: str) -> None:
+        if default not in models:
+            raise HostError(f"default model {default!r} is not among the served {sorted(models)}")
+        self._models = dict(models)
+        self.default = default
+
+    def __getitem__(self, model_id: str) -> ServedModel:
+        return self._models[model_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._models)
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    def resolve(self, model_id: str | None) -> ServedModel:
+        """The served model ``model_id`` (the default when None); ``KeyError`` names the served
+        ids."""
+        key = model_id or self.default
+        if key not in self._models:
+            raise KeyError(f"model {key!r} is not served here; served: {sorted(self._models)}")
+        return self._models[key]
+
+
+def new_id(prefix: str) -> str:
+    """A fresh session or job id: ``<prefix>_`` and 64 random bits in hex."""
+    return f"{prefix}_{secrets.token_hex(8)}"
