@@ -4,7 +4,10 @@
 precision is one the recipe allows, then builds the components (seeded random weights for
 ``weights="random"`` cards; a checkpoint directory laid out as the card's manifest says
 otherwise) and the step ops. One instance serves every session and job of its card: it holds
-weights and ops only, never per-request state.
+weights and ops only, never per-request state. The loops decode with the card's
+``decoder_component``: the full Wan VAE, or a decode-only tiny streaming decoder (TAEHV,
+``ComponentKind.DECODER``) when the card names one - then the full VAE, if the card lists it as
+a distillation teacher, is not loaded at all.
 
 Families other than Wan build their own components through a *component builder*
 (``_COMPONENT_BUILDERS``: family -> module with ``build_components``); whatever it returns must
@@ -21,13 +24,14 @@ from typing import Any, Protocol
 
 import torch
 
-from models.card import KVUpdate, ModelCard, Profile
+from models.card import ComponentKind, KVUpdate, ModelCard, Profile
 from models.loops.inputs import ACTION_DIM, AUDIO_DIM
 from models.loops.ops import (
     ChunkDenoiseOp,
     DecodeOp,
     DiffusionStepOp,
     KVWriteOp,
+    LatentCodec,
     TextEmbedOp,
     TextEncodeOp,
 )
@@ -37,6 +41,8 @@ from models.wan.config import WanDiTConfig
 from models.wan.fp8 import quantize_linears
 from models.wan.kv_cache import ChunkKVCache
 from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
+from models.wan.taehv import TAEHVDecoder
+from models.wan.taehv_config import TAEHVConfig
 from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache, UMT5TextEncoder
 from models.wan.transformer import WanDiT, dit_flops
 from models.wan.vae import WanVAE
@@ -90,7 +96,7 @@ class WanInstance:
         self,
         card: ModelCard,
         dit: WanDiT,
-        vae: WanVAE,
+        vae: LatentCodec,
         text: CachedTextEncoder,
         *,
         device: torch.device,
@@ -108,7 +114,9 @@ class WanInstance:
         self.text_len = dit.config.text_len
         self.dit_config = dit.config
         self._slab_buffers: dict[SlabGeometry, KVSlabBuffer] = {}
-        self.components = {"dit": dit, "vae": vae, "text_encoder": text}
+        # ``vae``: the codec the loops decode with (the card's decoder_component: the full VAE or
+        # a decode-only tiny decoder); components keys it by the card's own id for it
+        self.components = {"dit": dit, card.decoder_component: vae, "text_encoder": text}
         self.text_encode_op = TextEncodeOp(text.encode, dit)
         self.text_embed_op = TextEmbedOp(text.encode)
         self.chunk_step_op = ChunkDenoiseOp(dit)
@@ -391,7 +399,7 @@ def load_instance(
             torch.manual_seed(seed)
             with dev:  # initialise where the weights will live (a 1.3B DiT inits in ms on GPU)
                 dit = WanDiT(WanDiTConfig.preset(dit_spec.preset).replace(**hooks))
-                vae = WanVAE(WanVAEConfig.preset(card.components["vae"].preset))
+                vae = _random_codec(card)
         _randomize_hooks(dit, seed)
         encoder = UMT5TextEncoder.from_preset(
             card.components["text_encoder"].preset, seed=seed, device=dev, dtype=dtype
@@ -410,6 +418,14 @@ def load_instance(
     return instance
 
 
+def _random_codec(card: ModelCard) -> WanVAE | TAEHVDecoder:
+    """The latent codec the loops decode with (``card.decoder_component``), from its preset."""
+    spec = card.components[card.decoder_component]
+    if spec.kind is ComponentKind.DECODER:
+        return TAEHVDecoder(TAEHVConfig.preset(spec.preset))
+    return WanVAE(WanVAEConfig.preset(spec.preset))
+
+
 def _cast_dit(dit: WanDiT, dtype: torch.dtype) -> None:
     from models.wan.transformer import param_dtype
 
@@ -419,7 +435,7 @@ def _cast_dit(dit: WanDiT, dtype: torch.dtype) -> None:
 
 def _load_checkpoint(
     card: ModelCard, checkpoint_dir: str | Path | None, device: torch.device, dtype: torch.dtype
-) -> tuple[WanDiT, WanVAE, UMT5TextEncoder]:
+) -> tuple[WanDiT, WanVAE | TAEHVDecoder, UMT5TextEncoder]:
     from models.checkpoint import load_transformer, load_vae
     from models.wan.text_encoder import require_transformers
 
@@ -430,8 +446,12 @@ def _load_checkpoint(
         )
     root = Path(checkpoint_dir)
     entries = card.checkpoint.components
+    codec = card.decoder_component
+    loaded = ("dit", codec, "text_encoder", "tokenizer")  # not a full VAE that only teaches
     missing = [
-        f"{c} ({e.path_hint})" for c, e in entries.items() if not (root / e.path_hint).exists()
+        f"{c} ({e.path_hint})"
+        for c, e in entries.items()
+        if c in loaded and not (root / e.path_hint).exists()
     ]
     if missing:
         raise InstanceError(
@@ -439,7 +459,13 @@ def _load_checkpoint(
         )
     require_transformers()  # before gigabytes of DiT weights load, not after
     dit = load_transformer(root / entries["dit"].path_hint, device=device, dtype=dtype)
-    vae = load_vae(root / entries["vae"].path_hint, device=device, dtype=dtype)
+    if card.components[codec].kind is ComponentKind.DECODER:
+        from models.wan.taehv_checkpoint import load_taehv
+
+        config = TAEHVConfig.preset(card.components[codec].preset)
+        vae = load_taehv(root / entries[codec].path_hint, device=device, dtype=dtype, config=config)
+    else:
+        vae = load_vae(root / entries["vae"].path_hint, device=device, dtype=dtype)
     encoder = UMT5TextEncoder.from_pretrained(
         root / entries["text_encoder"].path_hint,
         root / entries["tokenizer"].path_hint,
