@@ -111,24 +111,17 @@ class WanVAE(nn.Module):
     ) -> DecoderCache:
         """A zeroed per-session decoder cache (defaults: the weights' device and dtype)."""
         weight = self.post_quant_conv.weight
-        return DecoderCache.allocate(
-            self.decoder.slot_specs,
-            self.decoder.level_hw(latent_height, latent_width),
-            batch_size,
-            device=weight.device if device is None else device,
-            dtype=weight.dtype if dtype is None else dtype,
-        )
+        device = weight.device if device is None else device
+        grid = (latent_height, latent_width)
+        dtype = weight.dtype if dtype is None else dtype
+        return DecoderCache.for_coder(self.decoder, batch_size, grid, device=device, dtype=dtype)
 
     def decoder_cache_bytes(
         self, batch_size: int, latent_height: int, latent_width: int, dtype: torch.dtype
     ) -> int:
         """Bytes ``new_decoder_cache`` would allocate (for admission), without allocating."""
-        return DecoderCache.bytes_for(
-            self.decoder.slot_specs,
-            self.decoder.level_hw(latent_height, latent_width),
-            batch_size,
-            dtype,
-        )
+        grid = (latent_height, latent_width)
+        return DecoderCache.bytes_for_coder(self.decoder, batch_size, grid, dtype)
 
     def decode_chunk(self, z: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
         """Decode the next ``c`` latent frames of a stream, clamped to ``[-1, 1]``.

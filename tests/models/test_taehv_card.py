@@ -14,7 +14,6 @@ import torch
 from models.card import CardError, LoopSpec
 from models.checkpoint import save_original_format
 from models.instance import InstanceError, load_instance
-from models.loops.chunk_rollout import ChunkRolloutState
 from models.loops.requests import SessionRequest
 from models.registry import get
 from models.tinyworld.rollout import LoopStream
@@ -23,6 +22,7 @@ from models.wan.taehv import TAEHVDecoder
 from models.wan.taehv_checkpoint import published_state_dict
 from models.wan.vae import WanVAE, video_to_uint8
 from runtime.driver import Driver, InlineContext
+from tests.models.test_chunk_rollout import snapshot_and_resume
 
 
 @pytest.fixture(scope="module")
@@ -94,26 +94,13 @@ def _media(emissions) -> list[torch.Tensor]:
 
 def test_snapshot_at_any_boundary_resumes_bit_identically(instance) -> None:
     request = SessionRequest(prompt="a yellow square", seed=11, max_chunks=2)
-    loop = instance.loop("chunk_rollout")
     whole = InlineContext("s")
-    asyncio.run(Driver(loop, whole).run(request, instance))
+    asyncio.run(Driver(instance.loop("chunk_rollout"), whole).run(request, instance))
     reference = _media(whole.emissions)
     assert [f.shape[0] for f in reference] == [1, 8, 12]
     # mid-denoise, between the first chunk's decode parts, after them (before the KV update)
     for cut_at in (3, 6, 7):
-        ctx = InlineContext("s")
-        driver = Driver(loop, ctx)
-
-        async def first_half(driver: Driver = driver, cut_at: int = cut_at) -> bytes:
-            driver.init(request, instance)
-            for _ in range(cut_at):
-                await driver.step()
-            return driver.snapshot()
-
-        blob = asyncio.run(first_half())
-        rest = InlineContext("s")
-        asyncio.run(Driver.from_snapshot(loop, rest, blob, ChunkRolloutState).run())
-        combined = _media(ctx.emissions + rest.emissions)
+        combined = _media(snapshot_and_resume(instance, request, cut_at))
         assert len(combined) == len(reference)
         assert all(torch.equal(a, b) for a, b in zip(combined, reference, strict=True))
 
