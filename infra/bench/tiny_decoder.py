@@ -153,9 +153,19 @@ def main(argv: list[str] | None = None) -> int:
     height = args.height or (64 if args.tiny else 480)
     device = torch.device(args.device)
     started = time.perf_counter()
-    results = {}
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    results: dict[str, dict[str, float]] = {}
+    report = {
+        "device": name,
+        "torch": torch.__version__,
+        "size": [width, height],
+        "tiny": args.tiny,
+        "chunk_latent_frames": CHUNK_LATENT_FRAMES,
+        "iters": args.iters,
+        "results": results,
+    }
     for variant in variants:
-        results[variant] = measure(
+        results[variant] = r = measure(
             variant,
             tiny=args.tiny,
             device=device,
@@ -164,22 +174,16 @@ def main(argv: list[str] | None = None) -> int:
             height=height,
             warmup=args.warmup,
         )
+        # a row and the JSON as each variant ends: a run cut short keeps what it measured
+        print(
+            f"{variant}: {r['median_ms']:.2f} ms/chunk, warm-up {r['warmup_s']:.1f} s", flush=True
+        )
+        report["wall_s"] = time.perf_counter() - started
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=2)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    report = {
-        "device": name,
-        "torch": torch.__version__,
-        "size": [width, height],
-        "tiny": args.tiny,
-        "chunk_latent_frames": CHUNK_LATENT_FRAMES,
-        "iters": args.iters,
-        "wall_s": time.perf_counter() - started,
-        "results": results,
-    }
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
     print(
         f"\nStreaming decode of one chunk ({CHUNK_LATENT_FRAMES} latent frames -> "
         f"{next(iter(results.values()))['frames_per_chunk']} frames) at {width}x{height}"
