@@ -134,7 +134,9 @@ class WanInstance:
         - ``torch.compile`` of every DiT block (one graph serves all of them: same code, same
           shapes; one more per K/V prefix length while a stream's cache fills) and of the VAE
           decoder, whose 3D convolution weights go channels-last first (cuDNN's fast layout once
-          the norms around them are fused). The first chunks after this pay the compilation.
+          the norms around them are fused); a tiny decoder (TAEHV: 2D convolutions) is compiled
+          as it is (``dreamrt bench tiny-decoder`` measures channels-last for it too). The first
+          chunks after this pay the compilation.
         - ``attention``: which SDPA kernels unmasked self-attention prefers
           (``models.wan.attention.ATTENTION_BACKENDS``: auto, flash, cudnn). "auto" picks cuDNN
           on the H200 with torch 2.11 (61 ms per 1.3B step; flash first: 81 ms).

@@ -342,7 +342,8 @@ class LatentCodec(Protocol):
 
 
 class DecodeOp(_SoloOp):
-    """Chunked causal VAE decode -> uint8 RGB frames on the CPU, [n, H, W, 3].
+    """Chunked causal decode (the card's codec: VAE or tiny decoder) -> uint8 RGB frames on the
+    CPU, [n, H, W, 3].
 
     With ``overlap`` on (CUDA only; ``WanInstance.compile(overlap_decode=True)``) a deferrable
     decode runs on a second stream: the op returns ``DeviceFrames`` at once and the loop's next

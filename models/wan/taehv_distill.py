@@ -267,6 +267,7 @@ def distill(
     start = time.monotonic()
     deadline = start + config.budget_s
     root = None if checkpoint_dir is None else Path(checkpoint_dir)
+    owned = instance is None
     if instance is None:
         from models.instance import load_instance
 
@@ -287,6 +288,11 @@ def distill(
     chunk = card.default_profile.chunk_latent_frames
     targets = [teacher_frames(teacher, c, chunk) for c in clips]
     clips = [c.float() for c in clips]
+    del teacher  # training needs neither the DiT nor the teacher: free their memory
+    if owned:
+        del instance
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     held = max(0, min(config.held_out, len(clips) - 1))
     train_set = list(zip(clips[held:], targets[held:], strict=True))
     eval_clips, eval_targets = (clips[:held], targets[:held]) if held else (clips, targets)
