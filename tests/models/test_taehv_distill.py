@@ -96,7 +96,7 @@ def test_the_budget_bounds_the_run(tmp_path, instance) -> None:
     )
     assert len(clips) == 3  # read at 0.125, 0.25: go on; at 0.375: stop
     # ... and training stops where the next step and the final evaluation would not fit
-    config = DistillConfig(steps=10**6, budget_s=4.0, clips=2, chunks_per_clip=1, crop_latent=4)
+    config = DistillConfig(steps=10**6, budget_s=2.0, clips=2, chunks_per_clip=1, crop_latent=4)
     summary = distill(
         get(CARD),
         config,
