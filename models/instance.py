@@ -9,8 +9,8 @@ weights and ops only, never per-request state. The loops decode with the card's
 ``ComponentKind.DECODER``) when the card names one - then the full VAE, if the card lists it as
 a distillation teacher, is not loaded at all.
 
-Families other than Wan build their own components through a *component builder*
-(``_COMPONENT_BUILDERS``: family -> module with ``build_components``); whatever it returns must
+Every family builds its components through a *component builder* (Wan:
+``models/wan/components.py``; others: ``_COMPONENT_BUILDERS``); whatever it returns must
 satisfy what the loops use: a ``WanDiT``-compatible DiT, a VAE-like codec
 (``denormalize``/``decode_chunk``/``new_decoder_cache``/``decoder_cache_bytes``/
 ``decoder.slot_specs``) and a text encoder (``encode(texts)``, ``precision``, ``shape_sig``).
@@ -18,14 +18,15 @@ satisfy what the loops use: a ``WanDiT``-compatible DiT, a VAE-like codec
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import math
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from models.card import ComponentKind, KVUpdate, ModelCard, Profile
-from models.loops.inputs import ACTION_DIM, AUDIO_DIM
+from models.card import KVUpdate, ModelCard, Profile
 from models.loops.ops import (
     ChunkDenoiseOp,
     DecodeOp,
@@ -36,17 +37,14 @@ from models.loops.ops import (
     TextEncodeOp,
 )
 from models.loops.registry import build_loop
-from models.wan.attention import ATTENTION_BACKENDS, WanSelfAttention
-from models.wan.config import WanDiTConfig
+from models.wan.attention import WanSelfAttention
+from models.wan.attention_kernels import UnknownBackendError, select_backend
+from models.wan.cuda_graphs import ChunkGraphs
 from models.wan.fp8 import quantize_linears
 from models.wan.kv_cache import ChunkKVCache
 from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
-from models.wan.taehv import TAEHVDecoder
-from models.wan.taehv_config import TAEHVConfig
-from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache, UMT5TextEncoder
+from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache
 from models.wan.transformer import WanDiT, dit_flops
-from models.wan.vae import WanVAE
-from models.wan.vae_config import WanVAEConfig
 
 __all__ = ["InstanceError", "WanInstance", "load_instance"]
 
@@ -73,13 +71,14 @@ class ComponentBuilder(Protocol):
 
 
 # family -> module providing ``build_components`` (a ComponentBuilder); imported on first use.
-# Families not listed here are Wan-built (presets of models.wan, diffusers/original checkpoints).
+# Families not listed here are Wan-built (models/wan/components.py: presets of models.wan,
+# diffusers/original checkpoints).
 _COMPONENT_BUILDERS: dict[str, str] = {"tinyworld": "models.tinyworld.components"}
 
 
-def _component_builder(family: str) -> ComponentBuilder | None:
-    module = _COMPONENT_BUILDERS.get(family)
-    return None if module is None else importlib.import_module(module).build_components
+def _component_builder(family: str) -> ComponentBuilder:
+    module = _COMPONENT_BUILDERS.get(family, "models.wan.components")
+    return importlib.import_module(module).build_components
 
 
 class WanInstance:
@@ -125,40 +124,40 @@ class WanInstance:
         self.diffusion_step_op = DiffusionStepOp(dit)
         self._compiled = False
         self._fp8 = False
+        self.levers: dict[str, Any] = {"attention": "auto", "overlap_decode": False}
 
-    def compile(
-        self, *, attention: str = "auto", fp8: str | None = None, overlap_decode: bool = True
+    def configure(
+        self,
+        *,
+        attention: str | None = None,
+        fp8: str | None = None,
+        overlap_decode: bool | None = None,
+        cuda_graphs: bool | None = None,
+        kv_update: str | None = None,
     ) -> None:
-        """Optimise the step bodies for serving (GPU); measured in infra/bench/RESULTS.md.
+        """Set serving levers without compiling anything (each None: left as it is); the
+        options and their measured effect are in docs/architecture.md ("Serving levers").
 
-        - ``torch.compile`` of every DiT block (one graph serves all of them: same code, same
-          shapes; one more per K/V prefix length while a stream's cache fills) and of the VAE
-          decoder, whose 3D convolution weights go channels-last first (cuDNN's fast layout once
-          the norms around them are fused); a tiny decoder (TAEHV: 2D convolutions) is compiled
-          as it is (``dreamrt bench tiny-decoder`` measures channels-last for it too). The first
-          chunks after this pay the compilation.
-        - ``attention``: which SDPA kernels unmasked self-attention prefers
-          (``models.wan.attention.ATTENTION_BACKENDS``: auto, flash, cudnn). "auto" picks cuDNN
-          on the H200 with torch 2.11 (61 ms per 1.3B step; flash first: 81 ms).
-        - ``fp8``: ``"row"`` or ``"tensor"``: the blocks' linear layers become
-          ``models.wan.fp8.Fp8Linear`` (e4m3 weights and activations, row-wise or per-tensor
-          scales). Opt-in: on the H200 it saved 1-2 ms of a 61-ms step (attention and
-          elementwise work dominate) for a larger frame difference.
-        - ``overlap_decode`` (default on): a session's VAE decode runs on a second CUDA stream
-          beside the next plans (``DecodeOp``); the frames are bit-identical, they just arrive
-          asynchronously (H200: 26.2 -> 27.3 FPS on the 1.3B card).
-
-        Calling it again may change ``attention`` and ``overlap_decode``; compilation and FP8
-        are one-way.
+        ``attention``: a name of ``models.wan.attention_kernels.ATTENTION_BACKENDS`` (unknown:
+        ``InstanceError``; lossy ones fall back to SDPA, logged, where they cannot run).
+        ``fp8``: "row" | "tensor" FP8 linears in the blocks (one-way). ``overlap_decode``: VAE
+        decode on a second CUDA stream. ``cuda_graphs``: steady-state chunk forwards replay CUDA
+        graphs (``models/wan/cuda_graphs.py``; a no-op off CUDA). ``kv_update``: "last_step"
+        folds the KV-update pass into the last denoising step, "clean" is the separate pass
+        (a deviation from a recipe trained the other way). ``levers`` records what is in force.
         """
-        if attention not in ATTENTION_BACKENDS:
-            raise InstanceError(
-                f"attention {attention!r} is not one of {sorted(ATTENTION_BACKENDS)}"
-            )
-        for module in self.dit.modules():
-            if isinstance(module, WanSelfAttention):
-                module.backends = ATTENTION_BACKENDS[attention]
-        self.decode_op.set_overlap(overlap_decode, self.device)
+        if attention is not None:
+            try:
+                kernel = select_backend(attention)
+            except UnknownBackendError as exc:
+                raise InstanceError(exc.args[0]) from None
+            for module in self.dit.modules():
+                if isinstance(module, WanSelfAttention):
+                    module.kernel = kernel
+            self.levers["attention"] = kernel.name
+        if overlap_decode is not None:
+            self.decode_op.set_overlap(overlap_decode, self.device)
+            self.levers["overlap_decode"] = self.decode_op.overlap
         if fp8 not in (None, "row", "tensor"):
             raise InstanceError(f"fp8 {fp8!r} is not one of None, 'row', 'tensor'")
         if fp8 is not None and not self._fp8:
@@ -166,6 +165,47 @@ class WanInstance:
                 self.dit, lambda name: name.startswith("blocks."), per_tensor=fp8 == "tensor"
             )
             self._fp8 = True
+            self.levers["fp8"] = fp8
+        if cuda_graphs is not None:
+            self.dit.chunk_graphs = ChunkGraphs() if cuda_graphs else None
+            self.levers["cuda_graphs"] = cuda_graphs
+        if kv_update is not None:
+            self._set_kv_update(kv_update)
+
+    def _set_kv_update(self, kv_update: str) -> None:
+        spec = self.card.loops.get("chunk_rollout")
+        if spec is None:
+            raise InstanceError(f"card {self.card.model_id!r} has no chunk_rollout to fold")
+        try:
+            spec = dataclasses.replace(spec, kv_update=kv_update)
+        except ValueError as exc:
+            raise InstanceError(f"kv_update {kv_update!r}: {exc}") from None
+        loops = {**self.card.loops, "chunk_rollout": spec}
+        self.card = dataclasses.replace(self.card, loops=loops)
+        self.levers["kv_update"] = spec.kv_update.value
+
+    def compile(
+        self,
+        *,
+        attention: str = "auto",
+        fp8: str | None = None,
+        overlap_decode: bool = True,
+        cuda_graphs: bool = False,
+        kv_update: str | None = None,
+    ) -> None:
+        """Optimise the step bodies for serving (GPU; infra/bench/RESULTS.md): ``configure``
+        the levers, then (once) ``torch.compile`` every DiT block (one graph for all of them;
+        one more per K/V prefix length while a cache fills) and the VAE decoder (3D conv weights
+        channels-last: cuDNN's fast layout once the norms around them are fused; a tiny decoder's
+        2D convolutions keep their layout - ``dreamrt bench tiny-decoder`` measures both). The
+        first chunks after this pay the compilation. Compilation and FP8 are one-way."""
+        self.configure(
+            attention=attention,
+            fp8=fp8,
+            overlap_decode=overlap_decode,
+            cuda_graphs=cuda_graphs,
+            kv_update=kv_update,
+        )
         if self._compiled:
             return
         for block in self.dit.blocks:
@@ -178,6 +218,18 @@ class WanInstance:
                     )
             self.vae.decoder.compile()
         self._compiled = True
+        self.levers["compiled"] = True
+
+    def warmup_chunks(self, profile: Profile) -> int:
+        """Chunks a warm-up session needs so every graph a stream uses exists afterwards: every
+        K/V-prefix length while the cache fills, two chunks at steady state and, with CUDA
+        graphs, one KV update into every ring position (the last chunk of a bounded stream has
+        none)."""
+        c = profile.chunk_latent_frames
+        sink, ring = self.kv_geometry(c)
+        fill = -(-(sink + ring) // c)
+        positions = ring // math.gcd(ring, c) if self.dit.chunk_graphs is not None else 1
+        return fill + max(2, positions + 1)
 
     def batch_sessions(self, enabled: bool) -> None:
         """Let the engine run compatible denoising steps of several sessions as one DiT forward
@@ -349,17 +401,6 @@ def _pick_precision(card: ModelCard, device: torch.device, precision: str | None
     return assumed
 
 
-def _randomize_hooks(dit: WanDiT, seed: int) -> None:
-    """Random cards get non-zero action/audio hooks so inputs visibly change the output (real
-    checkpoints start them at zero, an exact no-op, and train them)."""
-    generator = torch.Generator().manual_seed(seed)
-    for hook in (dit.action_embedding, dit.audio_embedding):
-        if hook is None:
-            continue
-        for p in hook.parameters():
-            p.data.copy_(torch.randn(p.shape, generator=generator) * 0.5)
-
-
 def load_instance(
     card: ModelCard,
     *,
@@ -381,33 +422,14 @@ def load_instance(
     prec = _pick_precision(card, dev, precision)
     card.check_serving(card.recipe.assumes_loop, prec)
     dtype = _DTYPES[prec]
-    dit_spec = card.components["dit"]
-    hooks = {
-        "action_dim": ACTION_DIM if "action" in dit_spec.conditioning else 0,
-        "audio_dim": AUDIO_DIM if "audio" in dit_spec.conditioning else 0,
-    }
-    builder = _component_builder(card.family)
-    if builder is not None:
-        dit, vae, encoder = builder(
-            card,
-            device=dev,
-            dtype=dtype,
-            seed=seed,
-            random_weights=random_weights,
-            checkpoint_dir=checkpoint_dir,
-        )
-    elif random_weights or card.weights.value == "random":
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            with dev:  # initialise where the weights will live (a 1.3B DiT inits in ms on GPU)
-                dit = WanDiT(WanDiTConfig.preset(dit_spec.preset).replace(**hooks))
-                vae = _random_codec(card)
-        _randomize_hooks(dit, seed)
-        encoder = UMT5TextEncoder.from_preset(
-            card.components["text_encoder"].preset, seed=seed, device=dev, dtype=dtype
-        )
-    else:
-        dit, vae, encoder = _load_checkpoint(card, checkpoint_dir, dev, dtype)
+    dit, vae, encoder = _component_builder(card.family)(
+        card,
+        device=dev,
+        dtype=dtype,
+        seed=seed,
+        random_weights=random_weights,
+        checkpoint_dir=checkpoint_dir,
+    )
     dit = dit.to(device=dev).eval()
     _cast_dit(dit, dtype)
     vae = vae.to(device=dev, dtype=dtype).eval()
@@ -420,60 +442,8 @@ def load_instance(
     return instance
 
 
-def _random_codec(card: ModelCard) -> WanVAE | TAEHVDecoder:
-    """The latent codec the loops decode with (``card.decoder_component``), from its preset."""
-    spec = card.components[card.decoder_component]
-    if spec.kind is ComponentKind.DECODER:
-        return TAEHVDecoder(TAEHVConfig.preset(spec.preset))
-    return WanVAE(WanVAEConfig.preset(spec.preset))
-
-
 def _cast_dit(dit: WanDiT, dtype: torch.dtype) -> None:
     from models.wan.transformer import param_dtype
 
     for name, p in dit.named_parameters():
         p.data = p.data.to(param_dtype(name, dtype))
-
-
-def _load_checkpoint(
-    card: ModelCard, checkpoint_dir: str | Path | None, device: torch.device, dtype: torch.dtype
-) -> tuple[WanDiT, WanVAE | TAEHVDecoder, UMT5TextEncoder]:
-    from models.checkpoint import load_transformer, load_vae
-    from models.wan.text_encoder import require_transformers
-
-    if checkpoint_dir is None:
-        raise InstanceError(
-            f"card {card.model_id!r} has {card.weights.value} weights: pass the checkpoint "
-            f"directory (components {sorted(card.checkpoint.components)})"
-        )
-    root = Path(checkpoint_dir)
-    entries = card.checkpoint.components
-    codec = card.decoder_component
-    loaded = ("dit", codec, "text_encoder", "tokenizer")  # not a full VAE that only teaches
-    missing = [
-        f"{c} ({e.path_hint})"
-        for c, e in entries.items()
-        if c in loaded and not (root / e.path_hint).exists()
-    ]
-    if missing:
-        raise InstanceError(
-            f"checkpoint {str(root)!r} for card {card.model_id!r} lacks: " + ", ".join(missing)
-        )
-    require_transformers()  # before gigabytes of DiT weights load, not after
-    dit = load_transformer(root / entries["dit"].path_hint, device=device, dtype=dtype)
-    if card.components[codec].kind is ComponentKind.DECODER:
-        from models.wan.taehv_checkpoint import load_taehv
-
-        config = TAEHVConfig.preset(card.components[codec].preset)
-        vae = load_taehv(root / entries[codec].path_hint, device=device, dtype=dtype, config=config)
-    else:
-        vae = load_vae(root / entries["vae"].path_hint, device=device, dtype=dtype)
-    encoder = UMT5TextEncoder.from_pretrained(
-        root / entries["text_encoder"].path_hint,
-        root / entries["tokenizer"].path_hint,
-        text_len=dit.config.text_len,
-        preset=card.components["text_encoder"].preset,
-        device=device,
-        dtype=dtype,
-    )
-    return dit, vae, encoder

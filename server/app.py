@@ -74,6 +74,9 @@ class ServerConfig:
     scheduler: str = "step-edf"
     deterministic: bool = False  # batched plans bit-identical to solo runs (replay, A/B tests)
     compile: bool = False  # GPU serving: WanInstance.compile()
+    # with ``compile``: the self-attention kernel (models.wan.attention_kernels) and CUDA graphs
+    attention: str = "auto"
+    cuda_graphs: bool = False
     # one internal session before serving, so no user waits for compilation (None: if compiled)
     warmup: bool | None = None
     checkpoint_dir: Path | None = None  # weights of a card with external weights
@@ -226,9 +229,10 @@ async def _build(config: ServerConfig) -> ServerContext:
         load_instance,
         card,
         device=config.device,
-        compile=config.compile,
         checkpoint_dir=config.checkpoint_dir,
     )
+    if config.compile:
+        instance.compile(attention=config.attention, cuda_graphs=config.cuda_graphs)
     device = str(instance.device)
     profile = card.default_profile
     # a job-only card (bidirectional) has no sessions: no chunk-KV, no session warm-up
@@ -342,10 +346,12 @@ def _save_cost(cost: Any, path: Path) -> None:
 
 
 async def _warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
-    """Run one short session of ``instance`` on a throwaway engine: through every K/V-prefix
-    length into steady state, with the first chunk's two decode parts, so a compiled instance
-    has traced and compiled all its graphs before a user's session needs them. The serving
-    engine (and its cost calibration) never sees it. -> seconds it took."""
+    """Run short sessions of ``instance`` on a throwaway engine: through every K/V-prefix
+    length into steady state, with the first chunk's two decode parts (and, with CUDA graphs,
+    one KV update into every ring position: ``instance.warmup_chunks``), so a compiled instance
+    has traced, compiled and captured all its graphs before a user's session needs them. One
+    session on slab 0; with CUDA graphs one per slab, side by side, since graphs are per slab.
+    The serving engine (and its cost calibration) never sees them. -> seconds it took."""
     import time
 
     from models.loops.requests import SessionRequest
@@ -353,24 +359,28 @@ async def _warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
     from runtime.cost import CostModel
     from runtime.engine import Engine
 
-    sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
-    chunks = -(-(sink + ring) // profile.chunk_latent_frames) + 2
-    # Sessions' caches are views of the preallocated slab buffer: warm up on one (slab 0, free
-    # again afterwards) so the compiled graphs see exactly the tensors sessions will pass.
+    chunks = instance.warmup_chunks(profile)
+    slabs = range(num_slabs) if instance.levers.get("cuda_graphs") else range(1)
+    # Sessions' caches are views of the preallocated slab buffer: warm up on them (free again
+    # afterwards) so the compiled graphs see exactly the tensors sessions will pass.
     instance.reserve_kv_slabs(profile, num_slabs)
     engine = Engine(cost=CostModel())
     await engine.start()
     start_s = time.perf_counter()
     try:
-        handle = engine.spawn(
-            instance.loop("chunk_rollout"),
-            SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks, kv_slab=0),
-            instance,
-            loop_id="warm-up",
-            priority=Priority.BATCH,
-            on_emit=lambda emission: None,
-        )
-        await handle.result()
+        handles = [
+            engine.spawn(
+                instance.loop("chunk_rollout"),
+                SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks, kv_slab=slab),
+                instance,
+                loop_id=f"warm-up-{slab}",
+                priority=Priority.BATCH,
+                on_emit=lambda emission: None,
+            )
+            for slab in slabs
+        ]
+        for handle in handles:
+            await handle.result()
     finally:
         await engine.close()
     return time.perf_counter() - start_s

@@ -99,6 +99,19 @@ def _build_parser() -> argparse.ArgumentParser:
         "CUDA stream; one internal warm-up session compiles every graph before serving",
     )
     serve.add_argument(
+        "--attention",
+        default="auto",
+        metavar="NAME",
+        help="with --compile: the self-attention kernel (auto, flash, cudnn; lossy: sage, "
+        "fp8-triton, fp8qk-triton; one that cannot run falls back to SDPA, logged)",
+    )
+    serve.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="with --compile: replay CUDA graphs of steady-state chunk forwards (the warm-up "
+        "captures them for every slab)",
+    )
+    serve.add_argument(
         "--no-warmup",
         action="store_true",
         help="with --compile: skip the warm-up (the first session then pays compilation)",
@@ -176,6 +189,8 @@ def _serve(args: argparse.Namespace) -> int:
         deterministic=args.deterministic,
         scheduler=args.scheduler,
         compile=args.compile,
+        attention=args.attention,
+        cuda_graphs=args.cuda_graphs,
         warmup=False if args.no_warmup else None,
         checkpoint_dir=args.checkpoint,
         unwatched_timeout_s=args.unwatched_timeout,
@@ -260,6 +275,8 @@ BENCHMARKS = {
     "vae-decode": "infra.bench.vae_decode",
     "tiny-decoder": "infra.bench.tiny_decoder",
     "browser-latency": "infra.bench.browser_latency",
+    "attention": "infra.bench.attention_bench",
+    "quality-guard": "infra.bench.quality_guard",
 }
 
 

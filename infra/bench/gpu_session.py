@@ -3,36 +3,45 @@
 The whole serving path below the network: ``Engine`` (scheduler + executor thread + profiler)
 drives ``chunk_rollout`` (text encode, 4 denoise steps, KV update, VAE decode to uint8 RGB
 frames on the host, ready for the encoder) at 832x480, chunks of 3 latent frames, KV window
-9 + 3 sink (``--window 21`` for the 21-frame variant), random bf16 weights.
+9 + 3 sink (``--window 21`` for the 21-frame variant), random bf16 weights. Every session runs
+on slab 0 of the instance's preallocated K/V buffer, as a server's sessions do.
 
-Variants, measured side by side in one process (``--variants``, comma-separated):
+Variants, measured side by side in one process (``--variants``, comma-separated), each on a
+fresh instance with the same seeded random weights:
 
 - ``baseline``: eager PyTorch, attention always masked over the whole cache (the first
   implementation).
-- ``nomask``: eager; attention reads only the filled prefix of the K/V cache, unmasked, so SDPA
-  may pick flash / cuDNN kernels from the first chunk on.
+- ``nomask``: eager; attention reads only the filled prefix of the K/V cache, unmasked. Options
+  on ``nomask`` apply the levers without ``torch.compile`` (``WanInstance.configure``: CPU dry
+  runs, or to see a lever without compilation).
 - ``compiled``: ``nomask`` plus ``WanInstance.compile()``: ``torch.compile`` of every DiT block
   (one graph for all 30) and of the VAE decoder (3D conv weights channels-last).
-- options joined with ``+``: ``compiled+cudnn`` / ``+flash`` (SDPA kernel preference),
-  ``+overlap`` (the VAE decode on a second CUDA stream beside the next plans),
-  ``+convbench`` (``torch.backends.cudnn.benchmark``: cuDNN times its conv algorithms; stays
-  on for later variants), ``+fp8`` / ``+fp8t`` (FP8 linears in the blocks with row-wise /
-  per-tensor scales: ``models/wan/fp8.py``), ``+fold`` (the card's K/V update moved into the
-  last denoising step, ``KVUpdate.LAST_STEP``: one forward less per chunk, but not what the
-  recipe trained with, so its frames differ by design).
+- options joined with ``+``: attention ``+cudnn`` / ``+flash`` (SDPA kernel preference),
+  ``+sage`` (sageattention: INT8 Q K^T, FP16 P V), ``+fp8attn`` / ``+fp8qk`` (our Triton e4m3
+  attention, P V in FP8 / in bf16) - at most one; ``+overlap`` (the VAE decode on a second
+  CUDA stream); ``+graphs`` (CUDA graphs of the steady-state chunk forwards); ``+convbench``
+  (``torch.backends.cudnn.benchmark``; stays on for later variants); ``+fp8`` / ``+fp8t`` (FP8
+  linears, row-wise / per-tensor scales); ``+fold`` (the K/V update in the last denoising
+  step: one forward less per chunk, not what the recipe trained); ``+taehv`` (the VAE decoder
+  swapped for the component ``--tiny-decoder MODULE:FACTORY`` names, called as
+  ``FACTORY(instance, weights=--tiny-decoder-weights)`` and returning a VAE-like codec; for the
+  tiny streaming decoder of issue 16, built elsewhere).
 
-Each variant gets a fresh instance with the same seeded random weights.
+A variant that fails (an option that cannot run here, a kernel error) gets its error string in
+the table and the JSON; the others still run. The JSON is rewritten after every variant.
 
 For each: steady-state FPS including decode, time to first frame, per-step and per-chunk
 latency (median, p95), DiT MFU (``dit_flops`` / measured step time / ``--peak-tflops``),
-peak memory, and engine overhead (chunk wall time minus the device time of its plans).
-Parity: every variant's frames against the baseline's (same seed), as mean/max absolute
-uint8 difference. Time to first frame comes from a one-chunk session with a prompt never seen
-before (its text encode runs; kernels are warm). Prints the tables last; ``--json``
-writes everything.
+peak memory, engine overhead (chunk wall time minus the device time of its plans), and frame
+parity (``gpu_session_report``): vs the eager baseline, vs ``--reference`` (what lossy levers
+are judged against), and for ``+graphs`` whether the frames equal the same variant without
+graphs bit for bit. Time to first frame comes from a one-chunk session with a prompt never seen
+before (its text encode runs; kernels are warm). Before the sessions, ``--micro`` times the
+attention backends alone on the step's shape with their error vs bf16 SDPA
+(``attention_bench``). Prints the tables last.
 
-    python -m infra.bench.gpu_session [--chunks 8] [--window 12] \
-        [--variants baseline,nomask,compiled]
+    python -m infra.bench.gpu_session [--chunks 10] [--window 12] \
+        [--variants baseline,compiled+overlap,compiled+overlap+graphs] [--json F]
 """
 
 from __future__ import annotations
@@ -41,16 +50,26 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
-import statistics
+import importlib
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from infra.bench import attention_bench
+from infra.bench.gpu_session_report import (
+    parity,
+    print_tables,
+    row,
+    summarize,
+    without_option,
+    write_json,
+)
 from models.instance import WanInstance, load_instance
+from models.loops.ops import DecodeOp
 from models.loops.requests import SessionRequest
 from models.registry import get
 from models.wan.fp8 import Fp8Linear, scaled_mm_supported
@@ -61,8 +80,21 @@ from runtime.cost import CostModel, DeviceConstants
 from runtime.engine import Engine
 from runtime.observers import Profiler
 
-VARIANTS = ("baseline", "compiled", "compiled+cudnn", "compiled+cudnn+fp8")
+VARIANTS = ("baseline", "compiled+overlap", "compiled+overlap+graphs", "compiled+overlap+fp8attn")
 _KINDS = ("text_encode", "chunk_step", "kv_update", "vae_decode")
+# option -> attention backend (models.wan.attention_kernels); at most one per variant
+_ATTENTION = {
+    "cudnn": "cudnn",
+    "flash": "flash",
+    "sage": "sage",
+    "fp8attn": "fp8-triton",
+    "fp8qk": "fp8qk-triton",
+}
+_OPTIONS = {*_ATTENTION, "fp8", "fp8t", "overlap", "convbench", "fold", "graphs", "taehv"}
+
+
+class VariantError(ValueError):
+    """A variant this bench cannot set up (unknown option, a missing --tiny-decoder, ...)."""
 
 
 def _with_window(card: Any, window: int) -> Any:
@@ -71,11 +103,6 @@ def _with_window(card: Any, window: int) -> Any:
         caches["chunk_kv"], window_latent_frames=window - caches["chunk_kv"].sink_latent_frames
     )
     return dataclasses.replace(card, caches=caches)
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))]
 
 
 def _sync() -> None:
@@ -130,7 +157,7 @@ async def _run_session(
     # Batch class: no playout deadlines, so the lead limit does not cap the rate we measure.
     handle = engine.spawn(
         instance.loop("chunk_rollout"),
-        SessionRequest(prompt=prompt, seed=7, max_chunks=chunks),
+        SessionRequest(prompt=prompt, seed=7, max_chunks=chunks, kv_slab=0),
         instance,
         loop_id=f"bench-{served.sessions}",
         priority=Priority.BATCH,
@@ -166,44 +193,79 @@ async def _variant(
         # time to first frame: a fresh session with a prompt never seen (its text encode runs)
         with _maybe_trace(trace, trace_dir, variant):
             probe = await _run_session(served, instance, 1, f"first-frame probe: {variant}")
+        graphs = instance.dit.chunk_graphs
+        before = dict(graphs.stats) if graphs is not None else {}
         run = await _run_session(served, instance, chunks, "a red ball rolling on green grass")
+    if graphs is not None:  # the measured session should only replay what warm-up captured
+        run["graph_stats"] = {
+            "after_warmup": before,
+            "measured": {k: v - before[k] for k, v in graphs.stats.items()},
+            "graphs": graphs.num_graphs,
+            "disabled": graphs.disabled,
+        }
     return probe, run
 
 
 _FULL, _PREFIX = ChunkKVCache.full, ChunkKVCache.prefix_frames
 
 
-def _prepare(variant: str, instance: WanInstance) -> dict[str, Any]:
+def _prepare(variant: str, instance: WanInstance, args: argparse.Namespace) -> dict[str, Any]:
+    """Apply a variant's levers to a fresh instance -> what is in force (``VariantError`` for
+    one that cannot be set up)."""
     base, *options = variant.split("+")
-    unknown = {
-        o
-        for o in options
-        if o not in ("cudnn", "flash", "fp8", "fp8t", "overlap", "convbench", "fold")
-    }
+    unknown = set(options) - _OPTIONS
     if base not in ("baseline", "nomask", "compiled") or unknown:
-        raise SystemExit(f"gpu_session: unknown variant {variant!r}")
+        raise VariantError(f"unknown variant {variant!r} (options: {sorted(_OPTIONS)})")
+    attention = [_ATTENTION[o] for o in options if o in _ATTENTION]
+    if len(attention) > 1:
+        raise VariantError(f"{variant!r} names {len(attention)} attention backends")
+    if base == "baseline" and options:
+        raise VariantError("baseline takes no options (it is the eager, masked reference)")
     # The baseline masks attention over every cache slot, as the first implementation did.
     masked = base == "baseline"
     ChunkKVCache.full = property(lambda self: False) if masked else _FULL
     ChunkKVCache.prefix_frames = property(lambda self: None) if masked else _PREFIX
-    if "fold" in options:  # the card's recipe says otherwise: a measured deviation
-        spec = dataclasses.replace(instance.card.loops["chunk_rollout"], kv_update="last_step")
-        instance.card = dataclasses.replace(
-            instance.card, loops={**instance.card.loops, "chunk_rollout": spec}
-        )
+    if "convbench" in options:
+        torch.backends.cudnn.benchmark = True
+    levers = {
+        "attention": attention[0] if attention else "auto",
+        "fp8": "row" if "fp8" in options else "tensor" if "fp8t" in options else None,
+        "overlap_decode": "overlap" in options,
+        "cuda_graphs": "graphs" in options,
+        "kv_update": "last_step" if "fold" in options else None,
+    }
     if base == "compiled":
-        attention = next((o for o in options if o in ("cudnn", "flash")), "auto")
-        if "convbench" in options:
-            torch.backends.cudnn.benchmark = True
-        fp8 = "row" if "fp8" in options else "tensor" if "fp8t" in options else None
-        instance.compile(attention=attention, fp8=fp8, overlap_decode="overlap" in options)
+        instance.compile(**levers)
+    elif options:
+        instance.configure(**levers)
+    if "taehv" in options:
+        _swap_decoder(instance, args)
     return {
+        **instance.levers,
         "fp8_linears": sum(isinstance(m, Fp8Linear) for m in instance.dit.modules()),
         "scaled_mm": scaled_mm_supported(instance.device),
-        "sdpa_backends": [b.name for b in instance.dit.blocks[0].self_attn.backends or ()],
         "overlap_decode": instance.decode_op.overlap,
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
     }
+
+
+def _swap_decoder(instance: WanInstance, args: argparse.Namespace) -> None:
+    """``+taehv``: the card's VAE replaced by ``--tiny-decoder MODULE:FACTORY``'s codec (it must
+    offer what ``DecodeOp`` and the loop use: ``denormalize``, ``decode_chunk``,
+    ``new_decoder_cache``, ``decoder_cache_bytes``); the decode overlap setting is kept."""
+    if not args.tiny_decoder:
+        raise VariantError("+taehv needs --tiny-decoder MODULE:FACTORY")
+    module_name, _, factory_name = args.tiny_decoder.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), factory_name or "build_decoder")
+    except (ImportError, AttributeError) as exc:
+        raise VariantError(f"--tiny-decoder {args.tiny_decoder!r}: {exc}") from None
+    vae = factory(instance, weights=args.tiny_decoder_weights)
+    overlap = instance.decode_op.overlap
+    instance.vae = instance.components["vae"] = vae
+    instance.decode_op = DecodeOp(vae)
+    instance.decode_op.set_overlap(overlap, instance.device)
+    instance.levers["decoder"] = args.tiny_decoder
 
 
 @contextlib.contextmanager
@@ -223,71 +285,6 @@ def _maybe_trace(enabled: bool, out_dir: str, variant: str) -> Iterator[None]:
         f.write("\n")
         f.write(averages.table(sort_by="cuda_time_total", row_limit=40))
     prof.export_chrome_trace(f"{out_dir}/trace_{name}.json")
-
-
-def _parity(frames: list[torch.Tensor], reference: list[torch.Tensor]) -> dict[str, float]:
-    diffs = [(a.float() - b.float()).abs() for a, b in zip(frames, reference, strict=True)]
-    return {
-        "mean_abs_uint8": float(torch.cat([d.flatten() for d in diffs]).mean()),
-        "max_abs_uint8": float(max(d.max() for d in diffs)),
-    }
-
-
-def _write_json(
-    args: argparse.Namespace,
-    step_flops: float,
-    device_name: str,
-    results: dict[str, dict[str, Any]],
-) -> None:
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "window": args.window,
-                    "chunks": args.chunks,
-                    "step_flops": step_flops,
-                    "device": device_name,
-                    "torch": torch.__version__,
-                    "results": results,
-                },
-                f,
-                indent=2,
-            )
-
-
-def _row(name: str, r: dict[str, Any], base: dict[str, Any] | None) -> str:
-    ratio = r["fps"] / base["fps"] if base else float("nan")
-    par = r["parity_vs_baseline"]
-    par_s = "ref" if par is None else f"{par['mean_abs_uint8']:.2f}/{par['max_abs_uint8']:.0f}"
-    return (
-        f"| {name} | {r['fps']:.1f} | {ratio:.2f} | {r['first_frame_s']:.2f} | "
-        f"{r['step_ms_median']:.1f} ({r['step_ms_p95']:.1f}) | {r['chunk_ms_median']:.0f} "
-        f"({r['chunk_ms_p95']:.0f}) | {r['kv_update_ms_median']:.0f} | "
-        f"{r['decode_ms_median']:.0f} | {r['mfu']:.0%} | {r['peak_gib']:.1f} | "
-        f"{r['engine_overhead_ms_median']:.1f} | {par_s} |"
-    )
-
-
-def _print_tables(results: dict[str, dict[str, Any]]) -> None:
-    base = results.get("baseline")
-    print(
-        "| variant | FPS incl. decode | x baseline | first frame s | step ms (p95) | "
-        "chunk ms (p95) | KV update ms | decode ms | DiT MFU | peak GiB | engine overhead ms | "
-        "parity (mean/max) |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name, r in results.items():
-        print(_row(name, r, base))
-    print(
-        "\nfirst chunk of a fresh session (device ms): text encode | 4 steps | KV update | decode"
-    )
-    for name, r in results.items():
-        first = r["first_chunk_device_ms"]
-        print(
-            f"| {name} | {sum(first['text_encode']):.0f} | "
-            f"{' + '.join(f'{x:.0f}' for x in first['chunk_step'])} | "
-            f"{sum(first['kv_update']):.0f} | {sum(first['vae_decode']):.0f} |"
-        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,7 +310,32 @@ def main(argv: list[str] | None = None) -> int:
         choices=["cuda", "cpu"],
         help="cpu: a dry run of the script on a small card",
     )
+    parser.add_argument(
+        "--reference",
+        default="compiled+overlap",
+        help="the variant lossy levers are compared with (parity column 'vs REFERENCE')",
+    )
+    parser.add_argument(
+        "--no-micro", dest="micro", action="store_false", help="skip the attention micro-bench"
+    )
+    parser.add_argument("--micro-backends", default=attention_bench.DEFAULT_BACKENDS)
+    parser.add_argument(
+        "--tiny-decoder",
+        default=None,
+        metavar="MODULE:FACTORY",
+        help="+taehv: the decoder component to swap in (FACTORY(instance, weights=...))",
+    )
+    parser.add_argument("--tiny-decoder-weights", default=None, metavar="PATH")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="start no variant after this many seconds of sessions (the rest: 'skipped')",
+    )
     args = parser.parse_args(argv)
+    # the micro-bench's shape options (the Wan shape on CUDA, a small one on the CPU)
+    args.queries = args.keys = args.heads = None
+    args.head_dim, args.key_scale, args.reps = 128, 1.5, 10
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_session: CUDA is not available (--device cpu for a dry run)", file=sys.stderr)
         return 2
@@ -341,77 +363,100 @@ def main(argv: list[str] | None = None) -> int:
     step_flops = dit_flops(instance.dit.config, c * t, args.window * t, instance.text_len)
 
     device_name = torch.cuda.get_device_name() if cuda else "cpu"
+    header = {
+        "window": args.window,
+        "chunks": args.chunks,
+        "step_flops": step_flops,
+        "device": device_name,
+        "torch": torch.__version__,
+        "command": " ".join(sys.argv),
+    }
+    if args.micro:
+        try:
+            header["attention_micro"] = attention_bench.run_micro(
+                **attention_bench.micro_shape(args), backends=args.micro_backends.split(",")
+            )
+            attention_bench.print_micro(header["attention_micro"])
+        except Exception as exc:  # recorded; the sessions still run
+            header["attention_micro"] = {"error": f"{type(exc).__name__}: {exc}"}
     results: dict[str, dict[str, Any]] = {}
-    reference: list[torch.Tensor] | None = None
-    previous: list[torch.Tensor] | None = None
+    frames: dict[str, list[torch.Tensor]] = {}
     # Chunks before the K/V cache is full attend with a mask (other kernels, other graphs):
     # steady state starts one chunk after it fills.
     sink, ring = instance.kv_geometry(c)
     first_steady = -(-(sink + ring) // c) + 1
     if args.chunks <= first_steady:
         parser.error(f"--chunks must exceed {first_steady} to reach steady state")
+    instance.reserve_kv_slabs(profile, 1)
+    started = time.perf_counter()
     for index, variant in enumerate(variants):
-        if index:
-            del instance
-            torch._dynamo.reset()
-            if cuda:
-                torch.cuda.empty_cache()
-            instance = fresh_instance()
-        setup = _prepare(variant, instance)
-        print(f"{variant}: {setup}", flush=True)
-        probe, run = asyncio.run(
-            _variant(
-                instance,
-                first_steady + 1,
-                args.chunks,
-                variant,
-                variant in args.trace.split(","),
-                args.trace_dir,
+        if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
+            results[variant] = {"skipped": f"--budget-s {args.budget_s:.0f} spent"}
+            print(f"{variant}: skipped (budget)", flush=True)
+            continue
+        try:
+            if index:
+                del instance
+                torch._dynamo.reset()
+                if cuda:
+                    torch.cuda.empty_cache()
+                instance = fresh_instance()
+                instance.reserve_kv_slabs(profile, 1)
+            setup = _prepare(variant, instance, args)
+            print(f"{variant}: {setup}", flush=True)
+            warmup = max(first_steady + 1, instance.warmup_chunks(profile))
+            trace = variant in args.trace.split(",")
+            probe, run = asyncio.run(
+                _variant(instance, warmup, args.chunks, variant, trace, args.trace_dir)
             )
+            setup["graph_stats"] = run.pop("graph_stats", None)
+            result = summarize(
+                probe,
+                run,
+                steps=profile.steps,
+                first_steady=first_steady,
+                step_flops=step_flops,
+                peak_tflops=args.peak_tflops,
+                cuda=cuda,
+            )
+        except Exception as exc:  # recorded in the table and the JSON; the next variant runs
+            results[variant] = {
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(limit=8),
+            }
+            print(f"{variant}: failed: {results[variant]['error']}", flush=True)
+            write_json(args.json, header, results)
+            continue
+        frames[variant] = run["frames"]
+        base = "baseline" if "baseline" in frames else next(iter(frames))
+        result["setup"] = setup
+        result["parity_vs_baseline"] = (
+            None if base == variant else parity(run["frames"], frames[base])
         )
-        steady = run["chunk_wall_s"][first_steady:]
-        frames = [f.shape[0] for f in run["frames"]][first_steady:]
-        step_dev = run["device"]["chunk_step"][-profile.steps * len(steady) :]
-        device_per_chunk = [sum(x) for x in zip(*[iter(step_dev)] * profile.steps)]
-        # no KV-update plans with +fold: the last step writes the cache
-        kv = run["device"]["kv_update"][-len(steady) :] or [0.0] * len(steady)
-        dec = run["device"]["vae_decode"][-len(steady) :]
-        busy = [a + b + c for a, b, c in zip(device_per_chunk, kv, dec)]
-        overhead = [w - b for w, b in zip(steady, busy)]
-        parity = None if reference is None else _parity(run["frames"], reference)
-        parity_prev = None if previous is None else _parity(run["frames"], previous)
-        reference = run["frames"] if reference is None else reference
-        previous = run["frames"]
-        step_med = statistics.median(step_dev)
-        results[variant] = {
-            "fps": sum(frames) / sum(steady),
-            "first_frame_s": probe["first_frame_s"],
-            "first_chunk_s": probe["chunk_wall_s"][0],
-            "first_chunk_device_ms": {k: [x * 1e3 for x in v] for k, v in probe["device"].items()},
-            "step_ms_median": step_med * 1e3,
-            "step_ms_p95": _percentile(step_dev, 0.95) * 1e3,
-            "chunk_ms_median": statistics.median(steady) * 1e3,
-            "chunk_ms_p95": _percentile(steady, 0.95) * 1e3,
-            "decode_ms_median": statistics.median(dec) * 1e3,
-            "kv_update_ms_median": statistics.median(kv) * 1e3,
-            "mfu": step_flops / step_med / (args.peak_tflops * 1e12),
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
-            "engine_overhead_ms_median": statistics.median(overhead) * 1e3,
-            "setup": setup,
-            "parity_vs_baseline": parity,
-            "parity_vs_previous_variant": parity_prev,
-            "raw": {k: v for k, v in run.items() if k != "frames"},
-        }
-        _write_json(args, step_flops, device_name, results)  # what is done survives a timeout
-        print(f"{variant}: {_row(variant, results[variant], results.get('baseline'))}", flush=True)
-    _write_json(args, step_flops, device_name, results)
+        ref = args.reference if args.reference in frames else None
+        result["parity_vs_reference"] = (
+            None if ref in (None, variant) else parity(run["frames"], frames[ref])
+        )
+        plain = without_option(variant, "graphs")
+        result["graphs_identical"] = (
+            parity(run["frames"], frames[plain])["identical"]
+            if plain != variant and plain in frames
+            else None
+        )
+        results[variant] = result
+        write_json(args.json, header, results)  # what is done survives a timeout
+        print(
+            f"{variant}: {row(variant, result, results.get('baseline'), args.reference)}",
+            flush=True,
+        )
     print(
         f"\n{args.model}, {profile.width}x{profile.height}, {profile.steps} steps, chunks of "
         f"{c} latent frames, window {args.window} (incl. sinks), {device_name}, "
         f"torch {torch.__version__}; DiT step = {step_flops / 1e12:.1f} TFLOP"
     )
-    _print_tables(results)
-    return 0
+    print_tables(results, args.reference)
+    write_json(args.json, header, results)
+    return 0 if all("error" not in r for r in results.values()) else 1
 
 
 if __name__ == "__main__":

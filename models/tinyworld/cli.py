@@ -126,6 +126,18 @@ def add_recipe_parsers(
     ev.add_argument("--long-s", type=float, default=60.0, help="collapse check length")
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--json", type=Path, default=None, help="also write the report here")
+    # the lossy serving levers (models.instance.WanInstance.configure), for the quality guard
+    ev.add_argument(
+        "--attention",
+        default=None,
+        metavar="NAME",
+        help="self-attention kernel (auto, sage, fp8-triton, fp8qk-triton, ...; tiny-world's "
+        "head dim is 32: kernels without it fall back to SDPA, logged)",
+    )
+    ev.add_argument("--fp8", default=None, choices=["row", "tensor"], help="FP8 linear layers")
+    ev.add_argument(
+        "--fold", action="store_true", help="KV update folded into the last denoising step"
+    )
     ev.set_defaults(handler=_eval)
 
 
@@ -165,7 +177,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     import torch
 
-    from models.instance import load_instance
+    from models.instance import InstanceError, load_instance
     from models.tinyworld.card import TINY_WORLD
     from models.tinyworld.evaluate import evaluate
 
@@ -182,10 +194,17 @@ def _eval(args: argparse.Namespace) -> int:
     instance = load_instance(
         card, device=args.device, precision=args.precision, checkpoint_dir=args.checkpoint_dir
     )
+    try:
+        instance.configure(
+            attention=args.attention, fp8=args.fp8, kv_update="last_step" if args.fold else None
+        )
+    except InstanceError as exc:
+        sys.stderr.write(f"dreamrt eval: {exc}\n")
+        return 2
     report = evaluate(
         instance, rollouts=args.rollouts, chunks=args.chunks, long_s=args.long_s, seed=args.seed
     )
-    text = json.dumps(report.as_dict(), indent=1)
+    text = json.dumps(report.as_dict() | {"levers": instance.levers}, indent=1)
     sys.stdout.write(text + "\n")
     if args.json is not None:
         args.json.write_text(text + "\n")

@@ -8,48 +8,14 @@ all heads (``qk_norm="rms_norm_across_heads"``) before the split into heads, as 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from models.wan.attention_kernels import ATTENTION_BACKENDS, AttentionBackend, attend
 from models.wan.rope import apply_rope
 
 __all__ = ["ATTENTION_BACKENDS", "WanCrossAttention", "WanSelfAttention", "attend"]
 
-# ``attention`` choices of ``WanInstance.compile``: SDPA kernels tried first, in order, for
-# self-attention ("auto": PyTorch's own choice, which was cuDNN's on the H200 with torch 2.11).
-# Measured in infra/bench/RESULTS.md (issue 7).
-ATTENTION_BACKENDS: dict[str, tuple[SDPBackend, ...] | None] = {
-    "auto": None,
-    "flash": (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH),
-    "cudnn": (
-        SDPBackend.CUDNN_ATTENTION,
-        SDPBackend.FLASH_ATTENTION,
-        SDPBackend.EFFICIENT_ATTENTION,
-        SDPBackend.MATH,
-    ),
-}
-
-
-def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    backends: tuple[SDPBackend, ...] | None = None,
-) -> torch.Tensor:
-    """Scaled dot-product attention over heads; ``mask`` is True where a key may be attended.
-    ``backends``: SDPA kernels to prefer, in order (``None``: PyTorch's choice).
-
-    q: [B, Nq, H, D]; k, v: [B, Nk, H, D]; mask: broadcastable to [B, H, Nq, Nk] -> [B, Nq, H * D]
-    """
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    if backends is None:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, Nq, D]
-    else:
-        with sdpa_kernel(list(backends), set_priority=True):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return out.transpose(1, 2).flatten(2).type_as(q)
+_SDPA = ATTENTION_BACKENDS["auto"]
 
 
 class _Projections(nn.Module):
@@ -73,10 +39,11 @@ class WanSelfAttention(_Projections):
 
     ``past`` holds K/V of earlier tokens (already rotated at their own positions), prepended to
     this call's K/V; ``mask`` (True = attend) covers ``past`` tokens followed by this call's.
-    ``backends`` (set by ``WanInstance.compile``) orders the SDPA kernels to try.
+    ``kernel`` (set by ``WanInstance.compile``; ``models/wan/attention_kernels.py``) computes
+    the attention; None is SDPA with PyTorch's kernel choice.
     """
 
-    backends: tuple[SDPBackend, ...] | None = None
+    kernel: AttentionBackend | None = None
 
     def forward(
         self,
@@ -91,16 +58,11 @@ class WanSelfAttention(_Projections):
         q = apply_rope(self._heads(self.norm_q(self.q(x))), cos, sin)
         k = apply_rope(self._heads(self.norm_k(self.k(x))), cos, sin)
         v = self._heads(self.v(x))
+        kernel = self.kernel or _SDPA
         if past is None:
-            out = attend(q, k, v, mask, self.backends)
+            out = kernel(q, k, v, mask)
         else:
-            out = attend(
-                q,
-                torch.cat((past[0], k), dim=1),
-                torch.cat((past[1], v), dim=1),
-                mask,
-                self.backends,
-            )
+            out = kernel(q, torch.cat((past[0], k), dim=1), torch.cat((past[1], v), dim=1), mask)
         return self.o(out), k, v
 
 

@@ -11,22 +11,27 @@ One module, three entry points sharing every layer:
   KV-update pass on the clean chunk). ``cross_kv(text)`` precomputes cross-attention K/V.
 
 Parameter names are the original Wan ones (``blocks.N.self_attn.q``, ``head.head`` ...); note
-that in Wan ``norm3`` is the cross-attention norm and ``norm2`` the FFN norm. Numerics follow
-diffusers: layer norms, modulation and residual updates in float32, cast back to the model dtype.
-Forward paths have no host syncs and no data-dependent control flow.
+that in Wan ``norm3`` is the cross-attention norm and ``norm2`` the FFN norm. The block and the
+head are ``models/wan/block.py``, the FLOP count ``models/wan/flops.py``. Forward paths have no
+host syncs and no data-dependent control flow.
+
+``forward_chunk`` does its host-side bookkeeping (shape checks, where the K/V writes go, which
+keys to attend to, the RoPE tables of its position) first and then runs the device work as one
+``ChunkCall`` through ``_chunk_body``, or through ``chunk_graphs`` when one is set
+(``models/wan/cuda_graphs.py``: CUDA graphs of the steady-state call, same numerics).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from models.wan.attention import WanCrossAttention, WanSelfAttention
+from models.wan.block import WanBlock, WanHead
 from models.wan.conditioning import (
     HookEmbedding,
     sinusoidal_embedding,
@@ -35,10 +40,19 @@ from models.wan.conditioning import (
     time_projection,
 )
 from models.wan.config import WanDiTConfig
+from models.wan.flops import dit_flops
 from models.wan.kv_cache import ChunkKVCache, WriteRun
 from models.wan.rope import rope_cos_sin
 
-__all__ = ["CrossKV", "InputShapeError", "WanBlock", "WanDiT", "dit_flops", "param_dtype"]
+__all__ = [
+    "ChunkCall",
+    "CrossKV",
+    "InputShapeError",
+    "WanBlock",
+    "WanDiT",
+    "dit_flops",
+    "param_dtype",
+]
 
 # Parameters kept in float32 when the model runs in bf16/fp16 (as diffusers does): the timestep
 # path feeds every modulation, and the cross-attention norm's affine is tiny.
@@ -69,72 +83,32 @@ class CrossKV:
         return self.k.nbytes + self.v.nbytes
 
 
-def _norm_fp32(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    # x: [B, N, dim] -> float32 [B, N, dim]
-    if isinstance(norm, nn.LayerNorm):
-        weight = None if norm.weight is None else norm.weight.float()
-        bias = None if norm.bias is None else norm.bias.float()
-        return F.layer_norm(x.float(), norm.normalized_shape, weight, bias, norm.eps)
-    return x.float()
+@dataclass(frozen=True, slots=True)
+class ChunkCall:
+    """The device work of one ``forward_chunk``, its host-side decisions already made.
+
+    x: [B, C, f, H, W]; timestep: [B]; cos, sin: [N, D/2] RoPE tables of the chunk's position;
+    ``past_tokens`` leading cache tokens attended to under ``mask`` (None: unmasked); ``runs``
+    the K/V writes (empty: none); action: [B, action_dim]; audio: [B, f, audio_dim].
+    """
+
+    x: torch.Tensor
+    timestep: torch.Tensor
+    cross: CrossKV
+    cos: torch.Tensor
+    sin: torch.Tensor
+    cache: ChunkKVCache
+    past_tokens: int
+    mask: torch.Tensor | None
+    runs: tuple[WriteRun, ...]
+    action: torch.Tensor | None
+    audio: torch.Tensor | None
 
 
-class WanBlock(nn.Module):
-    """Self-attention (3D RoPE) -> cross-attention to the prompt -> FFN, AdaLN-modulated."""
+class ChunkRunner(Protocol):
+    """Runs ``body(call)`` - or work equal to it, bit for bit (``models/wan/cuda_graphs.py``)."""
 
-    def __init__(self, config: WanDiTConfig) -> None:
-        super().__init__()
-        dim, eps = config.dim, config.eps
-        qk_norm = config.qk_norm is not None
-        self.norm1 = nn.LayerNorm(dim, eps, elementwise_affine=False)
-        self.self_attn = WanSelfAttention(dim, config.num_heads, qk_norm, eps)
-        self.norm3 = nn.LayerNorm(dim, eps) if config.cross_attn_norm else nn.Identity()
-        self.cross_attn = WanCrossAttention(dim, config.num_heads, qk_norm, eps)
-        self.norm2 = nn.LayerNorm(dim, eps, elementwise_affine=False)
-        self.ffn = nn.Sequential(
-            nn.Linear(dim, config.ffn_dim),
-            nn.GELU(approximate="tanh"),
-            nn.Linear(config.ffn_dim, dim),
-        )
-        self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        e0: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cross_k: torch.Tensor,
-        cross_v: torch.Tensor,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,
-        mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # x: [B, N, dim]; e0: [B, 1 | N, 6, dim]; cos, sin: [N, D/2]; cross_k/v: [B, L, H, D]
-        # -> x [B, N, dim], this call's self-attention k, v [B, N, H, D]
-        mods = (self.modulation.float() + e0.float()).unbind(2)  # 6 x [B, 1 | N, dim]
-        shift, scale, gate, c_shift, c_scale, c_gate = mods
-        h = (_norm_fp32(self.norm1, x) * (1 + scale) + shift).type_as(x)
-        attn, k, v = self.self_attn(h, cos, sin, past, mask)
-        x = (x.float() + attn * gate).type_as(x)
-        x = x + self.cross_attn(_norm_fp32(self.norm3, x).type_as(x), cross_k, cross_v)
-        h = (_norm_fp32(self.norm2, x) * (1 + c_scale) + c_shift).type_as(x)
-        x = (x.float() + self.ffn(h).float() * c_gate).type_as(x)
-        return x, k, v
-
-
-class WanHead(nn.Module):
-    """Final modulated norm and the linear map back to patch pixels."""
-
-    def __init__(self, config: WanDiTConfig) -> None:
-        super().__init__()
-        dim = config.dim
-        self.norm = nn.LayerNorm(dim, config.eps, elementwise_affine=False)
-        self.head = nn.Linear(dim, config.out_channels * config.patch_volume)
-        self.modulation = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
-
-    def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        # x: [B, N, dim]; e: [B, 1 | N, dim] -> [B, N, out_channels * patch_volume]
-        shift, scale = (self.modulation.float() + e.float().unsqueeze(2)).unbind(2)
-        return self.head((_norm_fp32(self.norm, x) * (1 + scale) + shift).type_as(x))
+    def run(self, body: Callable[[ChunkCall], torch.Tensor], call: ChunkCall) -> torch.Tensor: ...
 
 
 class WanDiT(nn.Module):
@@ -144,7 +118,11 @@ class WanDiT(nn.Module):
     ``InputShapeError``), timesteps on Wan's 0..1000 scale, text features ``[B, L, text_dim]``.
     Optional hooks: ``action`` ([B, action_dim] per chunk) and ``audio`` ([B, F, audio_dim] per
     latent frame); passing one the config does not declare raises ``InputShapeError``.
+    ``chunk_graphs`` (set by ``WanInstance.compile(cuda_graphs=True)``) runs ``forward_chunk``'s
+    device work; None runs it directly.
     """
+
+    chunk_graphs: ChunkRunner | None = None
 
     def __init__(self, config: WanDiTConfig) -> None:
         super().__init__()
@@ -182,7 +160,7 @@ class WanDiT(nn.Module):
         tokens = self._embed_tokens(hidden_states, audio, grid)
         e, e0 = self._embed_time(timestep, action, grid[0])
         cross = self.cross_kv(encoder_hidden_states)
-        return self._run(tokens, grid, 0, e, e0, cross)
+        return self._run(tokens, grid, self._rope(grid, (0,), tokens.device), e, e0, cross)
 
     def forward_block_causal(
         self,
@@ -209,7 +187,8 @@ class WanDiT(nn.Module):
         chunk = torch.arange(frames * tokens_per_frame, device=tokens.device)
         chunk = chunk // tokens_per_frame // chunk_frames  # [N] chunk index of each token
         mask = chunk[None, :] <= chunk[:, None]  # [N, N] True = attend
-        return self._run(tokens, grid, 0, e, e0, cross, mask=mask)
+        rope = self._rope(grid, (0,), tokens.device)
+        return self._run(tokens, grid, rope, e, e0, cross, mask=mask)
 
     def cross_kv(self, encoder_hidden_states: torch.Tensor) -> CrossKV:
         """Per-layer cross-attention K/V of a prompt (cache it per prompt).
@@ -260,25 +239,36 @@ class WanDiT(nn.Module):
             )
         if frame_start < 0:
             raise InputShapeError(f"frame_start must be >= 0, got {frame_start}")
-        tokens = self._embed_tokens(x, audio, grid)
-        e, e0 = self._embed_time(timestep, action, grid[0])
         runs = cache.plan_write(frames) if write_cache else ()
         past_tokens, mask = cache.attention_keys(frames * tokens_per_frame)
-        out = self._run(
-            tokens,
-            grid,
-            frame_start,
-            e,
-            e0,
-            cross,
-            mask=mask,
-            caches=(cache,),
-            past_tokens=past_tokens,
-            runs=(runs,) if runs else (),
+        cos, sin = self._rope(grid, (frame_start,), x.device)
+        call = ChunkCall(
+            x, timestep, cross, cos, sin, cache, past_tokens, mask, runs, action, audio
         )
+        graphs = self.chunk_graphs
+        out = self._chunk_body(call) if graphs is None else graphs.run(self._chunk_body, call)
         if write_cache:
             cache.commit(runs, frames, frame_start)
         return out
+
+    def _chunk_body(self, call: ChunkCall) -> torch.Tensor:
+        """``forward_chunk``'s device work (no host syncs, no host-side state changes: a CUDA
+        graph may capture it). -> [B, out_channels, f, H, W]"""
+        grid = self._check_latents(call.x, call.timestep)
+        tokens = self._embed_tokens(call.x, call.audio, grid)
+        e, e0 = self._embed_time(call.timestep, call.action, grid[0])
+        return self._run(
+            tokens,
+            grid,
+            (call.cos, call.sin),
+            e,
+            e0,
+            call.cross,
+            mask=call.mask,
+            caches=(call.cache,),
+            past_tokens=call.past_tokens,
+            runs=(call.runs,) if call.runs else (),
+        )
 
     def forward_chunks(
         self,
@@ -321,7 +311,7 @@ class WanDiT(nn.Module):
         return self._run(
             tokens,
             grid,
-            tuple(frame_starts),
+            self._rope(grid, tuple(frame_starts), x.device),
             e,
             e0,
             cross,
@@ -415,11 +405,25 @@ class WanDiT(nn.Module):
         e0 = self.time_projection(e.to(proj.dtype)).unflatten(-1, (6, self.config.dim))
         return e, e0
 
+    def _rope(
+        self, grid: tuple[int, int, int], starts: tuple[int, ...], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # RoPE cos/sin of a token grid at each latent frame start: [N, D/2] for one start,
+        # [B, N, D/2] for one per sample (a batch of sessions at their own positions)
+        cfg = self.config
+        tables = [
+            rope_cos_sin(cfg.rope_split(), grid, start, cfg.rope_theta, device) for start in starts
+        ]
+        if len(tables) == 1:
+            return tables[0]
+        cos, sin = (torch.stack(t) for t in zip(*tables))
+        return cos, sin
+
     def _run(
         self,
         tokens: torch.Tensor,
         grid: tuple[int, int, int],
-        frame_start: int | tuple[int, ...],
+        rope: tuple[torch.Tensor, torch.Tensor],
         e: torch.Tensor,
         e0: torch.Tensor,
         cross: CrossKV,
@@ -430,21 +434,14 @@ class WanDiT(nn.Module):
         runs: tuple[tuple[WriteRun, ...], ...] = (),
     ) -> torch.Tensor:
         # tokens: [B, N, dim]; e: [B, 1 | F, dim]; e0: [B, 1 | F, 6, dim] -> [B, C, F, H, W]
-        # frame_start: one position for the batch, or one per sample (cos/sin [B, N, D/2]);
+        # rope: cos, sin [N, D/2] (one position for the batch) or [B, N, D/2] (one per sample);
         # caches: one per sample (or one of batch B); past_tokens: leading cache tokens each
         # block attends to (0: none, no concatenation); runs: per cache, its K/V writes
         tokens_per_frame = grid[1] * grid[2]
         if e.shape[1] > 1:  # per-frame conditioning: spread to that frame's tokens
             e = e.repeat_interleave(tokens_per_frame, dim=1)
             e0 = e0.repeat_interleave(tokens_per_frame, dim=1)
-        starts = frame_start if isinstance(frame_start, tuple) else (frame_start,)
-        tables = [
-            rope_cos_sin(
-                self.config.rope_split(), grid, start, self.config.rope_theta, tokens.device
-            )
-            for start in starts
-        ]
-        cos, sin = tables[0] if len(tables) == 1 else (torch.stack(t) for t in zip(*tables))
+        cos, sin = rope
         x = tokens
         for index, block in enumerate(self.blocks):
             past = _gather_past(caches, index, past_tokens)
@@ -474,36 +471,3 @@ def _gather_past(
         return caches[0].layer(layer, tokens)
     pairs = [c.layer(layer, tokens) for c in caches]
     return torch.cat([k for k, _ in pairs]), torch.cat([v for _, v in pairs])
-
-
-def dit_flops(
-    config: WanDiTConfig,
-    tokens_q: int,
-    tokens_kv: int,
-    text_len: int,
-    *,
-    batch: int = 1,
-    include_text: bool = False,
-) -> float:
-    """Matmul FLOPs (2*m*n*k each) of one forward over ``tokens_q`` query tokens.
-
-    ``tokens_kv`` is how many keys self-attention sees (cached + own; = ``tokens_q`` for a
-    bidirectional forward). Cross-attention K/V and the text embedding are counted only with
-    ``include_text`` (they are computed once per prompt). Elementwise work is not counted.
-    """
-    d, pv = config.dim, config.patch_volume
-    per_layer = (
-        4 * 2 * tokens_q * d * d  # self q, k, v, o
-        + 2 * 2 * tokens_q * tokens_kv * d  # self QK^T and AV over all heads
-        + 2 * 2 * tokens_q * d * d  # cross q, o
-        + 2 * 2 * tokens_q * text_len * d  # cross QK^T and AV
-        + 2 * 2 * tokens_q * d * config.ffn_dim  # FFN up and down
-    )
-    total = config.num_layers * per_layer
-    total += 2 * tokens_q * d * config.in_channels * pv  # patch embedding
-    total += 2 * tokens_q * d * config.out_channels * pv  # head
-    total += 2 * d * (config.freq_dim + d + 6 * d)  # time embedding + projection
-    if include_text:
-        total += 2 * text_len * d * (config.text_dim + d)  # text embedding
-        total += config.num_layers * 2 * 2 * text_len * d * d  # cross k, v
-    return float(batch * total)

@@ -66,6 +66,9 @@ def test_parser_knows_every_api_command_and_option() -> None:
             "800000",
             "--deterministic",
             "--compile",
+            "--attention",
+            "fp8-triton",
+            "--cuda-graphs",
             "--no-warmup",
             "--log-level",
             "warning",
@@ -76,6 +79,8 @@ def test_parser_knows_every_api_command_and_option() -> None:
         and serve.max_sessions == 2
         and serve.deterministic
         and serve.compile
+        and serve.attention == "fp8-triton"
+        and serve.cuda_graphs
         and serve.no_warmup
     )
     watch = parser.parse_args(

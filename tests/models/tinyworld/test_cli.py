@@ -67,3 +67,21 @@ def test_train_writes_a_checkpoint(tmp_path, capsys) -> None:
     assert code == 0
     assert (tmp_path / "tiny-world.safetensors").is_file()
     assert '"steps": 2' in capsys.readouterr().out
+
+
+def test_eval_takes_the_lossy_levers_and_refuses_an_unknown_kernel(capsys) -> None:
+    args = _parser().parse_args(
+        ["eval", "tiny-world", "--device", "cuda", "--attention", "fp8-triton", "--fp8", "row"]
+    )
+    assert (args.device, args.attention, args.fp8, args.fold) == (
+        "cuda",
+        "fp8-triton",
+        "row",
+        False,
+    )
+    assert _parser().parse_args(["eval", "tiny-world", "--fold"]).fold
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["eval", "tiny-world", "--fp8", "int4"])
+    # an unknown kernel is refused before any rollout runs
+    assert main(["eval", "tiny-world", "--attention", "int4", "--rollouts", "1"]) == 2
+    assert "attention 'int4' is not one of" in capsys.readouterr().err

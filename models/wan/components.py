@@ -1,0 +1,122 @@
+"""Build a Wan card's components: seeded random weights, or the card's checkpoint directory.
+
+``models.instance.load_instance`` calls ``build_components`` (its ``ComponentBuilder``) for every
+family without a builder of its own. Random weights initialise on the target device (a 1.3B DiT
+inits in milliseconds on a GPU); a checkpoint directory is laid out as the card's manifest says
+(``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``) and is checked for every
+component before gigabytes of weights load. The codec built is the card's
+``decoder_component``: the full VAE, or a tiny TAEHV decoder (``tiny_decoder/``) for a card
+that decodes with one - whose full VAE (a distillation teacher only) is then not loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from models.card import ComponentKind, ModelCard
+from models.instance import InstanceError
+from models.loops.inputs import ACTION_DIM, AUDIO_DIM
+from models.wan.config import WanDiTConfig
+from models.wan.taehv import TAEHVDecoder
+from models.wan.taehv_config import TAEHVConfig
+from models.wan.text_encoder import UMT5TextEncoder
+from models.wan.transformer import WanDiT
+from models.wan.vae import WanVAE
+from models.wan.vae_config import WanVAEConfig
+
+__all__ = ["build_components"]
+
+
+def build_components(
+    card: ModelCard,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+    random_weights: bool,
+    checkpoint_dir: str | Path | None,
+) -> tuple[WanDiT, WanVAE | TAEHVDecoder, UMT5TextEncoder]:
+    """(dit, codec, text encoder) of ``card``: random when asked or when the card's weights are
+    random, otherwise from ``checkpoint_dir`` (``InstanceError`` names what is missing)."""
+    if not (random_weights or card.weights.value == "random"):
+        return _load_checkpoint(card, checkpoint_dir, device, dtype)
+    dit_spec = card.components["dit"]
+    hooks = {
+        "action_dim": ACTION_DIM if "action" in dit_spec.conditioning else 0,
+        "audio_dim": AUDIO_DIM if "audio" in dit_spec.conditioning else 0,
+    }
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with device:  # initialise where the weights will live
+            dit = WanDiT(WanDiTConfig.preset(dit_spec.preset).replace(**hooks))
+            vae = _random_codec(card)
+    _randomize_hooks(dit, seed)
+    encoder = UMT5TextEncoder.from_preset(
+        card.components["text_encoder"].preset, seed=seed, device=device, dtype=dtype
+    )
+    return dit, vae, encoder
+
+
+def _random_codec(card: ModelCard) -> WanVAE | TAEHVDecoder:
+    """The latent codec the loops decode with (``card.decoder_component``), from its preset."""
+    spec = card.components[card.decoder_component]
+    if spec.kind is ComponentKind.DECODER:
+        return TAEHVDecoder(TAEHVConfig.preset(spec.preset))
+    return WanVAE(WanVAEConfig.preset(spec.preset))
+
+
+def _randomize_hooks(dit: WanDiT, seed: int) -> None:
+    """Random cards get non-zero action/audio hooks so inputs visibly change the output (real
+    checkpoints start them at zero, an exact no-op, and train them)."""
+    generator = torch.Generator().manual_seed(seed)
+    for hook in (dit.action_embedding, dit.audio_embedding):
+        if hook is None:
+            continue
+        for p in hook.parameters():
+            p.data.copy_(torch.randn(p.shape, generator=generator) * 0.5)
+
+
+def _load_checkpoint(
+    card: ModelCard, checkpoint_dir: str | Path | None, device: torch.device, dtype: torch.dtype
+) -> tuple[WanDiT, WanVAE | TAEHVDecoder, UMT5TextEncoder]:
+    from models.checkpoint import load_transformer, load_vae
+    from models.wan.text_encoder import require_transformers
+
+    if checkpoint_dir is None:
+        raise InstanceError(
+            f"card {card.model_id!r} has {card.weights.value} weights: pass the checkpoint "
+            f"directory (components {sorted(card.checkpoint.components)})"
+        )
+    root = Path(checkpoint_dir)
+    entries = card.checkpoint.components
+    codec = card.decoder_component
+    loaded = ("dit", codec, "text_encoder", "tokenizer")  # not a full VAE that only teaches
+    missing = [
+        f"{c} ({e.path_hint})"
+        for c, e in entries.items()
+        if c in loaded and not (root / e.path_hint).exists()
+    ]
+    if missing:
+        raise InstanceError(
+            f"checkpoint {str(root)!r} for card {card.model_id!r} lacks: " + ", ".join(missing)
+        )
+    require_transformers()  # before gigabytes of DiT weights load, not after
+    dit = load_transformer(root / entries["dit"].path_hint, device=device, dtype=dtype)
+    if card.components[codec].kind is ComponentKind.DECODER:
+        from models.wan.taehv_checkpoint import load_taehv
+
+        config = TAEHVConfig.preset(card.components[codec].preset)
+        vae = load_taehv(root / entries[codec].path_hint, device=device, dtype=dtype, config=config)
+    else:
+        vae = load_vae(root / entries["vae"].path_hint, device=device, dtype=dtype)
+    encoder = UMT5TextEncoder.from_pretrained(
+        root / entries["text_encoder"].path_hint,
+        root / entries["tokenizer"].path_hint,
+        text_len=dit.config.text_len,
+        preset=card.components["text_encoder"].preset,
+        device=device,
+        dtype=dtype,
+    )
+    return dit, vae, encoder
