@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -50,6 +51,7 @@ __all__ = [
     "PUBLISHED",
     "TAEHV_LAYOUT",
     "TAEHVKeyRow",
+    "build_decoder",
     "load_taehv",
     "published_state_dict",
     "save_taehv",
@@ -152,6 +154,27 @@ def load_taehv(
     assign(model, mapping, tensors, device, lambda name: dtype)
     log.info("loaded %s (TAEHV, %s) onto %s as %s", source, config.widths, device, dtype)
     return model.eval()
+
+
+def build_decoder(instance: Any, *, weights: str | Path | None = None) -> TAEHVDecoder:
+    """A TAEHV decoder for a loaded Wan instance, on its device and dtype: from ``weights``
+    (any form ``load_taehv`` reads), else seeded random weights; the card's ``tiny_decoder``
+    preset if it has one, else ``taew2_1``; compiled if the instance is. The factory
+    ``dreamrt bench gpu-session --tiny-decoder models.wan.taehv_checkpoint:build_decoder`` swaps
+    in for ``+taehv``."""
+    spec = instance.card.components.get("tiny_decoder")
+    config = TAEHVConfig.preset(spec.preset if spec is not None else "taew2_1")
+    if weights is not None:
+        decoder = load_taehv(weights, device=instance.device, dtype=instance.dtype, config=config)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            with instance.device:
+                decoder = TAEHVDecoder(config)
+        decoder = decoder.to(dtype=instance.dtype).eval()
+    if getattr(instance, "levers", {}).get("compiled"):
+        decoder.decoder.compile()
+    return decoder
 
 
 def _config(given: TAEHVConfig | None, stored: str | None, source: str) -> TAEHVConfig:

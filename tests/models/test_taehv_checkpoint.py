@@ -141,3 +141,21 @@ def test_files_that_are_not_taehv_are_format_errors(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()  # an empty directory: the message names what was looked for
     with pytest.raises(CheckpointFormatError, match="taew2_1.pth"):
         load_taehv(tmp_path / "empty")
+
+
+def test_build_decoder_gives_a_bench_the_cards_decoder(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from models.registry import get
+    from models.wan.taehv_checkpoint import build_decoder
+
+    def instance(card_id: str) -> SimpleNamespace:
+        cpu = torch.device("cpu")
+        return SimpleNamespace(card=get(card_id), device=cpu, dtype=torch.float32, levers={})
+
+    assert build_decoder(instance("wan-tiny-random")).config == TAEHVConfig.preset("taew2_1")
+    tiny = build_decoder(instance("wan-tiny-taehv-random"))
+    assert tiny.config == TAEHVConfig.preset("tiny") and not tiny.training
+    source = make_decoder(TAEHVConfig.preset("tiny"), seed=4)
+    path = save_taehv(source, tmp_path / "tiny_decoder.safetensors")
+    assert outputs_equal(build_decoder(instance("wan-tiny-taehv-random"), weights=path), source)
