@@ -130,6 +130,7 @@ class ModelCard:
             *self._identity_problems(),
             *self._component_problems(),
             *self._loop_problems(),
+            *self._decoder_problems(),
             *self._recipe_problems(),
             *self._capability_problems(),
             *self._cache_problems(),
@@ -181,6 +182,16 @@ class ModelCard:
                     f"assumes {assumed.describe()}"
                 )
         return spec
+
+    @property
+    def decoder_component(self) -> str:
+        """The component the loops decode latents with: the one the card's ``vae_decode`` loop
+        names - its full VAE, or a decode-only codec (``ComponentKind.DECODER``, e.g. a tiny
+        streaming decoder). ``"vae"`` for a card without a decode loop."""
+        for spec in self.loops.values():
+            if spec.kind is LoopKind.VAE_DECODE and spec.components:
+                return spec.components[0]
+        return "vae"
 
     def loop_for(self, capability: str) -> LoopSpec | None:
         """The denoising loop that serves ``capability`` under the recipe, or None.
@@ -349,6 +360,21 @@ class ModelCard:
                         f"{where} absorbs {i!r} but none of its components "
                         f"{list(spec.components)} has a {INPUT_HOOKS[i]!r} hook"
                     )
+        return found
+
+    def _decoder_problems(self) -> list[str]:
+        found = []
+        codecs = (ComponentKind.VAE, ComponentKind.DECODER)
+        for key, spec in self.loops.items():
+            if spec.kind is not LoopKind.VAE_DECODE:
+                continue
+            if len(spec.components) != 1:
+                found.append(f"loop {key!r} must name the one component it decodes with")
+            elif (c := self.components.get(spec.components[0])) and c.kind not in codecs:
+                found.append(
+                    f"loop {key!r} decodes with {c.component_id!r}, a {c.kind.value}, "
+                    f"not a vae or decoder"
+                )
         return found
 
     def _recipe_problems(self) -> list[str]:

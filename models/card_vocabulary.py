@@ -37,6 +37,7 @@ __all__ = [
 class ComponentKind(str, enum.Enum):
     DIT = "dit"
     VAE = "vae"
+    DECODER = "decoder"  # decode-only latent codec (a tiny streaming decoder): cannot encode
     TEXT_ENCODER = "text_encoder"
     TOKENIZER = "tokenizer"
 
@@ -84,6 +85,7 @@ class WeightsKind(str, enum.Enum):
 class CheckpointFormat(str, enum.Enum):
     DIFFUSERS = "diffusers"
     ORIGINAL = "original"
+    TAEHV = "taehv"  # madebyollin's published TAEHV layout (decoder.N.*, encoder.N.*)
 
 
 class ParityLevel(str, enum.Enum):

@@ -4,7 +4,10 @@
 precision is one the recipe allows, then builds the components (seeded random weights for
 ``weights="random"`` cards; a checkpoint directory laid out as the card's manifest says
 otherwise) and the step ops. One instance serves every session and job of its card: it holds
-weights and ops only, never per-request state.
+weights and ops only, never per-request state. The loops decode with the card's
+``decoder_component``: the full Wan VAE, or a decode-only tiny streaming decoder (TAEHV,
+``ComponentKind.DECODER``) when the card names one - then the full VAE, if the card lists it as
+a distillation teacher, is not loaded at all.
 
 Every family builds its components through a *component builder* (Wan:
 ``models/wan/components.py``; others: ``_COMPONENT_BUILDERS``); whatever it returns must
@@ -29,6 +32,7 @@ from models.loops.ops import (
     DecodeOp,
     DiffusionStepOp,
     KVWriteOp,
+    LatentCodec,
     TextEmbedOp,
     TextEncodeOp,
 )
@@ -41,7 +45,6 @@ from models.wan.kv_cache import ChunkKVCache
 from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
 from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache
 from models.wan.transformer import WanDiT, dit_flops
-from models.wan.vae import WanVAE
 
 __all__ = ["InstanceError", "WanInstance", "load_instance"]
 
@@ -92,7 +95,7 @@ class WanInstance:
         self,
         card: ModelCard,
         dit: WanDiT,
-        vae: WanVAE,
+        vae: LatentCodec,
         text: CachedTextEncoder,
         *,
         device: torch.device,
@@ -110,7 +113,9 @@ class WanInstance:
         self.text_len = dit.config.text_len
         self.dit_config = dit.config
         self._slab_buffers: dict[SlabGeometry, KVSlabBuffer] = {}
-        self.components = {"dit": dit, "vae": vae, "text_encoder": text}
+        # ``vae``: the codec the loops decode with (the card's decoder_component: the full VAE or
+        # a decode-only tiny decoder); components keys it by the card's own id for it
+        self.components = {"dit": dit, card.decoder_component: vae, "text_encoder": text}
         self.text_encode_op = TextEncodeOp(text.encode, dit)
         self.text_embed_op = TextEmbedOp(text.encode)
         self.chunk_step_op = ChunkDenoiseOp(dit)
@@ -191,8 +196,9 @@ class WanInstance:
         """Optimise the step bodies for serving (GPU; infra/bench/RESULTS.md): ``configure``
         the levers, then (once) ``torch.compile`` every DiT block (one graph for all of them;
         one more per K/V prefix length while a cache fills) and the VAE decoder (3D conv weights
-        channels-last: cuDNN's fast layout once the norms around them are fused). The first
-        chunks after this pay the compilation. Compilation and FP8 are one-way."""
+        channels-last: cuDNN's fast layout once the norms around them are fused; a tiny decoder's
+        2D convolutions keep their layout - ``dreamrt bench tiny-decoder`` measures both). The
+        first chunks after this pay the compilation. Compilation and FP8 are one-way."""
         self.configure(
             attention=attention,
             fp8=fp8,

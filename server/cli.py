@@ -156,9 +156,9 @@ def _build_parser() -> argparse.ArgumentParser:
     job.add_argument("--steps", type=int, default=None)
     job.add_argument("--seed", type=int, default=None)
     job.add_argument("--token", default=None)
-    from models.tinyworld.cli import add_parsers as add_tinyworld_parsers  # train/eval tiny-world
+    from models.recipe_cli import add_parsers as add_recipe_parsers  # train / eval RECIPE
 
-    add_tinyworld_parsers(sub, parents=[common])
+    add_recipe_parsers(sub, parents=[common])
     return parser
 
 
@@ -273,6 +273,7 @@ BENCHMARKS = {
     "gpu-session": "infra.bench.gpu_session",
     "multisession": "infra.bench.multisession",
     "vae-decode": "infra.bench.vae_decode",
+    "tiny-decoder": "infra.bench.tiny_decoder",
     "browser-latency": "infra.bench.browser_latency",
     "attention": "infra.bench.attention_bench",
     "quality-guard": "infra.bench.quality_guard",
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         return _watch(args)
     if args.command == "job":
         return _job(args)
-    if args.command in ("train", "eval"):  # models/tinyworld/cli.py
+    if args.command in ("train", "eval"):  # models/recipe_cli.py
         return args.handler(args)
     raise SystemExit(f"unhandled command {args.command!r}")
 

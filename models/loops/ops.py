@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from models.wan.kv_cache import ChunkKVCache
 from models.wan.transformer import CrossKV, WanDiT
-from models.wan.vae import WanVAE, video_to_uint8
+from models.wan.vae import video_to_uint8
 from models.wan.vae_cache import DecoderCache
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "DiffusionStepOp",
     "KVWriteArgs",
     "KVWriteOp",
+    "LatentCodec",
     "TextEmbedOp",
     "TextEncodeOp",
 ]
@@ -321,8 +322,28 @@ class DeviceFrames:
         return self._started.elapsed_time(self._done) / 1000.0
 
 
+class LatentCodec(Protocol):
+    """What the loops decode with: ``WanVAE``, ``TAEHVDecoder`` (a tiny streaming decoder) or a
+    family's own codec. ``denormalize`` maps DiT latents to the codec's scale (the identity for a
+    codec that decodes DiT latents as they are); ``decode_chunk`` returns ``[B, 3, n, H, W]`` in
+    [-1, 1] and advances the stream's cache in place."""
+
+    def parameters(self) -> Any: ...
+
+    def denormalize(self, z: torch.Tensor) -> torch.Tensor: ...
+
+    def decode_chunk(self, z: torch.Tensor, cache: DecoderCache) -> torch.Tensor: ...
+
+    def new_decoder_cache(self, batch_size: int, latent_height: int, latent_width: int) -> Any: ...
+
+    def decoder_cache_bytes(
+        self, batch_size: int, latent_height: int, latent_width: int, dtype: torch.dtype
+    ) -> int: ...
+
+
 class DecodeOp(_SoloOp):
-    """Chunked causal VAE decode -> uint8 RGB frames on the CPU, [n, H, W, 3].
+    """Chunked causal decode (the card's codec: VAE or tiny decoder) -> uint8 RGB frames on the
+    CPU, [n, H, W, 3].
 
     With ``overlap`` on (CUDA only; ``WanInstance.compile(overlap_decode=True)``) a deferrable
     decode runs on a second stream: the op returns ``DeviceFrames`` at once and the loop's next
@@ -332,7 +353,7 @@ class DecodeOp(_SoloOp):
 
     name = "vae_decode"
 
-    def __init__(self, vae: WanVAE) -> None:
+    def __init__(self, vae: LatentCodec) -> None:
         self._vae = vae
         # The VAE's weight dtype; None for a codec without weights (pixel latents).
         self._dtype = next((p.dtype for p in vae.parameters()), None)

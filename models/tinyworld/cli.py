@@ -1,7 +1,8 @@
 """``dreamrt train tiny-world`` and ``dreamrt eval tiny-world``.
 
-``add_parsers(subparsers)`` adds both commands to the ``dreamrt`` parser (server/cli.py hooks it
-in); ``python -m models.tinyworld.cli train|eval ...`` runs them without the server package.
+``add_recipe_parsers`` adds both under ``models.recipe_cli``'s ``train`` / ``eval`` (which
+server/cli.py hooks in); ``add_parsers(subparsers)`` builds those two commands with this recipe
+alone, and ``python -m models.tinyworld.cli train|eval ...`` runs them without the server package.
 Exit codes: 0 success (eval: every threshold met), 1 failure or an unmet threshold, 2 bad usage.
 """
 
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["add_parsers", "main"]
+__all__ = ["add_parsers", "add_recipe_parsers", "main"]
 
 _MODEL = "tiny-world"
 
@@ -22,12 +23,22 @@ _MODEL = "tiny-world"
 def add_parsers(
     subparsers: argparse._SubParsersAction, parents: Sequence[argparse.ArgumentParser] = ()
 ) -> None:
-    """Add ``train`` and ``eval`` (each takes the model id ``tiny-world``); ``parents`` are the
-    host parser's common options. Each sets ``handler`` (args -> exit code)."""
-    train = subparsers.add_parser(
-        "train", help="train tiny-world by its recipe", parents=list(parents)
+    """Add ``train`` and ``eval`` holding this recipe only (``train tiny-world``, ...)."""
+    from models.recipe_cli import add_parsers as add_recipe_commands
+
+    add_recipe_commands(subparsers, parents, recipes=(__name__,))
+
+
+def add_recipe_parsers(
+    train_recipes: argparse._SubParsersAction,
+    eval_recipes: argparse._SubParsersAction,
+    parents: Sequence[argparse.ArgumentParser] = (),
+) -> None:
+    """Add ``tiny-world`` under ``train`` and under ``eval``; ``parents`` are the host parser's
+    common options. Each sets ``handler`` (args -> exit code)."""
+    train = train_recipes.add_parser(
+        _MODEL, help="train tiny-world by its recipe", parents=list(parents)
     )
-    train.add_argument("model", choices=[_MODEL])
     train.add_argument("--device", default="cuda", help="torch device (cuda, cpu)")
     train.add_argument("--out", type=Path, required=True, help="directory for the checkpoint")
     train.add_argument("--budget-s", type=float, default=400.0, help="wall-clock budget")
@@ -94,10 +105,9 @@ def add_parsers(
     )
     train.set_defaults(handler=_train)
 
-    ev = subparsers.add_parser(
-        "eval", help="evaluate tiny-world through the real loop", parents=list(parents)
+    ev = eval_recipes.add_parser(
+        _MODEL, help="evaluate tiny-world through the real loop", parents=list(parents)
     )
-    ev.add_argument("model", choices=[_MODEL])
     ev.add_argument(
         "--checkpoint-dir",
         type=Path,

@@ -18,6 +18,8 @@ were trained (no chunk-KV cache, so no realtime sessions).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from models.card import (
     CacheContract,
     CardUI,
@@ -38,10 +40,12 @@ from models.card import (
 __all__ = [
     "CARDS",
     "WAN21_13B_CAUSAL",
+    "WAN21_13B_CAUSAL_TAEHV",
     "WAN21_T2V_13B",
     "WAN21_T2V_SCHEDULE",
     "WAN21_T2V_TINY_RANDOM",
     "WAN_TINY_RANDOM",
+    "WAN_TINY_TAEHV_RANDOM",
     "cards",
 ]
 
@@ -334,9 +338,73 @@ WAN21_T2V_TINY_RANDOM = ModelCard(
     ui=CardUI(examples=("a red kite over a beach (noise: random weights)",)),
 )
 
+
+# --------------------------------------------------------------------------------------------
+# The same causal cards decoding with a tiny streaming decoder (TAEHV architecture,
+# models/wan/taehv.py) instead of the full VAE: the DiT, its recipe and the loops are unchanged;
+# ``vae_decode`` names the ``tiny_decoder`` component, so the instance loads that (not the full
+# VAE) and sessions stream with its cache. The full VAE stays a component, optional in the
+# manifest: the teacher of ``dreamrt train tiny-decoder``, never loaded for serving.
+
+
+def _with_tiny_decoder(
+    card: ModelCard, model_id: str, description: str, preset: str, version: str
+) -> ModelCard:
+    components = {
+        **card.components,
+        "tiny_decoder": ComponentSpec("tiny_decoder", "decoder", preset),
+    }
+    rollout = card.loops["chunk_rollout"]
+    uses = tuple("tiny_decoder" if c == "vae" else c for c in rollout.components)
+    loops = {
+        **card.loops,
+        "chunk_rollout": replace(rollout, components=uses),
+        "vae_decode": LoopSpec("vae_decode", "vae_decode", components=("tiny_decoder",)),
+    }
+    caches = {**card.caches, "vae_decoder": CacheContract("decoder_feature", "tiny_decoder")}
+    entries = dict(card.checkpoint.components)
+    if entries:  # external weights: the decoder's own file; the full VAE only teaches
+        entries["tiny_decoder"] = ComponentEntry(
+            "tiny_decoder", "taehv", required_for=_CAUSAL_CAPABILITIES
+        )
+        entries["vae"] = ComponentEntry("vae", "diffusers", optional_for=_CAUSAL_CAPABILITIES)
+    return replace(
+        card,
+        model_id=model_id,
+        description=description,
+        components=components,
+        loops=loops,
+        caches=caches,
+        checkpoint=CheckpointManifest(entries),
+        weights_version=version,
+    )
+
+
+WAN21_13B_CAUSAL_TAEHV = _with_tiny_decoder(
+    WAN21_13B_CAUSAL,
+    "wan2.1-1.3b-causal-taehv",
+    "wan2.1-1.3b-causal decoding with a tiny streaming decoder (TAEHV architecture) instead "
+    "of the full Wan VAE: madebyollin's published taew2_1 weights or one distilled by "
+    "dreamrt train tiny-decoder, under tiny_decoder/ of the checkpoint directory; 832x480 at "
+    "16 fps, 4 steps. External weights.",
+    "taew2_1",
+    "self-forcing-dmd-v1+taew2_1",
+)
+
+WAN_TINY_TAEHV_RANDOM = _with_tiny_decoder(
+    WAN_TINY_RANDOM,
+    "wan-tiny-taehv-random",
+    "wan-tiny-random decoding with a tiny TAEHV-architecture streaming decoder on CPU. random "
+    "weights: for tests and development, shows noise.",
+    "tiny",
+    "random-seed-0",
+)
+
 CARDS: tuple[ModelCard, ...] = (
     WAN21_13B_CAUSAL,
+    WAN21_13B_CAUSAL_TAEHV,
     WAN_TINY_RANDOM,
+    WAN_TINY_TAEHV_RANDOM,
     WAN21_T2V_13B,
     WAN21_T2V_TINY_RANDOM,
 )

@@ -4,7 +4,9 @@
 family without a builder of its own. Random weights initialise on the target device (a 1.3B DiT
 inits in milliseconds on a GPU); a checkpoint directory is laid out as the card's manifest says
 (``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``) and is checked for every
-component before gigabytes of weights load.
+component before gigabytes of weights load. The codec built is the card's
+``decoder_component``: the full VAE, or a tiny TAEHV decoder (``tiny_decoder/``) for a card
+that decodes with one - whose full VAE (a distillation teacher only) is then not loaded.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from pathlib import Path
 
 import torch
 
-from models.card import ModelCard
+from models.card import ComponentKind, ModelCard
 from models.instance import InstanceError
 from models.loops.inputs import ACTION_DIM, AUDIO_DIM
 from models.wan.config import WanDiTConfig
+from models.wan.taehv import TAEHVDecoder
+from models.wan.taehv_config import TAEHVConfig
 from models.wan.text_encoder import UMT5TextEncoder
 from models.wan.transformer import WanDiT
 from models.wan.vae import WanVAE
@@ -33,8 +37,8 @@ def build_components(
     seed: int,
     random_weights: bool,
     checkpoint_dir: str | Path | None,
-) -> tuple[WanDiT, WanVAE, UMT5TextEncoder]:
-    """(dit, vae, text encoder) of ``card``: random when asked or when the card's weights are
+) -> tuple[WanDiT, WanVAE | TAEHVDecoder, UMT5TextEncoder]:
+    """(dit, codec, text encoder) of ``card``: random when asked or when the card's weights are
     random, otherwise from ``checkpoint_dir`` (``InstanceError`` names what is missing)."""
     if not (random_weights or card.weights.value == "random"):
         return _load_checkpoint(card, checkpoint_dir, device, dtype)
@@ -47,12 +51,20 @@ def build_components(
         torch.manual_seed(seed)
         with device:  # initialise where the weights will live
             dit = WanDiT(WanDiTConfig.preset(dit_spec.preset).replace(**hooks))
-            vae = WanVAE(WanVAEConfig.preset(card.components["vae"].preset))
+            vae = _random_codec(card)
     _randomize_hooks(dit, seed)
     encoder = UMT5TextEncoder.from_preset(
         card.components["text_encoder"].preset, seed=seed, device=device, dtype=dtype
     )
     return dit, vae, encoder
+
+
+def _random_codec(card: ModelCard) -> WanVAE | TAEHVDecoder:
+    """The latent codec the loops decode with (``card.decoder_component``), from its preset."""
+    spec = card.components[card.decoder_component]
+    if spec.kind is ComponentKind.DECODER:
+        return TAEHVDecoder(TAEHVConfig.preset(spec.preset))
+    return WanVAE(WanVAEConfig.preset(spec.preset))
 
 
 def _randomize_hooks(dit: WanDiT, seed: int) -> None:
@@ -68,7 +80,7 @@ def _randomize_hooks(dit: WanDiT, seed: int) -> None:
 
 def _load_checkpoint(
     card: ModelCard, checkpoint_dir: str | Path | None, device: torch.device, dtype: torch.dtype
-) -> tuple[WanDiT, WanVAE, UMT5TextEncoder]:
+) -> tuple[WanDiT, WanVAE | TAEHVDecoder, UMT5TextEncoder]:
     from models.checkpoint import load_transformer, load_vae
     from models.wan.text_encoder import require_transformers
 
@@ -79,8 +91,12 @@ def _load_checkpoint(
         )
     root = Path(checkpoint_dir)
     entries = card.checkpoint.components
+    codec = card.decoder_component
+    loaded = ("dit", codec, "text_encoder", "tokenizer")  # not a full VAE that only teaches
     missing = [
-        f"{c} ({e.path_hint})" for c, e in entries.items() if not (root / e.path_hint).exists()
+        f"{c} ({e.path_hint})"
+        for c, e in entries.items()
+        if c in loaded and not (root / e.path_hint).exists()
     ]
     if missing:
         raise InstanceError(
@@ -88,7 +104,13 @@ def _load_checkpoint(
         )
     require_transformers()  # before gigabytes of DiT weights load, not after
     dit = load_transformer(root / entries["dit"].path_hint, device=device, dtype=dtype)
-    vae = load_vae(root / entries["vae"].path_hint, device=device, dtype=dtype)
+    if card.components[codec].kind is ComponentKind.DECODER:
+        from models.wan.taehv_checkpoint import load_taehv
+
+        config = TAEHVConfig.preset(card.components[codec].preset)
+        vae = load_taehv(root / entries[codec].path_hint, device=device, dtype=dtype, config=config)
+    else:
+        vae = load_vae(root / entries["vae"].path_hint, device=device, dtype=dtype)
     encoder = UMT5TextEncoder.from_pretrained(
         root / entries["text_encoder"].path_hint,
         root / entries["tokenizer"].path_hint,

@@ -25,7 +25,7 @@ from models.wan.vae_cache import DecoderCache, EncoderCache
 from models.wan.vae_coders import Decoder, Encoder
 from models.wan.vae_config import WanVAEConfig
 
-__all__ = ["VAEShapeError", "WanVAE", "video_to_uint8"]
+__all__ = ["VAEShapeError", "WanVAE", "conv_flops", "video_to_uint8"]
 
 
 class VAEShapeError(ValueError):
@@ -111,24 +111,17 @@ class WanVAE(nn.Module):
     ) -> DecoderCache:
         """A zeroed per-session decoder cache (defaults: the weights' device and dtype)."""
         weight = self.post_quant_conv.weight
-        return DecoderCache.allocate(
-            self.decoder.slot_specs,
-            self.decoder.level_hw(latent_height, latent_width),
-            batch_size,
-            device=weight.device if device is None else device,
-            dtype=weight.dtype if dtype is None else dtype,
-        )
+        device = weight.device if device is None else device
+        grid = (latent_height, latent_width)
+        dtype = weight.dtype if dtype is None else dtype
+        return DecoderCache.for_coder(self.decoder, batch_size, grid, device=device, dtype=dtype)
 
     def decoder_cache_bytes(
         self, batch_size: int, latent_height: int, latent_width: int, dtype: torch.dtype
     ) -> int:
         """Bytes ``new_decoder_cache`` would allocate (for admission), without allocating."""
-        return DecoderCache.bytes_for(
-            self.decoder.slot_specs,
-            self.decoder.level_hw(latent_height, latent_width),
-            batch_size,
-            dtype,
-        )
+        grid = (latent_height, latent_width)
+        return DecoderCache.bytes_for_coder(self.decoder, batch_size, grid, dtype)
 
     def decode_chunk(self, z: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
         """Decode the next ``c`` latent frames of a stream, clamped to ``[-1, 1]``.
@@ -157,7 +150,7 @@ class WanVAE(nn.Module):
         h, w = latent_height, latent_width
         frames = float(latent_frames)
         dec = self.decoder
-        total = _conv_flops(dec.conv_in, frames, h, w) + _conv_flops(
+        total = conv_flops(dec.conv_in, frames, h, w) + conv_flops(
             self.post_quant_conv, frames, h, w
         )
         total += _mid_flops(dec.mid_block, frames, h, w)
@@ -167,11 +160,11 @@ class WanVAE(nn.Module):
             if up is None:
                 continue
             if up.time_conv is not None:  # a first chunk's first frame is not doubled
-                total += _conv_flops(up.time_conv, frames - first, h, w)
+                total += conv_flops(up.time_conv, frames - first, h, w)
                 frames = 2 * frames - first
             h, w = 2 * h, 2 * w
-            total += _conv_flops(up.spatial_conv, frames, h, w)
-        return total + _conv_flops(dec.conv_out, frames, h, w)
+            total += conv_flops(up.spatial_conv, frames, h, w)
+        return total + conv_flops(dec.conv_out, frames, h, w)
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """Decode a whole clip in one pass (one fresh cache, one chunk).
@@ -204,7 +197,7 @@ class WanVAE(nn.Module):
         return z * std + mean
 
 
-def _conv_flops(conv: nn.Conv3d | nn.Conv2d, frames: float, h: int, w: int) -> float:
+def conv_flops(conv: nn.Conv3d | nn.Conv2d, frames: float, h: int, w: int) -> float:
     """A stride-1, size-preserving convolution over ``frames`` frames of ``h x w`` outputs."""
     taps = 1
     for k in conv.kernel_size:
@@ -215,14 +208,14 @@ def _conv_flops(conv: nn.Conv3d | nn.Conv2d, frames: float, h: int, w: int) -> f
 
 def _residual_flops(block: nn.Module, frames: float, h: int, w: int) -> float:
     convs = (block.conv1, block.conv2, block.conv_shortcut)
-    return sum(_conv_flops(c, frames, h, w) for c in convs if c is not None)
+    return sum(conv_flops(c, frames, h, w) for c in convs if c is not None)
 
 
 def _mid_flops(mid: nn.Module, frames: float, h: int, w: int) -> float:
     total = sum(_residual_flops(r, frames, h, w) for r in mid.resnets)
     for attn in mid.attentions:
         dim, positions = attn.proj.in_channels, h * w
-        total += _conv_flops(attn.to_qkv, frames, h, w) + _conv_flops(attn.proj, frames, h, w)
+        total += conv_flops(attn.to_qkv, frames, h, w) + conv_flops(attn.proj, frames, h, w)
         total += 4.0 * positions * positions * dim * frames  # q k^T and (attn) v, per frame
     return total
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Self
+from typing import Any, Self
 
 import msgspec
 import torch
@@ -117,6 +117,27 @@ class CausalCache(msgspec.Struct):
         shapes = cls.buffer_shapes(specs, level_hw, batch_size)
         buffers = [torch.zeros(shape, device=device, dtype=dtype) for shape in shapes]
         return cls(tuple(specs), buffers, level_hw[0])
+
+    @classmethod
+    def for_coder(
+        cls,
+        coder: Any,
+        batch_size: int,
+        grid_hw: tuple[int, int],
+        *,
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ) -> Self:
+        """A zeroed cache laid out for ``coder`` (its ``slot_specs`` and ``level_hw(h, w)``) on a
+        ``grid_hw`` input; ``bytes_for_coder`` is its size without allocating."""
+        level_hw = coder.level_hw(*grid_hw)
+        return cls.allocate(coder.slot_specs, level_hw, batch_size, device=device, dtype=dtype)
+
+    @classmethod
+    def bytes_for_coder(
+        cls, coder: Any, batch_size: int, grid_hw: tuple[int, int], dtype: torch.dtype
+    ) -> int:
+        return cls.bytes_for(coder.slot_specs, coder.level_hw(*grid_hw), batch_size, dtype)
 
     @property
     def nbytes(self) -> int:

@@ -456,7 +456,7 @@ def test_bad_enum_value_fails_at_construction_naming_the_choices():
     with pytest.raises(
         CardError,
         match=r"component kind='unet' is not one of "
-        r"\['dit', 'vae', 'text_encoder', 'tokenizer'\]",
+        r"\['dit', 'vae', 'decoder', 'text_encoder', 'tokenizer'\]",
     ):
         ComponentSpec("dit", "unet", "toy")
     with pytest.raises(CardError, match=r"weights='borrowed' is not one of"):

@@ -204,26 +204,31 @@ def test_rolling_window_keeps_sinks_over_long_rollouts(instance) -> None:
     assert all(torch.isfinite(f.float()).all() for _, f in _media(emissions))
 
 
+def snapshot_and_resume(instance, request, cut_at: int) -> list[Emission]:
+    """Run ``cut_at`` driver steps, snapshot, resume the blob in a fresh driver to the end:
+    the emissions of both halves, in order."""
+    loop = instance.loop("chunk_rollout")
+    ctx = InlineContext("s")
+    driver = Driver(loop, ctx)
+
+    async def first_half() -> bytes:
+        driver.init(request, instance)
+        for _ in range(cut_at):
+            await driver.step()
+        return driver.snapshot()
+
+    blob = asyncio.run(first_half())
+    ctx2 = InlineContext("s")
+    asyncio.run(Driver.from_snapshot(loop, ctx2, blob, ChunkRolloutState).run())
+    return ctx.emissions + ctx2.emissions
+
+
 def test_snapshot_at_any_boundary_resumes_bit_identically(instance) -> None:
     request = SessionRequest(prompt="a yellow square", seed=11, max_chunks=2)
     reference, _, _ = _run(instance, request)
-    loop = instance.loop("chunk_rollout")
     # after text encode, mid-denoise, between the first chunk's decode parts, before KV update
     for cut_at in (1, 4, 6, 7):
-        ctx = InlineContext("s")
-        driver = Driver(loop, ctx)
-
-        async def first_half(driver: Driver = driver, cut_at: int = cut_at) -> bytes:
-            driver.init(request, instance)
-            for _ in range(cut_at):
-                await driver.step()
-            return driver.snapshot()
-
-        blob = asyncio.run(first_half())
-        ctx2 = InlineContext("s")
-        resumed = Driver.from_snapshot(loop, ctx2, blob, ChunkRolloutState)
-        asyncio.run(resumed.run())
-        combined = _media(ctx.emissions + ctx2.emissions)
+        combined = _media(snapshot_and_resume(instance, request, cut_at))
         assert [m for m, _ in combined] == [m for m, _ in _media(reference)]
         assert all(torch.equal(a, b) for (_, a), (_, b) in zip(combined, _media(reference)))
 

@@ -16,15 +16,22 @@ from models.card import CardError, RecipeMismatchError, ScheduleSpec, WeightsKin
 from models.registry import CardRegistry, UnknownModelError, builtin_registry
 
 REPO = Path(__file__).resolve().parents[2]
-WAN_IDS = ["wan-tiny-random", "wan2.1-1.3b-causal", "wan2.1-t2v-1.3b", "wan2.1-t2v-tiny-random"]
+WAN_IDS = [
+    "wan-tiny-random",
+    "wan-tiny-taehv-random",
+    "wan2.1-1.3b-causal",
+    "wan2.1-1.3b-causal-taehv",
+    "wan2.1-t2v-1.3b",
+    "wan2.1-t2v-tiny-random",
+]
 BUILTIN_IDS = ["tiny-world", *WAN_IDS]
 
 
 def test_builtin_cards_are_listed_sorted_and_found_by_id():
     cards = registry.list_cards()
     assert [c.model_id for c in cards] == BUILTIN_IDS
-    assert registry.get("wan2.1-1.3b-causal") is cards[2]
-    assert len(builtin_registry()) == 5 and "wan-tiny-random" in builtin_registry()
+    assert registry.get("wan2.1-1.3b-causal") is cards[3]
+    assert len(builtin_registry()) == 7 and "wan-tiny-random" in builtin_registry()
 
 
 def test_unknown_model_lists_the_known_ids():
@@ -63,7 +70,7 @@ def test_registry_imports_without_torch():
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
     )
-    assert (done.returncode, done.stdout.strip()) == (0, "5 False"), done.stderr
+    assert (done.returncode, done.stdout.strip()) == (0, "7 False"), done.stderr
 
 
 # --------------------------------------------------------------------------------------------
@@ -156,3 +163,12 @@ def test_component_presets_exist_in_the_family_tables():
             card.latent.spatial_stride,
         )
         assert dit.patch_size == card.latent.patch
+        if "tiny_decoder" in c:  # a tiny decoder reads the same latents, writes the same frames
+            from models.wan.taehv_config import TAEHVConfig
+
+            tiny = TAEHVConfig.preset(c["tiny_decoder"].preset)
+            assert (tiny.latent_channels, tiny.temporal_factor, tiny.spatial_factor) == (
+                card.latent.channels,
+                card.latent.temporal_stride,
+                card.latent.spatial_stride,
+            )
