@@ -114,7 +114,10 @@ class SimViewer:
                 self.first_arrival_s = now
             self._chunk_arrival_s.setdefault(meta.chunk, now)
             if meta.chunk < self._keep_chunks:
-                self._kept[meta.chunk].append(np.array(emission.output, copy=True))
+                out = emission.output  # a host torch tensor or an ndarray
+                self._kept[meta.chunk].append(
+                    (out.numpy() if hasattr(out, "numpy") else np.asarray(out)).copy()
+                )
             self._pending.extend(
                 _Frame(pts_of_frame(meta.frame_start + i, meta.fps), now) for i in range(frames)
             )
