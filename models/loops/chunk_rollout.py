@@ -31,7 +31,9 @@ of the cached frames for re-caching) and its two caches are members of it: the c
 and the VAE decoder cache. Ops write both in place and a snapshot serializes them with the rest,
 so a state can be snapshotted at any step boundary and resumed in another process. ``advance``
 dispatches on the kind of plan that ran (``StepResult.kind``). Noise is a pure function of
-(seed, segment, chunk, step), so interleaving and resuming never change a frame.
+(seed, segment, chunk, step), so interleaving and resuming never change a frame. The plans
+themselves (arguments, costs, deadlines, emissions) are described by
+``models.loops.chunk_plans.ChunkPlans``; this module keeps the contract and the inputs.
 """
 
 from __future__ import annotations
@@ -44,35 +46,28 @@ from typing import Any
 import torch
 
 from models.card import KVUpdate, LoopSpec
+from models.loops.chunk_plans import ChunkPlans
 from models.loops.inputs import AUDIO_SAMPLE_RATE, action_vector, audio_features
 from models.loops.model import LoopModel
-from models.loops.ops import ChunkDenoiseArgs, DecodeArgs, KVWriteArgs
 from models.loops.requests import JobRequest, SessionRequest
-from models.loops.sampling import noise_seed, sigma_steps
-from models.wan.kv_cache import EMPTY, ChunkKVCache
-from models.wan.transformer import CrossKV, dit_flops
+from models.loops.sampling import sigma_steps
+from models.wan.kv_cache import ChunkKVCache
+from models.wan.transformer import CrossKV
 from models.wan.vae_cache import DecoderCache
 from runtime.contract import (
     ActionInput,
-    AppliedMeta,
     AudioInput,
     Done,
-    EmitSpec,
-    Followup,
     InputEvent,
     InputKind,
     LoopContext,
     LoopResult,
     LoopState,
-    MediaMeta,
     PlanKind,
-    ProgressMeta,
     PromptInput,
     PromptMode,
     StepResult,
-    Stream,
     WorkPlan,
-    pts_of_frame,
 )
 
 __all__ = ["ChunkRollout", "ChunkRolloutState", "Phase"]
@@ -149,6 +144,13 @@ class ChunkRollout:
         )
         self._inputs = spec.inputs
         self._fold = spec.kv_update is KVUpdate.LAST_STEP
+        # the loop decides which part of a chunk a decode covers and whether a step caches K/V
+        self._plans = ChunkPlans(
+            model,
+            self._steps,
+            decode_part=lambda state: self._decode_part(state),
+            writes_kv=lambda state: self._writes_kv(state),
+        )
 
     # ---------------------------------------------------------------------------------------
     # contract
@@ -224,42 +226,21 @@ class ChunkRollout:
         return state
 
     def next(self, state: ChunkRolloutState) -> WorkPlan | Done:
+        plans = self._plans
         if state.phase is Phase.START:
             if state.max_chunks is not None and state.chunk >= state.max_chunks:
                 return Done()
             if state.active_prompt != state.prompt:
-                return self._plan(
-                    state,
-                    PlanKind.TEXT_ENCODE,
-                    self._m.text_encode_op,
-                    state.prompt,
-                    f"text:{self._m.text_len}",
-                )
+                return plans.text_encode(state)
             if state.recache_needed:
-                return self._recache_plan(state)
-            return self._denoise_plan(state)
+                return plans.recache(state)
+            return plans.denoise(state)
         if state.phase is Phase.DENOISE:
-            return self._denoise_plan(state)
+            return plans.denoise(state)
         if state.phase is Phase.DECODE:
-            return self._decode_plan(state)
+            return plans.decode(state)
         if state.phase is Phase.KV_UPDATE:
-            args = KVWriteArgs(
-                groups=((state.frame_start, state.latents),),
-                cross=self._cross(state),
-                cache=state.kv,
-                reset=False,
-                window=state.window_latents,
-                action=state.chunk_action,
-                audio=state.chunk_audio,
-            )
-            return self._plan(
-                state,
-                PlanKind.KV_UPDATE,
-                self._m.kv_write_op,
-                args,
-                self._shape(state),
-                flops=self._flops(state),
-            )
+            return plans.kv_update(state)
         raise RuntimeError(f"loop {state.loop_id}: no plan for phase {state.phase}")
 
     def advance(self, state: ChunkRolloutState, result: StepResult) -> ChunkRolloutState:
@@ -376,172 +357,3 @@ class ChunkRollout:
         first = self._m.latent.pixel_frames(c, includes_first=True)
         later = self._m.latent.pixel_frames(c, includes_first=False)
         return 1 + max(0, math.ceil((num_frames - first) / later))
-
-    # ---------------------------------------------------------------------------------------
-    # plans
-
-    def _denoise_plan(self, state: ChunkRolloutState) -> WorkPlan:
-        step = self._steps[state.denoise_step]
-        x = state.latents
-        if x is None:  # first step of the chunk: pure noise at sigma = 1
-            x = torch.empty(
-                (1, self._m.latent.channels, state.chunk_frames, state.latent_h, state.latent_w),
-                device=self._m.device,
-                dtype=self._m.dtype,
-            )
-        args = ChunkDenoiseArgs(
-            x=x,
-            timestep=step.timestep,
-            sigma=step.sigma,
-            sigma_next=step.sigma_next,
-            noise_seed=noise_seed(state.seed, state.segment, state.chunk, state.denoise_step),
-            init_seed=(
-                noise_seed(state.seed, state.segment, state.chunk, -1)
-                if state.latents is None
-                else None
-            ),
-            cross=self._cross(state),
-            cache=state.kv,
-            frame_start=state.frame_start,
-            action=state.chunk_action,
-            audio=state.chunk_audio,
-            window=state.window_latents if self._writes_kv(state) else None,
-        )
-        return self._plan(
-            state,
-            PlanKind.CHUNK_STEP,
-            self._m.chunk_step_op,
-            args,
-            self._shape(state),
-            flops=self._flops(state),
-        )
-
-    def _recache_plan(self, state: ChunkRolloutState) -> WorkPlan:
-        # Cached frames in position order, grouped by the chunk they were generated in.
-        slots = sorted((p, i) for i, p in enumerate(state.kv.slot_positions) if p != EMPTY)
-        groups: list[tuple[int, list[int]]] = []
-        for position, slot in slots:
-            if (
-                groups
-                and position // state.chunk_frames == groups[-1][0] // state.chunk_frames
-                and position == groups[-1][0] + len(groups[-1][1])
-            ):
-                groups[-1][1].append(slot)
-            else:
-                groups.append((position, [slot]))
-        window = state.window_latents
-        args = KVWriteArgs(
-            groups=tuple((start, window[:, :, idx].clone()) for start, idx in groups),
-            cross=self._cross(state),
-            cache=state.kv,
-            reset=True,
-            window=window,
-        )
-        return self._plan(
-            state,
-            PlanKind.KV_RECACHE,
-            self._m.kv_write_op,
-            args,
-            f"recache:{len(slots)}:{self._shape(state)}",
-            flops=self._flops(state) * max(1, len(groups)),
-        )
-
-    def _decode_plan(self, state: ChunkRolloutState) -> WorkPlan:
-        first = state.frames_emitted == 0
-        latent, n = self._decode_part(state)
-        final = state.decoded + latent == state.chunk_frames
-        pts = pts_of_frame(state.frames_emitted, state.fps)
-        emits = [
-            EmitSpec(
-                Stream.MEDIA,
-                MediaMeta(
-                    chunk=state.chunk,
-                    segment=state.segment,
-                    frame_start=state.frames_emitted,
-                    pts_90k=pts,
-                    num_frames=n,
-                    fps=state.fps,
-                    final=final,
-                ),
-            )
-        ]
-        if not state.decoded:  # the chunk's first frames reflect its inputs
-            emits += [
-                EmitSpec(
-                    Stream.APPLIED, AppliedMeta(kind=kind, seq=seq, chunk=state.chunk, pts_90k=pts)
-                )
-                for kind, seq in state.acks
-            ]
-        latents = state.latents[:, :, state.decoded : state.decoded + latent]
-        args = DecodeArgs(latents=latents, cache=state.decoder, defer=not state.collect_frames)
-        return self._plan(
-            state,
-            PlanKind.VAE_DECODE,
-            self._m.decode_op,
-            args,
-            f"decode:{int(first)}:{latent}:{self._shape(state)}",
-            emits=tuple(emits),
-        )
-
-    def _plan(
-        self,
-        state: ChunkRolloutState,
-        kind: PlanKind,
-        op: Any,
-        args: Any,
-        shape_sig: str,
-        *,
-        flops: float = 0.0,
-        emits: tuple[EmitSpec, ...] = (),
-    ) -> WorkPlan:
-        if state.collect_frames and state.max_chunks:
-            # text encode + per chunk: steps, decode, KV update (none after the last chunk)
-            total = state.max_chunks * (len(self._steps) + 2)
-            emits = (
-                *emits,
-                EmitSpec(Stream.PROGRESS, ProgressMeta(done=state.plans_done + 1, total=total)),
-            )
-        return WorkPlan(
-            loop_id=state.loop_id,
-            kind=kind,
-            op=op,
-            args=args,
-            shape_sig=shape_sig,
-            instance_id=self._m.instance_id,
-            precision=self._m.precision,
-            flops=flops,
-            due_media_s=state.frames_emitted / state.fps,
-            followups=self._followups(state, kind),
-            emits=emits,
-        )
-
-    def _followups(self, state: ChunkRolloutState, kind: PlanKind) -> tuple[Followup, ...]:
-        """Plans still to come before this plan's media is due: the chunk's remaining steps
-        and the decode that emits next; after a KV update, the whole next chunk's."""
-        shape, flops = self._shape(state), self._flops(state)
-        if kind is PlanKind.VAE_DECODE:
-            return ()
-        if kind is PlanKind.KV_UPDATE:
-            steps_left, latent, first = len(self._steps), state.chunk_frames, 0
-        else:
-            steps_left = len(self._steps) - state.denoise_step - (kind is PlanKind.CHUNK_STEP)
-            latent, first = self._decode_part(state)[0], int(state.frames_emitted == 0)
-        steps = tuple(Followup(PlanKind.CHUNK_STEP, shape, flops) for _ in range(steps_left))
-        return (*steps, Followup(PlanKind.VAE_DECODE, f"decode:{first}:{latent}:{shape}"))
-
-    # ---------------------------------------------------------------------------------------
-    # views of the state's tensors
-
-    @staticmethod
-    def _cross(state: ChunkRolloutState) -> CrossKV:
-        if state.cross_k is None or state.cross_v is None:
-            raise RuntimeError(f"loop {state.loop_id}: no prompt encoded before denoising")
-        return CrossKV(state.cross_k, state.cross_v)
-
-    def _shape(self, state: ChunkRolloutState) -> str:
-        return f"c{state.chunk_frames}x{state.latent_h}x{state.latent_w}"
-
-    def _flops(self, state: ChunkRolloutState) -> float:
-        t = self._m.tokens_per_frame(state.latent_h, state.latent_w)
-        q = state.chunk_frames * t
-        return dit_flops(self._m.dit_config, q, state.kv.capacity_frames * t + q, self._m.text_len)
