@@ -57,6 +57,7 @@ __all__ = [
     "Followup",
     "InputEvent",
     "InputKind",
+    "InputTiming",
     "Loop",
     "LoopContext",
     "LoopFailed",
@@ -66,6 +67,7 @@ __all__ = [
     "ModelState",
     "PendingOutput",
     "PlanKind",
+    "PlanWithdrawn",
     "Priority",
     "ProgressMeta",
     "PromptInput",
@@ -241,12 +243,17 @@ class MediaMeta(msgspec.Struct, frozen=True, kw_only=True):
 
 class AppliedMeta(msgspec.Struct, frozen=True, kw_only=True):
     """An input (session sequence number ``seq``) first reflected by chunk ``chunk`` whose first
-    frame has PTS ``pts_90k``. Emitted on ``Stream.APPLIED`` beside that chunk's first media."""
+    frame has PTS ``pts_90k``. Emitted on ``Stream.APPLIED`` beside that chunk's first media.
+
+    ``changes`` is False when the input only repeats what the previous chunk was already
+    conditioned on (a held key sent again): a sink shows a changing input's frames at once
+    (dropping older queued media), a repeat's in playout order."""
 
     kind: InputKind
     seq: int
     chunk: int
     pts_90k: int
+    changes: bool = True
 
 
 class ProgressMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -271,11 +278,27 @@ class EmitSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class InputTiming:
+    """Where one live input spent its time inside the runtime: seconds after it was pushed to
+    the engine, per stage (``runtime.input_trace`` defines them; ``None``: not seen)."""
+
+    seq: int
+    latched_s: float | None
+    started_s: float | None
+    generated_s: float | None
+    decoded_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class Emission:
-    """What ``LoopContext.emit`` receives: an EmitSpec plus the output it refers to."""
+    """What ``LoopContext.emit`` receives: an EmitSpec plus the output it refers to.
+
+    ``timing``: on an ``applied`` emission delivered by the engine, the input's runtime
+    stages (``InputTiming``); ``None`` elsewhere."""
 
     spec: EmitSpec
     output: Any
+    timing: InputTiming | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +320,9 @@ class WorkPlan:
     output this plan contributes to must be on the wire; ``None`` for work without a deadline.
     ``followups`` lists the plans still needed after this one before that media is ready, so the
     runtime can subtract their predicted cost from the deadline. ``emits`` become stream items.
+    ``inputs`` are the sequence numbers of live inputs whose first reflecting chunk this plan
+    belongs to and that change what it shows (an ``applied`` emission of this or a later plan
+    acknowledges them): the runtime times them and may run them urgently (a viewer waits).
     """
 
     loop_id: str
@@ -314,6 +340,7 @@ class WorkPlan:
     cache_reads: tuple[CacheKey, ...] = ()
     cache_writes: tuple[CacheKey, ...] = ()
     emits: tuple[EmitSpec, ...] = ()
+    inputs: tuple[int, ...] = ()
 
     @property
     def batch_key(self) -> tuple[str, str, str, str]:
@@ -395,6 +422,17 @@ class Cancelled(Exception):
         self.reason = reason
 
 
+class PlanWithdrawn(Exception):
+    """Raised from ``ctx.execute`` when the runtime took back a plan before it started
+    (live inputs arrived while it waited in the queue). The plan never ran, so the state is the
+    one it was described from: the driver returns to the step boundary, the loop absorbs the
+    inputs and describes its next plan again."""
+
+    def __init__(self, loop_id: str) -> None:
+        super().__init__(f"loop {loop_id!r}: queued plan withdrawn for new inputs")
+        self.loop_id = loop_id
+
+
 class LoopFailed(Exception):
     """Raised from ``ctx.execute`` when this loop's step failed (exception or NaN).
 
@@ -415,7 +453,8 @@ class LoopFailed(Exception):
 class LoopContext(Protocol):
     """What the runtime hands a loop and its driver.
 
-    ``execute`` resolves with the plan's StepResult, or raises ``Cancelled`` / ``LoopFailed``.
+    ``execute`` resolves with the plan's StepResult, or raises ``Cancelled`` / ``LoopFailed``
+    (or ``PlanWithdrawn``: the plan did not run; the driver describes the next one again).
     ``emit`` delivers an emission to the loop's sinks without blocking.
     ``take_inputs`` returns (and clears) the inputs that arrived since the last call, in order.
     """
