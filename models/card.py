@@ -201,6 +201,12 @@ class ModelCard:
                 return spec
         return None
 
+    def with_chunk_frames(self, chunk_latent_frames: int) -> ModelCard:
+        """This card serving chunks of ``chunk_latent_frames`` latent frames (the latency mode:
+        1 -> 4 video frames on a Wan VAE); validated (the K/V window must leave history)."""
+        profile = replace(self.default_profile, chunk_latent_frames=chunk_latent_frames)
+        return replace(self, default_profile=profile).validate()
+
     def resolve_profile(
         self, *, fps: int | None = None, width: int | None = None, height: int | None = None
     ) -> Profile:

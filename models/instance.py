@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from models.card import KVUpdate, ModelCard, Profile
+from models.loops.chunk_restart import RegenerateWhenSooner, RestartPolicy
 from models.loops.inputs import ACTION_DIM, AUDIO_DIM
 from models.loops.ops import (
     ChunkDenoiseOp,
@@ -115,6 +116,8 @@ class WanInstance:
         self.kv_write_op = KVWriteOp(dit)
         self.decode_op = DecodeOp(vae)
         self.diffusion_step_op = DiffusionStepOp(dit)
+        # when an input restarts the chunk in flight: a serving policy the server may swap
+        self.chunk_restart: RestartPolicy = RegenerateWhenSooner()
         self._compiled = False
         self._fp8 = False
 

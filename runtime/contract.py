@@ -323,6 +323,8 @@ class WorkPlan:
     ``inputs`` are the sequence numbers of live inputs whose first reflecting chunk this plan
     belongs to and that change what it shows (an ``applied`` emission of this or a later plan
     acknowledges them): the runtime times them and may run them urgently (a viewer waits).
+    ``waiting_inputs``: such inputs that wait for this plan's chunk to end (a later chunk will
+    reflect them), so this plan is urgent too.
     """
 
     loop_id: str
@@ -341,6 +343,7 @@ class WorkPlan:
     cache_writes: tuple[CacheKey, ...] = ()
     emits: tuple[EmitSpec, ...] = ()
     inputs: tuple[int, ...] = ()
+    waiting_inputs: tuple[int, ...] = ()
 
     @property
     def batch_key(self) -> tuple[str, str, str, str]:

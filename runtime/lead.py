@@ -9,8 +9,9 @@ still counted against the playout deadline). Two policies:
 - ``AdaptiveLead`` (the default, issue 21 "time to steer"):
 
   * a plan that reflects a **pending input** (``WorkPlan.inputs`` names one not yet
-    acknowledged: a prompt, a changed key) is eligible at once and ranks as due as soon as
-    its work allows (``now + cost + followups``): its frames are shown as soon as they exist
+    acknowledged: a prompt, a changed key), or whose chunk such an input waits for
+    (``WorkPlan.waiting_inputs``), is eligible at once and ranks as due as soon as its work
+    allows (``now + cost + followups``): the input's frames are shown as soon as they exist
     (the sink drops the older queued media), so nothing is gained by waiting for the playout
     and the viewer who just typed is waiting;
   * a loop **being steered** (an input pushed within ``steer_hold_s``) runs just in time:

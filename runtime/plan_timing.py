@@ -60,7 +60,8 @@ class PlanTiming:
             return PlanWindow(None, None, now_s, cost_s)
         followups_s = sum(self.cost.predict(f.kind, f.shape_sig, f.flops) for f in plan.followups)
         deadline_s, _ = self.deadlines.timing(media_t0_s, plan.due_media_s, followups_s)
-        state = _LeadState(trace.pending(plan.inputs), trace.last_pushed_s)
+        pending = trace.pending(plan.inputs) or trace.pending(plan.waiting_inputs)
+        state = _LeadState(pending, trace.last_pushed_s)
         rank_s, eligible_s = self.lead.window(
             deadline_s, now_s=now_s, cost_s=cost_s, followups_s=followups_s, loop=state
         )

@@ -77,6 +77,11 @@ class ServerConfig:
     # one internal session before serving, so no user waits for compilation (None: if compiled)
     warmup: bool | None = None
     checkpoint_dir: Path | None = None  # weights of a card with external weights
+    random_weights: bool = False  # seeded random weights whatever the card says (benchmarks)
+    chunk_frames: int | None = None  # latent frames per chunk (1: the latency mode); None: card's
+    # "fast": the time-to-steer cuts (adaptive lead, queued plans withdrawn for inputs, chunks
+    # restarted when regenerating is sooner); "baseline": the first build's input path
+    steering: str = "fast"
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
     control_rate_per_s: float = 30.0
     livekit_key: str | None = None  # None: LIVEKIT_API_KEY (to mint join tokens)
@@ -207,10 +212,12 @@ async def _build(config: ServerConfig) -> ServerContext:
     # Heavy imports stay inside the lifespan: `dreamrt models` and the CLI parser do not pay them.
     from models import registry
     from models.instance import load_instance
+    from models.loops.chunk_restart import RestartCutsOnly
     from models.loops.inputs import action_vector, normalize_keys
     from runtime.admission import AdmissionConfig, AdmissionController
     from runtime.cost import CostModel, DeviceConstants
     from runtime.engine import Engine
+    from runtime.lead import AdaptiveLead, FixedLead
     from runtime.observers import NaNWatch, Profiler
     from runtime.policies import make_scheduler
 
@@ -220,15 +227,23 @@ async def _build(config: ServerConfig) -> ServerContext:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(config.data_dir / "dreamrt.sqlite3")
     unfinished_jobs = store.recover()
+    if config.steering not in ("fast", "baseline"):
+        raise ValueError(f"steering={config.steering!r}; expected 'fast' or 'baseline'")
     model_id = config.model or DEFAULT_MODEL
     card = registry.get(model_id)
+    if config.chunk_frames is not None:  # e.g. 1: the latency mode (4 video frames per chunk)
+        card = card.with_chunk_frames(config.chunk_frames)
     instance = await asyncio.to_thread(
         load_instance,
         card,
         device=config.device,
         compile=config.compile,
         checkpoint_dir=config.checkpoint_dir,
+        random_weights=config.random_weights,
     )
+    fast = config.steering == "fast"
+    if not fast:
+        instance.chunk_restart = RestartCutsOnly()
     device = str(instance.device)
     profile = card.default_profile
     # a job-only card (bidirectional) has no sessions: no chunk-KV, no session warm-up
@@ -261,13 +276,20 @@ async def _build(config: ServerConfig) -> ServerContext:
         deterministic=config.deterministic,
         playout_buffer_s=config.playout_buffer_s,
         max_lead_s=config.max_lead_s,
+        lead=AdaptiveLead(config.max_lead_s) if fast else FixedLead(config.max_lead_s),
+        withdraw_on_input=fast,
         # The profiler calibrates the cost model from measured plan times (admission and
         # deadlines then use what this machine really does); NaNWatch fails a session whose
         # step produced a non-finite value instead of streaming garbage.
         observers=(Profiler(cost), NaNWatch()),
         listeners=(metrics,),
     )
-    log.info("scheduling policy: %s", scheduler.name)
+    log.info(
+        "scheduling policy: %s; steering %s (chunks of %d latent frames)",
+        scheduler.name,
+        config.steering,
+        card.default_profile.chunk_latent_frames,
+    )
     await engine.start()
 
     def validate_action(keys: list[str], mouse: tuple[float, float]) -> list[str]:

@@ -46,7 +46,8 @@ class MediaQueue:
         self.dropped_overflow = 0
         self.dropped_flush = 0
         self.dropped_non_monotonic = 0
-        self.flushes = 0  # flush_before calls that dropped at least one frame
+        # flush_before calls that dropped at least one frame or asked to show the next at once
+        self.flushes = 0
 
     def __len__(self) -> int:
         return len(self._frames)
@@ -100,14 +101,16 @@ class MediaQueue:
     def peek(self) -> MediaFrame | None:
         return self._frames[0] if self._frames else None
 
-    def flush_before(self, pts_90k: int) -> int:
-        """Drops queued frames with PTS < ``pts_90k``; returns how many."""
+    def flush_before(self, pts_90k: int, *, show_next: bool = False) -> int:
+        """Drops queued frames with PTS < ``pts_90k``; returns how many. ``show_next``: the
+        consumer should show the next frame at once even when nothing was dropped (it starts
+        something the viewer waits for); a flush that drops frames always does."""
         dropped = 0
         while self._frames and self._frames[0].pts_90k < pts_90k:
             self._frames.popleft()
             dropped += 1
         self.dropped_flush += dropped
-        if dropped:
+        if dropped or show_next:
             self.flushes += 1
         if not self._frames:
             self._nonempty.clear()

@@ -45,6 +45,7 @@ from runtime.contract import (
     Emission,
     InputEvent,
     InputKind,
+    InputTiming,
     LoopFailed,
     MediaMeta,
     PromptInput,
@@ -66,6 +67,7 @@ from sessions.events import (
     SessionStateChanged,
     encode_event,
 )
+from sessions.latency import SessionLatency
 from sessions.loop_handle import LoopHandleLike
 from sessions.media_queue import MediaFrame, MediaQueue
 from sessions.playout import Playout
@@ -183,6 +185,8 @@ class Session:
         self._partial: tuple[int, int, int, np.ndarray] | None = None
         self.audio_samples_in = 0
         self.error: str | None = None
+        self.latency = SessionLatency(clock, clock())  # time to steer: per input and at start
+        self.hold_after_first_chunk = False  # "start": "now": generate chunk 0, then wait
         self.events.publish(SessionStateChanged(state=self._state.value))
 
     # ---------------------------------------------------------------- lifecycle
@@ -420,6 +424,9 @@ class Session:
         moved = self.playout.shown(None if frame is None else frame.pts_90k, shown_s)
         if moved is not None and self._handle is not None:
             self._handle.set_media_t0(moved)
+        if frame is not None:
+            for event in self.latency.frame_sent(frame.pts_90k, shown_s):
+                self.events.publish(event)
 
     def _anchor_now(self) -> None:
         """Deadlines restart from now at the next frame to show (first pull, resume)."""
@@ -457,6 +464,7 @@ class Session:
                 InputEvent(kind=kind, seq=seq, payload=payload, received_s=self._clock())
             )
         self._pending[seq] = (kind, recorded)
+        self.latency.received(seq, kind.value)
         self.events.publish(InputReceived(seq=seq, kind=kind.value))
         return seq
 
@@ -519,7 +527,7 @@ class Session:
             if stream == Stream.MEDIA:
                 self._on_media(emission.spec.meta, emission.output)
             elif stream == Stream.APPLIED:
-                self._on_applied(emission.spec.meta)
+                self._on_applied(emission.spec.meta, emission.timing)
             elif stream != Stream.PROGRESS:
                 log.debug("session %s: ignoring emission stream %r", self.id, stream)
         except Exception as exc:
@@ -538,6 +546,7 @@ class Session:
         if self._state not in SESSION_TERMINAL:
             pts = [pts_of_frame(meta.frame_start + i, fps) for i in range(frames.shape[0])]
             self.media.put_chunk(frames, pts, chunk=chunk, segment=segment)
+            self.latency.first_generated()
         earlier = self._partial if self._partial and self._partial[:2] == (chunk, segment) else None
         if earlier is not None:  # join the chunk's earlier parts
             pts_start, frames = earlier[2], np.concatenate((earlier[3], frames))
@@ -545,6 +554,10 @@ class Session:
             self._partial = (chunk, segment, pts_start, frames)
             return
         self._partial = None
+        if self.hold_after_first_chunk:  # started at create: now wait for the viewer
+            self.hold_after_first_chunk = False
+            if not self._viewers and self._handle is not None:
+                self._handle.pause()
         n = frames.shape[0]
         digest = frames_digest(frames)
         self.last_chunk = max(self.last_chunk, chunk)
@@ -566,14 +579,19 @@ class Session:
             prompt_seq=active.seq,
         )
 
-    def _on_applied(self, meta: AppliedMeta) -> None:
+    def _on_applied(self, meta: AppliedMeta, timing: InputTiming | None = None) -> None:
         kind, seq, chunk, pts = InputKind(meta.kind), meta.seq, meta.chunk, meta.pts_90k
+        # a changing input is shown as soon as it exists: drop the older backlog
+        flush = kind is InputKind.PROMPT or (kind is InputKind.ACTION and meta.changes)
+        dropped = self.media.flush_before(pts, show_next=True) if flush else 0
+        latency = self.latency.applied(
+            seq, chunk=chunk, pts_90k=pts, timing=timing, dropped=dropped
+        )
         if kind is InputKind.PROMPT:
             entry, superseded = self.prompts.apply(
                 seq, chunk=chunk, pts_90k=pts, applied_s=self._wall()
             )
             self._supersede(seq, "prompt", [e.seq for e in superseded])
-            self.media.flush_before(pts)
             self.events.publish(
                 PromptApplied(
                     seq=seq,
@@ -582,20 +600,22 @@ class Session:
                     mode=entry.mode,
                     segment=entry.segment or 0,
                     text=entry.text,
+                    latency=latency,
                 )
             )
         elif kind is InputKind.ACTION:
             older = [s for s, (k, _) in self._pending.items() if k is InputKind.ACTION and s < seq]
             self._supersede(seq, "action", older)
-            self.events.publish(ActionApplied(seq=seq, chunk=chunk, pts=pts))
+            self.events.publish(ActionApplied(seq=seq, chunk=chunk, pts=pts, latency=latency))
         else:
-            self.events.publish(AudioApplied(seq=seq, chunk=chunk, pts=pts))
+            self.events.publish(AudioApplied(seq=seq, chunk=chunk, pts=pts, latency=latency))
         _, recorded = self._pending.pop(seq, (kind, None))
         self.records.applied(kind.value, seq, chunk, recorded)
 
     def _supersede(self, by_seq: int, family: str, seqs: list[int]) -> None:
         for older in sorted(seqs):
             self._pending.pop(older, None)
+            self.latency.forget(older)
             self.events.publish(InputSuperseded(seq=older, kind=family, by_seq=by_seq))
 
     # ---------------------------------------------------------------- views
