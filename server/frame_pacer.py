@@ -158,8 +158,22 @@ class FramePacer:
                 due_s = max(slot_s, by_pts)
         delay = due_s - self._clock()
         if delay > 0:
-            await self._sleep(delay)
+            await self._sleep_unless_flushed(delay)
         return media.pop()
+
+    async def _sleep_unless_flushed(self, delay_s: float) -> None:
+        """Sleeps ``delay_s`` of the pacer's time, or less when the queue is flushed meanwhile:
+        its head is then a frame the viewer waits for (``media.pop`` takes it at once)."""
+        media = self.session.media
+        flushed = asyncio.ensure_future(media.wait_flushed(media.flushes))
+        timer = asyncio.ensure_future(self._sleep(delay_s))
+        try:
+            await asyncio.wait({flushed, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            flushed.cancel()
+            timer.cancel()
+        if flushed.done() and not flushed.cancelled():
+            self._flushes_seen = media.flushes
 
     async def _wait_frame(self, timeout_s: float) -> bool:
         """True once a frame is queued (or the queue closed), False after ``timeout_s`` of the

@@ -41,6 +41,7 @@ class MediaQueue:
         self._frames: collections.deque[MediaFrame] = collections.deque()
         self._last_pts: int | None = None
         self._nonempty = asyncio.Event()
+        self._flushed = asyncio.Event()
         self._closed = False
         self.frames_in = 0
         self.dropped_overflow = 0
@@ -112,6 +113,7 @@ class MediaQueue:
         self.dropped_flush += dropped
         if dropped or show_next:
             self.flushes += 1
+            self._flushed.set()
         if not self._frames:
             self._nonempty.clear()
         return dropped
@@ -126,8 +128,15 @@ class MediaQueue:
             return False
         return True
 
+    async def wait_flushed(self, seen: int) -> None:
+        """Returns once ``flushes`` differs from ``seen`` (a flush happened) or the queue closed."""
+        while self.flushes == seen and not self._closed:
+            self._flushed.clear()
+            await self._flushed.wait()
+
     def close(self) -> None:
         """Drops everything and wakes waiters; later puts are ignored. Idempotent."""
         self._closed = True
         self._frames.clear()
         self._nonempty.set()
+        self._flushed.set()

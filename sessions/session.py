@@ -459,12 +459,12 @@ class Session:
         self._require_open()
         seq = self._next_seq
         self._next_seq += 1
+        self.latency.received(seq, kind.value)  # before the push: runtime stages count from it
         if self._handle is not None:
             self._handle.push_input(
                 InputEvent(kind=kind, seq=seq, payload=payload, received_s=self._clock())
             )
         self._pending[seq] = (kind, recorded)
-        self.latency.received(seq, kind.value)
         self.events.publish(InputReceived(seq=seq, kind=kind.value))
         return seq
 

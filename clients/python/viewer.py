@@ -101,8 +101,10 @@ class Viewer:
         self._rtp_first: int | None = None
         self._rtp_last = 0
         self.connected_s: float | None = None  # time.monotonic() when ICE + DTLS came up
-        # RTP timestamp -> time.monotonic() its first video packet arrived (the last 4096)
+        # RTP timestamp -> time.monotonic() its first video packet arrived (the last 4096);
+        # the first packet's timestamp is PTS 0 (wire PTS = generation PTS, from 0)
         self._wire_s: collections.OrderedDict[int, float] = collections.OrderedDict()
+        self._wire_first: int | None = None
 
         @self._pc.on("connectionstatechange")
         def on_state() -> None:
@@ -165,6 +167,8 @@ class Viewer:
         arrivals = self._wire_s
 
         async def timed(packet: Any, arrival_time_ms: int) -> None:
+            if self._wire_first is None:
+                self._wire_first = packet.timestamp
             if packet.timestamp not in arrivals:
                 arrivals[packet.timestamp] = time.monotonic()
                 if len(arrivals) > 4096:
@@ -175,12 +179,13 @@ class Viewer:
 
     def wire_arrival(self, pts: int, after_s: float = 0.0) -> float | None:
         """When the first packet of the earliest frame with PTS >= ``pts`` arrived after
-        ``after_s`` (time.monotonic()), or None (not yet, or before the first decoded frame)."""
-        if self._rtp_first is None:
+        ``after_s`` (time.monotonic()), or None (not yet). PTS counts from the first packet's
+        RTP timestamp (the session's first frame when this viewer saw the stream start)."""
+        if self._wire_first is None:
             return None
         best: tuple[int, float] | None = None
         for rtp, arrived_s in self._wire_s.items():
-            frame_pts = (rtp - self._rtp_first) % (1 << 32)
+            frame_pts = (rtp - self._wire_first) % (1 << 32)
             if arrived_s >= after_s and frame_pts >= pts and (best is None or frame_pts < best[0]):
                 best = (frame_pts, arrived_s)
         return None if best is None else best[1]

@@ -86,7 +86,8 @@ async def _wire_at(viewer: Viewer, pts: int, after_s: float, timeout_s: float) -
 
 
 async def _frame_at(viewer: Viewer, pts: int, after_s: float, timeout_s: float) -> float:
-    """Arrival time of the first frame received after ``after_s`` with PTS >= ``pts``."""
+    """Arrival time of the first frame received after ``after_s`` with PTS >= ``pts``
+    (decoded frames' PTS may be a tick off the wire's: PyAV's time-base rounding)."""
     deadline = time.monotonic() + timeout_s
     index = 0
     while time.monotonic() < deadline:
@@ -94,7 +95,7 @@ async def _frame_at(viewer: Viewer, pts: int, after_s: float, timeout_s: float) 
         while index < len(frames):
             frame = frames[index]
             index += 1
-            if frame.received_s >= after_s and frame.pts >= pts:
+            if frame.received_s >= after_s and frame.pts >= pts - 2:
                 return frame.received_s
         await asyncio.sleep(0.002)
     raise TimeoutError(f"no frame with PTS >= {pts} within {timeout_s} s")
