@@ -365,34 +365,50 @@ def _save_cost(cost: Any, path: Path) -> None:
 
 async def _warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
     """Run one short session of ``instance`` on a throwaway engine: through every K/V-prefix
-    length into steady state, with the first chunk's two decode parts, so a compiled instance
-    has traced and compiled all its graphs before a user's session needs them. The serving
-    engine (and its cost calibration) never sees it. -> seconds it took."""
+    length into steady state, with the first chunk's two decode parts and prompt switches that
+    re-cache at several prefix lengths (a restarted chunk runs the same graphs), so a compiled
+    instance has traced and compiled all its graphs before a user's session needs them. The
+    serving engine (and its cost calibration) never sees it. -> seconds it took."""
     import time
 
     from models.loops.requests import SessionRequest
-    from runtime.contract import Priority
+    from runtime.contract import InputEvent, InputKind, Priority, PromptInput
     from runtime.cost import CostModel
     from runtime.engine import Engine
 
     sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
-    chunks = -(-(sink + ring) // profile.chunk_latent_frames) + 2
+    fill = -(-(sink + ring) // profile.chunk_latent_frames)
+    chunks = fill + 2
     # Sessions' caches are views of the preallocated slab buffer: warm up on one (slab 0, free
     # again afterwards) so the compiled graphs see exactly the tensors sessions will pass.
     instance.reserve_kv_slabs(profile, num_slabs)
     engine = Engine(cost=CostModel())
     await engine.start()
+    handles: list[Any] = []
+    switches = "prompt.switch" in instance.card.capabilities
+
+    def on_emit(emission: Any) -> None:
+        meta = emission.spec.meta
+        at = (0, fill // 2, fill) if switches else ()
+        if emission.spec.stream == "media" and meta.final and meta.chunk in at:
+            text = f"warm-up {meta.chunk}"  # a switch at the next chunk: a re-cache
+            handles[0].push_input(
+                InputEvent(InputKind.PROMPT, meta.chunk + 1, PromptInput(text=text))
+            )
+
     start_s = time.perf_counter()
     try:
-        handle = engine.spawn(
-            instance.loop("chunk_rollout"),
-            SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks, kv_slab=0),
-            instance,
-            loop_id="warm-up",
-            priority=Priority.BATCH,
-            on_emit=lambda emission: None,
+        handles.append(
+            engine.spawn(
+                instance.loop("chunk_rollout"),
+                SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks, kv_slab=0),
+                instance,
+                loop_id="warm-up",
+                priority=Priority.BATCH,
+                on_emit=on_emit,
+            )
         )
-        await handle.result()
+        await handles[0].result()
     finally:
         await engine.close()
     return time.perf_counter() - start_s

@@ -27,6 +27,7 @@ import asyncio
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -124,15 +125,26 @@ def _print(title: str, summary: dict[str, Any], chunk_s: float) -> None:
     ):
         print(f"| {label} | {' | '.join(_fmt(start[key]))} |")
     print(f"\ndelivered {summary['fresh_fps']} fps (fresh frames), {summary['stall_frames']} stall")
-    print("frames over the trials; goals (issue 21):", end="")
-    prompt = inputs.get("prompt", {}).get("wire_ms", (None, None))
-    action = inputs.get("action", {}).get("wire_ms", (None, None))
+    print("frames over the trials. Goals (issue 21; 'sent' is the server's send, 'wire' the")
+    print("first packet at this viewer):")
     chunk_ms = 1000 * chunk_s
+    for kind, goal in (
+        (
+            "prompt",
+            f"p50 <= one chunk + 150 = {chunk_ms + 150:.0f} ms, p95 <= 1.5 chunks = "
+            f"{1.5 * chunk_ms:.0f} ms (CPU tiny-world: p50 <= 450 ms)",
+        ),
+        ("action", "p50 <= 200 ms in the latency mode"),
+    ):
+        if kind in inputs:
+            sent, wire = _fmt(inputs[kind]["sent"]), _fmt(inputs[kind]["wire_ms"])
+            print(
+                f"  {kind} -> first changed frame: sent p50 {sent[0]} / p95 {sent[1]} ms, wire "
+                f"p50 {wire[0]} / p95 {wire[1]} ms; goal {goal}"
+            )
     print(
-        f" prompt -> frame p50 {_fmt(prompt)[0]} ms (one chunk + 150 = {chunk_ms + 150:.0f}), "
-        f"p95 {_fmt(prompt)[1]} ms (1.5 chunks = {1.5 * chunk_ms:.0f}); action -> frame p50 "
-        f"{_fmt(action)[0]} ms; first frame {_fmt(start['sent_after_answer'])[0]} ms after the "
-        "answer (<= 300)"
+        f"  first frame sent {_fmt(start['sent_after_answer'])[0]} ms after the offer answer "
+        "(goal <= 300 ms)"
     )
     for error in summary["errors"]:
         print(f"  trial failed: {error}")
@@ -242,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
                     extra_args=_server_args(args, variant),
                     cwd=args.server_root,
                 )
+                began_s = time.monotonic()
                 server.start(timeout_s=args.startup_timeout_s)
+                print(f"\n{variant}: server ready after {time.monotonic() - began_s:.1f} s")
                 try:
                     report["variants"][variant] = _run_variant(args, variant, server.url)
                 finally:
