@@ -20,34 +20,17 @@ from runtime.contract import (
 from sessions.events import ActionApplied, InputShown, PromptApplied, ViewerFirstFrame
 from sessions.latency import SessionLatency
 from sessions.media_queue import MediaFrame
-from sessions.session import Session, SessionConfig
+from sessions.session import Session
 from tests.sessions.fakes import FakeHandle
+from tests.sessions.test_session import ALL_CAPS, FakeClock
+from tests.sessions.test_session import make_session as make_base_session
 
 FPS = 8
 N = 4  # frames per chunk
 
 
-class FakeClock:
-    def __init__(self, t: float = 100.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def make_session(clock: FakeClock) -> tuple[Session, FakeHandle]:
-    config = SessionConfig(
-        session_id="s",
-        model_id="m",
-        prompt="p",
-        seed=0,
-        fps=FPS,
-        width=8,
-        height=8,
-        priority_class="realtime",
-        capabilities=frozenset({"prompt.switch", "input.action"}),
-    )
-    session = Session(config, media_capacity_frames=64, clock=clock, wall_clock=clock)
+    session = make_base_session(ALL_CAPS, clock=clock)
     handle = FakeHandle()
     session.attach(handle)
     return session, handle
