@@ -75,6 +75,7 @@ __all__ = [
     "StepOp",
     "StepResult",
     "Stream",
+    "TimedPendingOutput",
     "WorkPlan",
     "pts_of_frame",
 ]
@@ -216,6 +217,18 @@ class PendingOutput(Protocol):
     def result(self) -> Any: ...
 
 
+@runtime_checkable
+class TimedPendingOutput(PendingOutput, Protocol):
+    """A ``PendingOutput`` that knows how long its asynchronous work kept the device busy.
+
+    ``device_s()`` is that time in seconds once ``ready()`` (``None`` before, or when it cannot
+    tell). The ``Profiler`` adds it to the cost of the plan that returned it: work on a second
+    stream is GPU time a session spends even though its plan returned at once.
+    """
+
+    def device_s(self) -> float | None: ...
+
+
 class Stream(str, enum.Enum):
     """The sinks a loop emits to (``EmitSpec.stream``)."""
 
@@ -244,10 +257,8 @@ class MediaMeta(msgspec.Struct, frozen=True, kw_only=True):
 class AppliedMeta(msgspec.Struct, frozen=True, kw_only=True):
     """An input (session sequence number ``seq``) first reflected by chunk ``chunk`` whose first
     frame has PTS ``pts_90k``. Emitted on ``Stream.APPLIED`` beside that chunk's first media.
-
-    ``changes`` is False when the input only repeats what the previous chunk was already
-    conditioned on (a held key sent again): a sink shows a changing input's frames at once
-    (dropping older queued media), a repeat's in playout order."""
+    ``changes``: False when it repeats what the chunk in flight had (a held key sent again); a
+    sink shows a changing input's frames at once, a repeat's in playout order."""
 
     kind: InputKind
     seq: int
@@ -279,8 +290,7 @@ class EmitSpec:
 
 @dataclass(frozen=True, slots=True)
 class InputTiming:
-    """Where one live input spent its time inside the runtime: seconds after it was pushed to
-    the engine, per stage (``runtime.input_trace`` defines them; ``None``: not seen)."""
+    """Seconds after its push, per runtime stage (``runtime.input_trace``; ``None``: not seen)."""
 
     seq: int
     latched_s: float | None
@@ -291,10 +301,8 @@ class InputTiming:
 
 @dataclass(frozen=True, slots=True)
 class Emission:
-    """What ``LoopContext.emit`` receives: an EmitSpec plus the output it refers to.
-
-    ``timing``: on an ``applied`` emission delivered by the engine, the input's runtime
-    stages (``InputTiming``); ``None`` elsewhere."""
+    """What ``LoopContext.emit`` receives: an EmitSpec plus the output it refers to (and, on an
+    ``applied`` emission the engine delivers, the input's runtime stages)."""
 
     spec: EmitSpec
     output: Any
@@ -320,11 +328,9 @@ class WorkPlan:
     output this plan contributes to must be on the wire; ``None`` for work without a deadline.
     ``followups`` lists the plans still needed after this one before that media is ready, so the
     runtime can subtract their predicted cost from the deadline. ``emits`` become stream items.
-    ``inputs`` are the sequence numbers of live inputs whose first reflecting chunk this plan
-    belongs to and that change what it shows (an ``applied`` emission of this or a later plan
-    acknowledges them): the runtime times them and may run them urgently (a viewer waits).
-    ``waiting_inputs``: such inputs that wait for this plan's chunk to end (a later chunk will
-    reflect them), so this plan is urgent too.
+    ``inputs``: seqs of changing live inputs first reflected by this plan's chunk (an ``applied``
+    emission acknowledges them); ``waiting_inputs``: such inputs waiting for its chunk to end.
+    The runtime times them and runs those plans urgently (a viewer waits).
     """
 
     loop_id: str
@@ -426,10 +432,8 @@ class Cancelled(Exception):
 
 
 class PlanWithdrawn(Exception):
-    """Raised from ``ctx.execute`` when the runtime took back a plan before it started
-    (live inputs arrived while it waited in the queue). The plan never ran, so the state is the
-    one it was described from: the driver returns to the step boundary, the loop absorbs the
-    inputs and describes its next plan again."""
+    """From ``ctx.execute``: the runtime took the queued plan back before it ran (inputs came);
+    the driver returns to the step boundary, absorbs them and describes its next plan again."""
 
     def __init__(self, loop_id: str) -> None:
         super().__init__(f"loop {loop_id!r}: queued plan withdrawn for new inputs")
