@@ -73,7 +73,10 @@ def _run(instance, inputs_at: dict[int, list[InputEvent]], chunks: int = 2):
 
     async def go() -> None:
         driver.init(
-            SessionRequest(prompt="a red ball on grass", seed=5, max_chunks=chunks), instance
+            SessionRequest(
+                prompt="a red ball on grass", seed=5, max_chunks=chunks, width=32, height=32
+            ),
+            instance,
         )
         k = 0
         while True:
