@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import torch
 
 from models.card import KVUpdate, ModelCard, Profile
+from models.loops.chunk_restart import RegenerateWhenSooner, RestartPolicy
 from models.loops.ops import (
     ChunkDenoiseOp,
     DecodeOp,
@@ -122,6 +123,8 @@ class WanInstance:
         self.kv_write_op = KVWriteOp(dit)
         self.decode_op = DecodeOp(vae)
         self.diffusion_step_op = DiffusionStepOp(dit)
+        # when an input restarts the chunk in flight: a serving policy the server may swap
+        self.chunk_restart: RestartPolicy = RegenerateWhenSooner()
         self._compiled = False
         self._fp8 = False
         self.levers: dict[str, Any] = {"attention": "auto", "overlap_decode": False}

@@ -57,6 +57,7 @@ __all__ = [
     "Followup",
     "InputEvent",
     "InputKind",
+    "InputTiming",
     "Loop",
     "LoopContext",
     "LoopFailed",
@@ -66,6 +67,7 @@ __all__ = [
     "ModelState",
     "PendingOutput",
     "PlanKind",
+    "PlanWithdrawn",
     "Priority",
     "ProgressMeta",
     "PromptInput",
@@ -261,12 +263,15 @@ class MediaMeta(msgspec.Struct, frozen=True, kw_only=True):
 
 class AppliedMeta(msgspec.Struct, frozen=True, kw_only=True):
     """An input (session sequence number ``seq``) first reflected by chunk ``chunk`` whose first
-    frame has PTS ``pts_90k``. Emitted on ``Stream.APPLIED`` beside that chunk's first media."""
+    frame has PTS ``pts_90k``. Emitted on ``Stream.APPLIED`` beside that chunk's first media.
+    ``changes``: False when it repeats what the chunk in flight had (a held key sent again); a
+    sink shows a changing input's frames at once, a repeat's in playout order."""
 
     kind: InputKind
     seq: int
     chunk: int
     pts_90k: int
+    changes: bool = True
 
 
 class ProgressMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -291,11 +296,24 @@ class EmitSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class InputTiming:
+    """Seconds after its push, per runtime stage (``runtime.input_trace``; ``None``: not seen)."""
+
+    seq: int
+    latched_s: float | None
+    started_s: float | None
+    generated_s: float | None
+    decoded_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class Emission:
-    """What ``LoopContext.emit`` receives: an EmitSpec plus the output it refers to."""
+    """What ``LoopContext.emit`` receives: an EmitSpec plus the output it refers to (and, on an
+    ``applied`` emission the engine delivers, the input's runtime stages)."""
 
     spec: EmitSpec
     output: Any
+    timing: InputTiming | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +335,9 @@ class WorkPlan:
     output this plan contributes to must be on the wire; ``None`` for work without a deadline.
     ``followups`` lists the plans still needed after this one before that media is ready, so the
     runtime can subtract their predicted cost from the deadline. ``emits`` become stream items.
+    ``inputs``: seqs of changing live inputs first reflected by this plan's chunk (an ``applied``
+    emission acknowledges them); ``waiting_inputs``: such inputs waiting for its chunk to end.
+    The runtime times them and runs those plans urgently (a viewer waits).
     """
 
     loop_id: str
@@ -334,6 +355,8 @@ class WorkPlan:
     cache_reads: tuple[CacheKey, ...] = ()
     cache_writes: tuple[CacheKey, ...] = ()
     emits: tuple[EmitSpec, ...] = ()
+    inputs: tuple[int, ...] = ()
+    waiting_inputs: tuple[int, ...] = ()
 
     @property
     def batch_key(self) -> tuple[str, str, str, str]:
@@ -415,6 +438,15 @@ class Cancelled(Exception):
         self.reason = reason
 
 
+class PlanWithdrawn(Exception):
+    """From ``ctx.execute``: the runtime took the queued plan back before it ran (inputs came);
+    the driver returns to the step boundary, absorbs them and describes its next plan again."""
+
+    def __init__(self, loop_id: str) -> None:
+        super().__init__(f"loop {loop_id!r}: queued plan withdrawn for new inputs")
+        self.loop_id = loop_id
+
+
 class LoopFailed(Exception):
     """Raised from ``ctx.execute`` when this loop's step failed (exception or NaN).
 
@@ -435,7 +467,8 @@ class LoopFailed(Exception):
 class LoopContext(Protocol):
     """What the runtime hands a loop and its driver.
 
-    ``execute`` resolves with the plan's StepResult, or raises ``Cancelled`` / ``LoopFailed``.
+    ``execute`` resolves with the plan's StepResult, or raises ``Cancelled`` / ``LoopFailed``
+    (or ``PlanWithdrawn``: the plan did not run; the driver describes the next one again).
     ``emit`` delivers an emission to the loop's sinks without blocking.
     ``take_inputs`` returns (and clears) the inputs that arrived since the last call, in order.
     """

@@ -28,9 +28,11 @@ from runtime.contract import (
     PendingOutput,
     Priority,
     StepResult,
+    Stream,
     WorkPlan,
 )
 from runtime.driver import Driver, DriverPhase
+from runtime.input_trace import InputTrace
 
 __all__ = [
     "EngineContext",
@@ -74,6 +76,7 @@ class LoopRecord:
     on_emit: Callable[[Emission], None]
     media_t0_s: float
     reservation_id: str | None
+    trace: InputTrace
     driver: Driver[Any] | None = None
     task: asyncio.Task[None] | None = None
     status: LoopStatus = LoopStatus.RUNNING
@@ -153,6 +156,18 @@ class LoopControl(Protocol):
 
     def set_loop_media_t0(self, record: LoopRecord, t0_s: float) -> None: ...
 
+    def inputs_arrived(self, record: LoopRecord) -> None: ...
+
+
+def _deliver(record: LoopRecord, emission: Emission) -> None:
+    """To the sink; an ``applied`` emission carries its input's runtime stages."""
+    if emission.spec.stream == Stream.APPLIED:
+        seq = getattr(emission.spec.meta, "seq", None)
+        timing = record.trace.timing(seq) if isinstance(seq, int) else None
+        if timing is not None:
+            emission = Emission(emission.spec, emission.output, timing)
+    record.on_emit(emission)
+
 
 class EngineContext:
     """The ``LoopContext`` the engine hands each loop."""
@@ -174,7 +189,7 @@ class EngineContext:
             raise record.emit_error
         tail = record.emit_tail
         if not isinstance(emission.output, PendingOutput) and (tail is None or tail.done()):
-            record.on_emit(emission)
+            _deliver(record, emission)
             return
         record.emit_tail = asyncio.get_running_loop().create_task(
             _emit_in_order(record, tail, emission), name=f"dreamrt-emit-{record.loop_id}"
@@ -198,7 +213,7 @@ async def _emit_in_order(
         if isinstance(emission.output, PendingOutput):
             output = await asyncio.to_thread(emission.output.result)
             emission = Emission(emission.spec, output)
-        record.on_emit(emission)
+        _deliver(record, emission)
     except Exception as exc:  # the loop fails with "emit_failed" at its next emission or end
         logger.exception(
             "loop %s: deferred emission on %r failed", record.loop_id, emission.spec.stream
@@ -232,7 +247,8 @@ class LoopHandle:
 
     def push_input(self, event: InputEvent) -> None:
         """Queue a live input; the loop gets it through ``ctx.take_inputs()`` at its next
-        step boundary. Inputs for a finished loop are dropped."""
+        step boundary (at once if its plan was still queued and the engine withdraws it).
+        Inputs for a finished loop are dropped."""
         if self.done:
             logger.debug(
                 "loop %s is %s; input %s/%d dropped",
@@ -243,6 +259,8 @@ class LoopHandle:
             )
             return
         self._record.inputs.append(event)
+        self._record.trace.pushed(event.seq)
+        self._control.inputs_arrived(self._record)
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Lands at the next step boundary; ``result()`` then raises ``Cancelled``. Idempotent."""

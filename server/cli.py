@@ -117,6 +117,28 @@ def _build_parser() -> argparse.ArgumentParser:
         help="with --compile: skip the warm-up (the first session then pays compilation)",
     )
     serve.add_argument(
+        "--chunk-frames",
+        type=int,
+        default=None,
+        metavar="N",
+        help="latent frames per chunk (default: the card's); 1 is the latency mode for "
+        "world-model control (4 video frames per chunk on a Wan VAE)",
+    )
+    serve.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="seeded random weights instead of the card's (benchmarks of a card whose "
+        "checkpoint is not at hand; the picture is noise)",
+    )
+    serve.add_argument(
+        "--steering",
+        choices=["fast", "baseline"],
+        default="fast",
+        help="fast (default): adaptive lead limit, queued plans withdrawn for new inputs, "
+        "chunks restarted when regenerating is sooner; baseline: the first build's input "
+        "path, to measure against",
+    )
+    serve.add_argument(
         "--livekit-key",
         default=None,
         help="LiveKit API key that mints the engine's join tokens (default: $LIVEKIT_API_KEY)",
@@ -193,6 +215,9 @@ def _serve(args: argparse.Namespace) -> int:
         cuda_graphs=args.cuda_graphs,
         warmup=False if args.no_warmup else None,
         checkpoint_dir=args.checkpoint,
+        random_weights=args.random_weights,
+        chunk_frames=args.chunk_frames,
+        steering=args.steering,
         unwatched_timeout_s=args.unwatched_timeout,
         livekit_key=args.livekit_key,
         livekit_secret=args.livekit_secret,
@@ -277,6 +302,8 @@ BENCHMARKS = {
     "browser-latency": "infra.bench.browser_latency",
     "attention": "infra.bench.attention_bench",
     "quality-guard": "infra.bench.quality_guard",
+    "latency": "infra.bench.latency",
+    "gpu-latency": "infra.bench.gpu_latency",
 }
 
 

@@ -95,6 +95,7 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
             height=body.height,
             seed=body.seed,
             priority_class=body.priority_class,
+            start=body.start,
         )
     if isinstance(answer, Reject):
         retry = max(1, math.ceil(answer.retry_after_s))
@@ -108,6 +109,7 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
             permanent=answer.permanent,
         )
     session = answer
+    ctx.metrics.watch(session)  # time-to-steer histograms
     if body.livekit is not None:
         _join_room(ctx, session, body.livekit, livekit_token)
     token = ctx.auth.issue_session_token(session.id)
@@ -187,6 +189,7 @@ async def get_session(session_id: str, request: Request, grant: AuthGrant) -> di
 @router.post("/{session_id}/offer")
 async def offer(session_id: str, body: OfferBody, request: Request, grant: AuthGrant) -> SdpAnswer:
     session = _live(request, session_id, grant)
+    session.latency.offer()
     ctx = ctx_of(request)
     previous = ctx.peers.get(session_id)
     if previous is not None:
@@ -203,6 +206,7 @@ async def offer(session_id: str, body: OfferBody, request: Request, grant: AuthG
         session.negotiation_failed(str(exc))
         await peer.close()
         raise ApiError(400, "bad_offer", str(exc)) from None
+    session.latency.answered()
     return SdpAnswer(sdp=answer.sdp, type="answer")
 
 

@@ -59,6 +59,9 @@ class SessionBody(_Body):
     seed: Seed | None = None
     priority_class: Literal["realtime", "batch"] = Field("realtime", alias="class")
     livekit: LiveKitBody | None = None
+    # "now": the prompt encode and the first chunk start at create, beside the offer and ICE;
+    # "viewer": nothing runs before the first pull of the video (no GPU time for no one)
+    start: Literal["viewer", "now"] = "viewer"
 
 
 class Profile(BaseModel):

@@ -101,9 +101,13 @@ class SessionHost:
         height: int | None = None,
         seed: int | None = None,
         priority_class: Literal["realtime", "batch"] = "realtime",
+        start: Literal["viewer", "now"] = "viewer",
     ) -> Session | Reject:
         """Admits and starts a session, or returns ``Reject`` (capacity). Raises ``KeyError``
-        (unknown model), ``models.card.ProfileError`` (bad geometry) or ``UnsupportedTaskError``."""
+        (unknown model), ``models.card.ProfileError`` (bad geometry) or ``UnsupportedTaskError``.
+        ``start="now"``: the prompt encode and the first chunk run at once (then the loop
+        waits for the viewer), so the offer and ICE overlap them; else nothing runs before the
+        first pull of the video."""
         self._check_open()
         served = self.models.resolve(model)
         card = served.card
@@ -172,7 +176,10 @@ class SessionHost:
             if reservation_id is not None:
                 self.engine.admission.release(reservation_id)  # returns the slab too
             raise
-        handle.pause()  # until a viewer pulls the track
+        if start == "now":
+            session.hold_after_first_chunk = True  # pauses itself after chunk 0 if unwatched
+        else:
+            handle.pause()  # until a viewer pulls the track
         self._sessions[session_id] = _Live(session)
         session.attach(handle, on_finished=self._session_finished)
         log.info(

@@ -18,7 +18,9 @@ A session is composed of one part per concern (docs/architecture.md §5):
   ``media`` queue at once, then ``media.chunk`` (with a digest hashed off the event loop) and
   one behaviour record per chunk (``records``);
 - ``sessions.emission_order``: the loop's emissions take effect in emission order, an applied
-  switch or cut flushing the media backlog older than its PTS at once;
+  prompt or changed key flushing the media backlog older than its PTS at once;
+- ``latency`` (``sessions.latency``): where the time to steer goes, per input (on
+  ``*.applied`` and ``input.shown``) and at the session's start (``viewer.first_frame``);
 - ``sessions.loop_watch`` and ``sessions.persistence``: the loop's end, and the store writes,
   shared with ``sessions.job``.
 
@@ -35,12 +37,21 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from runtime.contract import AppliedMeta, Emission, InputEvent, InputKind, LoopResult, Stream
+from runtime.contract import (
+    AppliedMeta,
+    Emission,
+    InputEvent,
+    InputKind,
+    LoopResult,
+    MediaMeta,
+    Stream,
+)
 from sessions.audio import AudioClip
 from sessions.chunk_assembly import ChunkAssembly
 from sessions.emission_order import EmissionOrder
 from sessions.events import ErrorEvent, Event, EventStream, SessionStateChanged
 from sessions.input_ledger import InputLedger, InvalidInputError, UnsupportedInputError
+from sessions.latency import SessionLatency
 from sessions.loop_handle import LoopHandleLike
 from sessions.loop_watch import LoopWatch
 from sessions.media_queue import MediaFrame, MediaQueue
@@ -104,6 +115,8 @@ class Session:
             template=config.record_template,
         )
         self._loop = LoopWatch(f"session {self.id}")
+        self.latency = SessionLatency(clock, clock())  # time to steer: per input and at start
+        self.hold_after_first_chunk = False  # "start": "now": generate chunk 0, then wait
         self._order = EmissionOrder(frames_digest, on_error=self._emission_failed)
         self.chunks = ChunkAssembly(
             media=self.media,
@@ -118,6 +131,8 @@ class Session:
             events=self.events,
             prompts=self.prompts,
             records=self.records,
+            latency=self.latency,
+            order=self._order,
             require_open=self._require_open,
             send=self._send,
             clock=clock,
@@ -363,6 +378,9 @@ class Session:
         moved = self.playout.shown(None if frame is None else frame.pts_90k, shown_s)
         if moved is not None and self._handle is not None:
             self._handle.set_media_t0(moved)
+        if frame is not None:  # measured now, published after the *.applied it completes
+            for event in self.latency.frame_sent(frame.pts_90k, shown_s):
+                self._order.after(lambda event=event: self.events.publish(event))
 
     def _anchor_now(self) -> None:
         """Deadlines restart from now at the next frame to show (first pull, resume)."""
@@ -414,21 +432,31 @@ class Session:
     def on_emission(self, emission: Emission) -> None:
         """The engine's ``on_emit`` callback (event-loop thread). Never raises.
 
-        What playout needs happens at once (frames into the media queue, a switch's or cut's
-        flush of the older backlog); the events and records follow in emission order."""
+        What playout needs happens at once (frames into the media queue, a prompt's or changed
+        key's flush of the older backlog); the events and records follow in emission order."""
         try:
             stream = emission.spec.stream
             if stream == Stream.MEDIA:
-                self.chunks.add(emission.spec.meta, emission.output, playable=not self.terminal)
+                self._on_media(emission.spec.meta, emission.output)
             elif stream == Stream.APPLIED:
                 meta: AppliedMeta = emission.spec.meta
-                if InputKind(meta.kind) is InputKind.PROMPT:
-                    self.media.flush_before(meta.pts_90k)
-                self._order.after(lambda: self.ledger.applied(meta))
+                kind = InputKind(meta.kind)  # a change is shown as soon as it exists:
+                flush = kind is InputKind.PROMPT or (kind is InputKind.ACTION and meta.changes)
+                dropped = self.media.flush_before(meta.pts_90k, show_next=True) if flush else 0
+                self.ledger.applied(meta, emission.timing, dropped=dropped)
             elif stream != Stream.PROGRESS:
                 log.debug("session %s: ignoring emission stream %r", self.id, stream)
         except Exception as exc:
             self._emission_failed(exc)
+
+    def _on_media(self, meta: MediaMeta, output: Any) -> None:
+        if playable := not self.terminal:
+            self.latency.first_generated()
+        self.chunks.add(meta, output, playable=playable)
+        if meta.final and self.hold_after_first_chunk:  # started at create: wait for a viewer
+            self.hold_after_first_chunk = False
+            if not self._viewers and self._handle is not None:
+                self._handle.pause()
 
     def _emission_failed(self, exc: Exception) -> None:
         log.error("session %s: an emission failed: %r", self.id, exc)

@@ -190,9 +190,12 @@ class ChunkPlanner:
         if not state.decoded:  # the chunk's first frames reflect its inputs
             emits += [
                 EmitSpec(
-                    Stream.APPLIED, AppliedMeta(kind=kind, seq=seq, chunk=state.chunk, pts_90k=pts)
+                    Stream.APPLIED,
+                    AppliedMeta(
+                        kind=kind, seq=seq, chunk=state.chunk, pts_90k=pts, changes=changes
+                    ),
                 )
-                for kind, seq in state.acks
+                for kind, seq, changes in state.acks
             ]
         latents = state.latents[:, :, state.decoded : state.decoded + latent]
         args = DecodeArgs(latents=latents, cache=state.decoder, defer=not state.collect_frames)
@@ -235,6 +238,9 @@ class ChunkPlanner:
             due_media_s=state.frames_emitted / state.fps,
             followups=self._followups(state, kind),
             emits=emits,
+            # the inputs a viewer waits to see: the runtime times them and runs them at once
+            inputs=tuple(seq for _, seq, changes in state.acks if changes),
+            waiting_inputs=tuple(seq for _, seq, changes in state.next_acks if changes),
         )
 
     def _followups(self, state: ChunkRolloutState, kind: PlanKind) -> tuple[Followup, ...]:

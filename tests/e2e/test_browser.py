@@ -159,6 +159,16 @@ def test_typed_prompt_is_applied(live_page: Any, server: ServerProcess) -> None:
     live_page.wait_for_function(
         "document.getElementById('stat-prompt-latency').textContent.endsWith('ms')"
     )
+    # ... and, once its first frame went on the wire, where that prompt's time went
+    live_page.wait_for_function(
+        "document.getElementById('latency-caption').textContent.startsWith('last prompt:')"
+    )
+    bar = live_page.evaluate(
+        """() => [...document.querySelectorAll('#latency-bar span')].map(
+            (s) => [s.dataset.segment, Number(s.style.flexGrow)])"""
+    )
+    assert [name for name, _ in bar] == ["wait", "generate", "send"]
+    assert abs(sum(grow for _, grow in bar) - 1.0) < 1e-6 and bar[1][1] > 0, bar
 
 
 def test_held_key_is_applied(live_page: Any, server: ServerProcess) -> None:

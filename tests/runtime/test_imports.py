@@ -21,6 +21,10 @@ PURE = [
     "runtime.cost",
     "runtime.pools",
     "runtime.contract",
+    "runtime.lead",
+    "runtime.input_trace",
+    "runtime.plan_timing",
+    "runtime.engine_state",
 ]
 
 

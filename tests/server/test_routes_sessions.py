@@ -51,6 +51,7 @@ def test_create_and_read_a_session(client: TestClient) -> None:
         ({"prompt": "a", "width": 65}, "width"),
         ({"prompt": "a", "model": "no-such-model"}, "model"),
         ({"prompt": "a", "class": "urgent"}, "class"),
+        ({"prompt": "a", "start": "later"}, "start"),
     ],
 )
 def test_invalid_session_bodies_are_422_naming_the_field(
@@ -59,6 +60,21 @@ def test_invalid_session_bodies_are_422_naming_the_field(
     response = client.post("/v1/sessions", json=body)
     assert response.status_code == 422, response.text
     assert field in [str(part) for part in response.json()["detail"][0]["loc"]]
+
+
+def test_start_now_generates_the_first_chunk_before_any_offer(client: TestClient) -> None:
+    import time
+
+    created = client.post("/v1/sessions", json={"prompt": "a red ball", "start": "now"})
+    assert created.status_code == 201, created.text
+    waiting = create(client)
+    deadline = time.monotonic() + 30.0
+    view = client.get(f"/v1/sessions/{created.json()['id']}").json()
+    while view["chunks"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+        view = client.get(f"/v1/sessions/{created.json()['id']}").json()
+    assert view["chunks"] == 1 and view["state"] == "created"  # ready before the viewer
+    assert client.get(f"/v1/sessions/{waiting['id']}").json()["chunks"] == 0
 
 
 def test_inputs_are_accepted_with_sequence_numbers(client: TestClient) -> None:
