@@ -41,6 +41,7 @@ from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache, UMT5T
 from models.wan.transformer import WanDiT, dit_flops
 from models.wan.vae import WanVAE
 from models.wan.vae_config import WanVAEConfig
+from models.weights_digest import checkpoint_digest, random_digest
 
 __all__ = ["InstanceError", "WanInstance", "load_instance"]
 
@@ -117,6 +118,8 @@ class WanInstance:
         self.diffusion_step_op = DiffusionStepOp(dit)
         self._compiled = False
         self._fp8 = False
+        # content hash of the loaded weights (models.weights_digest), set by load_instance
+        self.weights_digest = ""
 
     def compile(
         self, *, attention: str = "auto", fp8: str | None = None, overlap_decode: bool = True
@@ -405,9 +408,24 @@ def load_instance(
         encoder, TextEmbeddingCache(), model_id=card.model_id, weights_version=card.weights_version
     )
     instance = WanInstance(card, dit, vae, text, device=dev, precision=prec)
+    instance.weights_digest = _weights_digest(card, seed, random_weights, checkpoint_dir)
     if compile:
         instance.compile()
     return instance
+
+
+def _weights_digest(
+    card: ModelCard, seed: int, random_weights: bool, checkpoint_dir: str | Path | None
+) -> str:
+    if random_weights or card.weights.value == "random":
+        presets = {name: spec.preset for name, spec in card.components.items()}
+        return random_digest(card.model_id, presets, seed)
+    module = _COMPONENT_BUILDERS.get(card.family)
+    root = checkpoint_dir
+    if root is None and module is not None:  # a family that ships its weights
+        root = getattr(importlib.import_module(module), "SHIPPED_DIR", None)
+    entries = [e.path_hint for e in card.checkpoint.components.values()]
+    return checkpoint_digest(Path(root), entries) if root is not None else ""
 
 
 def _cast_dit(dit: WanDiT, dtype: torch.dtype) -> None:

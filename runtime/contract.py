@@ -237,6 +237,9 @@ class MediaMeta(msgspec.Struct, frozen=True, kw_only=True):
     num_frames: int
     fps: int
     final: bool = True
+    # Behaviour facts of the chunk the loop captured when it described the plan (seeds, noise
+    # schedule, conditioning digests...): opaque to the runtime, set on a chunk's final part.
+    capture: dict[str, Any] | None = None
 
 
 class AppliedMeta(msgspec.Struct, frozen=True, kw_only=True):

@@ -58,13 +58,18 @@ from runtime.contract import (
     WorkPlan,
 )
 from runtime.cost import CostModel
-from runtime.driver import Driver
 from runtime.engine_stats import EngineCounters, EngineStats
 from runtime.executor import ExecJob, Executor, JobOutcome
-from runtime.loop_handle import EngineContext, LoopHandle, LoopRecord, LoopStatus, LoopStatusError
+from runtime.loop_handle import (
+    EngineContext,
+    LoopHandle,
+    LoopRecord,
+    LoopStatus,
+    LoopStatusError,
+    build_driver,
+)
 from runtime.observers import BatchListener, BatchReport, Observer
 from runtime.scheduler import Batch, PlayoutDeadlines, Scheduler, Ticket, ends_chunk
-from runtime.snapshot import resolve_state_type
 from runtime.step_edf import StepEdfScheduler
 
 __all__ = ["Engine", "EngineError", "EngineState", "EngineStats", "LoopHandle", "LoopStatus"]
@@ -208,10 +213,13 @@ class Engine:
         reservation_id: str | None = None,
         restore_from: bytes | None = None,
         state_type: type[LoopState] | None = None,
+        fork_from: LoopState | None = None,
     ) -> LoopHandle:
         """Start driving ``loop``. With ``restore_from`` the loop continues from that snapshot
         (``init`` is not called); its state type is ``state_type``, else ``loop.state_type``,
-        else the type recorded in the snapshot if its module is already imported.
+        else the type recorded in the snapshot if its module is already imported. With
+        ``fork_from`` (another loop's live state, at a chunk boundary: ``at_boundary``) it
+        continues from ``loop.fork(fork_from, request, model)``.
         If this returns, the engine owns ``reservation_id`` and releases it when the loop ends.
         """
         if self._state is not EngineState.RUNNING:
@@ -228,15 +236,9 @@ class Engine:
             reservation_id=reservation_id,
         )
         ctx = EngineContext(self, record)
-        hook = record.on_boundary
-        if restore_from is None:
-            record.driver = Driver(loop, ctx, on_boundary=hook)
-        else:
-            tp = resolve_state_type(loop, restore_from, state_type)
-            device = getattr(model, "device", None)
-            record.driver = Driver.from_snapshot(
-                loop, ctx, restore_from, tp, device=device, on_boundary=hook
-            )
+        forked = {"restore_from": restore_from, "state_type": state_type, "fork_from": fork_from}
+        record.driver = build_driver(loop, ctx, model, request, record.on_boundary, **forked)
+        record.chunk_ended = restore_from is None  # a snapshot may stand inside a chunk
         self._loops[loop_id] = record
         record.task = asyncio.create_task(
             self._drive(record, request, model), name=f"dreamrt-loop-{loop_id}"

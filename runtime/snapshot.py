@@ -24,6 +24,7 @@ from runtime.contract import LoopState
 
 __all__ = [
     "SnapshotError",
+    "clone_state",
     "resolve_state_type",
     "restore_state",
     "snapshot_state",
@@ -88,6 +89,41 @@ def snapshot_state(state: LoopState) -> bytes:
         tensors=safetensors.torch.save(named),
     )
     return msgspec.msgpack.encode(envelope)
+
+
+def clone_state(state: S) -> S:
+    """A copy of ``state`` whose tensors are clones on their own device (no host copy, no
+    sync): taken at a step boundary it stays what the state was there while the loop goes on,
+    so ``snapshot_state`` of it can run in a worker thread. Tensor identity is kept as in a
+    snapshot (one object referenced twice is cloned once)."""
+    tensors: list[Any] = []
+    index_of: dict[int, int] = {}
+
+    def enc_hook(obj: Any) -> Any:
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            index = index_of.get(id(obj))
+            if index is None:
+                index = index_of[id(obj)] = len(tensors)
+                tensors.append(obj)
+            return msgspec.msgpack.Ext(_TENSOR_EXT, index.to_bytes(4, "little"))
+        raise NotImplementedError(f"{type(obj).__qualname__} is not snapshottable")
+
+    try:
+        structure = msgspec.msgpack.Encoder(enc_hook=enc_hook).encode(state)
+    except (TypeError, NotImplementedError) as exc:
+        raise SnapshotError(str(exc)) from exc
+    clones = [t.detach().clone() for t in tensors]
+
+    def ext_hook(code: int, data: memoryview) -> Any:
+        return clones[int.from_bytes(data, "little")]
+
+    def dec_hook(tp: type, obj: Any) -> Any:
+        return obj
+
+    decoder = msgspec.msgpack.Decoder(type(state), dec_hook=dec_hook, ext_hook=ext_hook)
+    return decoder.decode(structure)
 
 
 def snapshot_type_name(blob: bytes) -> str:

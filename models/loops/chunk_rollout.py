@@ -32,6 +32,12 @@ and the VAE decoder cache. Ops write both in place and a snapshot serializes the
 so a state can be snapshotted at any step boundary and resumed in another process. ``advance``
 dispatches on the kind of plan that ran (``StepResult.kind``). Noise is a pure function of
 (seed, segment, chunk, step), so interleaving and resuming never change a frame.
+
+Behaviour capture: a chunk's final media emission carries ``MediaMeta.capture``, the facts the
+loop used for it as it described the decode (seed and the noise seeds drawn, timesteps and
+sigmas, the prompt and the digest of its embedding, digests of the latched action vector and
+audio features, segment, latent position, K/V window, precision): recorded at generation time,
+never reconstructed. ``fork`` continues a state as a new stream (fork candidates).
 """
 
 from __future__ import annotations
@@ -44,10 +50,13 @@ from typing import Any
 import torch
 
 from models.card import KVUpdate, LoopSpec
+from models.loops.digests import host_digest
 from models.loops.inputs import AUDIO_SAMPLE_RATE, action_vector, audio_features
 from models.loops.model import LoopModel
 from models.loops.ops import ChunkDenoiseArgs, DecodeArgs, KVWriteArgs
 from models.loops.requests import JobRequest, SessionRequest
+from models.loops.rollout_capture import chunk_capture
+from models.loops.rollout_fork import fork_state
 from models.loops.sampling import noise_seed, sigma_steps
 from models.wan.kv_cache import EMPTY, ChunkKVCache
 from models.wan.transformer import CrossKV, dit_flops
@@ -125,6 +134,11 @@ class ChunkRolloutState(LoopState, kw_only=True):
     next_action: torch.Tensor | None = None
     chunk_audio: torch.Tensor | None = None  # [1, c, AUDIO_DIM]
     audio_pending: torch.Tensor  # [n] float32, 16 kHz mono
+    # digests of the conditioning, for behaviour records (computed on the host copies)
+    prompt_digest: str = ""  # of the active prompt's text-encoder embedding
+    chunk_action_digest: str = ""
+    next_action_digest: str = ""
+    chunk_audio_digest: str = ""
     # tensors
     latents: torch.Tensor | None = None  # [1, C, c, h, w] current chunk
     cross_k: torch.Tensor | None = None  # [layers, 1, L, heads, head_dim]
@@ -211,6 +225,7 @@ class ChunkRollout:
                 state.next_acks.append((InputKind.PROMPT, event.seq))
             elif isinstance(payload, ActionInput):
                 vec = action_vector(payload.keys, payload.mouse)
+                state.next_action_digest = host_digest(vec)
                 state.next_action = vec[None].to(self._m.device, self._m.dtype)
                 state.next_acks = [a for a in state.next_acks if a[0] is not InputKind.ACTION]
                 state.next_acks.append((InputKind.ACTION, event.seq))
@@ -271,6 +286,7 @@ class ChunkRollout:
             cross: CrossKV = result.output
             state.cross_k, state.cross_v = cross.k, cross.v
             state.active_prompt = state.prompt
+            state.prompt_digest = cross.digest
         elif kind is PlanKind.KV_RECACHE:
             state.recache_needed = False
         elif kind is PlanKind.CHUNK_STEP:
@@ -347,6 +363,8 @@ class ChunkRollout:
                 state.recache_needed = state.kv.frames_written > 0
             state.prompt, state.next_prompt = state.next_prompt, None
         state.chunk_action, state.next_action = state.next_action, None
+        state.chunk_action_digest, state.next_action_digest = state.next_action_digest, ""
+        state.chunk_audio_digest = ""
         state.chunk_audio = self._take_audio(state)
         state.acks, state.next_acks = state.next_acks, []
 
@@ -370,6 +388,7 @@ class ChunkRollout:
         need = int(round(seconds * AUDIO_SAMPLE_RATE))
         taken, state.audio_pending = state.audio_pending[:need], state.audio_pending[need:]
         features = audio_features(taken, state.chunk_frames)  # [c, AUDIO_DIM]
+        state.chunk_audio_digest = host_digest(features)
         return features[None].to(self._m.device, self._m.dtype)
 
     def _chunks_for(self, num_frames: int, c: int) -> int:
@@ -462,6 +481,7 @@ class ChunkRollout:
                     num_frames=n,
                     fps=state.fps,
                     final=final,
+                    capture=self._capture(state) if final else None,
                 ),
             )
         ]
@@ -528,6 +548,15 @@ class ChunkRollout:
             latent, first = self._decode_part(state)[0], int(state.frames_emitted == 0)
         steps = tuple(Followup(PlanKind.CHUNK_STEP, shape, flops) for _ in range(steps_left))
         return (*steps, Followup(PlanKind.VAE_DECODE, f"decode:{first}:{latent}:{shape}"))
+
+    def _capture(self, state: ChunkRolloutState) -> dict[str, Any]:
+        return chunk_capture(state, self._steps, self._m.precision)
+
+    def fork(
+        self, state: ChunkRolloutState, request: SessionRequest, model: Any = None
+    ) -> ChunkRolloutState:
+        """A continuation of ``state`` as a new stream (``models.loops.rollout_fork``)."""
+        return fork_state(self._m, state, request)
 
     # ---------------------------------------------------------------------------------------
     # views of the state's tensors
