@@ -340,18 +340,26 @@ class LoopHandle:
         boundary. Raises ``LoopStatusError`` if the loop has ended or ends first."""
         return await self._record.snapshot()
 
-    async def at_boundary(
+    def at_boundary(
         self, fn: Callable[[Any], Any], *, after_chunk: bool = False, advance: bool = False
-    ) -> Any:
+    ) -> asyncio.Future[Any]:
         """``fn(state)`` at the loop's next step boundary (``after_chunk``: chunk boundary), at
-        once when the state stands at one; -> its result (or its exception). ``fn`` runs on the
-        event loop and must not keep ``state``'s tensors beyond copying them. ``advance``: a
-        paused loop runs until that boundary and is paused again there (before ``fn``).
-        Raises ``LoopStatusError`` if the loop has ended or ends first."""
+        once when the state stands at one; -> a future of its result (or its exception).
+        Registered when called, so a call from an emission callback lands on the boundary
+        right after that emission. ``fn`` runs on the event loop and must not keep ``state``'s
+        tensors beyond copying them. ``advance``: a paused loop runs until that boundary and
+        is paused again there (before ``fn``). The future fails with ``LoopStatusError`` if the
+        loop has ended or ends first."""
         record = self._record
-        ran, value = record.call_now(fn, after_chunk)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        try:
+            ran, value = record.call_now(fn, after_chunk)
+        except Exception as exc:
+            future.set_exception(exc)
+            return future
         if ran:
-            return value
+            future.set_result(value)
+            return future
         call_fn = fn
         if advance and record.paused:
 
@@ -360,9 +368,8 @@ class LoopHandle:
                 return fn(state)
 
             self._control.set_loop_paused(record, False)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         record.boundary_calls.append(BoundaryCall(call_fn, future, after_chunk))
-        return await future
+        return future
 
     def set_sink(self, on_emit: Callable[[Emission], None]) -> None:
         """Deliver the loop's emissions from now on to ``on_emit`` (a chosen fork candidate's

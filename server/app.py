@@ -39,6 +39,7 @@ from server.livekit_token import LiveKitCredentials
 from server.metrics import MetricsSnapshot, ServerMetrics
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
 from sessions.host import SessionHost
+from sessions.recording import Recording
 from sessions.store import Store
 
 __all__ = ["DEFAULT_MODEL", "ServerConfig", "ServerContext", "create_app"]
@@ -78,6 +79,8 @@ class ServerConfig:
     warmup: bool | None = None
     checkpoint_dir: Path | None = None  # weights of a card with external weights
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
+    snapshot_every: int = 8  # chunks between a loop's replay snapshots (0: none)
+    snapshot_keep: int = 16  # newest replay snapshots kept per loop
     control_rate_per_s: float = 30.0
     livekit_key: str | None = None  # None: LIVEKIT_API_KEY (to mint join tokens)
     livekit_secret: str | None = None  # None: LIVEKIT_API_SECRET
@@ -274,8 +277,12 @@ async def _build(config: ServerConfig) -> ServerContext:
         action_vector(keys, mouse)  # raises InputError (a ValueError) naming the bad key/value
         return normalize_keys(keys)
 
+    recording = Recording(
+        config.data_dir, snapshot_every=config.snapshot_every, snapshot_keep=config.snapshot_keep
+    )
     host = SessionHost(
         engine=engine,
+        recording=recording,
         models={model_id: instance},
         default_model=model_id,
         store=store,
@@ -385,6 +392,8 @@ async def _teardown(ctx: ServerContext) -> None:
             await peer.close()
     await ctx.host.close()
     await ctx.engine.close()
+    if ctx.host.recording is not None:  # queued snapshots and chunk media, then the store
+        await asyncio.to_thread(ctx.host.recording.close)
     await asyncio.to_thread(ctx.store.close)
     for undo in reversed(ctx.undo):
         undo()

@@ -36,6 +36,7 @@ from runtime.admission import AdmissionRequest, Reject
 from runtime.contract import Loop, Priority
 from runtime.pools import KVSlabPool
 from sessions.job import Job, JobConfig
+from sessions.recording import Recording
 from sessions.session import Session, SessionConfig
 from sessions.states import JobState
 from sessions.store import Store
@@ -112,6 +113,7 @@ class SessionHost:
         action_validator: Callable[[list[str], tuple[float, float]], list[str]] | None = None,
         media_seconds: float = 4.0,
         max_finished_jobs: int = 256,
+        recording: Recording | None = None,
     ) -> None:
         if default_model not in models:
             raise HostError(
@@ -126,6 +128,7 @@ class SessionHost:
         self._action_validator = action_validator
         self._media_seconds = media_seconds
         self._max_finished_jobs = max_finished_jobs
+        self.recording = recording
         self._sessions: dict[str, _Live] = {}
         self._jobs: dict[str, Job] = {}
         self._closed = False
@@ -206,7 +209,9 @@ class SessionHost:
         )
         frames_per_chunk = max(1, round(served.chunk_seconds(profile) * profile.fps))
         capacity = max(3 * frames_per_chunk, round(self._media_seconds * profile.fps))
-        session = Session(config, media_capacity_frames=capacity, store=self.store)
+        session = Session(
+            config, media_capacity_frames=capacity, store=self.store, recording=self.recording
+        )
         self.store.defer(
             self.store.add_session,
             session_id=session_id,
@@ -303,7 +308,13 @@ class SessionHost:
         spec = card.loops.get(SESSION_LOOP)
         schedule = spec.schedule if spec is not None else None
         return {
-            "weights_version": card.weights_version,
+            # the content hash of the loaded weights; the card's version is its label
+            "weights_version": getattr(served, "weights_digest", "") or card.weights_version,
+            "weights_label": card.weights_version,
+            "recipe_id": card.recipe.method,
+            "fps": profile.fps,
+            "width": profile.width,
+            "height": profile.height,
             "loop_id": SESSION_LOOP,
             "sampler": spec.describe() if spec is not None else "",
             "steps": schedule.steps if schedule is not None else profile.steps,

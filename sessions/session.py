@@ -70,6 +70,7 @@ from sessions.loop_handle import LoopHandleLike
 from sessions.media_queue import MediaFrame, MediaQueue
 from sessions.playout import Playout
 from sessions.prompt_memory import PromptMemory
+from sessions.recording import Recording
 from sessions.records import ChunkRecorder, frames_digest
 from sessions.states import SESSION_TERMINAL, SessionState, check_session_transition
 from sessions.store import Store
@@ -148,6 +149,7 @@ class Session:
         store: Store | None = None,
         wall_clock: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
+        recording: Recording | None = None,
     ) -> None:
         self.config = config
         self.id = config.session_id
@@ -168,6 +170,7 @@ class Session:
             model_id=config.model_id,
             seed=config.seed,
             template=config.record_template,
+            recording=recording,
         )
         self._handle: LoopHandleLike | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -229,6 +232,7 @@ class Session:
         if self._handle is not None:
             raise SessionStateError(f"session {self.id} already has loop {self._handle.loop_id!r}")
         self._handle = handle
+        self.records.bind(handle)
         if on_finished is not None:
             self._on_finished.append(on_finished)
         self._watcher = asyncio.get_running_loop().create_task(
@@ -564,6 +568,9 @@ class Session:
             digest=digest,
             prompt=active.text,
             prompt_seq=active.seq,
+            capture=meta.capture,
+            frames=frames,
+            fps=fps,
         )
 
     def _on_applied(self, meta: AppliedMeta) -> None:

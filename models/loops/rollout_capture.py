@@ -26,6 +26,7 @@ def chunk_capture(state: Any, steps: Sequence[SigmaStep], precision: str) -> dic
     seeds = [noise_seed(state.seed, state.segment, state.chunk, i) for i in range(-1, len(steps))]
     kv = state.kv
     return {
+        "step": state.step,  # plans completed before this decode (the replay key precedes it)
         "seed": state.seed,
         "rng": RNG_RULE,
         "noise_seeds": seeds,

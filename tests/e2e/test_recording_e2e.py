@@ -1,0 +1,181 @@
+"""Behaviour recording end to end: a scripted tiny-world session on a real ``dreamrt serve``
+subprocess (real aiortc viewer, real SQLite file), then ``dreamrt replay`` and
+``dreamrt export`` on its data directory, and a SIGKILL right after a 201.
+
+The session: a prompt, then a prompt switch, held keys and an audio clip as it streams; it is
+closed after chunk 5, so the server writes its records, input log, replay snapshots (every 2
+chunks here) and chunk MP4s. Replay must regenerate chunks bit-identically (digest of the raw
+uint8 frames) from their replay keys, across the chunks that reflect the switch, the keys and
+the audio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import wave
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aioice.ice
+import httpx
+import numpy as np
+import pytest
+
+from clients.python.api import DreamrtClient
+from clients.python.viewer import Viewer
+from infra.browser_harness import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def wav_tone(seconds: float, rate: int = 16_000) -> bytes:
+    t = np.arange(int(rate * seconds)) / rate
+    tone = (0.7 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(tone.tobytes())
+    return buf.getvalue()
+
+
+def run_cli(*args: str, timeout_s: float = 240.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "server", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+@pytest.fixture(autouse=True)
+def loopback_ice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The data directory of a server that recorded one scripted session (server stopped)."""
+    root = tmp_path_factory.mktemp("recording")
+    server = ServerProcess(
+        root / "data", root / "server.log", extra_args=("--snapshot-every", "2")
+    ).start()
+    try:
+        info = asyncio.run(_scripted_session(server.url))
+    finally:
+        server.stop(timeout_s=20.0)
+    log = server.log_path.read_text(errors="replace")
+    assert "dreamrt stopped" in log and "Traceback" not in log, log[-4000:]
+    yield {"data": root / "data", **info}
+
+
+async def _scripted_session(url: str) -> dict[str, Any]:
+    async with DreamrtClient(url) as api:
+        viewer = Viewer(api)
+        try:
+            await viewer.connect("a red ball on grass", seed=7)
+            sid = viewer.session_id
+            await viewer.wait_event(lambda e: e["type"] == "media.chunk" and e["chunk"] >= 0)
+            viewer.send({"type": "prompt", "text": "a blue square on snow"})
+            await viewer.wait_event(lambda e: e["type"] == "prompt.applied")
+            viewer.send({"type": "action", "keys": ["d", "shift"]})
+            await viewer.wait_event(lambda e: e["type"] == "action.applied")
+            await api.audio(sid, wav_tone(0.8), "audio/wav")
+            await viewer.wait_event(lambda e: e["type"] == "audio.applied", timeout_s=30)
+            viewer.send({"type": "action", "keys": []})
+            await viewer.wait_event(
+                lambda e: e["type"] == "media.chunk" and e["chunk"] >= 5, timeout_s=60
+            )
+            feedback = await api.request(
+                "POST", f"/v1/sessions/{sid}/feedback", json={"rating": 1, "chunk": 2}
+            )
+            assert feedback.status_code == 201
+        finally:
+            await viewer.close()
+    applied = {e["type"]: e["chunk"] for e in viewer.events if e["type"].endswith(".applied")}
+    digests = {e["chunk"]: e["digest"] for e in viewer.events if e["type"] == "media.chunk"}
+    return {"session": sid, "applied": applied, "digests": digests}
+
+
+def test_records_hold_what_the_loop_used(recorded: dict[str, Any]) -> None:
+    from sessions.store import Store
+
+    store = Store(recorded["data"] / "dreamrt.sqlite3")
+    try:
+        rows = store.records(recorded["session"])
+    finally:
+        store.close()
+    assert [r["chunk"] for r in rows][:6] == list(range(6))
+    assert {r["chunk"]: r["digest"] for r in rows} == recorded["digests"]
+    first, switched = rows[0], rows[recorded["applied"]["prompt.applied"]]
+    assert (
+        first["prompt"] == "a red ball on grass" and switched["prompt"] == "a blue square on snow"
+    )
+    assert first["prompt_digest"] != switched["prompt_digest"] and len(first["prompt_digest"]) == 16
+    acted = rows[recorded["applied"]["action.applied"]]
+    assert acted["actions"]["action"]["keys"] == ["d", "shift"] and acted["action_digest"]
+    assert rows[recorded["applied"]["audio.applied"]]["audio_digest"]
+    assert first["action_digest"] == "" and first["audio_digest"] == ""
+    for r in rows:
+        assert r["weights_version"].startswith("b2:") and r["weights_label"] == "tinyworld-v2"
+        assert r["recipe_id"] and r["loop_ref"] == recorded["session"] and r["seed"] == 7
+        assert len(r["noise_seeds"]) == r["steps"] + 1 and len(r["sigmas"]) == r["steps"] + 1
+        assert r["kv_window"]["window_frames"] >= 1 and r["precision"] == "fp32"
+        assert (recorded["data"] / r["media_ref"]).stat().st_size > 0
+    keys = [r["replay_key"] for r in rows]
+    assert keys[0] == f"{recorded['session']}@0" and keys[0] == keys[1]
+    assert keys[2] != keys[1] and keys[2] == keys[3], keys  # every 2 chunks
+
+
+def test_replay_regenerates_three_chunks_bit_identically(
+    recorded: dict[str, Any], tmp_path: Path
+) -> None:
+    """Chunks from a snapshot before the switch, keys and audio, through those inputs."""
+    from server.replay import replay_chunk
+
+    from models import registry
+    from models.instance import load_instance
+
+    instance = load_instance(registry.get("tiny-world"), device="cpu")
+    applied = recorded["applied"]
+    chunks = sorted({applied["prompt.applied"], applied["audio.applied"], 5})
+    last = applied["audio.applied"]
+    results = [
+        replay_chunk(recorded["data"], recorded["session"], k, instance=instance) for k in chunks
+    ]
+    assert len(chunks) == 3 and {r.replay_key for r in results} != {results[0].replay_key}
+    for result in results:
+        assert result.matches, (result.chunk, result.recorded, result.replayed)
+        assert result.frames.dtype == np.uint8 and result.frames.shape[1:] == (96, 96, 3)
+    # the CLI says the same, and its exit code tells it
+    out = tmp_path / "chunk.mp4"
+    cli = run_cli(
+        "replay",
+        "--data-dir",
+        str(recorded["data"]),
+        "--session",
+        recorded["session"],
+        "--chunk",
+        str(last),
+        "--out",
+        str(out),
+    )
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    assert "match: bit-identical" in cli.stdout and out.stat().st_size > 0
+    missing = run_cli(
+        "replay", "--data-dir", str(recorded["data"]), "--session", "nope", "--chunk", "0"
+    )
+    assert missing.returncode == 3 and "no record" in missing.stderr
