@@ -13,19 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
-import os
-import signal
 import subprocess
 import sys
-import time
 import wave
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aioice.ice
-import httpx
 import numpy as np
 import pytest
 
@@ -144,10 +139,9 @@ def test_replay_regenerates_three_chunks_bit_identically(
     recorded: dict[str, Any], tmp_path: Path
 ) -> None:
     """Chunks from a snapshot before the switch, keys and audio, through those inputs."""
-    from server.replay import replay_chunk
-
     from models import registry
     from models.instance import load_instance
+    from server.replay import replay_chunk
 
     instance = load_instance(registry.get("tiny-world"), device="cpu")
     applied = recorded["applied"]
