@@ -160,6 +160,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from server import replay as replay_cli
 
     replay_cli.add_parser(sub, [common])
+    from server import export as export_cli
+
+    export_cli.add_parser(sub, [common])
     from models.tinyworld.cli import add_parsers as add_tinyworld_parsers  # train/eval tiny-world
 
     add_tinyworld_parsers(sub, parents=[common])
@@ -323,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
         return _watch(args)
     if args.command == "job":
         return _job(args)
+    if args.command == "export":
+        from server import export as export_cli
+
+        return export_cli.main(args)
     if args.command == "replay":
         from server import replay as replay_cli
 

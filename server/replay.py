@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ReplayError", "ReplayResult", "add_parser", "main", "replay_chunk"]
+__all__ = ["ReplayError", "ReplayResult", "add_parser", "load_model", "main", "replay_chunk"]
 
 
 class ReplayError(RuntimeError):
@@ -46,6 +46,7 @@ class ReplayResult:
     replay_key: str
     plans_run: int
     frames: np.ndarray  # uint8 [n, H, W, 3]
+    latents: Any = None  # torch [1, C, f, h, w]: the chunk's final latents (what was decoded)
 
     @property
     def matches(self) -> bool:
@@ -89,14 +90,14 @@ def replay_chunk(
     finally:
         store.close()
     if instance is None:
-        instance = _load(record, device)
+        instance = load_model(record, device)
     digest = getattr(instance, "weights_digest", "")
     if digest and record["weights_version"] and digest != record["weights_version"]:
         raise ReplayError(
             f"the loaded weights are {digest}, chunk {chunk} was made with "
             f"{record['weights_version']}"
         )
-    frames, plans = asyncio.run(_drive(instance, path.read_bytes(), inputs, record))
+    frames, latents, plans = asyncio.run(_drive(instance, path.read_bytes(), inputs, record))
     from sessions.records import frames_digest
 
     return ReplayResult(
@@ -108,21 +109,22 @@ def replay_chunk(
         replay_key=key,
         plans_run=plans,
         frames=frames,
+        latents=latents,
     )
 
 
-def _load(record: dict[str, Any], device: str) -> Any:
+def load_model(record: dict[str, Any], device: str = "cpu") -> Any:
+    """The model a record was generated with, at its precision, on ``device``."""
     from models import registry
     from models.instance import load_instance
 
-    return load_instance(
-        registry.get(record["model_id"]), device=device, precision=record["precision"]
-    )
+    card = registry.get(record["model_id"])
+    return load_instance(card, device=device, precision=record["precision"])
 
 
 async def _drive(
     instance: Any, blob: bytes, rows: list[dict[str, Any]], record: dict[str, Any]
-) -> tuple[np.ndarray, int]:
+) -> tuple[np.ndarray, Any, int]:
     from runtime.contract import Stream
     from runtime.driver import Driver, InlineContext
     from runtime.snapshot import resolve_state_type
@@ -136,6 +138,7 @@ async def _drive(
     state_type = resolve_state_type(loop, blob)
     driver = Driver.from_snapshot(loop, ctx, blob, state_type, device=instance.device)
     parts: list[np.ndarray] = []
+    latents: list[Any] = []
     target = (record["segment"], record["chunk"])
     while True:
         for event in by_step.pop(driver.state.step, []):
@@ -148,8 +151,14 @@ async def _drive(
             if emission.spec.stream != Stream.MEDIA or (meta.segment, meta.chunk) != target:
                 continue
             parts.append(np.asarray(emission.output))
+            decoded = getattr(ctx.executed[-1].args, "latents", None)  # the plan that emitted
+            if decoded is not None:
+                latents.append(decoded.detach().cpu().clone())
             if meta.final:
-                return np.concatenate(parts), driver.steps_run
+                import torch
+
+                stacked = torch.cat(latents, dim=2) if latents else None
+                return np.concatenate(parts), stacked, driver.steps_run
         ctx.emissions.clear()
 
 

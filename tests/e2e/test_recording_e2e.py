@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import signal
 import subprocess
 import sys
 import wave
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import aioice.ice
+import httpx
 import numpy as np
 import pytest
 
@@ -173,3 +176,81 @@ def test_replay_regenerates_three_chunks_bit_identically(
         "replay", "--data-dir", str(recorded["data"]), "--session", "nope", "--chunk", "0"
     )
     assert missing.returncode == 3 and "no record" in missing.stderr
+
+
+def test_export_round_trip_reads_back_with_pandas_and_datasets(
+    recorded: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import datasets
+    import pandas as pd
+
+    out = tmp_path / "dataset"
+    first = run_cli("export", "--data-dir", str(recorded["data"]), "--out", str(out))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "export records [" in first.stderr  # the progress bar
+    records = pd.read_parquet(out / "records")
+    prefs = pd.read_parquet(out / "preferences")
+    assert len(records) == len(recorded["digests"]) and len(prefs) == 1
+    mine = records[records.session_id == recorded["session"]].sort_values("chunk")
+    assert list(mine.chunk) == sorted(recorded["digests"])
+    assert list(mine.digest) == [recorded["digests"][c] for c in sorted(recorded["digests"])]
+    assert str(mine.created_at.dtype).startswith("datetime64") and mine.seed.dtype == "int64"
+    row = mine.iloc[recorded["applied"]["action.applied"]]
+    assert list(row.action_keys) == ["d", "shift"] and row.prompt == "a blue square on snow"
+    assert all((out / m).stat().st_size > 0 for m in mine.media)
+    rating = prefs.iloc[0]
+    assert (rating.source, rating.rating, rating.chosen_ref) == (
+        "rating",
+        1,
+        f"{recorded['session']}@2",
+    )
+    assert rating.weights_version == mine.iloc[2].weights_version
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    ds = datasets.load_dataset(
+        "parquet", data_dir=str(out / "records"), cache_dir=str(tmp_path / "hf")
+    )["train"]
+    assert ds.num_rows == len(records) and ds.features["noise_seeds"].feature.dtype == "int64"
+    by_config = datasets.load_dataset(str(out), "preferences", cache_dir=str(tmp_path / "hf"))
+    assert by_config["train"].num_rows == 1
+    readme = (out / "README.md").read_text()
+    assert "| `replay_key` |" in readme and "config_name: records" in readme
+    # incremental: nothing new since the first export -> a new, empty part; the first unchanged
+    part0 = (out / "records" / "part-00000.parquet").read_bytes()
+    again = run_cli("export", "--data-dir", str(recorded["data"]), "--out", str(out))
+    assert again.returncode == 2 and "--since" in again.stderr
+    since = run_cli(
+        "export", "--data-dir", str(recorded["data"]), "--out", str(out), "--since", "2000-01-01"
+    )
+    assert since.returncode == 0, since.stderr[-3000:]
+    assert (out / "records" / "part-00000.parquet").read_bytes() == part0
+    assert len(pd.read_parquet(out / "records" / "part-00001.parquet")) == len(records)
+
+
+def test_feedback_answered_201_survives_sigkill(tmp_path: Path) -> None:
+    """201 means committed: the server is killed (SIGKILL) right after the answer."""
+    data = tmp_path / "data"
+    server = ServerProcess(data, tmp_path / "server.log").start()
+    try:
+        created = httpx.post(f"{server.url}/v1/sessions", json={"prompt": "a red ball"}).json()
+        sid = created["id"]
+        answer = httpx.post(
+            f"{server.url}/v1/sessions/{sid}/feedback",
+            json={"rating": -1, "chunk": 0, "note": "too dark"},
+        )
+        os.killpg(server._proc.pid, signal.SIGKILL)  # noqa: SLF001 - the real process
+    finally:
+        server.stop()
+    assert answer.status_code == 201
+    restarted = ServerProcess(data, tmp_path / "server2.log").start()  # recovery runs
+    restarted.stop()
+    out = tmp_path / "dataset"
+    exported = run_cli("export", "--data-dir", str(data), "--out", str(out))
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    import pandas as pd
+
+    prefs = pd.read_parquet(out / "preferences")
+    assert list(zip(prefs.context_ref, prefs.rating, prefs.note, strict=True)) == [
+        (f"{sid}@0", -1, "too dark")
+    ]
+    assert prefs.rejected_ref.iloc[0] == f"{sid}@0"
