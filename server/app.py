@@ -38,6 +38,7 @@ from server.livekit_room import LiveKitRoom, RoomConnection
 from server.livekit_token import LiveKitCredentials
 from server.metrics import MetricsSnapshot, ServerMetrics
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
+from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
 from sessions.recording import Recording
 from sessions.store import Store
@@ -104,6 +105,7 @@ class ServerContext:
     rooms: dict[str, LiveKitParticipant] = field(default_factory=dict)
     pacers: dict[str, FramePacer] = field(default_factory=dict)
     room_factory: Callable[[], RoomConnection] = LiveKitRoom
+    forks: Any = None  # sessions.forks.ForkRegistry
 
     @property
     def livekit_credentials(self) -> LiveKitCredentials:
@@ -301,6 +303,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         metrics=metrics,
         device=device,
         model_id=model_id,
+        forks=ForkRegistry(host),
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
     if config.ice_hosts:

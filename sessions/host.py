@@ -260,6 +260,17 @@ class SessionHost:
         )
         return session
 
+    def admit(self, owner: str, served: ServedModel, profile: Profile) -> Any:
+        """One session's reservation (``Admit``, with its slab) or ``Reject`` (counted)."""
+        answer = self.engine.admission.admit(self._admission_request(owner, served, profile))
+        return self._reject(answer) if isinstance(answer, Reject) else answer
+
+    def adopt_session(self, session: Session, handle: Any) -> None:
+        """Serve a session started outside ``create_session`` (a fork candidate) on ``handle``."""
+        self._check_open()
+        self._sessions[session.id] = _Live(session)
+        session.attach(handle, on_finished=self._session_finished)
+
     def _admission_request(
         self, owner: str, served: ServedModel, profile: Profile
     ) -> AdmissionRequest:

@@ -28,6 +28,7 @@ logged and reported as an ``error`` event without touching the loop.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -186,6 +187,7 @@ class Session:
         self._partial: tuple[int, int, int, np.ndarray] | None = None
         self.audio_samples_in = 0
         self.error: str | None = None
+        self.held: str | None = None  # why it may not resume (its fork candidates exist)
         self.events.publish(SessionStateChanged(state=self._state.value))
 
     # ---------------------------------------------------------------- lifecycle
@@ -242,26 +244,32 @@ class Session:
     async def _watch(self, handle: LoopHandleLike) -> None:
         try:
             await handle.result()
-            if not self.terminal and self._state is not SessionState.CLOSING:
-                self._transition(SessionState.CLOSING, "loop complete")
-        except Cancelled as exc:
-            if not self.terminal and self._state is not SessionState.CLOSING:
-                self._transition(SessionState.CLOSING, f"loop cancelled: {exc.reason}")
-        except LoopFailed as exc:
-            self._fail(exc.code, exc.message)
+            outcome: BaseException | None = None
         except Exception as exc:
-            log.exception("session %s: loop result raised", self.id)
-            self._fail("internal", repr(exc))
-        finally:
-            if self._state is SessionState.CLOSING:
-                self._transition(SessionState.CLOSED)
-            self._shutdown_streams()
-            self._finished.set()
-            for callback in self._on_finished:
-                try:
-                    callback(self)
-                except Exception:
-                    log.exception("session %s: on_finished callback failed", self.id)
+            outcome = exc
+        if handle is not self._handle:  # a fork choice replaced the loop: the new one goes on
+            return
+        if outcome is None or isinstance(outcome, Cancelled):
+            if not self.terminal and self._state is not SessionState.CLOSING:
+                why = "loop complete" if outcome is None else f"loop cancelled: {outcome.reason}"
+                self._transition(SessionState.CLOSING, why)
+        elif isinstance(outcome, LoopFailed):
+            self._fail(outcome.code, outcome.message)
+        else:
+            log.error("session %s: loop result raised %r", self.id, outcome, exc_info=outcome)
+            self._fail("internal", repr(outcome))
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._state is SessionState.CLOSING:
+            self._transition(SessionState.CLOSED)
+        self._shutdown_streams()
+        self._finished.set()
+        for callback in self._on_finished:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("session %s: on_finished callback failed", self.id)
 
     def _fail(self, code: str, message: str) -> None:
         if self.terminal:
@@ -320,6 +328,7 @@ class Session:
         """An offer arrived (created or paused -> negotiating)."""
         if not self.accepts_inputs:
             raise SessionClosedError(f"session {self.id} is {self._state.value}")
+        self._check_not_held("take a viewer")
         if self._state is SessionState.LIVE and self._viewers:
             # another sink (a LiveKit room) keeps it live; the new viewer just joins
             self._unwatched_since = None
@@ -365,7 +374,7 @@ class Session:
                 self._handle.pause()
             self._transition(SessionState.PAUSED, reason)
 
-    def pause(self) -> None:
+    def pause(self, reason: str = "requested") -> None:
         if self._state is SessionState.PAUSED:
             return
         if self._state is not SessionState.LIVE:
@@ -374,7 +383,7 @@ class Session:
             )
         if self._handle is not None:
             self._handle.pause()
-        self._transition(SessionState.PAUSED, "requested")
+        self._transition(SessionState.PAUSED, reason)
 
     def resume(self) -> None:
         if self._state is SessionState.LIVE:
@@ -385,6 +394,7 @@ class Session:
             )
         if not self._viewers:
             raise SessionStateError(f"session {self.id} has no viewer; send a new offer to resume")
+        self._check_not_held("resume")
         self._anchor_now()
         if self._handle is not None:
             self._handle.resume()
@@ -604,6 +614,48 @@ class Session:
         for older in sorted(seqs):
             self._pending.pop(older, None)
             self.events.publish(InputSuperseded(seq=older, kind=family, by_seq=by_seq))
+
+    # ---------------------------------------------------------------- fork support
+    # (the fork logic lives in sessions.forks; these are the session's own moves)
+
+    @property
+    def handle(self) -> LoopHandleLike | None:
+        return self._handle
+
+    @property
+    def has_viewer(self) -> bool:
+        return bool(self._viewers)
+
+    def _check_not_held(self, action: str) -> None:
+        if self.held is not None:
+            raise SessionStateError(f"session {self.id} cannot {action}: {self.held}")
+
+    def add_finished_callback(self, callback: Callable[[Session], None]) -> None:
+        self._on_finished.append(callback)
+
+    def inherit_inputs(self, parent: Session) -> None:
+        """A fork candidate continues ``parent``'s inputs: its prompt memory, the inputs still
+        waiting for acknowledgement and the sequence numbers (the loop state carries them)."""
+        self.prompts = copy.deepcopy(parent.prompts)
+        self._pending = dict(parent._pending)
+        self._next_seq = parent._next_seq
+
+    def replace_loop(self, handle: LoopHandleLike) -> LoopHandleLike | None:
+        """A fork choice: ``handle`` (the chosen candidate's loop, already emitting to this
+        session) carries the session on; returns the old loop for the caller to cancel."""
+        old, self._handle = self._handle, handle
+        self._watcher = asyncio.get_running_loop().create_task(
+            self._watch(handle), name=f"session-{self.id}"
+        )
+        return old
+
+    def release_loop(self, reason: str) -> None:
+        """The chosen candidate ends: closing -> closed, its loop goes on (another session
+        took it over with ``replace_loop``)."""
+        self._handle = None
+        if self._state is not SessionState.CLOSING and not self.terminal:
+            self._transition(SessionState.CLOSING, reason)
+        self._finish()
 
     # ---------------------------------------------------------------- views
 

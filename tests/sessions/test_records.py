@@ -1,7 +1,16 @@
+import msgspec
 import numpy as np
 
 from sessions.records import ChunkRecorder, frames_digest
 from sessions.store import Store
+from tests.sessions.fakes import FakeHandle as FakeHandleBase
+
+
+class _State(msgspec.Struct):
+    """What a boundary call of the snapshot keeper sees (a loop state with a ``step``)."""
+
+    step: int
+
 
 TEMPLATE = {
     "weights_version": "w0",
@@ -64,5 +73,96 @@ def test_records_are_completed_by_the_acks_that_follow_their_media(tmp_path) -> 
         "action": {"seq": 2, "keys": ["w"], "mouse": [1.0, 0.0]},
         "audio_seqs": [3],
     }
-    assert rows[1]["replay_key"] == "s1/0/1/5" and rows[1]["timesteps"] == [1000, 750, 500, 250]
+    assert rows[1]["replay_key"] == "" and rows[1]["timesteps"] == [1000, 750, 500, 250]
     assert recorder.written == 2
+
+
+class _Handle(FakeHandleBase):
+    pass
+
+
+async def test_captured_facts_replay_keys_media_and_input_log(tmp_path) -> None:
+    """What the loop captured becomes columns; the key is the newest snapshot at or before the
+    chunk's decode step; the frames go to an MP4; inputs are logged by loop and step."""
+    import av
+
+    from runtime.contract import ActionInput, AudioInput, InputEvent, InputKind, PromptInput
+    from sessions.input_log import decode_input
+    from sessions.recording import Recording
+
+    store = Store(tmp_path / "db.sqlite3")
+    recording = Recording(tmp_path, snapshot_every=2, snapshot_keep=1)
+    recorder = ChunkRecorder(
+        store, session_id="s1", model_id="m", seed=5, template=TEMPLATE, recording=recording
+    )
+    handle = _Handle("loop-a")
+    handle.boundary_state = _State(step=0)  # the first boundary: a snapshot before chunk 0
+    recorder.bind(handle)
+    assert recorder.keeper is not None
+    frames = np.zeros((3, 16, 16, 3), np.uint8)
+    for chunk, step in ((0, 3), (1, 7), (2, 11)):
+        handle.boundary_state = _State(step=step + 1)  # the boundary after its final media
+        capture = {"step": step, "seed": 9, "noise_seeds": [1, 2], "prompt": "p", "sigmas": [1.0]}
+        recorder.media(
+            chunk=chunk,
+            segment=0,
+            pts_start=0,
+            pts_end=1,
+            num_frames=3,
+            digest=frames_digest(frames),
+            prompt="ignored: the loop's prompt wins",
+            prompt_seq=0,
+            capture=capture,
+            frames=frames,
+            fps=12,
+        )
+    recorder.flush()
+    events = [
+        InputEvent(InputKind.PROMPT, 1, PromptInput(text="q"), 1.0),
+        InputEvent(InputKind.ACTION, 2, ActionInput(keys=("w",), mouse=(1.0, 2.0)), 2.0),
+        InputEvent(InputKind.AUDIO, 3, AudioInput(samples=np.arange(4, dtype=np.float32)), 3.0),
+    ]
+    handle.input_log(6, events)
+    recording.close()
+    store.close()
+    store = Store(tmp_path / "db.sqlite3")
+    rows = store.records("s1")
+    logged = [decode_input(r) for r in store.inputs("loop-a", from_step=6)]
+    store.close()
+    assert [r["replay_key"] for r in rows] == ["loop-a@0", "loop-a@0", "loop-a@8"]
+    assert rows[0]["seed"] == 9 and rows[0]["prompt"] == "p" and rows[0]["noise_seeds"] == [1, 2]
+    assert rows[0]["loop_ref"] == "loop-a" and rows[0]["media_ref"] == "media/s1/0_0.mp4"
+    with av.open(str(tmp_path / rows[2]["media_ref"])) as container:
+        assert sum(1 for _ in container.decode(video=0)) == 3
+    snaps = sorted(p.name for p in (tmp_path / "snapshots" / "loop-a").glob("*.snap"))
+    assert snaps == ["000000000008.snap"]  # the retention limit keeps the newest one
+    assert [(e.kind, e.seq) for e in logged] == [(e.kind, e.seq) for e in events]
+    assert logged[1].payload == events[1].payload and logged[0].payload == events[0].payload
+    assert np.array_equal(logged[2].payload.samples, events[2].payload.samples)
+
+
+def test_store_migrates_a_version_1_file_and_commits_feedback_with_full_sync(tmp_path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.sqlite3"
+    old = sqlite3.connect(path)
+    old.executescript(
+        "CREATE TABLE records (session_id TEXT NOT NULL, segment INTEGER NOT NULL,"
+        " chunk INTEGER NOT NULL, seed INTEGER NOT NULL, model_id TEXT NOT NULL,"
+        " weights_version TEXT NOT NULL, loop_id TEXT NOT NULL, sampler TEXT NOT NULL,"
+        " steps INTEGER NOT NULL, timesteps TEXT NOT NULL, precision TEXT NOT NULL,"
+        " prompt TEXT NOT NULL, prompt_seq INTEGER NOT NULL, actions TEXT NOT NULL,"
+        " pts_start INTEGER NOT NULL, pts_end INTEGER NOT NULL, num_frames INTEGER NOT NULL,"
+        " digest TEXT NOT NULL, replay_key TEXT NOT NULL, created_at REAL NOT NULL,"
+        " PRIMARY KEY (session_id, segment, chunk));"
+    )
+    old.close()
+    store = Store(path)
+    try:
+        columns = {r["name"] for r in store._query("PRAGMA table_info(records)")}
+        assert {"loop_ref", "media_ref", "noise_seeds", "prompt_digest"} <= columns
+        assert store.synchronous() == 1  # NORMAL for the deferred writes
+        store.add_feedback(session_id="s", rating=1, chunk=0, note=None)
+        assert store.synchronous() == 1  # FULL only around the durable write
+    finally:
+        store.close()
