@@ -247,7 +247,7 @@ class ForkRegistry:
             weights_version=record.get("weights_version"),
         )
         parent.records.adopt(chosen.records)
-        old = parent.replace_loop(handle)
+        old = parent.replace_loop(handle, after_pts=chosen.media.last_pts)
         if old is not None:
             old.cancel("replaced by its chosen fork candidate")
         chosen.release_loop(f"chosen: continues session {parent.id}")

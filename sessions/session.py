@@ -640,10 +640,15 @@ class Session:
         self._pending = dict(parent._pending)
         self._next_seq = parent._next_seq
 
-    def replace_loop(self, handle: LoopHandleLike) -> LoopHandleLike | None:
+    def replace_loop(
+        self, handle: LoopHandleLike, after_pts: int | None = None
+    ) -> LoopHandleLike | None:
         """A fork choice: ``handle`` (the chosen candidate's loop, already emitting to this
-        session) carries the session on; returns the old loop for the caller to cancel."""
+        session) carries the session on after the candidate's last PTS ``after_pts`` (so the
+        playout anchors at its next frame); returns the old loop for the caller to cancel."""
         old, self._handle = self._handle, handle
+        if after_pts is not None:
+            self.media.skip_to(after_pts)
         self._watcher = asyncio.get_running_loop().create_task(
             self._watch(handle), name=f"session-{self.id}"
         )
