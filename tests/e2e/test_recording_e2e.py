@@ -254,3 +254,31 @@ def test_feedback_answered_201_survives_sigkill(tmp_path: Path) -> None:
         (f"{sid}@0", -1, "too dark")
     ]
     assert prefs.rejected_ref.iloc[0] == f"{sid}@0"
+
+
+def test_export_latents_regenerates_each_chunks_final_latents(
+    recorded: dict[str, Any], tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    from server.export import export
+
+    out = tmp_path / "latents"
+    summary = export(recorded["data"], out, latents=True, progress=_Quiet())
+    import pandas as pd
+
+    records = pd.read_parquet(out / "records")
+    assert summary["media"] == len(records) == len(recorded["digests"])
+    latents = load_file(str(out / records.media.iloc[1]))["latents"]
+    # [1, C, f, h, w]: tiny-world's latents are its pixels (one latent frame per frame)
+    assert latents.shape[:2] == (1, 3) and latents.shape[3:] == (96, 96)
+    assert latents.shape[2] == records.num_frames.iloc[1]
+    assert not (out / "media").exists()
+
+
+class _Quiet:
+    def update(self, done: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
