@@ -110,30 +110,38 @@ class ForkRegistry:
         priority = Priority.REALTIME if cfg.priority_class == "realtime" else Priority.BATCH
 
         def spawn_at_boundary(state: Any) -> tuple[list[Any], int]:
+            handles: list[Any] = []
+            try:
+                for session, admit in zip(candidates, admits):
+                    handles.append(spawn_one(state, session, admit))
+            except BaseException:  # nothing half-created: the spawned ones end at once
+                for handle in handles:
+                    handle.cancel("fork failed")
+                raise
             parent_handle.pause()  # the parent waits for the choice
-            handles = []
-            for session, admit in zip(candidates, admits):
-                request = SessionRequest(
-                    prompt=session.config.prompt,
-                    seed=session.config.seed,
-                    width=cfg.width,
-                    height=cfg.height,
-                    fps=cfg.fps,
-                    kv_slab=admit.slab.slab_id if admit.slab is not None else None,
-                )
-                handle = host.engine.spawn(
-                    loop,
-                    request,
-                    served,
-                    loop_id=session.id,
-                    priority=priority,
-                    on_emit=session.on_emission,
-                    reservation_id=admit.reservation_id,
-                    fork_from=state,
-                )
-                handle.pause()  # until a viewer pulls its track, like any session
-                handles.append(handle)
-            return handles, int(state.chunk)
+            return handles, int(getattr(state, "chunk", 0))
+
+        def spawn_one(state: Any, session: Session, admit: Any) -> Any:
+            request = SessionRequest(
+                prompt=session.config.prompt,
+                seed=session.config.seed,
+                width=cfg.width,
+                height=cfg.height,
+                fps=cfg.fps,
+                kv_slab=admit.slab.slab_id if admit.slab is not None else None,
+            )
+            handle = host.engine.spawn(
+                loop,
+                request,
+                served,
+                loop_id=session.id,
+                priority=priority,
+                on_emit=session.on_emission,
+                reservation_id=admit.reservation_id,
+                fork_from=state,
+            )
+            handle.pause()  # until a viewer pulls its track, like any session
+            return handle
 
         try:
             handles, at_chunk = await parent_handle.at_boundary(

@@ -143,10 +143,12 @@ def test_fork_and_choose_record_preference_pairs(tmp_path) -> None:
             .execute("SELECT chosen_ref, rejected_ref, source, context_ref FROM preferences")
             .fetchall()
         )
-        assert sorted(rows) == [
-            (candidates[1], candidates[0], "fork-choice", body["context"]),
-            (candidates[1], candidates[2], "fork-choice", body["context"]),
-        ]
+        assert sorted(rows) == sorted(
+            [
+                (candidates[1], candidates[0], "fork-choice", body["context"]),
+                (candidates[1], candidates[2], "fork-choice", body["context"]),
+            ]
+        )
         assert {client.get(f"/v1/sessions/{c}").json()["state"] for c in candidates} == {"closed"}
         assert client.get(f"/v1/sessions/{sid}").json()["state"] == "created"
         assert client.post(f"/v1/sessions/{sid}/fork", json={"n": 1}).status_code == 422
