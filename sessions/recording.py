@@ -13,6 +13,10 @@ uint8 frames, not of the (lossy) MP4.
 
 All file work runs on one writer thread (never on the event loop), each file written to a
 temporary name and renamed (a crash leaves the old file or the new one, never a torn one).
+Chunk media are encoded with libx264's ``ultrafast`` preset (a 64x64 chunk of 12 frames costs
+~6 ms of CPU) and at most ``max_pending_media`` chunks wait for the writer: beyond that a
+chunk's media is not kept (its record says ``media_ref`` null, and the loss is logged), so a
+writer that falls behind never grows memory without bound. Snapshots are always queued.
 ``close()`` drains the queue (server shutdown); a killed process loses what was still queued.
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,6 +64,7 @@ class Recording:
         snapshot_every: int = 8,
         snapshot_keep: int = 16,
         media: bool = True,
+        max_pending_media: int = 64,
     ) -> None:
         if snapshot_every < 0 or snapshot_keep < 1:
             raise ValueError(
@@ -69,6 +75,10 @@ class Recording:
         self.snapshot_every = snapshot_every
         self.snapshot_keep = snapshot_keep
         self.media = media
+        self.max_pending_media = max_pending_media
+        self._pending_media = 0  # chunks queued, not yet written (event-loop side count)
+        self.media_dropped = 0
+        self._lock = threading.Lock()
         self._writer = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="dreamrt-recording"
         )
@@ -81,10 +91,27 @@ class Recording:
             return
         self._writer.submit(_logged, fn, *args)
 
-    def write_media(self, ref: str, frames: np.ndarray, fps: int) -> None:
-        """Queue the chunk's frames (uint8 [n, H, W, 3], owned by the caller no more)."""
-        if self.media:
-            self.submit(_write_media, self.data_dir / ref, frames, fps)
+    def write_media(self, ref: str, frames: np.ndarray, fps: int) -> bool:
+        """Queue the chunk's frames (uint8 [n, H, W, 3], owned by the caller no more); False
+        when media are off or ``max_pending_media`` chunks already wait (not kept)."""
+        if not self.media or self._closed:
+            return False
+        with self._lock:
+            if self._pending_media >= self.max_pending_media:
+                self.media_dropped += 1
+                log.warning("recording writer behind: media of %s not kept", ref)
+                return False
+            self._pending_media += 1
+        self.submit(self._write_media, self.data_dir / ref, frames, fps)
+        return True
+
+    def _write_media(self, path: Path, frames: np.ndarray, fps: int) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_mp4(frames, path, fps=fps, preset="ultrafast")
+        finally:
+            with self._lock:
+                self._pending_media -= 1
 
     def write_snapshot(self, replay_key: str, make_blob: Callable[[], bytes]) -> None:
         """Queue ``make_blob()`` (serialise on the writer thread) into the key's file, then
@@ -106,11 +133,6 @@ class Recording:
         if not self._closed:
             self._closed = True
             self._writer.shutdown(wait=True)
-
-
-def _write_media(path: Path, frames: np.ndarray, fps: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_mp4(frames, path, fps=fps)
 
 
 def _logged(fn: Callable[..., Any], *args: Any) -> None:

@@ -130,9 +130,10 @@ class ChunkRecorder:
             "loop_ref": self.loop_ref,
             "media_ref": None,
         }
-        if frames is not None and self._recording is not None and self._recording.media:
-            self._open["media_ref"] = ref
-            self._recording.write_media(ref, frames, fps or int(self._base.get("fps", 0)) or 1)
+        if frames is not None and self._recording is not None:
+            rate = fps or int(self._base.get("fps", 0)) or 1
+            if self._recording.write_media(ref, frames, rate):
+                self._open["media_ref"] = ref
         if self.keeper is not None:
             self.keeper.chunk_done()
 

@@ -166,3 +166,32 @@ def test_store_migrates_a_version_1_file_and_commits_feedback_with_full_sync(tmp
         assert store.synchronous() == 1  # FULL only around the durable write
     finally:
         store.close()
+
+
+def test_media_beyond_the_writer_backlog_are_not_kept_and_the_record_says_so(tmp_path) -> None:
+    from sessions.recording import Recording
+
+    store = Store(tmp_path / "db.sqlite3")
+    recording = Recording(tmp_path, snapshot_every=0, max_pending_media=0)
+    recorder = ChunkRecorder(
+        store, session_id="s2", model_id="m", seed=1, template=TEMPLATE, recording=recording
+    )
+    frames = np.zeros((2, 8, 8, 3), np.uint8)
+    recorder.media(
+        chunk=0,
+        segment=0,
+        pts_start=0,
+        pts_end=1,
+        num_frames=2,
+        digest=frames_digest(frames),
+        prompt="p",
+        prompt_seq=0,
+        frames=frames,
+        fps=8,
+    )
+    recorder.flush()
+    recording.close()
+    store.close()
+    rows = Store(tmp_path / "db.sqlite3").records("s2")
+    assert rows[0]["media_ref"] is None and recording.media_dropped == 1
+    assert not (tmp_path / "media").exists()
