@@ -73,6 +73,7 @@ __all__ = [
     "StepOp",
     "StepResult",
     "Stream",
+    "TimedPendingOutput",
     "WorkPlan",
     "pts_of_frame",
 ]
@@ -212,6 +213,18 @@ class PendingOutput(Protocol):
     def ready(self) -> bool: ...
 
     def result(self) -> Any: ...
+
+
+@runtime_checkable
+class TimedPendingOutput(PendingOutput, Protocol):
+    """A ``PendingOutput`` that knows how long its asynchronous work kept the device busy.
+
+    ``device_s()`` is that time in seconds once ``ready()`` (``None`` before, or when it cannot
+    tell). The ``Profiler`` adds it to the cost of the plan that returned it: work on a second
+    stream is GPU time a session spends even though its plan returned at once.
+    """
+
+    def device_s(self) -> float | None: ...
 
 
 class Stream(str, enum.Enum):

@@ -35,6 +35,10 @@ from typing import Any
 __all__ = ["CostModel", "CostModelError", "DeviceConstants"]
 
 
+ASYNC_SUFFIX = "+async"
+"""Kind suffix of the calibration entries of asynchronous device time (``observe_async``)."""
+
+
 class CostModelError(ValueError):
     """A cost-model input is out of range (negative work, non-finite time, bad constants)."""
 
@@ -152,6 +156,32 @@ class CostModel:
             else:
                 cal.ewma_s += self.alpha * (per_plan_s - cal.ewma_s)
                 cal.samples += 1
+
+    def observe_async(
+        self, kind: str, shape_sig: str, measured_s: float, *, batch_size: int = 1
+    ) -> None:
+        """Fold in device time a plan's asynchronous work took after the plan returned (a
+        decode on a second CUDA stream). It is kept apart from ``predict`` (the executor's
+        occupancy, which the scheduler budgets) under the kind ``<kind>+async``."""
+        self.observe(
+            f"{_kind_name(kind)}{ASYNC_SUFFIX}", shape_sig, measured_s, batch_size=batch_size
+        )
+
+    def predict_async(self, kind: str, shape_sig: str) -> float:
+        """Calibrated asynchronous seconds of one plan of ``(kind, shape_sig)``; 0.0 unseen."""
+        key = (f"{_kind_name(kind)}{ASYNC_SUFFIX}", shape_sig)
+        with self._lock:
+            cal = self._calibration.get(key)
+            return cal.ewma_s if cal is not None and cal.samples >= self.min_samples else 0.0
+
+    def gpu_seconds(
+        self, kind: str, shape_sig: str, flops: float = 0.0, bytes_moved: float = 0.0
+    ) -> float:
+        """All the device time one plan costs: ``predict`` plus its asynchronous part. This is
+        what a session's compute share is made of (admission)."""
+        return self.predict(kind, shape_sig, flops, bytes_moved) + self.predict_async(
+            kind, shape_sig
+        )
 
     def samples(self, kind: str, shape_sig: str) -> int:
         """How many measurements calibrate ``(kind, shape_sig)``."""

@@ -14,8 +14,11 @@ met and missed), on the event loop after the results went back to the loops. Met
 (``server.metrics``) count from it, so totals never depend on a bounded sample window.
 
 - ``Profiler``: wall time per batch and, on CUDA, ``torch.cuda.Event`` time; feeds the cost
-  model with the wall time (the executor's occupancy is what the scheduler budgets); keeps
-  per-kind latency samples for median/p95 reporting.
+  model with the wall time (the executor's occupancy is what the scheduler budgets) and, for a
+  batch whose outputs are ``TimedPendingOutput`` (a decode on a second CUDA stream), the
+  device time of that asynchronous work once it is done (``CostModel.observe_async``):
+  admission budgets all the GPU time a session costs, not only the part that held the
+  executor. Keeps per-kind latency samples for median/p95 reporting (wall and asynchronous).
 - ``NaNWatch``: scans each plan's output (tensors nested in lists, tuples, dicts, dataclasses,
   msgspec structs) for NaN/Inf in floating tensors; a hit is fault ``"nan"`` for that plan.
 """
@@ -33,6 +36,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from runtime.contract import TimedPendingOutput
 from runtime.cost import CostModel
 
 __all__ = [
@@ -152,6 +156,9 @@ class Profiler:
         self._lock = threading.Lock()
         self._use_cuda = use_cuda_events
         self._start_event: Any = None
+        self._async: dict[str, deque[float]] = {}
+        # batches whose asynchronous outputs are not done yet
+        self._deferred: deque[tuple[BatchInfo, tuple[TimedPendingOutput, ...]]] = deque()
 
     def before_batch(self, info: BatchInfo) -> None:
         if self._cuda_enabled():
@@ -176,7 +183,39 @@ class Profiler:
                 self._samples(self._device, info.kind).append(device_s)
         if self.cost is not None:
             self.cost.observe(info.kind, info.shape_sig, wall_s, batch_size=info.batch_size)
+        timed = tuple(o for o in outputs if isinstance(o, TimedPendingOutput))
+        if timed:
+            self._deferred.append((info, timed))
+        self.collect()
         return Observation(device_s=device_s)
+
+    def collect(self) -> int:
+        """Accounts the deferred batches whose asynchronous work is done, oldest first (the
+        executor thread calls it after every batch; call it once more at the end of a run).
+        -> how many are still pending."""
+        while self._deferred:
+            info, timed = self._deferred[0]
+            if not all(o.ready() for o in timed):
+                break
+            self._deferred.popleft()
+            times = [o.device_s() for o in timed]
+            known = [t for t in times if t is not None]
+            if not known:
+                continue
+            async_s = sum(known) * len(times) / len(known)  # per batch, as wall time is
+            with self._lock:
+                self._samples(self._async, info.kind).append(async_s)
+            if self.cost is not None:
+                self.cost.observe_async(
+                    info.kind, info.shape_sig, async_s, batch_size=info.batch_size
+                )
+        return len(self._deferred)
+
+    def async_summary(self) -> dict[str, LatencySummary]:
+        """Per kind: the asynchronous device seconds of its timed outputs (second stream)."""
+        with self._lock:
+            snapshot = {kind: list(samples) for kind, samples in self._async.items()}
+        return {kind: summarize(samples) for kind, samples in sorted(snapshot.items())}
 
     def wall_samples(self, kind: str) -> list[float]:
         with self._lock:

@@ -25,6 +25,13 @@ Scenarios (``--scenarios``; the card's default profile unless said):
   refused (``Reject`` with ``retry_after_s``), and the admitted sessions' numbers are compared
   with the ``small`` run. The limit from the calibrated (measured) costs is reported beside it;
   ``--admit-from measured`` admits from those instead.
+- any of these with ``+batch`` (e.g. ``n3+batch``, ``small+batch``): the same with cross-session
+  batching on (``WanInstance.batch_sessions``), under ``--batch-schedulers`` (step-edf); a
+  batched warm-up compiles the batched forward first.
+
+The interleave gate: ``s0`` of every run has the same prompt and seed, so its chunks before its
+first input applies are compared with ``s0`` of the first ``n1`` run
+(``infra.bench.multisession_gate``): bit-identical unbatched, within a tolerance batched.
 
 Every session gets one prompt switch (at 35 % of the run) and, where the card takes actions,
 one action (60 %); inputs go through ``LoopHandle.push_input`` and are timed until the first
@@ -41,445 +48,65 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
-import math
 import os
 import sys
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from infra.bench.multisession_admission import (
-    admission_controller,
-    admission_limit,
-    measured_share,
-    session_request,
+from infra.bench.multisession_admission import admission_limit, measured_share
+from infra.bench.multisession_report import compare_refusal, format_table
+from infra.bench.multisession_run import run_scenario
+from infra.bench.multisession_setup import (
+    JOB_FRAMES,
+    SCENARIOS,
+    Bench,
+    job_alone,
+    main_profile,
+    parse_profile,
+    profile_key,
+    scenarios,
+    warm_up,
+    warm_up_batched,
 )
-from infra.bench.multisession_report import (
-    ShapeProfiler,
-    compare_refusal,
-    cost_snapshot,
-    format_costs,
-    format_table,
-    write_json,
-)
-from infra.bench.sim_viewer import SimViewer
-from models.card import Profile
-from models.instance import WanInstance, load_instance
-from models.loops.requests import JobRequest, SessionRequest
+from models.instance import load_instance
 from models.registry import get
-from runtime.admission import Admit, Reject
-from runtime.contract import ActionInput, Cancelled, InputKind, LoopFailed, Priority, PromptInput
 from runtime.cost import CostModel, DeviceConstants
-from runtime.engine import Engine
-from runtime.observers import Profiler
 from runtime.policies import SCHEDULER_POLICIES, make_scheduler
 
-SCENARIOS = ("n1", "n2", "n3", "n2job", "n2switch", "small")
-_JOB_FRAMES = 21
 
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    name: str
-    profile: Profile
-    sessions: int
-    job: bool = False
-    switch_every_s: float | None = None
-    admitted: bool = False  # sessions go through admission (small)
-    one_more: bool = False  # after the ramp, ask admission for one more (small+1)
-    ramp_s: float = 0.0
-
-
-@dataclass
-class Bench:
-    """What every run shares: the instance, the cost model, the settings, the results."""
-
-    args: argparse.Namespace
-    instance: WanInstance
-    cost: CostModel
-    can_act: bool
-    meta: dict[str, Any]
-    runs: list[dict[str, Any]] = field(default_factory=list)
-    samples: dict[str, dict[tuple[str, str], list]] = field(default_factory=dict)
-    chunk_seconds: dict[str, float] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-    job_alone_s: float | None = None
-    admit_share: float | None = None  # None: admission's share is the prior of chunk_flops
-
-    def write(self) -> None:
-        write_json(
-            self.args.json,
-            {**self.meta, **self.extra, "job_alone_s": self.job_alone_s, "runs": self.runs},
-        )
-        write_json(
-            self.args.cost_snapshot,
-            cost_snapshot(self.meta, self.samples, self.chunk_seconds, self.cost),
-        )
-
-
-def _key(p: Profile) -> str:
-    return f"{p.width}x{p.height}@{p.fps}"
-
-
-# -- warm-up and the job alone ------------------------------------------------------------
-
-
-async def _warm_up(bench: Bench, profile: Profile, cost: CostModel) -> float:
-    """Like ``server.app._warm_up``: one bounded session through every K/V-prefix length into
-    steady state, both parts of a first chunk, on slab 0 - plus prompt switches at several
-    chunks (re-cache graphs) and an action, so no measured run compiles. Its plan times feed
-    ``cost`` (a compiling pass must not calibrate the bench's cost model). -> seconds."""
-    inst = bench.instance
-    sink, ring = inst.kv_geometry(profile.chunk_latent_frames)
-    fill = -(-(sink + ring) // profile.chunk_latent_frames)
-    engine = Engine(cost=cost, observers=(Profiler(cost),))
-    await engine.start()
-    viewer = SimViewer(profile.fps)
-    handles: list[Any] = []
-
-    def on_emit(emission: Any) -> None:
-        viewer.on_emit(emission)
-        meta = emission.spec.meta
-        if emission.spec.stream == "media" and meta.final and meta.chunk in (1, fill, fill + 1):
-            viewer.push(handles[0], InputKind.PROMPT, PromptInput(text=f"warm-up {meta.chunk}"))
-            if bench.can_act:
-                viewer.push(handles[0], InputKind.ACTION, ActionInput(keys=("d",)))
-
-    start = time.perf_counter()
-    try:
-        handles.append(
-            engine.spawn(
-                inst.loop("chunk_rollout"),
-                SessionRequest(
-                    prompt="warm-up",
-                    seed=0,
-                    width=profile.width,
-                    height=profile.height,
-                    fps=profile.fps,
-                    max_chunks=fill + 4,
-                    kv_slab=0,
-                ),
-                inst,
-                loop_id="warm-up",
-                priority=Priority.BATCH,
-                on_emit=on_emit,
-            )
-        )
-        await handles[0].result()
-    finally:
-        await engine.close()
-    return time.perf_counter() - start
-
-
-def _job_request(profile: Profile, tag: str) -> JobRequest:
-    return JobRequest(
-        task="t2v",
-        prompt=f"job {tag}",
-        num_frames=_JOB_FRAMES,
-        width=profile.width,
-        height=profile.height,
-        steps=profile.steps,
-        seed=3,
-    )
-
-
-async def _job_alone(bench: Bench, profile: Profile) -> float:
-    """The job on an otherwise idle engine (run twice; the first warms up) -> seconds."""
-    seconds = math.nan
-    for attempt in range(2):
-        # the first attempt compiles the job's own graphs: its times calibrate nothing
-        cost = bench.cost if attempt else CostModel(bench.cost.device)
-        engine = Engine(
-            cost=cost, scheduler=make_scheduler("step-edf"), observers=(Profiler(cost),)
-        )
-        await engine.start()
-        try:
-            start = time.monotonic()
-            handle = engine.spawn(
-                bench.instance.loop_for("text_to_video"),
-                _job_request(profile, f"alone {attempt}"),
-                bench.instance,
-                loop_id="job",
-                priority=Priority.BATCH,
-                on_emit=lambda emission: None,
-            )
-            await handle.result()
-            seconds = time.monotonic() - start
-        finally:
-            await engine.close()
-    return seconds
-
-
-# -- one (scenario, scheduler) ------------------------------------------------------------
-
-
-@dataclass
-class _Live:
-    viewer: SimViewer
-    handle: Any
-    spawned_s: float
-    task: asyncio.Task[None] | None = None
-
-
-async def _drive_inputs(
-    bench: Bench, live: _Live, scenario: Scenario, index: int, tag: str, stop: asyncio.Event
+async def _bench(
+    bench: Bench, names: list[str], schedulers: list[str], batch_schedulers: list[str]
 ) -> None:
-    """Pushes this session's inputs, timed from its first frame."""
-    while live.viewer.first_arrival_s is None and not stop.is_set():
-        await asyncio.sleep(0.01)
-    if stop.is_set():
-        return
-    seconds = bench.args.seconds
-    if scenario.switch_every_s is not None and index == 0:
-        count = int(seconds // scenario.switch_every_s)
-        plan = [(k * scenario.switch_every_s, InputKind.PROMPT) for k in range(1, count + 1)]
-    else:
-        plan = [(0.35 * seconds, InputKind.PROMPT)]
-    if bench.can_act:
-        plan.append((0.6 * seconds, InputKind.ACTION))
-    for k, (at_s, kind) in enumerate(sorted(plan)):
-        delay = live.viewer.first_arrival_s + at_s - time.monotonic()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), max(0.0, delay))
-        if stop.is_set():
-            return
-        payload = (
-            PromptInput(text=f"{tag} s{index} prompt {k}")
-            if kind is InputKind.PROMPT
-            else ActionInput(keys=("w",))
-        )
-        live.viewer.push(live.handle, kind, payload)
-
-
-async def _run(bench: Bench, scenario: Scenario, scheduler: str) -> dict[str, Any]:
-    args, inst, profile = bench.args, bench.instance, scenario.profile
-    tag = f"{scenario.name}/{scheduler}"
-    profiler = ShapeProfiler(bench.cost)
-    admission = None
-    if scenario.admitted:
-        admission = admission_controller(
-            inst, profile, inst.reserve_kv_slabs(profile, 1).num_slabs, max_batch=args.max_batch
-        )
-    engine = Engine(
-        cost=bench.cost,
-        scheduler=make_scheduler(scheduler, max_batch=args.max_batch),
-        admission=admission,
-        playout_buffer_s=args.playout_buffer_s,
-        max_lead_s=args.max_lead_s,
-        observers=(profiler,),
-    )
-    await engine.start()
-    stop = asyncio.Event()
-    lives: dict[str, _Live] = {}
-    inputs: list[asyncio.Task[None]] = []
-    job: dict[str, Any] | None = None
-    refusal: dict[str, Any] | None = None
-    try:
-        # Admission first, as a server answers each POST before its session starts.
-        slabs: list[tuple[int, str | None]] = []
-        for i in range(scenario.sessions):
-            if admission is None:
-                slabs.append((i, None))
-                continue
-            answer = admission.admit(
-                session_request(inst, bench.cost, f"s{i}", profile, share=bench.admit_share)
-            )
-            if not isinstance(answer, Admit) or answer.slab is None:
-                raise RuntimeError(f"{tag}: admission refused session {i} of its limit: {answer}")
-            slabs.append((answer.slab.slab_id, answer.reservation_id))
-        if scenario.job:
-            job_handle = engine.spawn(
-                inst.loop_for("text_to_video"),
-                _job_request(profile, tag),
-                inst,
-                loop_id="job",
-                priority=Priority.BATCH,
-                on_emit=lambda emission: None,
-            )
-            job_task = asyncio.create_task(_timed(job_handle, time.monotonic()))
-        for i, (slab, reservation) in enumerate(slabs):
-            if i and scenario.ramp_s:
-                await asyncio.sleep(scenario.ramp_s)
-            lives[f"s{i}"] = live = await _spawn_session(
-                engine, inst, profile, i, slab, reservation, tag
-            )
-            live.task = asyncio.create_task(live.viewer.run(stop))
-            inputs.append(asyncio.create_task(_drive_inputs(bench, live, scenario, i, tag, stop)))
-        if scenario.one_more:
-            answer = admission.admit(
-                session_request(inst, bench.cost, "one-more", profile, share=bench.admit_share)
-            )
-            refusal = {"refused": isinstance(answer, Reject), "answer": dataclasses.asdict(answer)}
-            if isinstance(answer, Admit):
-                admission.release(answer.reservation_id)
-        await asyncio.sleep(args.seconds)
-        end_s = time.monotonic()
-        stop.set()
-        for live in lives.values():
-            live.handle.cancel("bench run over")
-        await asyncio.gather(*inputs, *(live.task for live in lives.values()))
-        failures = {}
-        for sid, live in lives.items():
-            try:
-                await live.handle.result()
-            except Cancelled:
-                pass
-            except LoopFailed as exc:
-                failures[sid] = str(exc)
-        if scenario.job:
-            job = await _finish_job(bench, job_task)
-    finally:
-        stop.set()
-        await engine.close()
-    stats = engine.stats()
-    result = {
-        "scenario": scenario.name if not scenario.one_more else "small+1",
-        "scheduler": scheduler,
-        "profile": profile.as_dict(),
-        "sessions": {
-            sid: live.viewer.summary(live.spawned_s, end_s) for sid, live in lives.items()
-        },
-        "failures": failures,
-        "job": job,
-        "refusal": refusal,
-        "plan_deadlines": {"met": stats.deadlines_met, "missed": stats.deadline_misses},
-        "costs_ms": {
-            k: {"median": s.median_s * 1e3, "p95": s.p95_s * 1e3, "n": s.count}
-            for k, s in profiler.summary().items()
-        },
-    }
-    by_shape = bench.samples.setdefault(_key(profile), defaultdict(list))
-    for key, values in profiler.by_shape.items():
-        by_shape[key].extend(values)
-    print(
-        f"{result['scenario']} / {scheduler}: plan costs (median / p95):\n{format_costs(profiler)}",
-        flush=True,
-    )
-    return result
-
-
-async def _spawn_session(
-    engine: Engine,
-    inst: WanInstance,
-    profile: Profile,
-    index: int,
-    slab: int,
-    reservation: str | None,
-    tag: str,
-) -> _Live:
-    handles: list[Any] = []
-    # the viewer moves the loop's deadline anchor as a session does (set_media_t0)
-    viewer = SimViewer(profile.fps, on_anchor=lambda t0: handles[0].set_media_t0(t0))
-    spawned_s = time.monotonic()
-    handles.append(
-        engine.spawn(
-            inst.loop("chunk_rollout"),
-            SessionRequest(
-                prompt=f"{tag} session {index}",
-                seed=index,
-                width=profile.width,
-                height=profile.height,
-                fps=profile.fps,
-                kv_slab=slab,
-            ),
-            inst,
-            loop_id=f"s{index}",
-            priority=Priority.REALTIME,
-            on_emit=viewer.on_emit,
-            media_t0_s=spawned_s,
-            reservation_id=reservation,
-        )
-    )
-    return _Live(viewer, handles[0], spawned_s)
-
-
-async def _timed(handle: Any, start_s: float) -> float:
-    await handle.result()
-    return time.monotonic() - start_s
-
-
-async def _finish_job(bench: Bench, task: asyncio.Task[float]) -> dict[str, Any]:
-    """The job's completion time (waiting up to ``--job-timeout`` after the sessions ended)."""
-    during = task.done()
-    out: dict[str, Any] = {
-        "num_frames": _JOB_FRAMES,
-        "alone_s": bench.job_alone_s,
-        "completion_s": None,
-        "x_alone": None,
-        "finished_while_sessions_ran": during,
-    }
-    try:
-        seconds = await asyncio.wait_for(asyncio.shield(task), bench.args.job_timeout)
-    except (TimeoutError, Cancelled, LoopFailed) as exc:
-        task.cancel()
-        return {**out, "error": type(exc).__name__}
-    alone = bench.job_alone_s
-    return {
-        **out,
-        "completion_s": seconds,
-        "x_alone": seconds / alone if alone and math.isfinite(alone) else None,
-    }
-
-
-# -- the whole bench ----------------------------------------------------------------------
-
-
-def _parse_profile(text: str) -> tuple[int, int, int]:
-    size, _, fps = text.partition("@")
-    width, _, height = size.partition("x")
-    return int(width), int(height), int(fps)
-
-
-def _scenarios(bench: Bench, names: list[str], small_limit: int) -> list[Scenario]:
-    card, args = bench.instance.card, bench.args
-    default = card.default_profile
-    table = {
-        "n1": Scenario("n1", default, 1),
-        "n2": Scenario("n2", default, 2),
-        "n3": Scenario("n3", default, 3),
-        "n2job": Scenario("n2job", default, 2, job=True),
-        "n2switch": Scenario("n2switch", default, 2, switch_every_s=args.switch_every),
-    }
-    out = []
-    for name in names:
-        if name == "small":
-            w, h, fps = _parse_profile(args.small_profile)
-            small = card.resolve_profile(width=w, height=h, fps=fps)
-            out.append(Scenario("small", small, small_limit, admitted=True, ramp_s=args.ramp))
-        elif name in table:
-            out.append(table[name])
-        else:
-            raise SystemExit(f"multisession: unknown scenario {name!r}; known: {SCENARIOS}")
-    return out
-
-
-async def _bench(bench: Bench, names: list[str], schedulers: list[str]) -> None:
     inst, args = bench.instance, bench.args
-    default = inst.card.default_profile
-    sizes = [1] + [int(n[1]) for n in names if n[:1] == "n" and n[1:2].isdigit()]
+    default = main_profile(bench)
+    bases = [n.partition("+")[0] for n in names]
+    sizes = [1] + [int(n[1]) for n in bases if n[:1] == "n" and n[1:2].isdigit()]
     inst.reserve_kv_slabs(default, max(sizes))  # one buffer per geometry: sized once, here
     profiles = [default]
-    if "small" in names:
-        w, h, fps = _parse_profile(args.small_profile)
+    if "small" in bases:
+        w, h, fps = parse_profile(args.small_profile)
         small = inst.card.resolve_profile(width=w, height=h, fps=fps)
         inst.reserve_kv_slabs(small, args.small_max)
         profiles.append(small)
     for profile in profiles:
-        bench.chunk_seconds[_key(profile)] = inst.chunk_seconds(profile)
+        bench.chunk_seconds[profile_key(profile)] = inst.chunk_seconds(profile)
         # compile on a throwaway cost model, then calibrate the bench's on a warm pass
-        seconds = await _warm_up(bench, profile, CostModel(bench.cost.device))
-        calibrate_s = await _warm_up(bench, profile, bench.cost)
+        seconds = await warm_up(bench, profile, CostModel(bench.cost.device))
+        calibrate_s = await warm_up(bench, profile, bench.cost)
         print(
-            f"warm-up {_key(profile)}: {seconds:.1f} s, calibration pass {calibrate_s:.1f} s",
+            f"warm-up {profile_key(profile)}: {seconds:.1f} s, "
+            f"calibration pass {calibrate_s:.1f} s",
             flush=True,
         )
+        batched = [n for n in names if n.endswith("+batch")]
+        if any((n.startswith("small") == (profile is not default)) for n in batched):
+            n = min(max(sizes) if profile is default else args.small_max, args.max_batch)
+            seconds = await warm_up_batched(bench, profile, CostModel(bench.cost.device), n)
+            print(f"batched warm-up {profile_key(profile)} ({n}): {seconds:.1f} s", flush=True)
     small_limit = 0
-    if "small" in names:  # the prior (as the server admits today) and the measured costs
+    if "small" in bases:  # the prior (as the server admits today) and the measured costs
         measured = measured_share(inst, bench.cost, small)
         if args.admit_from == "measured" and measured is None:
             raise SystemExit("multisession: no measured costs of the small profile to admit from")
@@ -496,23 +123,24 @@ async def _bench(bench: Bench, names: list[str], schedulers: list[str]) -> None:
         limit.update(admit_from=args.admit_from, share_measured=measured)
         bench.extra["small_admission"] = limit
         print(
-            f"small {_key(small)}: admission ({args.admit_from}) limit {small_limit}, next "
+            f"small {profile_key(small)}: admission ({args.admit_from}) limit {small_limit}, next "
             f"refused for {limit['reject_reason']}; share per session: prior "
             f"{limit['share_prior']:.3f}, measured {measured} GPU-s/s (capacity "
             f"{limit['capacity']})",
             flush=True,
         )
-    if "n2job" in names:
-        bench.job_alone_s = await _job_alone(bench, default)
-        print(f"t2v job alone ({_JOB_FRAMES} frames): {bench.job_alone_s:.2f} s", flush=True)
-    for scenario in _scenarios(bench, names, small_limit):
-        variants = [(scenario, schedulers)]
-        if scenario.admitted:
-            refusal = [s for s in args.refusal_schedulers.split(",") if s in schedulers]
+    if "n2job" in bases:
+        bench.job_alone_s = await job_alone(bench, default)
+        print(f"t2v job alone ({JOB_FRAMES} frames): {bench.job_alone_s:.2f} s", flush=True)
+    for scenario in scenarios(bench, names, small_limit):
+        policies_of = batch_schedulers if scenario.batch else schedulers
+        variants = [(scenario, policies_of)]
+        if scenario.admitted and not scenario.batch:
+            refusal = [s for s in args.refusal_schedulers.split(",") if s in policies_of]
             variants.append((dataclasses.replace(scenario, one_more=True), refusal))
         for variant, policies in variants:
             for scheduler in policies:
-                bench.runs.append(await _run(bench, variant, scheduler))
+                bench.runs.append(await run_scenario(bench, variant, scheduler))
                 bench.write()
     for line in compare_refusal(bench.runs):
         print(line, flush=True)
@@ -533,7 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         help="per run after its last session started (default 12 cuda, 3 cpu)",
     )
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument(
+        "--profile", default=None, help="WxH@FPS of the n* scenarios (default: the card's)"
+    )
     parser.add_argument("--schedulers", default=",".join(SCHEDULER_POLICIES))
+    parser.add_argument(
+        "--batch-schedulers",
+        default="step-edf",
+        help="policies that run the +batch scenarios (cross-session batching on)",
+    )
     parser.add_argument(
         "--refusal-schedulers",
         default="step-edf",
@@ -607,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{time.perf_counter() - start:.1f} s",
         flush=True,
     )
-    asyncio.run(_bench(bench, args.scenarios.split(","), schedulers))
+    batch_schedulers = args.batch_schedulers.split(",")
+    asyncio.run(_bench(bench, args.scenarios.split(","), schedulers, batch_schedulers))
     bench.write()
     print(
         f"\n{card.model_id}, {bench.meta['device_name']}, {args.seconds:g} s per run, "

@@ -90,7 +90,8 @@ def admission_limit(
 
 
 def measured_share(instance: WanInstance, cost: CostModel, profile: Profile) -> float | None:
-    """GPU-s per media second of a steady chunk from the calibrated costs (None: unmeasured)."""
+    """GPU-s per media second of a steady chunk from the calibrated costs, the asynchronous
+    part of the decode (second CUDA stream) included (None: unmeasured)."""
     stride = instance.latent.spatial_stride
     c = profile.chunk_latent_frames
     sig = f"c{c}x{profile.height // stride}x{profile.width // stride}"
@@ -101,5 +102,5 @@ def measured_share(instance: WanInstance, cost: CostModel, profile: Profile) -> 
     ]
     if any(cost.samples(kind, s) == 0 for kind, s, _ in parts):
         return None
-    chunk_s = sum(n * cost.predict(kind, s) for kind, s, n in parts)
+    chunk_s = sum(n * cost.gpu_seconds(kind, s) for kind, s, n in parts)
     return chunk_s / instance.chunk_seconds(profile)

@@ -157,6 +157,21 @@ def format_table(runs: list[dict[str, Any]]) -> str:
             )
         if run.get("job") is not None:
             jobs.append((run, run["job"]))
+    gates = [run for run in runs if run.get("gate") and "identical" in run["gate"]]
+    if gates:
+        lines += [
+            "",
+            "| interleave gate: s0 of | scheduler | vs | chunks | bit-identical | max / mean abs |",
+            "|" + " --- |" * 6,
+        ]
+        for run in gates:
+            g = run["gate"]
+            mean = g.get("mean_abs")
+            lines.append(
+                f"| {run['scenario']} | {run['scheduler']} | {g['reference']} | {g['chunks']} | "
+                f"{_num(g['identical'], '')} | {_num(g.get('max_abs'), '')} / "
+                f"{_num(mean, '.4f')} |"
+            )
     if jobs:
         lines += [
             "",

@@ -19,7 +19,10 @@ What it measures (``summary``): delivered fps (fresh frames shown / seconds sinc
 stalls per minute, fresh-frame interval percentiles at the playout, slack of every media
 emission after the first (``anchor + pts`` of its first frame minus its arrival; negative: it
 came after it was due), and input-to-applied latency: from ``push`` to the arrival of the first
-media of the chunk an ``applied`` acknowledgement names. Event-loop thread only.
+media of the chunk an ``applied`` acknowledgement names. With ``keep_chunks`` it also keeps the
+uint8 frames of the first chunks, up to the first chunk that reflects one of its inputs
+(``gate_chunks``: the interleave gate of ``infra.bench.multisession_gate``). Event-loop thread
+only.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
+
+import numpy as np
 
 from runtime.contract import (
     PTS_HZ,
@@ -72,6 +77,7 @@ class SimViewer:
         on_anchor: Callable[[float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         max_hold_s: float = 1.0,
+        keep_chunks: int = 0,
     ) -> None:
         self.fps = fps
         self._frame_s = 1.0 / fps
@@ -90,6 +96,9 @@ class SimViewer:
         self._pushed: dict[int, tuple[InputKind, float]] = {}
         self.applied_latency_s: dict[str, list[float]] = {"prompt": [], "action": []}
         self._next_seq = 0
+        self._keep_chunks = keep_chunks
+        self._kept: dict[int, list[np.ndarray]] = defaultdict(list)
+        self.first_applied_chunk: int | None = None
 
     # -- the engine side -------------------------------------------------------------------
 
@@ -104,6 +113,8 @@ class SimViewer:
             if self.first_arrival_s is None:
                 self.first_arrival_s = now
             self._chunk_arrival_s.setdefault(meta.chunk, now)
+            if meta.chunk < self._keep_chunks:
+                self._kept[meta.chunk].append(np.array(emission.output, copy=True))
             self._pending.extend(
                 _Frame(pts_of_frame(meta.frame_start + i, meta.fps), now) for i in range(frames)
             )
@@ -111,6 +122,10 @@ class SimViewer:
         elif emission.spec.stream == Stream.APPLIED and isinstance(meta, AppliedMeta):
             pushed = self._pushed.pop(meta.seq, None)
             arrival = self._chunk_arrival_s.get(meta.chunk)
+            if pushed is not None and (
+                self.first_applied_chunk is None or meta.chunk < self.first_applied_chunk
+            ):
+                self.first_applied_chunk = meta.chunk
             if pushed is not None and arrival is not None:
                 kind, push_s = pushed
                 self.applied_latency_s.setdefault(kind.value, []).append(arrival - push_s)
@@ -121,6 +136,12 @@ class SimViewer:
         self._next_seq += 1
         self._pushed[seq] = (kind, self._clock())
         handle.push_input(InputEvent(kind, seq, payload, received_s=time.time()))
+
+    def gate_chunks(self) -> dict[int, np.ndarray]:
+        """chunk -> its uint8 frames ``[n, H, W, 3]``, for the kept chunks before the first one
+        that reflects an input (all kept chunks if none was applied)."""
+        end = self.first_applied_chunk if self.first_applied_chunk is not None else 1 << 30
+        return {c: np.concatenate(parts) for c, parts in sorted(self._kept.items()) if c < end}
 
     # -- the playout -----------------------------------------------------------------------
 

@@ -301,11 +301,16 @@ class DecodeArgs:
 
 class DeviceFrames:
     """Frames a second CUDA stream is still decoding into pinned host memory
-    (``runtime.contract.PendingOutput``): ``result()`` waits for them -> uint8 [n, H, W, 3]."""
+    (``runtime.contract.TimedPendingOutput``): ``result()`` waits for them -> uint8
+    [n, H, W, 3]; ``device_s()`` is how long the side stream worked on them (from ``started``,
+    recorded on the side stream once it may start, to ``done``)."""
 
-    def __init__(self, host: torch.Tensor, done: torch.cuda.Event) -> None:
+    def __init__(
+        self, host: torch.Tensor, done: torch.cuda.Event, started: torch.cuda.Event | None = None
+    ) -> None:
         self._host = host
         self._done = done
+        self._started = started
         self.shape = host.shape
 
     def ready(self) -> bool:
@@ -314,6 +319,11 @@ class DeviceFrames:
     def result(self) -> torch.Tensor:
         self._done.synchronize()
         return self._host
+
+    def device_s(self) -> float | None:
+        if self._started is None or not self._done.query():
+            return None
+        return self._started.elapsed_time(self._done) / 1000.0
 
 
 class DecodeOp(_SoloOp):
@@ -350,16 +360,18 @@ class DecodeOp(_SoloOp):
         side = self._stream
         side.wait_stream(torch.cuda.current_stream(a.latents.device))  # the latents are written
         with torch.cuda.stream(side):
+            started = torch.cuda.Event(enable_timing=True)
+            started.record(side)
             frames = self._decode(a)
             host = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
             host.copy_(frames, non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(enable_timing=True)
             done.record(side)
         # Tensors made on the main stream and used here must not be recycled before the side
         # stream is done with them (the loop may drop them meanwhile).
         for tensor in (a.latents, *a.cache.buffers):
             tensor.record_stream(side)
-        return DeviceFrames(host, done)
+        return DeviceFrames(host, done, started)
 
     def _decode(self, a: DecodeArgs) -> torch.Tensor:
         # -> uint8 [n, H, W, 3] on the VAE's device

@@ -119,3 +119,15 @@ def test_load_refuses_another_device_and_malformed_entries() -> None:
     with pytest.raises(CostModelError, match="malformed"):
         fresh.load({**snap, "entries": [{"kind": "x"}]})
     assert fresh.samples("chunk_step", "a") == 0  # a refused snapshot loads nothing
+
+
+def test_asynchronous_time_is_kept_apart_and_survives_a_snapshot() -> None:
+    cm = CostModel(DeviceConstants("d", 1e12, 1e11, 0.0), alpha=1.0)
+    cm.observe("vae_decode", "c3", 0.008)
+    assert cm.predict_async("vae_decode", "c3") == 0.0  # nothing asynchronous seen yet
+    cm.observe_async("vae_decode", "c3", 0.280, batch_size=2)
+    assert cm.predict("vae_decode", "c3") == 0.008  # the executor's occupancy is unchanged
+    assert cm.gpu_seconds("vae_decode", "c3") == pytest.approx(0.008 + 0.140)
+    restored = CostModel(DeviceConstants("d", 1e12, 1e11, 0.0))
+    restored.load(msgspec.json.decode(msgspec.json.encode(cm.snapshot())))
+    assert restored.gpu_seconds("vae_decode", "c3") == pytest.approx(0.148)

@@ -38,6 +38,54 @@ def test_profiler_calibrates_cost_and_summarizes_per_kind() -> None:
     assert profiler.summary().keys() == {"vae_decode"}
 
 
+class Later:
+    """A pending output whose asynchronous work ends when the test says so."""
+
+    def __init__(self, device_s: float | None) -> None:
+        self.done = False
+        self._device_s = device_s
+
+    def ready(self) -> bool:
+        return self.done
+
+    def result(self) -> str:
+        return "frames"
+
+    def device_s(self) -> float | None:
+        return self._device_s if self.done else None
+
+
+class Untimed:
+    def ready(self) -> bool:
+        return False
+
+    def result(self) -> str:
+        return "frames"
+
+
+def test_asynchronous_device_time_is_calibrated_apart_once_done() -> None:
+    cost = CostModel(DeviceConstants("d", 1e12, 1e11, 0.0), alpha=1.0)
+    profiler = Profiler(cost, use_cuda_events=False)
+    first, second = Later(0.140), Later(0.150)
+    profiler.after_batch(info(), [first], 0.008)  # the launch held the executor 8 ms
+    profiler.after_batch(info(), [second], 0.009)
+    # the executor's occupancy is calibrated at once (the scheduler budgets it) ...
+    assert cost.predict("vae_decode", "s") == 0.009
+    # ... the asynchronous part only once the work is done
+    assert cost.predict_async("vae_decode", "s") == 0.0
+    second.done = True  # out of order: accounting stays in plan order
+    assert profiler.collect() == 2
+    first.done = True
+    assert profiler.collect() == 0
+    assert cost.predict_async("vae_decode", "s") == 0.150  # alpha=1: the last observation
+    assert cost.gpu_seconds("vae_decode", "s") == 0.009 + 0.150
+    assert profiler.async_summary()["vae_decode"].count == 2
+    assert profiler.wall_samples("vae_decode") == [0.008, 0.009]
+    # a pending output that cannot tell its time adds nothing asynchronous
+    profiler.after_batch(info("other"), [Untimed()], 0.002)
+    assert cost.gpu_seconds("other", "s") == 0.002
+
+
 def test_summarize_nearest_rank_p95() -> None:
     s = summarize([float(i) for i in range(1, 101)])
     assert (s.count, s.median_s, s.p95_s) == (100, 50.5, 95.0)

@@ -35,6 +35,7 @@ def test_smoke_n1_n2_two_policies(tmp_path: Path, capsys: pytest.CaptureFixture[
     )
     assert code == 0
     table = capsys.readouterr().out.split("| scenario | scheduler | session |", 1)[1]
+    table, _, gates = table.partition("| interleave gate")
     rows = [line.split("|")[1:4] for line in table.splitlines()[2:] if line.startswith("| n")]
     expected = [
         ("n1", "step-edf", "s0"),
@@ -59,6 +60,15 @@ def test_smoke_n1_n2_two_policies(tmp_path: Path, capsys: pytest.CaptureFixture[
             assert session["fps"] > 0 and session["fresh_frames"] > 0
             assert 0 < session["first_frame_s"] < 2
         assert {"chunk_step", "vae_decode", "text_encode"} <= set(run["costs_ms"])
+
+    # the interleave gate: s0 beside another session (and under another policy) equals s0
+    # alone, bit for bit, until its first input applies
+    gate = {(r["scenario"], r["scheduler"]): r["gate"] for r in data["runs"]}
+    assert gate[("n1", "step-edf")]["role"] == "reference"
+    for key in [("n1", "fifo"), ("n2", "step-edf"), ("n2", "fifo")]:
+        assert gate[key]["reference"] == "n1/step-edf"
+        assert gate[key]["chunks"] >= 1 and gate[key]["identical"] is True, (key, gate[key])
+    assert gates.count("| True |") == 3
 
     costs = json.loads(snapshot.read_text())
     shapes = costs["profiles"]["64x64@8"]["shapes"]
