@@ -139,7 +139,8 @@ async def test_fork_candidates_share_the_prefix_and_choose_continues_the_parent(
             / (time.monotonic() - window_s)
             for v in (parent, baseline)
         ]
-        assert rates[0] >= 0.8 * rates[1] > 0, f"fps after the choice (parent, baseline): {rates}"
+        # the first chunk of the adopted loop starts the window: a stuck parent would be ~0
+        assert rates[0] >= 0.6 * rates[1] > 0, f"fps after the choice (parent, baseline): {rates}"
         taken = max(digests(candidates[2]))
         after = await wait_chunk(parent, taken + 2)
         continued = [e for e in parent.events[mark:] if e["type"] == "media.chunk"]
