@@ -44,6 +44,8 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
+from runtime.media_clock import PTS_HZ, frame_of_pts, pts_of_frame
+
 __all__ = [
     "PTS_HZ",
     "ActionInput",
@@ -80,24 +82,6 @@ __all__ = [
     "frame_of_pts",
     "pts_of_frame",
 ]
-
-PTS_HZ = 90_000
-"""The one media clock: PTS of loops, media queues, playout, sessions and tracks tick at 90 kHz."""
-
-
-def pts_of_frame(frame_index: int, fps: int) -> int:
-    """PTS (90 kHz) of frame ``frame_index`` (from 0) of a stream at ``fps``.
-
-    Every PTS in the system comes from here, never from adding a per-frame step: when ``fps``
-    does not divide 90,000 (7 fps: 12857.14 ticks) a running sum would drift a tick per frame.
-    """
-    return (frame_index * PTS_HZ) // fps
-
-
-def frame_of_pts(pts_90k: int, fps: int) -> int:
-    """The frame index whose PTS is ``pts_90k`` (the inverse of ``pts_of_frame``: a ceiling,
-    since ``pts_of_frame`` rounds down)."""
-    return -(-pts_90k * fps // PTS_HZ)
 
 
 class PlanKind(str, enum.Enum):
@@ -259,6 +243,9 @@ class MediaMeta(msgspec.Struct, frozen=True, kw_only=True):
     num_frames: int
     fps: int
     final: bool = True
+    # Behaviour facts of the chunk the loop captured when it described the plan (seeds, noise
+    # schedule, conditioning digests...): opaque to the runtime, set on a chunk's final part.
+    capture: dict[str, Any] | None = None
 
 
 class AppliedMeta(msgspec.Struct, frozen=True, kw_only=True):

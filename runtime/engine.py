@@ -14,15 +14,13 @@ engine and scheduler).
   step-level EDF (``runtime.step_edf.StepEdfScheduler``) by default, or a request-level
   baseline (``runtime.baseline_schedulers``); the engine loop does not change with it.
 - **Deadlines** (``runtime.plan_timing``): a realtime plan's playout deadline is
-  ``media_t0_s + plan.due_media_s + playout_buffer_s - sum(predicted cost of followups)``; the
-  lead policy (``runtime.lead``, ``AdaptiveLead`` by default) says when it becomes eligible.
-  ``media_t0_s`` is on the engine clock (``time.monotonic`` by default): the clock at
-  ``spawn``, then moved by ``LoopHandle.set_media_t0``. A late plan still runs and is counted
-  (``EngineStats.deadline_misses``, ``AdmissionController.record_deadline``).
-- **Inputs** (``LoopHandle.push_input``) are timed by the loop's ``InputTrace``
-  (``runtime.input_trace``; an ``applied`` emission carries the ``InputTiming``). With
-  ``withdraw_on_input`` a plan still waiting in the queue is taken back (``PlanWithdrawn``), so
-  the loop absorbs the input at once: an input waits only for the plan actually executing.
+  ``media_t0_s + plan.due_media_s + playout_buffer_s - sum(predicted cost of followups)``,
+  eligible when the lead policy (``runtime.lead``) says; ``media_t0_s`` (engine clock) starts
+  at ``spawn`` and moves with ``LoopHandle.set_media_t0``. A late plan still runs and is
+  counted (``EngineStats.deadline_misses``, ``AdmissionController.record_deadline``).
+- **Inputs** (``LoopHandle.push_input``) are timed by the loop's ``InputTrace`` (the
+  ``applied`` emission carries its ``InputTiming``); with ``withdraw_on_input`` a queued plan
+  is taken back (``PlanWithdrawn``): an input waits only for the plan actually executing.
 - **Batching key**: the plan's ``batch_key`` plus the op object's identity (same op object).
 - **Cancellation** (``LoopHandle.cancel``) drops the loop's queued plans at once; a plan that is
   executing finishes and its result is discarded; the driver sees ``Cancelled`` at that step
@@ -61,17 +59,22 @@ from runtime.contract import (
     WorkPlan,
 )
 from runtime.cost import CostModel
-from runtime.driver import Driver
 from runtime.engine_state import EngineError, EngineState, check_engine_transition
 from runtime.engine_stats import EngineCounters, EngineStats
 from runtime.executor import ExecJob, Executor, JobOutcome
 from runtime.input_trace import InputTrace, applied_seqs
 from runtime.lead import AdaptiveLead, LeadPolicy
-from runtime.loop_handle import EngineContext, LoopHandle, LoopRecord, LoopStatus, LoopStatusError
+from runtime.loop_handle import (
+    EngineContext,
+    LoopHandle,
+    LoopRecord,
+    LoopStatus,
+    LoopStatusError,
+    build_driver,
+)
 from runtime.observers import BatchListener, BatchReport, Observer
 from runtime.plan_timing import PlanTiming, PlanWindow
 from runtime.scheduler import Batch, PlayoutDeadlines, Scheduler, Ticket, ends_chunk
-from runtime.snapshot import resolve_state_type
 from runtime.step_edf import StepEdfScheduler
 
 __all__ = ["Engine", "EngineError", "EngineState", "EngineStats", "LoopHandle", "LoopStatus"]
@@ -200,12 +203,13 @@ class Engine:
         reservation_id: str | None = None,
         restore_from: bytes | None = None,
         state_type: type[LoopState] | None = None,
+        fork_from: LoopState | None = None,
     ) -> LoopHandle:
-        """Start driving ``loop``. With ``restore_from`` the loop continues from that snapshot
-        (``init`` is not called); its state type is ``state_type``, else ``loop.state_type``,
-        else the type recorded in the snapshot if its module is already imported.
-        If this returns, the engine owns ``reservation_id`` and releases it when the loop ends.
-        """
+        """Start driving ``loop``: fresh, from the snapshot ``restore_from`` (no ``init``; state
+        type ``state_type``, else ``loop.state_type``, else the snapshot's if its module is
+        imported), or from ``loop.fork(fork_from, request, model)`` (another loop's live state at
+        a chunk boundary). If this returns, the engine owns ``reservation_id`` (released when the
+        loop ends)."""
         if self._state is not EngineState.RUNNING:
             raise EngineError(
                 f"spawn of loop {loop_id!r} needs a running engine, engine is {self._state.value!r}"
@@ -221,15 +225,9 @@ class Engine:
             trace=InputTrace(self._clock),
         )
         ctx = EngineContext(self, record)
-        hook = record.on_boundary
-        if restore_from is None:
-            record.driver = Driver(loop, ctx, on_boundary=hook)
-        else:
-            tp = resolve_state_type(loop, restore_from, state_type)
-            device = getattr(model, "device", None)
-            record.driver = Driver.from_snapshot(
-                loop, ctx, restore_from, tp, device=device, on_boundary=hook
-            )
+        forked = {"restore_from": restore_from, "state_type": state_type, "fork_from": fork_from}
+        record.driver = build_driver(loop, ctx, model, request, record.on_boundary, **forked)
+        record.chunk_ended = restore_from is None  # a snapshot may stand inside a chunk
         self._loops[loop_id] = record
         record.task = asyncio.create_task(
             self._drive(record, request, model), name=f"dreamrt-loop-{loop_id}"

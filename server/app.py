@@ -39,8 +39,10 @@ from server.livekit_room import LiveKitRoom, RoomConnection
 from server.livekit_token import LiveKitCredentials
 from server.metrics import MetricsSnapshot, ServerMetrics
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
+from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
 from sessions.job_host import JobHost
+from sessions.recording import Recording
 from sessions.served_models import ServedModels
 from sessions.store import Store
 
@@ -89,6 +91,8 @@ class ServerConfig:
     # restarted when regenerating is sooner); "baseline": the first build's input path
     steering: str = "fast"
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
+    snapshot_every: int = 8  # chunks between a loop's replay snapshots (0: none)
+    snapshot_keep: int = 16  # newest replay snapshots kept per loop
     control_rate_per_s: float = 30.0
     livekit_key: str | None = None  # None: LIVEKIT_API_KEY (to mint join tokens)
     livekit_secret: str | None = None  # None: LIVEKIT_API_SECRET
@@ -113,6 +117,7 @@ class ServerContext:
     rooms: dict[str, LiveKitParticipant] = field(default_factory=dict)
     pacers: dict[str, FramePacer] = field(default_factory=dict)
     room_factory: Callable[[], RoomConnection] = LiveKitRoom
+    forks: Any = None  # sessions.forks.ForkRegistry
 
     @property
     def livekit_credentials(self) -> LiveKitCredentials:
@@ -305,9 +310,13 @@ async def _build(config: ServerConfig) -> ServerContext:
         return normalize_keys(keys)
 
     served = ServedModels({model_id: instance}, default=model_id)
+    recording = Recording(
+        config.data_dir, snapshot_every=config.snapshot_every, snapshot_keep=config.snapshot_keep
+    )
     host = SessionHost(
         engine=engine,
         models=served,
+        recording=recording,
         store=store,
         slabs_per_geometry=config.max_sessions,
         action_validator=validate_action,
@@ -327,6 +336,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         metrics=metrics,
         device=device,
         model_id=model_id,
+        forks=ForkRegistry(host),
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
     if config.ice_hosts:
@@ -443,6 +453,8 @@ async def _teardown(ctx: ServerContext) -> None:
     await ctx.host.close()
     await ctx.jobs.close()
     await ctx.engine.close()
+    if ctx.host.recording is not None:  # queued snapshots and chunk media, then the store
+        await asyncio.to_thread(ctx.host.recording.close)
     await asyncio.to_thread(ctx.store.close)
     for undo in reversed(ctx.undo):
         undo()

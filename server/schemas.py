@@ -117,6 +117,8 @@ class FeedbackBody(_Body):
 class ForkBody(_Body):
     n: Annotated[int, Field(ge=2, le=8)]
     prompt: Text | None = None
+    # one per candidate (default: derived from the parent's seed); equal seeds, equal streams
+    seeds: Annotated[list[Seed], Field(min_length=2, max_length=8)] | None = None
 
 
 class ChooseBody(_Body):

@@ -160,6 +160,13 @@ class InputLedger:
                 f"it has {sorted(self._capabilities)})"
             )
 
+    def inherit(self, parent: InputLedger) -> None:
+        """A fork candidate goes on with ``parent``'s prompts, the inputs it has not applied
+        yet and its sequence numbers (the forked loop state holds the same inputs)."""
+        self._prompts.continue_from(parent._prompts)
+        self._pending = dict(parent._pending)
+        self._next_seq = parent._next_seq
+
     # ---------------------------------------------------------------- applied
 
     def applied(self, meta: AppliedMeta, timing: InputTiming | None, *, dropped: int) -> None:

@@ -89,6 +89,13 @@ class SessionLatency:
         pending.pts_90k, pending.chunk, pending.latency = pts_90k, chunk, latency
         return msgspec.structs.replace(latency)
 
+    def inherit(self, parent: SessionLatency) -> None:
+        """A fork candidate times ``parent``'s inputs not acknowledged yet from their receipt
+        (the candidate's loop applies them; the parent's acknowledged ones are not its own)."""
+        for seq, pending in parent._inputs.items():
+            if pending.latency is None:
+                self._inputs[seq] = _Pending(pending.kind, pending.received_s)
+
     def forget(self, seq: int) -> None:
         """A superseded input: it will never be shown."""
         self._inputs.pop(seq, None)

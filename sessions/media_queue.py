@@ -61,6 +61,12 @@ class MediaQueue:
     def last_pts(self) -> int | None:
         return self._last_pts
 
+    def skip_to(self, pts_90k: int) -> None:
+        """The stream goes on after ``pts_90k`` (a fork choice: the chosen candidate's frames
+        up to there were shown in its preview); nothing queued is dropped."""
+        if self._last_pts is None or pts_90k > self._last_pts:
+            self._last_pts = int(pts_90k)
+
     def put_chunk(self, frames: np.ndarray, pts_90k: list[int], *, chunk: int, segment: int) -> int:
         """Enqueue a chunk. # frames: [n, H, W, 3] uint8; ``pts_90k``: n PTS values.
 

@@ -66,7 +66,7 @@ class App {
     });
     this.fork = new ForkPicker($("fork"), {
       getSession: () => this.session?.rest ?? null,
-      openPreview: (id, video) => this._openPreview(id, video),
+      openPreview: (id, video, token) => this._openPreview(id, video, token),
       log: (type, fields) => this.log.note(type, fields),
     });
     this.guide = new ModelGuide({ chips: $("examples"), legend: $("controls-legend"), onPick: (t) => this._pick(t) });
@@ -418,8 +418,9 @@ class App {
     });
   }
 
-  async _openPreview(id, video) {
-    const token = this.session?.info?.token;
+  /** A candidate's live preview: its own receive-only peer, with the candidate's own token. */
+  async _openPreview(id, video, candidateToken) {
+    const token = candidateToken ?? this.session?.info?.token;
     const preview = new LiveSession(this.api, {
       iceServers: this.config.iceServers,
       offerAudio: false,

@@ -37,6 +37,7 @@ __all__ = [
     "RestartCutsOnly",
     "RestartKind",
     "RestartPolicy",
+    "restart_policy",
 ]
 
 RestartKind = Literal["switch", "cut", "action"]
@@ -95,3 +96,15 @@ class RestartCutsOnly:
 
     def restart(self, kind: RestartKind, progress: ChunkProgress) -> bool:
         return kind == "cut" and not progress.finished
+
+
+def restart_policy(name: str) -> RestartPolicy:
+    """The policy a chunk's capture names (``restart_policy``), with the parameters the server
+    serves it with, so a replay latches inputs where the live run did."""
+    policies: dict[str, type[RestartPolicy]] = {
+        RegenerateWhenSooner.name: RegenerateWhenSooner,
+        RestartCutsOnly.name: RestartCutsOnly,
+    }
+    if name not in policies:
+        raise ValueError(f"restart policy {name!r} is not one of {sorted(policies)}")
+    return policies[name]()

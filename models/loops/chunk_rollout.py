@@ -38,6 +38,14 @@ so a state can be snapshotted at any step boundary and resumed in another proces
 dispatches on the kind of plan that ran (``StepResult.kind``). Noise is a pure function of
 (seed, segment, chunk, step), so interleaving and resuming never change a frame.
 
+Behaviour capture: a chunk's final media emission carries ``MediaMeta.capture``, the facts the
+loop used for it as it described the decode (seed and the noise seeds drawn, timesteps and
+sigmas, the prompt and the digest of its embedding, digests of the latched action vector and
+audio features, segment, latent position, K/V window, precision, the restart policy that
+decided its inputs' latching): recorded at generation time, never reconstructed (a restarted
+chunk's are those of the attempt that was decoded). ``fork`` continues a state as a new stream
+(fork candidates; ``models.loops.rollout_fork``).
+
 This module is the state machine (which plan comes next, how a result and an input move the
 state); the plans themselves are built by ``models.loops.chunk_plans.ChunkPlanner`` and the
 state is ``models.loops.chunk_rollout_state.ChunkRolloutState``.
@@ -55,9 +63,11 @@ from models.card import KVUpdate, LoopSpec
 from models.loops.chunk_plans import ChunkPlanner
 from models.loops.chunk_restart import ChunkProgress, RegenerateWhenSooner, RestartKind
 from models.loops.chunk_rollout_state import ChunkRolloutState, Phase
+from models.loops.digests import host_digest
 from models.loops.inputs import AUDIO_SAMPLE_RATE, action_vector, audio_features, normalize_keys
 from models.loops.model import LoopModel
 from models.loops.requests import JobRequest, SessionRequest
+from models.loops.rollout_fork import fork_state
 from models.loops.sampling import sigma_steps
 from models.wan.transformer import CrossKV
 from runtime.contract import (
@@ -97,7 +107,9 @@ class ChunkRollout:
         self._fold = spec.kv_update is KVUpdate.LAST_STEP
         # a serving policy of the loaded model (``WanInstance.chunk_restart``), not of the card
         self._restart = getattr(model, "chunk_restart", None) or RegenerateWhenSooner()
-        self._plans = ChunkPlanner(model, self._steps, fold=self._fold)
+        self._plans = ChunkPlanner(
+            model, self._steps, fold=self._fold, restart_policy=self._restart.name
+        )
 
     # ---------------------------------------------------------------------------------------
     # contract
@@ -160,6 +172,7 @@ class ChunkRollout:
                 restart = "cut" if cut or restart == "cut" else "switch"
             elif isinstance(payload, ActionInput):
                 vec = action_vector(payload.keys, payload.mouse)  # [ACTION_DIM]
+                state.next_action_digest = host_digest(vec)
                 # held keys only: mouse motion is continuous, latched per chunk, never a change
                 state.next_keys = normalize_keys(payload.keys)
                 changes = set(state.next_keys) != set(state.chunk_keys)
@@ -205,6 +218,7 @@ class ChunkRollout:
             cross: CrossKV = result.output
             state.cross_k, state.cross_v = cross.k, cross.v
             state.active_prompt = state.prompt
+            state.prompt_digest = cross.digest
         elif kind is PlanKind.KV_RECACHE:
             state.recache_needed = False
         elif kind is PlanKind.CHUNK_STEP:
@@ -277,26 +291,36 @@ class ChunkRollout:
         if boundary:
             state.chunk_action, state.next_action = state.next_action, None
             state.chunk_keys, state.next_keys = state.next_keys, []
+            state.chunk_action_digest, state.next_action_digest = state.next_action_digest, ""
             state.chunk_audio = self._take_audio(state)
             state.acks, state.next_acks = state.next_acks, []
             return
         state.restarts += 1
-        if state.next_action is not None:
+        if state.next_action is not None:  # the restarted chunk sees (and records) it
             state.chunk_action, state.next_action = state.next_action, None
             state.chunk_keys, state.next_keys = state.next_keys, []
+            state.chunk_action_digest, state.next_action_digest = state.next_action_digest, ""
         moved = [a for a in state.next_acks if a[0] is not InputKind.AUDIO]
         kinds = {a[0] for a in moved}
         state.acks = [a for a in state.acks if a[0] not in kinds] + moved
         state.next_acks = [a for a in state.next_acks if a[0] is InputKind.AUDIO]
 
     def _take_audio(self, state: ChunkRolloutState) -> torch.Tensor | None:
+        state.chunk_audio_digest = ""
         if state.audio_pending.numel() == 0 or "audio" not in self._inputs:
             return None
         seconds = self._m.latent.pixel_frames(state.chunk_frames, includes_first=False) / state.fps
         need = int(round(seconds * AUDIO_SAMPLE_RATE))
         taken, state.audio_pending = state.audio_pending[:need], state.audio_pending[need:]
         features = audio_features(taken, state.chunk_frames)  # [c, AUDIO_DIM]
+        state.chunk_audio_digest = host_digest(features)
         return features[None].to(self._m.device, self._m.dtype)
+
+    def fork(
+        self, state: ChunkRolloutState, request: SessionRequest, model: Any = None
+    ) -> ChunkRolloutState:
+        """A continuation of ``state`` as a new stream (``models.loops.rollout_fork``)."""
+        return fork_state(self._m, state, request)
 
     def _chunks_for(self, num_frames: int, c: int) -> int:
         first = self._m.latent.pixel_frames(c, includes_first=True)

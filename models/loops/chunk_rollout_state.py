@@ -67,6 +67,11 @@ class ChunkRolloutState(LoopState, kw_only=True):
     next_keys: list[str] = []
     chunk_audio: torch.Tensor | None = None  # [1, c, AUDIO_DIM]
     audio_pending: torch.Tensor  # [n] float32, 16 kHz mono
+    # digests of the conditioning, for behaviour records (computed on the host copies)
+    prompt_digest: str = ""  # of the active prompt's text-encoder embedding
+    chunk_action_digest: str = ""
+    next_action_digest: str = ""
+    chunk_audio_digest: str = ""
     # tensors
     latents: torch.Tensor | None = None  # [1, C, c, h, w] current chunk
     cross_k: torch.Tensor | None = None  # [layers, 1, L, heads, head_dim]

@@ -4,6 +4,7 @@ that shows it sooner (models/loops/chunk_restart.py), on the tiny random card.""
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import msgspec
 import pytest
@@ -172,3 +173,34 @@ def test_a_cut_after_decode_starts_the_next_chunk_as_a_new_segment(instance) -> 
     assert _applied(ctx)[0]["chunk"] == 1
     assert [e.spec.meta.segment for e in ctx.emissions if e.spec.stream == "media"] == [0, 0, 1]
     assert state.segment == 1
+
+
+def test_a_restarted_chunks_capture_is_what_its_decoded_attempt_used(instance) -> None:
+    """Behaviour capture x restart: the record of a chunk a key change restarted names that
+    key's action digest (the conditioning the decoded frames saw) and the policy that restarted
+    it (a replay latches inputs with the same policy)."""
+    from models.loops.digests import host_digest
+    from models.loops.inputs import action_vector
+
+    press = {2: [InputEvent(InputKind.ACTION, 1, ActionInput(keys=("w",)))]}
+
+    def capture(ctx, chunk: int) -> dict:
+        (meta,) = [
+            e.spec.meta
+            for e in ctx.emissions
+            if e.spec.stream == "media" and e.spec.meta.chunk == chunk and e.spec.meta.final
+        ]
+        return meta.capture
+
+    restarted, _ = _run(instance, press)
+    facts = capture(restarted, 0)
+    assert facts["action_digest"] == host_digest(action_vector(("w",), (0.0, 0.0)))
+    assert facts["restart_policy"] == "regenerate-when-sooner"
+    assert capture(restarted, 1)["action_digest"] == ""  # nothing latched for chunk 1
+    finishing = copy.copy(instance)
+    finishing.chunk_restart = RestartCutsOnly()
+    waited, _ = _run(finishing, press)
+    assert capture(waited, 0)["action_digest"] == "" and capture(waited, 0)["restart_policy"] == (
+        "cuts-only"
+    )
+    assert capture(waited, 1)["action_digest"] == facts["action_digest"]

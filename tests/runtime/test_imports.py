@@ -21,6 +21,7 @@ PURE = [
     "runtime.cost",
     "runtime.pools",
     "runtime.contract",
+    "runtime.media_clock",
     "runtime.lead",
     "runtime.input_trace",
     "runtime.plan_timing",

@@ -218,15 +218,7 @@ async def _steer_once(**engine_options: Any) -> tuple[list[Emission], Steer | No
     await engine.start()
     op, emitted = HostOp(), []
     try:
-        handle = engine.spawn(
-            SteerLoop(op),
-            None,
-            None,
-            loop_id="steer",
-            priority=Priority.REALTIME,
-            on_emit=emitted.append,
-            media_t0_s=engine._clock() + 50.0,
-        )
+        handle = _spawn_steer(engine, op, emitted.append)
         await asyncio.sleep(0.05)
         assert op.ran == []  # the first step waits for its lead window
         handle.push_input(InputEvent(InputKind.PROMPT, 1, PromptInput(text="now")))
@@ -265,3 +257,38 @@ def test_with_a_fixed_lead_the_input_is_absorbed_but_waits_for_the_playout() -> 
     emitted, state, op = asyncio.run(_steer_once(lead=FixedLead(1.0)))
     assert state is not None and state.absorbed_at == [(0, 1)]
     assert emitted == [] and op.ran == []
+
+
+def _spawn_steer(engine: Engine, op: HostOp, on_emit: Any) -> Any:
+    """A realtime ``SteerLoop`` whose media is due 50 s from now (no plan is eligible under a
+    1 s lead unless an input lifts it)."""
+    return engine.spawn(
+        SteerLoop(op),
+        None,
+        None,
+        loop_id="steer",
+        priority=Priority.REALTIME,
+        on_emit=on_emit,
+        media_t0_s=engine._clock() + 50.0,
+    )
+
+
+async def test_a_withdrawn_plan_leaves_the_loop_at_its_chunk_boundary() -> None:
+    """An input withdraws the plan queued at a chunk boundary (nothing ran): the loop is still
+    at that boundary, so a call for the next chunk boundary (a fork, a replay snapshot) runs
+    on it at once instead of a chunk later."""
+    engine = Engine(cost=CostModel(), max_lead_s=1.0, lead=FixedLead(1.0))
+    await engine.start()
+    op = HostOp()
+    try:
+        handle = _spawn_steer(engine, op, lambda emission: None)
+        await asyncio.sleep(0.05)
+        handle.push_input(InputEvent(InputKind.PROMPT, 1, PromptInput(text="now")))
+        await asyncio.sleep(0.05)
+        state = engine._loops["steer"].driver.state
+        assert state.absorbed_at == [(0, 1)] and op.ran == []  # withdrawn, described again
+        call = handle.at_boundary(lambda s: (s.step, list(s.acks)), after_chunk=True)
+        assert await asyncio.wait_for(call, 2.0) == (0, [1])
+        handle.cancel()
+    finally:
+        await engine.close()
