@@ -116,8 +116,9 @@ class InputKind(str, enum.Enum):
 class PromptMode(str, enum.Enum):
     """How a new prompt takes over (the one name for it, from the API to the loop)."""
 
+    # Either may restart the chunk in flight when the loop's restart policy says so; else:
     SWITCH = "switch"  # at the next chunk boundary; the cached frames are re-cached under it
-    CUT = "cut"  # a new segment: the in-flight chunk is abandoned at the next step boundary
+    CUT = "cut"  # a new segment from the next chunk (no re-cache)
 
 
 # --------------------------------------------------------------------------------------------
