@@ -175,6 +175,8 @@ class ViewerPeer:
         @self.pc.on("connectionstatechange")
         async def on_state() -> None:
             log.info("session %s: peer connection %s", session.id, self.pc.connectionState)
+            if self.pc.connectionState == "connected":
+                session.latency.connected()  # ICE and DTLS are up
             if self.pc.connectionState in ("failed", "closed"):
                 await self.close()
 
