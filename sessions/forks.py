@@ -111,6 +111,11 @@ class ForkRegistry:
         priority = Priority.REALTIME if cfg.priority_class == "realtime" else Priority.BATCH
 
         def spawn_at_boundary(state: Any) -> tuple[list[Any], int]:
+            # The candidates' ledgers are copied here, with the state: an input the parent's
+            # loop took between the request and this boundary is in both, so a candidate
+            # acknowledges it (copied at the request, it would be unknown to the ledger).
+            for session in candidates:
+                self._inherit(session, parent)
             handles: list[Any] = []
             try:
                 for session, admit in zip(candidates, admits):
@@ -202,9 +207,14 @@ class ForkRegistry:
             store=host.store,
             recording=host.recording,
         )
-        session.ledger.inherit(parent.ledger)  # prompts, unapplied inputs, sequence numbers
-        session.latency.inherit(parent.latency)
         return session
+
+    @staticmethod
+    def _inherit(session: Session, parent: Session) -> None:
+        """At the parent's chunk boundary: the candidate goes on with the parent's prompts,
+        unapplied inputs and sequence numbers, and times them from the parent's receipt."""
+        session.ledger.inherit(parent.ledger)
+        session.latency.inherit(parent.latency)
 
     def _persist(self, session: Session, parent: Session) -> None:
         store, cfg = self._host.store, session.config

@@ -1,4 +1,5 @@
-"""A fork candidate's session goes on with its parent's inputs (``ForkRegistry._candidate``):
+"""A fork candidate's session goes on with its parent's inputs (``ForkRegistry._candidate``,
+then ``_inherit`` at the parent's chunk boundary):
 the forked loop state holds the parent's unapplied inputs, so the candidate's ledger must know
 them (prompt memory, actions, sequence numbers) and time them from the parent's receipt, while
 its parts (chunk records, acknowledgements) all read the candidate's own prompt memory."""
@@ -22,9 +23,12 @@ async def test_a_candidate_acknowledges_its_parents_pending_inputs(tmp_path) -> 
     parent.attach(FakeHandle("parent"))
     parent.on_emission(media(0))
     prompt, _ = parent.push_prompt("a city at night")
-    action = parent.push_action(["w"])
     host = SimpleNamespace(store=store, recording=None)
-    candidate = ForkRegistry(host)._candidate(parent, "ses_candidate", seed=11)
+    candidate = ForkRegistry(host)._candidate(parent, "ses_candidate", seed=11)  # the request
+    # an input the parent takes between the fork request and its chunk boundary is in the
+    # forked loop state: the candidate's ledger, copied at the boundary, must know it too
+    action = parent.push_action(["w"])
+    ForkRegistry._inherit(candidate, parent)  # the boundary
     candidate.attach(FakeHandle("candidate"))
     assert candidate.config.seed == 11 and candidate.prompts.active_text == "a forest"
     # the forked loop acknowledges both at the candidate's first chunk
