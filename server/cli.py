@@ -326,6 +326,7 @@ BENCHMARKS = {
     "quality-guard": "infra.bench.quality_guard",
     "latency": "infra.bench.latency",
     "gpu-latency": "infra.bench.gpu_latency",
+    "extensions": "infra.bench.extensions",
 }
 
 
