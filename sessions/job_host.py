@@ -76,6 +76,8 @@ class JobHost:
         steps: int | None = None,
         seed: int | None = None,
         job_id: str | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+        exact: bool = False,
     ) -> Job:
         """Queues a job (batch class; never refused). Raises ``KeyError``, ``ProfileError`` or
         ``UnsupportedTaskError`` for requests the model cannot serve."""
@@ -132,7 +134,15 @@ class JobHost:
             height=profile.height,
             steps=assumed_steps,
             seed=seed,
+            extensions=extensions or {},
+            exact=exact,
         )
+        check = getattr(served.loop(spec.loop_id), "check_request", None)
+        if check is not None:  # extension pre-flight: refused here, before the job exists
+            try:
+                check(request)
+            except ValueError as exc:
+                raise UnsupportedTaskError("extensions", str(exc)) from None
         handle = self.engine.spawn(
             served.loop(spec.loop_id),  # the card says which loop serves the task
             request,

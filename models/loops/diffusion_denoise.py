@@ -99,13 +99,7 @@ class DiffusionDenoise:
             else self._schedule.guidance_scale
         )
         self._check(request, num_frames, guidance)
-        facts = ScheduleFacts(
-            model_id=m.card.model_id,
-            loop=self.name,
-            steps=len(self._steps),
-            step_skipping=self._schedule.step_skipping,
-        )
-        plugin_state = self._extensions.start(request.extensions, facts, exact=request.exact)
+        plugin_state = self.check_request(request)
         latent_frames = 1 + math.ceil((num_frames - 1) / m.latent.temporal_stride)
         s = m.latent.spatial_stride
         lh, lw = profile.height // s, profile.width // s
@@ -122,6 +116,17 @@ class DiffusionDenoise:
             decoder=m.new_decoder_cache(lh, lw),
             plugin_state=plugin_state,
         )
+
+    def check_request(self, request: JobRequest) -> dict[str, Any]:
+        """The extension pre-flight of ``request`` (``ExtensionRejected``, a ``ValueError``,
+        naming both sides) -> its initial ``plugin_state``; a host calls it before queuing."""
+        facts = ScheduleFacts(
+            model_id=self._m.card.model_id,
+            loop=self.name,
+            steps=len(self._steps),
+            step_skipping=self._schedule.step_skipping,
+        )
+        return self._extensions.start(request.extensions, facts, exact=request.exact)
 
     def absorb(self, state: DiffusionState, inputs: Any) -> DiffusionState:
         kinds = sorted({event.kind for event in inputs})
