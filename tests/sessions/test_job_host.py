@@ -112,14 +112,17 @@ async def test_job_extensions_are_checked_before_the_job_exists(tmp_path) -> Non
     )
     try:
         with pytest.raises(UnsupportedTaskError) as off:
-            host.submit_job(task="t2i", prompt="a", extensions={"teacache": {}})
+            host.submit_job(task="t2i", prompt="a", extensions={"teacache": {}}, job_id="job_x")
         assert off.value.field == "extensions" and "'teacache' is not enabled" in str(off.value)
         with pytest.raises(UnsupportedTaskError, match="exact request refuses fbcache"):
             host.submit_job(task="t2i", prompt="a", exact=True)
         assert host.jobs() == []
+        assert await store.run(store.get_job, "job_x") is None  # no row either
         job = host.submit_job(task="t2i", prompt="a cat", extensions={"fbcache": {}})
         await asyncio.wait_for(job.wait_finished(), 60)
         assert job.state.value == "succeeded"
+        row = await store.run(store.get_job, job.id)
+        assert row["params"]["extensions"] == {"fbcache": {}}  # a resumed job asks the same
     finally:
         await host.close()
         await engine.close()
