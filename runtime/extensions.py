@@ -95,22 +95,28 @@ class ScheduleFacts:
 
 
 class StepInterceptor(Protocol):
-    """Decides, once per denoising step, whether the step's transformer work is replaced by
-    the prediction cached in its state (``reuse``) and what to keep for the next step."""
+    """Decides once per denoising step, before any block runs (``probe_blocks == 0``), whether
+    the step's transformer work is replaced by the prediction cached in its state.
 
-    spec: ExtensionSpec
-
-    def reuse(self, state: dict[str, Any], probe: Any, step: int, steps: int) -> bool: ...
-
-
-class BlockInterceptor(Protocol):
-    """Decides, after the first block(s) of a step ran, whether the remaining blocks are
-    replaced by their residual cached in its state."""
+    Per CFG branch: ``distance`` says how far the branch's ``probe`` moved since what its
+    ``cache`` (the branch's ``plugin_state`` entry, as the model holds it) remembers - None:
+    nothing to reuse, compute; ``wants`` whether that is close enough; the branches of one
+    batch reuse only if all want to, and ``record`` then keeps what the next step compares
+    against. No state on the object: the same one serves every loop."""
 
     spec: ExtensionSpec
     probe_blocks: int
 
-    def reuse(self, state: dict[str, Any], probe: Any, step: int, steps: int) -> bool: ...
+    def distance(self, cache: Any, probe: Any, step: int, steps: int) -> float | None: ...
+
+    def wants(self, cache: Any, distance: float | None) -> bool: ...
+
+    def record(self, cache: Any, probe: Any, distance: float | None, reused: bool) -> None: ...
+
+
+class BlockInterceptor(StepInterceptor, Protocol):
+    """The same decisions after the first ``probe_blocks >= 1`` blocks ran: the remaining
+    blocks are replaced by their residual cached in the branch's state."""
 
 
 class BlockObserver(Protocol):
