@@ -98,19 +98,13 @@ class _StepKeys:
         return n
 
 
-class ActivationTrace:
-    """Records a summary (mean/max abs) of every step output and hooked block output, per
-    loop; ``keep`` also keeps a CPU clone of each (a reference for ``ParityAligner``);
-    ``loops``: record only these loop ids (None: all)."""
+class _Intermediates:
+    """Both observer faces; ``_seen`` gets every intermediate, keyed as ``TraceRecord``."""
 
-    def __init__(self, *, keep: bool = False, loops: Sequence[str] | None = None) -> None:
-        self.keep = keep
-        self.loops = None if loops is None else frozenset(loops)
-        self._records: dict[tuple[str, int, str, int | None], TraceRecord] = {}
+    def __init__(self) -> None:
         self._steps = _StepKeys()
         self._lock = threading.Lock()
 
-    # -- Observer
     def before_batch(self, info: BatchInfo) -> None:
         return None
 
@@ -120,18 +114,37 @@ class ActivationTrace:
         if info.kind not in STEP_KINDS:
             return None
         for loop_id, output in zip(info.loop_ids, outputs, strict=False):
-            if self.loops is None or loop_id in self.loops:
-                tensor = _first_tensor(output)
-                if tensor is not None:
-                    step = self._steps.next(loop_id, info.kind)
-                    self._record(loop_id, step, "output", None, tensor)
+            tensor = _first_tensor(output) if self._wants(loop_id) else None
+            if tensor is not None:
+                step = self._steps.next(loop_id, info.kind)
+                self._seen(loop_id, step, "output", None, tensor)
         return None
 
-    # -- BlockObserver
     def on_block(self, key: tuple[str, int, str], block: int, hidden: Any) -> None:
         loop_id, step, branch = key
-        if self.loops is None or loop_id in self.loops:
-            self._record(loop_id, step, branch, block, hidden)
+        if self._wants(loop_id):
+            self._seen(loop_id, step, branch, block, hidden)
+
+    def _wants(self, loop_id: str) -> bool:
+        return True
+
+    def _seen(self, loop_id: str, step: int, branch: str, block: int | None, t: Any) -> None:
+        raise NotImplementedError
+
+
+class ActivationTrace(_Intermediates):
+    """Records a summary (mean/max abs) of every step output and hooked block output, per
+    loop; ``keep`` also keeps a CPU clone of each (a reference for ``ParityAligner``);
+    ``loops``: record only these loop ids (None: all)."""
+
+    def __init__(self, *, keep: bool = False, loops: Sequence[str] | None = None) -> None:
+        super().__init__()
+        self.keep = keep
+        self.loops = None if loops is None else frozenset(loops)
+        self._records: dict[tuple[str, int, str, int | None], TraceRecord] = {}
+
+    def _wants(self, loop_id: str) -> bool:
+        return self.loops is None or loop_id in self.loops
 
     def records(self, loop_id: str) -> list[TraceRecord]:
         """``loop_id``'s records in the order they were made."""
@@ -142,7 +155,7 @@ class ActivationTrace:
         with self._lock:
             return self._records.get((loop_id, step, branch, block))
 
-    def _record(self, loop_id: str, step: int, branch: str, block: int | None, t: Any) -> None:
+    def _seen(self, loop_id: str, step: int, branch: str, block: int | None, t: Any) -> None:
         value = t.detach().float()
         kept = value.cpu().clone() if self.keep else None
         record = TraceRecord(
@@ -158,7 +171,7 @@ class ActivationTrace:
             self._records[(loop_id, step, branch, block)] = record
 
 
-class ParityAligner:
+class ParityAligner(_Intermediates):
     """Compares a loop's intermediates with a reference ``ActivationTrace`` (made with
     ``keep=True``) as they happen and keeps the first divergence per loop: ``|a - b| >
     atol + rtol * |b|`` anywhere. ``against`` maps a loop id to its reference's loop id (by
@@ -174,41 +187,22 @@ class ParityAligner:
     ) -> None:
         if not reference.keep:
             raise ValueError("ParityAligner needs a reference ActivationTrace(keep=True)")
+        super().__init__()
         self.reference = reference
         self.against = dict(against or {})
         self.atol = atol
         self.rtol = rtol
         self.compared = 0
         self._first: dict[str, Divergence] = {}
-        self._steps = _StepKeys()
-        self._lock = threading.Lock()
-
-    def before_batch(self, info: BatchInfo) -> None:
-        return None
-
-    def after_batch(
-        self, info: BatchInfo, outputs: Sequence[Any], wall_s: float
-    ) -> Observation | None:
-        if info.kind not in STEP_KINDS:
-            return None
-        for loop_id, output in zip(info.loop_ids, outputs, strict=False):
-            tensor = _first_tensor(output)
-            if tensor is not None:
-                step = self._steps.next(loop_id, info.kind)
-                self._compare(loop_id, step, "output", None, tensor)
-        return None
-
-    def on_block(self, key: tuple[str, int, str], block: int, hidden: Any) -> None:
-        loop_id, step, branch = key
-        self._compare(loop_id, step, branch, block, hidden)
 
     def first_divergence(self, loop_id: str) -> Divergence | None:
         with self._lock:
             return self._first.get(loop_id)
 
-    def _compare(self, loop_id: str, step: int, branch: str, block: int | None, t: Any) -> None:
-        if loop_id in self._first:
-            return  # the first one is what it names
+    def _wants(self, loop_id: str) -> bool:
+        return loop_id not in self._first  # the first divergence is what it names
+
+    def _seen(self, loop_id: str, step: int, branch: str, block: int | None, t: Any) -> None:
         ref_id = self.against.get(loop_id, loop_id)
         ref = self.reference.record(ref_id, step, branch, block)
         if ref is None or ref.tensor is None:

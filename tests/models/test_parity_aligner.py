@@ -10,28 +10,19 @@ from typing import Any
 import pytest
 import torch
 
-from models.instance import load_instance
-from models.loops.extensions import deploy_extensions
 from models.loops.requests import JobRequest
-from models.registry import get
-from runtime.contract import Priority
-from runtime.cost import CostModel
 from runtime.driver import run_inline
-from runtime.engine import Engine
 from runtime.traces import ActivationTrace, ParityAligner
-
-OFF = {"fbcache": {"enabled": False}, "teacache": {"enabled": False}}
+from tests.models.conftest import CACHES_OFF, run_jobs
 
 
 @pytest.fixture(scope="module")
-def instance() -> Any:
-    inst = load_instance(get("wan2.1-t2v-tiny-random"), device="cpu")
-    inst.extensions = deploy_extensions([("fbcache", {}), ("teacache", {})])
-    return inst
+def instance(t2v_instance: Any) -> Any:
+    return t2v_instance
 
 
 def job(threshold: float | None = None) -> JobRequest:
-    extensions = dict(OFF)
+    extensions = dict(CACHES_OFF)
     if threshold is not None:
         extensions["fbcache"] = {"enabled": True, "threshold": threshold}
     return JobRequest(task="t2i", prompt="a lighthouse", seed=2, extensions=extensions)
@@ -39,20 +30,9 @@ def job(threshold: float | None = None) -> JobRequest:
 
 async def run(instance: Any, loop_id: str, request: JobRequest, observers: list) -> Any:
     instance.block_observers = tuple(observers)
-    engine = Engine(cost=CostModel(), observers=observers)
-    await engine.start()
     try:
-        handle = engine.spawn(
-            instance.loop("diffusion_denoise"),
-            request,
-            instance,
-            loop_id=loop_id,
-            priority=Priority.BATCH,
-            on_emit=lambda e: None,
-        )
-        return (await asyncio.wait_for(handle.result(), 60)).outputs
+        return (await run_jobs(instance, {loop_id: request}, observers=observers))[loop_id]
     finally:
-        await engine.close()
         instance.block_observers = ()
 
 

@@ -14,28 +14,22 @@ import torch
 
 from models.card_specs import ScheduleSpec
 from models.instance import load_instance
-from models.loops.extensions import deploy_extensions
 from models.loops.requests import JobRequest
 from models.registry import get
-from runtime.contract import Done, LoopFailed, Priority, StepResult
-from runtime.cost import CostModel
+from runtime.contract import Done, LoopFailed, StepResult
 from runtime.driver import run_inline
-from runtime.engine import Engine
 from runtime.snapshot import restore_state, snapshot_state
 from runtime.step_edf import StepEdfScheduler
-
-OFF = {"fbcache": {"enabled": False}, "teacache": {"enabled": False}}
+from tests.models.conftest import CACHES_OFF, run_jobs
 
 
 @pytest.fixture(scope="module")
-def instance() -> Any:
-    inst = load_instance(get("wan2.1-t2v-tiny-random"), device="cpu")
-    inst.extensions = deploy_extensions([("fbcache", {}), ("teacache", {})])
-    return inst
+def instance(t2v_instance: Any) -> Any:
+    return t2v_instance
 
 
 def job(name: str | None = None, threshold: float = 0.0, **kw: Any) -> JobRequest:
-    extensions = dict(OFF)
+    extensions = dict(CACHES_OFF)
     if name is not None:
         extensions[name] = {"enabled": True, "threshold": threshold}
     fields = {"task": "t2v", "prompt": "a red fox in snow", "num_frames": 5, "seed": 1} | kw
@@ -97,25 +91,7 @@ async def test_interleaved_jobs_with_caching_equal_each_alone(instance: Any) -> 
 
     # batch tickets age at once: the oldest queued step runs next, so the jobs take turns
     scheduler = StepEdfScheduler(max_batch=1, max_batch_wait_s=0.0)
-    engine = Engine(cost=CostModel(), scheduler=scheduler, observers=[Spy()])
-    await engine.start()
-    try:
-        handles = {
-            loop_id: engine.spawn(
-                instance.loop("diffusion_denoise"),
-                request,
-                instance,
-                loop_id=loop_id,
-                priority=Priority.BATCH,
-                on_emit=lambda e: None,
-            )
-            for loop_id, request in requests.items()
-        }
-        together = {
-            k: (await asyncio.wait_for(h.result(), 120)).outputs for k, h in handles.items()
-        }
-    finally:
-        await engine.close()
+    together = await run_jobs(instance, requests, observers=[Spy()], scheduler=scheduler)
     switches = sum(a != b for a, b in zip(order, order[1:], strict=False))
     assert switches >= 20  # the jobs really interleaved step by step
     for loop_id, want in alone.items():
