@@ -58,6 +58,25 @@ def test_threshold_zero_is_bit_identical_to_no_extension(
     assert "extensions" not in plain  # nothing active: the plain forward ran
 
 
+def test_a_step_without_an_active_extension_takes_the_plain_forward(instance: Any) -> None:
+    # both caches enabled at deploy scope, both off in the request: no hook reaches the op
+    loop = instance.loop("diffusion_denoise")
+    state = loop.init(job(), instance, None)
+    assert state.plugin_state == {}
+    kinds = []
+    while state.denoise_step < 2:
+        plan = loop.next(state)
+        kinds.append(plan.kind.value)
+        if plan.kind.value == "diffusion_step":
+            assert plan.args.hooks is None
+        state = loop.advance(state, StepResult(plan.op([plan.args])[0], 0.0, kind=plan.kind))
+    assert kinds.count("diffusion_step") == 2
+    hooked = loop.init(job("fbcache", 0.0), instance, None)
+    while (plan := loop.next(hooked)).kind.value != "diffusion_step":
+        hooked = loop.advance(hooked, StepResult(plan.op([plan.args])[0], 0.0, kind=plan.kind))
+    assert plan.args.hooks is not None and plan.args.hooks.name == "fbcache"
+
+
 @pytest.mark.parametrize("name", ["fbcache", "teacache"])
 def test_a_threshold_reuses_steps_and_stays_close(instance: Any, plain: Any, name: str) -> None:
     cached = run(instance, job(name, 0.1))
