@@ -90,6 +90,7 @@ class ServerConfig:
     # "fast": the time-to-steer cuts (adaptive lead, queued plans withdrawn for inputs, chunks
     # restarted when regenerating is sooner); "baseline": the first build's input path
     steering: str = "fast"
+    admission_cost: str = "auto"  # sessions.host.ADMISSION_COSTS
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
     snapshot_every: int = 8  # chunks between a loop's replay snapshots (0: none)
     snapshot_keep: int = 16  # newest replay snapshots kept per loop
@@ -324,6 +325,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         store=store,
         slabs_per_geometry=config.max_sessions,
         action_validator=validate_action,
+        admission_cost=config.admission_cost,
     )
     jobs = JobHost(
         engine=engine, models=served, store=store, artifact_dir=config.data_dir / "artifacts"

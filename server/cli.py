@@ -139,6 +139,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "path, to measure against",
     )
     serve.add_argument(
+        "--admission-cost",
+        choices=["auto", "measured", "prior"],
+        default="auto",
+        help="a session's compute share at admission: measured chunk costs once calibrated, "
+        "or the analytic prior; auto (default): measured on a GPU, the prior on a CPU",
+    )
+    serve.add_argument(
         "--snapshot-every",
         type=int,
         default=8,
@@ -254,6 +261,7 @@ def _serve(args: argparse.Namespace) -> int:
         random_weights=args.random_weights,
         chunk_frames=args.chunk_frames,
         steering=args.steering,
+        admission_cost=args.admission_cost,
         unwatched_timeout_s=args.unwatched_timeout,
         snapshot_every=args.snapshot_every,
         snapshot_keep=args.snapshot_keep,

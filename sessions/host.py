@@ -56,13 +56,18 @@ class _Live:
     session: Session
 
 
-def chunk_gpu_seconds(cost: Any, served: ServedModel, profile: Profile) -> float:
+ADMISSION_COSTS = ("auto", "measured", "prior")
+
+
+def chunk_gpu_seconds(
+    cost: Any, served: ServedModel, profile: Profile, *, measured: bool = True
+) -> float:
     """GPU-seconds of one steady chunk of a session of ``profile``: from the cost model's
-    calibration when every plan of the chunk has been measured on this device (a session of
-    the profile ran a steady chunk), asynchronous device time included; the analytic prior of
-    the chunk's FLOPs otherwise (the warm-up's compiling runs calibrate nothing).
-    On an H200 the prior priced a 480x272@16 session at a third of what it costs."""
-    plans = served.steady_chunk_plans(profile)
+    calibration when ``measured`` and every plan of the chunk has been measured on this device
+    (a session of the profile ran a steady chunk), asynchronous device time included; the
+    analytic prior of the chunk's FLOPs otherwise (the warm-up's compiling runs calibrate
+    nothing). On an H200 the prior priced a 480x272@16 session at a third of what it costs."""
+    plans = served.steady_chunk_plans(profile) if measured else ()
     if plans and all(cost.samples(kind, sig) >= cost.min_samples for kind, sig, _ in plans):
         return sum(n * cost.gpu_seconds(kind, sig) for kind, sig, n in plans)
     return cost.prior(served.chunk_flops(profile), 0.0)
@@ -81,7 +86,18 @@ class SessionHost:
         action_validator: Callable[[list[str], tuple[float, float]], list[str]] | None = None,
         media_seconds: float = 4.0,
         recording: Recording | None = None,
+        admission_cost: str = "auto",
     ) -> None:
+        if admission_cost not in ADMISSION_COSTS:
+            raise ValueError(
+                f"admission_cost={admission_cost!r}; expected one of {ADMISSION_COSTS}"
+            )
+        # "auto": measured on an accelerator; on a CPU the prior, since a CPU's measured chunk
+        # times follow whatever else runs on it (tests, other processes), not the sessions
+        device = getattr(getattr(engine.cost, "device", None), "name", "cpu")
+        self.measured_admission = admission_cost == "measured" or (
+            admission_cost == "auto" and device != "cpu"
+        )
         self.engine = engine
         self.models = models
         self.store = store
@@ -225,7 +241,9 @@ class SessionHost:
         self, owner: str, served: ServedModel, profile: Profile
     ) -> AdmissionRequest:
         chunk_s = served.chunk_seconds(profile)
-        chunk_cost_s = chunk_gpu_seconds(self.engine.cost, served, profile)
+        chunk_cost_s = chunk_gpu_seconds(
+            self.engine.cost, served, profile, measured=self.measured_admission
+        )
         return AdmissionRequest(
             owner=owner,
             compute_gpu_s_per_s=chunk_cost_s / chunk_s if chunk_s > 0 else 0.0,

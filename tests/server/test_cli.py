@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from server.cli import _build_parser, main
 
 
@@ -168,3 +170,16 @@ def test_serve_enables_extensions_and_refuses_bad_ones(monkeypatch, capsys) -> N
     assert main(["serve", "--extension", "fbcache:threshold=-1"]) == 2
     assert "threshold" in capsys.readouterr().err
     assert len(served) == 1
+
+
+def test_serve_takes_the_admission_cost(monkeypatch, capsys) -> None:
+    import uvicorn
+
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    assert main(["serve", "--port", "9"]) == 0
+    assert main(["serve", "--port", "9", "--admission-cost", "measured"]) == 0
+    assert [app.state.config.admission_cost for app in served] == ["auto", "measured"]
+    with pytest.raises(SystemExit):
+        main(["serve", "--admission-cost", "fast"])
+    assert "--admission-cost" in capsys.readouterr().err

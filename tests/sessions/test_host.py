@@ -126,3 +126,15 @@ def test_admission_prices_a_session_from_measurements_once_every_plan_has_one(in
     cost.observe_async(kind, sig, 0.030)  # the decode's second-stream time counts too
     want = sum(n * 0.010 for _, _, n in plans[:-1]) + 0.002 + 0.030
     assert chunk_gpu_seconds(cost, instance, profile) == pytest.approx(want)
+    assert chunk_gpu_seconds(cost, instance, profile, measured=False) == prior
+
+
+async def test_admission_prices_from_measurements_on_an_accelerator_by_default(host) -> None:
+    assert not host.measured_admission  # a CPU's chunk times follow its other load
+    gpu = Engine(cost=CostModel(DeviceConstants.h200()))
+    models, store = host.models, host.store
+    assert SessionHost(engine=gpu, models=models, store=store).measured_admission
+    forced = SessionHost(engine=host.engine, models=models, store=store, admission_cost="measured")
+    assert forced.measured_admission
+    with pytest.raises(ValueError, match="admission_cost"):
+        SessionHost(engine=gpu, models=models, store=store, admission_cost="fast")
