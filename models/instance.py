@@ -38,6 +38,7 @@ from models.loops.ops import (
     TextEncodeOp,
 )
 from models.loops.registry import build_loop
+from models.resident_weights import ResidentWeights
 from models.wan.attention import WanSelfAttention
 from models.wan.attention_kernels import UnknownBackendError, select_backend
 from models.wan.cuda_graphs import ChunkGraphs
@@ -129,8 +130,10 @@ class WanInstance:
         self._compiled = False
         self._fp8 = False
         self.levers: dict[str, Any] = {"attention": "auto", "overlap_decode": False}
-        # content hash of the loaded weights (models.weights_digest), set by load_instance
+        # content hash of the loaded weights (models.weights_digest), set by load_instance;
+        # weight updates, sleep and wake: models/resident_weights.py
         self.weights_digest = ""
+        self.weights = ResidentWeights(self)
 
     def configure(
         self,
@@ -444,6 +447,8 @@ def load_instance(
     )
     instance = WanInstance(card, dit, vae, text, device=dev, precision=prec)
     instance.weights_digest = _weights_digest(card, seed, random_weights, checkpoint_dir)
+    # embeddings are keyed by the content hash (a weight sync changes it), else the label
+    text.weights_version = instance.weights_digest or card.weights_version
     if compile:
         instance.compile()
     return instance

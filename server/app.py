@@ -45,6 +45,7 @@ from sessions.job_host import JobHost
 from sessions.recording import Recording
 from sessions.served_models import ServedModels
 from sessions.store import Store
+from sessions.trainer_controls import TrainerControls
 
 __all__ = ["DEFAULT_MODEL", "ServerConfig", "ServerContext", "create_app"]
 
@@ -118,6 +119,7 @@ class ServerContext:
     pacers: dict[str, FramePacer] = field(default_factory=dict)
     room_factory: Callable[[], RoomConnection] = LiveKitRoom
     forks: Any = None  # sessions.forks.ForkRegistry
+    trainer: Any = None  # sessions.trainer_controls.TrainerControls
 
     @property
     def livekit_credentials(self) -> LiveKitCredentials:
@@ -337,6 +339,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         device=device,
         model_id=model_id,
         forks=ForkRegistry(host),
+        trainer=TrainerControls.build(host, jobs, engine),
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
     if config.ice_hosts:
@@ -465,7 +468,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     """The dreamrt app for ``config`` (keyword overrides replace its fields)."""
     from dataclasses import replace
 
-    from server import routes_jobs, routes_sessions, routes_system
+    from server import routes_jobs, routes_sessions, routes_system, routes_trainer
 
     config = replace(config or ServerConfig(), **overrides)
     if isinstance(config.data_dir, str):
@@ -490,5 +493,6 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     app.include_router(routes_system.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_jobs.router)
+    app.include_router(routes_trainer.router)
     routes_system.mount_web(app, config.web_dir)
     return app

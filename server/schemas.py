@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "ActionsBody",
     "ChooseBody",
+    "ComponentsBody",
     "ControlInfo",
     "FeedbackBody",
     "ForkBody",
@@ -29,6 +30,7 @@ __all__ = [
     "SessionCreated",
     "TokenBody",
     "TokenIssued",
+    "WeightsBody",
 ]
 
 Text = Annotated[str, Field(min_length=1, max_length=4000)]
@@ -138,6 +140,21 @@ class JobBody(_Body):
 
 class JobCreated(BaseModel):
     id: str
+
+
+class WeightsBody(_Body):
+    """``POST /v1/weights``: a safetensors file or directory on the server's disk (admin)."""
+
+    path: Annotated[str, Field(min_length=1, max_length=4096)]
+    mode: Literal["full", "delta"] = "full"
+    model: str | None = None
+
+
+class ComponentsBody(_Body):
+    """``POST /v1/sleep`` and ``/v1/wake``."""
+
+    components: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    model: str | None = None
 
 
 class TokenBody(_Body):

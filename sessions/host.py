@@ -114,6 +114,8 @@ class SessionHost:
         self._check_open()
         served = self.models.resolve(model)
         card = served.card
+        if (closed := self.models.closed.get(card.model_id)) is not None:
+            return self._reject(closed)  # a weight sync or a sleeping component
         if "session.realtime" not in card.capabilities:
             raise UnsupportedTaskError(
                 "model", f"model {card.model_id!r} cannot stream sessions (no 'session.realtime')"
@@ -200,6 +202,8 @@ class SessionHost:
 
     def admit(self, owner: str, served: ServedModel, profile: Profile) -> Any:
         """One session's reservation (``Admit``, with its slab) or ``Reject`` (counted)."""
+        if (closed := self.models.closed.get(served.card.model_id)) is not None:
+            return self._reject(closed)
         answer = self.engine.admission.admit(self._admission_request(owner, served, profile))
         return self._reject(answer) if isinstance(answer, Reject) else answer
 

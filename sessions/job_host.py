@@ -83,6 +83,7 @@ class JobHost:
             raise HostError("the job host is closed")
         served = self.models.resolve(model)
         card = served.card
+        self.models.check_open(card.model_id)  # ModelUnavailableError: a sync, a sleep
         capability = _TASK_CAPABILITY.get(task)
         if capability is None or capability not in card.capabilities:
             raise UnsupportedTaskError(

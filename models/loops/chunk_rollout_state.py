@@ -53,6 +53,9 @@ class ChunkRolloutState(LoopState, kw_only=True):
     # prompt memory
     prompt: str
     active_prompt: str | None = None  # the prompt whose cross K/V is held
+    # the model's weights_version the cross K/V (and the chunk-KV) were made with: a weight
+    # sync makes the next chunk re-encode the prompt and re-cache (chunk_rollout.next)
+    weights_version: str = ""
     recache_needed: bool = False
     next_prompt: str | None = None  # a switch waiting for the next chunk boundary
     next_prompt_is_cut: bool = False

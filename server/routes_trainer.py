@@ -1,0 +1,84 @@
+"""Routes a co-located trainer drives (docs/api.md "Trainer"): weight sync, sleep and wake.
+
+All of them need the admin key or an admin token: they change what every session sees, and
+``POST /v1/weights`` reads a path on the server's disk. 422 names what does not fit (a file the
+DiT cannot take, an unknown component: nothing changed), 409 a sync while a component sleeps,
+503 + ``Retry-After`` a loop that did not reach its boundary in time (nothing changed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from server.routes_system import ApiError, AuthGrant, ctx_of
+from server.schemas import ComponentsBody, WeightsBody
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1")
+
+
+def _trainer(request: Request, grant: Any) -> Any:
+    if not grant.is_admin:
+        raise ApiError(403, "forbidden", "trainer routes need the admin key or an admin token")
+    return ctx_of(request).trainer
+
+
+def _refused(exc: Exception) -> ApiError:
+    from sessions.model_hold import HoldTimeout
+    from sessions.weight_sync import WeightSyncError
+
+    if isinstance(exc, KeyError):
+        return ApiError(422, "invalid_field", str(exc.args[0]))
+    if isinstance(exc, ValueError):  # InvalidWeightsError, an unknown component
+        return ApiError(422, "invalid", str(exc))
+    if isinstance(exc, WeightSyncError):
+        return ApiError(409, "conflict", str(exc))
+    if isinstance(exc, HoldTimeout):
+        return ApiError(503, "busy", str(exc), headers={"Retry-After": "5"})
+    raise exc
+
+
+@router.get("/weights")
+def weights_info(request: Request, grant: AuthGrant, model: str | None = None) -> dict[str, Any]:
+    trainer = _trainer(request, grant)
+    try:
+        return {
+            "weights_version": trainer.weights.version(model),
+            "asleep": list(trainer.sleep.asleep(model)),
+        }
+    except KeyError as exc:
+        raise _refused(exc) from None
+
+
+@router.post("/weights")
+async def sync_weights(body: WeightsBody, request: Request, grant: AuthGrant) -> dict[str, Any]:
+    trainer = _trainer(request, grant)
+    try:
+        result = await trainer.weights.sync(body.path, mode=body.mode, model=body.model)
+    except Exception as exc:
+        raise _refused(exc) from None
+    return dataclasses.asdict(result)
+
+
+@router.post("/sleep")
+async def sleep(body: ComponentsBody, request: Request, grant: AuthGrant) -> dict[str, Any]:
+    trainer = _trainer(request, grant)
+    try:
+        result = await trainer.sleep.sleep(body.components, model=body.model)
+    except Exception as exc:
+        raise _refused(exc) from None
+    return dataclasses.asdict(result)
+
+
+@router.post("/wake")
+async def wake(body: ComponentsBody, request: Request, grant: AuthGrant) -> dict[str, Any]:
+    trainer = _trainer(request, grant)
+    try:
+        result = await trainer.sleep.wake(body.components, model=body.model)
+    except Exception as exc:
+        raise _refused(exc) from None
+    return dataclasses.asdict(result)
