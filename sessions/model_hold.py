@@ -40,8 +40,8 @@ class HoldTimeout(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class HeldLoop:
-    """A loop held at a boundary: its owner (a ``Session``, or None for a job or rollout
-    sample) and the chunk its state stood at (None for a loop without chunks)."""
+    """A loop held at a boundary: its owner (a ``Session``, a ``Job``) and the first chunk it
+    has not decoded yet (None for a loop without chunks)."""
 
     owner: Any
     handle: LoopHandleLike
@@ -114,6 +114,6 @@ class ModelHold:
 def _holder(handle: LoopHandleLike) -> Callable[[Any], int | None]:
     def hold(state: Any) -> int | None:
         handle.hold()
-        return getattr(state, "chunk", None)
+        return getattr(state, "next_chunk", getattr(state, "chunk", None))
 
     return hold

@@ -83,3 +83,9 @@ class ChunkRolloutState(LoopState, kw_only=True):
     window_latents: torch.Tensor  # [1, C, S + W, h, w] clean latents of the cached frames
     decoder: DecoderCache  # the session's VAE decoder cache, advanced in place by decodes
     frames: list[torch.Tensor] = []  # collected uint8 [n, H, W, 3] chunks (jobs only)
+
+    @property
+    def next_chunk(self) -> int:
+        """The first chunk whose frames are not decoded yet: at the chunk boundary right after
+        a decode (its KV update still to run) that is the next one."""
+        return self.chunk + (1 if self.decoded == self.chunk_frames else 0)
