@@ -1,0 +1,76 @@
+"""The trainer routes on the real app (engine and tiny-world model): weight sync, sleep, wake,
+what admission answers meanwhile, and that only an admin may call them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from fastapi.testclient import TestClient
+from safetensors.torch import save_file
+
+from tests.server.conftest import make_client
+
+ADMIN = "admin-key-for-trainer-tests"
+
+
+def _dit(client: TestClient):
+    ctx = client.app.state.ctx
+    return ctx.host.models[ctx.model_id].dit
+
+
+def test_a_sync_moves_the_version_and_a_bad_file_changes_nothing(
+    client: TestClient, tmp_path: Path
+) -> None:
+    start = client.get("/v1/weights").json()
+    assert start["weights_version"].startswith("b2:") and start["asleep"] == []
+    bias = _dit(client).state_dict()["head.head.bias"].clone()
+    delta = tmp_path / "delta.safetensors"
+    save_file({"dit.head.head.bias": torch.full_like(bias, 0.25)}, str(delta))
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(delta.read_bytes()[:20])
+    for body in ({"path": str(broken)}, {"path": str(tmp_path / "absent")}, {"path": str(delta)}):
+        answer = client.post("/v1/weights", json=body)  # full: the delta names one tensor
+        assert answer.status_code == 422, answer.text
+        assert client.get("/v1/weights").json()["weights_version"] == start["weights_version"]
+    assert torch.equal(_dit(client).state_dict()["head.head.bias"], bias)
+    synced = client.post("/v1/weights", json={"path": str(delta), "mode": "delta"})
+    assert synced.status_code == 200, synced.text
+    body = synced.json()
+    assert body["previous"] == start["weights_version"] != body["weights_version"]
+    assert body["tensors"] == 1 and body["mode"] == "delta"
+    assert client.get("/v1/weights").json()["weights_version"] == body["weights_version"]
+    assert torch.allclose(_dit(client).state_dict()["head.head.bias"], bias + 0.25)
+
+
+def test_sleep_refuses_new_work_with_retry_after_until_wake(client: TestClient) -> None:
+    assert client.post("/v1/sleep", json={"components": ["gpu"]}).status_code == 422
+    slept = client.post("/v1/sleep", json={"components": ["dit"]})
+    assert slept.status_code == 200 and slept.json()["asleep"] == ["dit"], slept.text
+    session = client.post("/v1/sessions", json={"prompt": "a ball"})
+    assert session.status_code == 503 and int(session.headers["Retry-After"]) >= 1
+    assert session.json()["reason"] == "asleep"
+    job = client.post("/v1/jobs", json={"task": "t2i", "prompt": "a ball"})
+    assert job.status_code == 503 and "Retry-After" in job.headers, job.text
+    conflict = client.post("/v1/weights", json={"path": "/nonexistent"})
+    assert conflict.status_code == 409 and "asleep" in conflict.text
+    assert client.get("/v1/weights").json()["asleep"] == ["dit"]
+    woke = client.post("/v1/wake", json={"components": ["dit"]})
+    assert woke.status_code == 200 and woke.json()["asleep"] == []
+    assert client.post("/v1/sessions", json={"prompt": "a ball"}).status_code == 201
+
+
+def test_only_an_admin_may_drive_the_trainer_routes(tmp_path: Path) -> None:
+    with make_client(tmp_path, auth="token", admin_key=ADMIN) as client:
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        issued = client.post("/v1/tokens", json={"scope": "user"}, headers=admin)
+        user = {"Authorization": f"Bearer {issued.json()['token']}"}
+        for method, path, body in (
+            ("GET", "/v1/weights", None),
+            ("POST", "/v1/weights", {"path": "/x"}),
+            ("POST", "/v1/sleep", {"components": ["dit"]}),
+            ("POST", "/v1/wake", {"components": ["dit"]}),
+        ):
+            assert client.request(method, path, json=body, headers=user).status_code == 403
+            assert client.request(method, path, json=body).status_code == 401
+        assert client.get("/v1/weights", headers=admin).status_code == 200
