@@ -64,8 +64,9 @@ class WeightUpdateError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class WeightUpdate:
-    """A validated update, ready to ``apply``: ``tensors`` by module name, on the host, in the
-    parameter's dtype (float32 for a delta)."""
+    """A validated update, ready to ``apply``: ``tensors`` by module name, copies on the host
+    (or on the model's device when they came from there), in the parameter's dtype (float32
+    for a delta)."""
 
     component: str
     mode: UpdateMode
@@ -280,7 +281,10 @@ def _validated(
         if not bool(torch.isfinite(tensor).all()):
             raise WeightUpdateError(f"{source}: {key} holds non-finite values")
         dtype = torch.float32 if mode == "delta" else live[key].dtype
-        out[key] = tensor.detach().to("cpu", dtype=dtype, copy=True).contiguous()
+        # a copy (the trainer may go on changing its tensors): on the model's device when the
+        # tensor is there already (a co-located trainer), else on the host
+        where = tensor.device if tensor.device == live[key].device else torch.device("cpu")
+        out[key] = tensor.detach().to(where, dtype=dtype, copy=True).contiguous()
     return out
 
 

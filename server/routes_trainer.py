@@ -1,4 +1,5 @@
-"""Routes a co-located trainer drives (docs/api.md "REST", its trainer paragraph): weight sync, sleep and wake.
+"""Routes a co-located trainer drives: weight sync, sleep and wake (docs/api.md "REST", its
+trainer paragraph).
 
 All of them need the admin key or an admin token: they change what every session sees, and
 ``POST /v1/weights`` reads a path on the server's disk. 422 names what does not fit (a file the
