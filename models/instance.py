@@ -38,6 +38,7 @@ from models.loops.ops import (
     TextEncodeOp,
 )
 from models.loops.registry import build_loop
+from models.loops.rollout_group import group_loop
 from models.resident_weights import ResidentWeights
 from models.wan.attention import WanSelfAttention
 from models.wan.attention_kernels import UnknownBackendError, select_backend
@@ -259,6 +260,11 @@ class WanInstance:
             return build_loop(self, spec)
         except KeyError as exc:
             raise InstanceError(f"card {self.card.model_id!r}: {exc.args[0]}") from None
+
+    def group_loop(self, capability: str) -> Any:
+        """The loop of ``capability`` for one rollout group: its K samples' denoising steps
+        run as one batch (``models.loops.rollout_group``)."""
+        return group_loop(self, capability) or self.loop_for(capability)
 
     def loop_for(self, capability: str) -> Any:
         """The Loop the card names for ``capability`` (e.g. ``"text_to_video"``: a causal card

@@ -455,6 +455,7 @@ async def _teardown(ctx: ServerContext) -> None:
             await peer.close()
     await ctx.host.close()
     await ctx.jobs.close()
+    await ctx.trainer.close()
     await ctx.engine.close()
     if ctx.host.recording is not None:  # queued snapshots and chunk media, then the store
         await asyncio.to_thread(ctx.host.recording.close)

@@ -1,21 +1,23 @@
-"""Routes a co-located trainer drives: weight sync, sleep and wake (docs/api.md "REST", its
-trainer paragraph).
+"""Routes a co-located trainer drives: weight sync, sleep and wake, group rollouts
+(docs/api.md "REST", its trainer paragraph).
 
-All of them need the admin key or an admin token: they change what every session sees, and
-``POST /v1/weights`` reads a path on the server's disk. 422 names what does not fit (a file the
+Weights, sleep and wake need the admin key or an admin token: they change what every session
+sees, and ``POST /v1/weights`` reads a path on the server's disk. Rollouts are jobs: any
+general token may queue and read them. 422 names what does not fit (a file the
 DiT cannot take, an unknown component: nothing changed), 409 a sync while a component sleeps,
 503 + ``Retry-After`` a loop that did not reach its boundary in time (nothing changed).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Request
 
-from server.routes_system import ApiError, AuthGrant, ctx_of
-from server.schemas import ComponentsBody, WeightsBody
+from server.routes_system import ApiError, AuthGrant, creation_errors, ctx_of, require_general
+from server.schemas import ComponentsBody, RolloutBody, WeightsBody
 
 __all__ = ["router"]
 
@@ -83,3 +85,36 @@ async def wake(body: ComponentsBody, request: Request, grant: AuthGrant) -> dict
     except Exception as exc:
         raise _refused(exc) from None
     return dataclasses.asdict(result)
+
+
+@router.post("/rollouts", status_code=202)
+async def submit_rollouts(body: RolloutBody, request: Request, grant: AuthGrant) -> dict[str, Any]:
+    require_general(grant)
+    groups = ctx_of(request).trainer.rollouts
+    with creation_errors():
+        group = groups.submit(
+            prompt=body.prompt,
+            k=body.k,
+            seeds=body.seeds,
+            steps=body.steps,
+            num_frames=body.num_frames,
+            width=body.width,
+            height=body.height,
+            model=body.model,
+        )
+    return {"id": group.group_id, "samples": [j.id for j in group.jobs], "seeds": group.seeds}
+
+
+@router.get("/rollouts/{group_id}")
+async def rollout_group(group_id: str, request: Request, grant: AuthGrant) -> dict[str, Any]:
+    """The group, its samples (jobs: state, artifact) and the records written so far (all of
+    them once ``state`` is not ``running``)."""
+    require_general(grant)
+    ctx = ctx_of(request)
+    group = ctx.trainer.rollouts.group(group_id)
+    if group is None:
+        raise ApiError(404, "not_found", f"no rollout group {group_id!r} in this process")
+    if group.state != "running":
+        await asyncio.wait_for(group.finished.wait(), 30.0)
+    records = await ctx.store.run(ctx.trainer.rollouts.records, group)
+    return {**group.view(), "records": records}

@@ -25,6 +25,7 @@ __all__ = [
     "OfferBody",
     "PromptAccepted",
     "PromptBody",
+    "RolloutBody",
     "SdpAnswer",
     "SessionBody",
     "SessionCreated",
@@ -154,6 +155,19 @@ class ComponentsBody(_Body):
     """``POST /v1/sleep`` and ``/v1/wake``."""
 
     components: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    model: str | None = None
+
+
+class RolloutBody(_Body):
+    """``POST /v1/rollouts``: K samples of one prompt as one batch (``sessions.rollout_groups``)."""
+
+    prompt: Text
+    k: Annotated[int, Field(ge=1, le=64)]
+    seeds: list[Seed] | None = None
+    steps: Annotated[int, Field(ge=1, le=1000)] | None = None
+    num_frames: Annotated[int, Field(ge=1, le=1024)] | None = None
+    width: Dimension | None = None
+    height: Dimension | None = None
     model: str | None = None
 
 

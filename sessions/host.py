@@ -141,7 +141,7 @@ class SessionHost:
             height=profile.height,
             priority_class=priority_class,
             capabilities=card.capabilities,
-            record_template=self._record_template(served, profile),
+            record_template=self.record_template(served, profile),
             action_validator=self._action_validator,
         )
         frames_per_chunk = max(1, round(served.chunk_seconds(profile) * profile.fps))
@@ -256,7 +256,8 @@ class SessionHost:
         return sum(p.free_count for p in pools), sum(p.capacity for p in pools)
 
     @staticmethod
-    def _record_template(served: ServedModel, profile: Profile) -> dict[str, Any]:
+    def record_template(served: ServedModel, profile: Profile) -> dict[str, Any]:
+        """The static facts of a stream's behaviour records (sessions, rollout samples)."""
         card = served.card
         spec = card.loops.get(SESSION_LOOP)
         schedule = spec.schedule if spec is not None else None
@@ -273,6 +274,7 @@ class SessionHost:
             "steps": schedule.steps if schedule is not None else profile.steps,
             "timesteps": list(schedule.timesteps) if schedule is not None else [],
             "precision": str(getattr(served, "precision", card.recipe.assumes_precision)),
+            "attention": str(getattr(served, "levers", {}).get("attention", "")),
         }
 
     def _reject(self, reject: Reject) -> Reject:

@@ -15,11 +15,12 @@ import asyncio
 import logging
 import secrets
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from models.loops.requests import JobRequest
-from runtime.contract import Priority
+from runtime.contract import Emission, Priority
 from sessions.job import Job, JobConfig
 from sessions.served_models import (
     EngineLike,
@@ -76,9 +77,14 @@ class JobHost:
         steps: int | None = None,
         seed: int | None = None,
         job_id: str | None = None,
+        group: bool = False,
+        tap: Callable[[Emission], None] | None = None,
     ) -> Job:
-        """Queues a job (batch class; never refused). Raises ``KeyError``, ``ProfileError`` or
-        ``UnsupportedTaskError`` for requests the model cannot serve."""
+        """Queues a job (batch class; never refused but while the model is held:
+        ``ModelUnavailableError``). Raises ``KeyError``, ``ProfileError`` or
+        ``UnsupportedTaskError`` for requests the model cannot serve. ``group``: a sample of a
+        rollout group (the model's ``group_loop``: denoising steps batch with the group's
+        other samples); ``tap`` also hears every emission of its loop (the group's records)."""
         if self._closed:
             raise HostError("the job host is closed")
         served = self.models.resolve(model)
@@ -134,13 +140,21 @@ class JobHost:
             steps=assumed_steps,
             seed=seed,
         )
+        on_emit = job.on_emission
+        if tap is not None:
+
+            def on_emit(emission: Emission) -> None:
+                job.on_emission(emission)
+                tap(emission)
+
         handle = self.engine.spawn(
-            served.loop(spec.loop_id),  # the card says which loop serves the task
+            # the card says which loop serves the task
+            served.group_loop(capability) if group else served.loop(spec.loop_id),
             request,
             served,
             loop_id=job_id,
             priority=Priority.BATCH,
-            on_emit=job.on_emission,
+            on_emit=on_emit,
         )
         self._jobs[job_id] = job
         job.attach(handle, on_finished=self._job_finished)

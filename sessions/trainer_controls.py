@@ -1,4 +1,4 @@
-"""What a trainer co-located with dreamrt drives: weight syncs, sleep/wake (and rollouts).
+"""What a trainer co-located with dreamrt drives: weight syncs, sleep/wake, group rollouts.
 
 ``TrainerControls.build(host, jobs, engine)`` wires them on one server's objects (the
 composition root keeps the result as ``ServerContext.trainer``; an in-process trainer calls
@@ -18,6 +18,7 @@ from sessions.job_host import JobHost
 from sessions.loop_handle import LoopHandleLike
 from sessions.model_hold import ModelHold
 from sessions.model_sleep import ModelSleep
+from sessions.rollout_groups import RolloutGroups
 from sessions.weight_sync import WeightSync
 
 __all__ = ["TrainerControls"]
@@ -27,6 +28,11 @@ __all__ = ["TrainerControls"]
 class TrainerControls:
     weights: WeightSync
     sleep: ModelSleep
+    rollouts: RolloutGroups
+
+    async def close(self) -> None:
+        """Writes the rollout samples' last records (before the store closes)."""
+        await self.rollouts.close()
 
     @classmethod
     def build(cls, host: SessionHost, jobs: JobHost, engine: Any) -> TrainerControls:
@@ -47,4 +53,5 @@ class TrainerControls:
         return cls(
             weights=WeightSync(host.models, hold, lock=lock),
             sleep=ModelSleep(host.models, hold, lock=lock),
+            rollouts=RolloutGroups(jobs, host.store),
         )
