@@ -74,3 +74,37 @@ def test_only_an_admin_may_drive_the_trainer_routes(tmp_path: Path) -> None:
             assert client.request(method, path, json=body, headers=user).status_code == 403
             assert client.request(method, path, json=body).status_code == 401
         assert client.get("/v1/weights", headers=admin).status_code == 200
+
+
+def test_a_rollout_group_is_k_jobs_with_records_the_export_carries(tmp_path: Path) -> None:
+    import time
+
+    import pandas as pd
+
+    from server.export import export
+
+    with make_client(tmp_path, model="wan-tiny-random") as client:
+        body = {"prompt": "a red ball", "k": 2, "seeds": [5, 6], "num_frames": 9}
+        queued = client.post("/v1/rollouts", json=body)
+        assert queued.status_code == 202, queued.text
+        group_id, samples = queued.json()["id"], queued.json()["samples"]
+        assert queued.json()["seeds"] == [5, 6] and len(samples) == 2
+        deadline = time.monotonic() + 60
+        while (view := client.get(f"/v1/rollouts/{group_id}").json())["state"] == "running":
+            assert time.monotonic() < deadline, view
+            time.sleep(0.1)
+        assert view["state"] == "succeeded" and [s["seed"] for s in view["samples"]] == [5, 6]
+        version = client.get("/v1/weights").json()["weights_version"]
+        records = view["records"]
+        assert {r["session_id"] for r in records} == set(samples)
+        assert all(r["group_id"] == group_id and r["weights_version"] == version for r in records)
+        assert {r["seed"] for r in records} == {5, 6} and all(r["attention"] for r in records)
+        assert all(len(r["noise_seeds"]) == len(r["sigmas"]) == r["steps"] + 1 for r in records)
+        for sample in samples:
+            assert client.get(f"/v1/jobs/{sample}/artifact").status_code == 200
+        assert client.post("/v1/rollouts", json={**body, "seeds": [1, 1]}).status_code == 422
+        assert client.get("/v1/rollouts/grp_none").status_code == 404
+    export(tmp_path / "data", tmp_path / "export")
+    exported = pd.read_parquet(tmp_path / "export" / "records")
+    mine = exported[exported.group_id == group_id]
+    assert sorted(mine.session_id.unique()) == sorted(samples) and len(mine) == len(records)
