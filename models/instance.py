@@ -39,6 +39,7 @@ from models.loops.ops import (
 )
 from models.loops.registry import build_loop
 from models.loops.rollout_group import group_loop
+from models.lora import LoRAAdapters
 from models.resident_weights import ResidentWeights
 from models.wan.attention import WanSelfAttention
 from models.wan.attention_kernels import UnknownBackendError, select_backend
@@ -135,6 +136,7 @@ class WanInstance:
         # weight updates, sleep and wake: models/resident_weights.py
         self.weights_digest = ""
         self.weights = ResidentWeights(self)
+        self.adapters = LoRAAdapters(dit, device=device, dtype=self.dtype)  # models/lora.py
 
     def configure(
         self,

@@ -3,18 +3,16 @@ loads the model and wires sessions, store, auth, WebRTC and metrics together.
 
 ``create_app(ServerConfig(...))`` returns an app whose lifespan does the work:
 
-startup   store (SQLite under ``data_dir``) + recovery -> model instance(s) -> engine (cost model
-          calibrated from ``data_dir/cost/<card>@<device>.json`` when present, the scheduling
-          policy ``config.scheduler``, admission with KV/peak/compute capacities, one executor
-          thread, metrics as a batch listener) -> KV slab pool -> session host and job host on
-          the same served models (the job host resumes unfinished jobs) -> ICE host
-          restriction and encoder bitrate
-shutdown  viewers' peers -> sessions and jobs -> engine -> store, then the process-wide
-          aiortc/aioice settings are restored and the cost calibration is saved to that file.
-          Nothing of the server keeps running.
+startup   store (SQLite under ``data_dir``) + recovery -> model instance(s) and their LoRA
+          adapters -> engine (cost model calibrated from ``data_dir/cost/<card>@<device>.json``
+          when present, the policy ``config.scheduler``, admission with KV/peak/compute
+          capacities, one executor thread, metrics as a batch listener) -> KV slab pool ->
+          session, job host and trainer controls on the same served models (the job host
+          resumes unfinished jobs) -> ICE host restriction and encoder bitrate
+shutdown  viewers' peers -> sessions, jobs -> engine -> store; the process-wide aiortc/aioice
+          settings restored, the cost calibration saved to that file: nothing keeps running.
 
-Routes live in ``server.routes_sessions``, ``server.routes_jobs`` and ``server.routes_system``;
-they reach these objects through ``request.app.state.ctx`` (a ``ServerContext``).
+Routes (``server.routes_*``) reach these objects through ``request.app.state.ctx``.
 """
 
 from __future__ import annotations
@@ -86,6 +84,7 @@ class ServerConfig:
     # one internal session before serving, so no user waits for compilation (None: if compiled)
     warmup: bool | None = None
     checkpoint_dir: Path | None = None  # weights of a card with external weights
+    adapters: tuple[str, ...] = ()  # "NAME=PATH": LoRA adapters sessions may name
     random_weights: bool = False  # seeded random weights whatever the card says (benchmarks)
     chunk_frames: int | None = None  # latent frames per chunk (1: the latency mode); None: card's
     # "fast": the time-to-steer cuts (adaptive lead, queued plans withdrawn for inputs, chunks
@@ -256,6 +255,7 @@ async def _build(config: ServerConfig) -> ServerContext:
     )
     if config.compile:
         instance.compile(attention=config.attention, cuda_graphs=config.cuda_graphs)
+    instance.adapters.register_specs(config.adapters)  # AdapterError: a bad one, before serving
     fast = config.steering == "fast"
     if not fast:
         instance.chunk_restart = RestartCutsOnly()

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "ActionsBody",
+    "AdapterRef",
     "ChooseBody",
     "ComponentsBody",
     "ControlInfo",
@@ -53,6 +54,11 @@ class LiveKitBody(_Body):
     avatar_of: str | None = None
 
 
+class AdapterRef(_Body):
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    strength: Annotated[float, Field(ge=-10, le=10)] = 1.0
+
+
 class SessionBody(_Body):
     prompt: Text
     model: str | None = None
@@ -65,6 +71,8 @@ class SessionBody(_Body):
     # "now": the prompt encode and the first chunk start at create, beside the offer and ICE;
     # "viewer": nothing runs before the first pull of the video (no GPU time for no one)
     start: Literal["viewer", "now"] = "viewer"
+    # LoRA adapters registered with ``dreamrt serve --adapter NAME=PATH``
+    adapters: Annotated[list[AdapterRef], Field(max_length=8)] = []
 
 
 class Profile(BaseModel):

@@ -105,12 +105,14 @@ class SessionHost:
         seed: int | None = None,
         priority_class: Literal["realtime", "batch"] = "realtime",
         start: Literal["viewer", "now"] = "viewer",
+        adapters: tuple[tuple[str, float], ...] = (),
     ) -> Session | Reject:
         """Admits and starts a session, or returns ``Reject`` (capacity). Raises ``KeyError``
         (unknown model), ``models.card.ProfileError`` (bad geometry) or ``UnsupportedTaskError``.
         ``start="now"``: the prompt encode and the first chunk run at once (then the loop
         waits for the viewer), so the offer and ICE overlap them; else nothing runs before the
-        first pull of the video."""
+        first pull of the video. ``adapters``: (name, strength) of LoRA adapters registered at
+        deploy scope (an unknown one: ``UnsupportedTaskError`` on field ``adapters``)."""
         self._check_open()
         served = self.models.resolve(model)
         card = served.card
@@ -121,6 +123,11 @@ class SessionHost:
                 "model", f"model {card.model_id!r} cannot stream sessions (no 'session.realtime')"
             )
         profile = card.resolve_profile(fps=fps, width=width, height=height)
+        if adapters:
+            try:
+                served.adapters.check(adapters)
+            except (AttributeError, ValueError) as exc:
+                raise UnsupportedTaskError("adapters", str(exc)) from None
         session_id = new_id("ses")
         reservation_id, slab_id = None, None
         if self.engine.admission is not None:
@@ -168,6 +175,7 @@ class SessionHost:
             height=profile.height,
             fps=profile.fps,
             kv_slab=slab_id,
+            adapters=tuple((str(n), float(s)) for n, s in adapters),
         )
         try:
             handle = self.engine.spawn(

@@ -237,6 +237,8 @@ class ChunkPlanner:
                 *emits,
                 EmitSpec(Stream.PROGRESS, ProgressMeta(done=state.plans_done + 1, total=total)),
             )
+        if state.adapters:  # the session's LoRA adapters active while its plans run
+            op = self._m.adapters.bind(op, state.adapters)
         return WorkPlan(
             loop_id=state.loop_id,
             kind=kind,

@@ -157,6 +157,7 @@ class ChunkRollout:
             kv=cache,
             window_latents=window,
             decoder=m.new_decoder_cache(lh, lw),
+            adapters=[] if isinstance(request, JobRequest) else list(request.adapters),
         )
 
     def absorb(self, state: ChunkRolloutState, inputs: Sequence[InputEvent]) -> ChunkRolloutState:

@@ -56,6 +56,7 @@ class ChunkRolloutState(LoopState, kw_only=True):
     # the model's weights_version the cross K/V (and the chunk-KV) were made with: a weight
     # sync makes the next chunk re-encode the prompt and re-cache (chunk_rollout.next)
     weights_version: str = ""
+    adapters: list[tuple[str, float]] = []  # LoRA adapters and strengths (models/lora.py)
     recache_needed: bool = False
     next_prompt: str | None = None  # a switch waiting for the next chunk boundary
     next_prompt_is_cut: bool = False

@@ -26,6 +26,8 @@ class SessionRequest(msgspec.Struct, frozen=True, kw_only=True):
     # the session's slab of the model's preallocated chunk-KV buffer (admission hands it out);
     # None: the stream allocates its own cache (tests, benchmarks, offline rollouts)
     kv_slab: int | None = None
+    # LoRA adapters registered at deploy scope (models/lora.py), with strengths
+    adapters: tuple[tuple[str, float], ...] = ()
 
 
 class JobRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -108,3 +108,19 @@ def test_a_rollout_group_is_k_jobs_with_records_the_export_carries(tmp_path: Pat
     exported = pd.read_parquet(tmp_path / "export" / "records")
     mine = exported[exported.group_id == group_id]
     assert sorted(mine.session_id.unique()) == sorted(samples) and len(mine) == len(records)
+
+
+def test_sessions_name_adapters_registered_at_deploy_scope_only(tmp_path: Path) -> None:
+    from models.instance import load_instance
+    from models.registry import get
+    from tests.models.test_lora import lora_tensors, write_peft
+
+    dit = load_instance(get("tiny-world"), device="cpu").dit
+    path = write_peft(tmp_path / "style", lora_tensors(dit, ["blocks.0.self_attn.q"], seed=1), 2.0)
+    with make_client(tmp_path, adapters=(f"style={path}",)) as client:
+        ok = client.post("/v1/sessions", json={"prompt": "a ball", "adapters": [{"name": "style"}]})
+        assert ok.status_code == 201, ok.text
+        for adapters in ([{"name": "other"}], [{"name": str(path)}]):  # never a path
+            refused = client.post("/v1/sessions", json={"prompt": "a", "adapters": adapters})
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["detail"][0]["loc"][:2] == ["body", "adapters"]

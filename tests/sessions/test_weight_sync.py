@@ -52,8 +52,10 @@ async def served(tmp_path: Path) -> Any:
     store.close()
 
 
-def start(host: SessionHost, seed: int) -> Any:
-    session = host.create_session(prompt=PROMPT, seed=seed, priority_class="batch")
+def start(host: SessionHost, seed: int, adapters: tuple = ()) -> Any:
+    session = host.create_session(
+        prompt=PROMPT, seed=seed, priority_class="batch", adapters=adapters
+    )
     assert not isinstance(session, Reject), session
     session.begin_negotiation()
     session.viewer_started()
@@ -71,8 +73,10 @@ async def until_chunk(session: Any, chunk: int, timeout_s: float = 60.0) -> None
         await asyncio.sleep(0.02)
 
 
-async def reference(host: SessionHost, seed: int, chunks: int) -> dict[int, str]:
-    session = start(host, seed)
+async def reference(
+    host: SessionHost, seed: int, chunks: int, adapters: tuple = ()
+) -> dict[int, str]:
+    session = start(host, seed, adapters)
     await until_chunk(session, chunks)
     await host.close_session(session.id)
     return digests(session)
