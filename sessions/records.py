@@ -50,6 +50,7 @@ _CAPTURED = (
     "kv_window",
     "latent_frame_start",
     "restart_policy",
+    "adapters",
 )
 
 

@@ -10,9 +10,8 @@ boundary) and ``tokens`` (hashes of issued API tokens). Times are Unix seconds (
 Durability: the connection runs ``synchronous=NORMAL`` (WAL: a commit survives a killed
 process; only an OS crash or power loss may take the last commits back) and switches to
 ``synchronous=FULL`` around the writes an answer promises (feedback, fork, choose:
-``durable=True``), so their 201 means the row is on disk. Deferred writes (events, records,
-the input log) are queued on the writer thread: a killed process loses what was still queued
-(typically under a chunk's worth per session); ``close()`` drains the queue first.
+``durable=True``), so their 201 means the row is on disk. Deferred writes (events, records, the
+input log) queue on the writer thread: a kill loses what still waits; ``close()`` drains it.
 
 Threading: the synchronous methods are safe from any thread (one connection, one lock); the
 asyncio side calls them through the single writer thread: ``await store.run(store.method, ...)``
@@ -113,12 +112,13 @@ _ADDED_COLUMNS = {
         "restart_policy": "TEXT",
         "attention": "TEXT",
         "group_id": "TEXT",
+        "adapters": "TEXT",
     },
     "preferences": {"session_id": "TEXT", "model_id": "TEXT", "weights_version": "TEXT"},
     "forks": {"seeds": "TEXT", "context_ref": "TEXT"},
 }
 # record columns holding JSON
-_RECORD_JSON = ("timesteps", "actions", "noise_seeds", "sigmas", "kv_window")
+_RECORD_JSON = ("timesteps", "actions", "noise_seeds", "sigmas", "kv_window", "adapters")
 
 _SESSION_FIELDS = frozenset(
     {"state", "segment", "frames_sent", "stalls", "fps_measured", "error", "prompt"}

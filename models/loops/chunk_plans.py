@@ -272,6 +272,8 @@ class ChunkPlanner:
 
     def _capture(self, state: ChunkRolloutState) -> dict[str, Any]:
         facts = chunk_capture(state, self._steps, self._m.precision)
+        if state.adapters:  # name@content-version:strength of each LoRA adapter it ran with
+            facts["adapters"] = self._m.adapters.versions(state.adapters)
         return {**facts, "restart_policy": self._restart_policy}
 
     # views of the state's tensors

@@ -44,6 +44,10 @@ async def test_sessions_with_different_adapters_interleave_and_each_equals_itsel
     await asyncio.gather(until_chunk(a, CHUNKS), until_chunk(b, CHUNKS))
     got_a, got_b = digests(a), digests(b)
     assert all(got_a[c] == alone_warm[c] and got_b[c] == alone_cold[c] for c in range(CHUNKS + 1))
+    await asyncio.gather(host.close_session(a.id), host.close_session(b.id))
+    await asyncio.sleep(0.2)  # the store's writer thread
+    [tagged] = {tuple(r["adapters"]) for r in served[3].records(a.id)}
+    assert len(tagged) == 1 and tagged[0].startswith("warm@b2:") and tagged[0].endswith(":1")
     with pytest.raises(UnsupportedTaskError, match="not registered") as info:
         host.create_session(prompt=PROMPT, adapters=(("nobody", 1.0),))
     assert info.value.field == "adapters"
