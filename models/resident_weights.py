@@ -248,18 +248,12 @@ def _validated(
     live: Mapping[str, torch.Tensor],
     mode: UpdateMode,
 ) -> dict[str, torch.Tensor]:
-    mapped: dict[str, torch.Tensor] = {}
-    unexpected, twice = [], []
-    for key, tensor in raw.items():
-        if key.startswith(_OTHER_COMPONENTS):
-            continue
-        name = _native(key, live)
-        if name is None:
-            unexpected.append(key)
-        elif name in mapped:
-            twice.append(name)
-        else:
-            mapped[name] = tensor
+    from models.checkpoint import map_keys
+
+    ours = [k for k in raw if not k.startswith(_OTHER_COMPONENTS)]
+    mapping = map_keys(ours, "dit", lambda key: _native(key, live))
+    mapped = {name: raw[key] for name, key in mapping.native.items()}
+    unexpected, twice = mapping.unexpected, mapping.ambiguous
     missing = [k for k in live if k not in mapped] if mode == "full" else []
     if unexpected or twice or missing or not mapped:
         raise WeightUpdateError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -57,34 +58,30 @@ def weights_info(request: Request, grant: AuthGrant, model: str | None = None) -
         raise _refused(exc) from None
 
 
-@router.post("/weights")
-async def sync_weights(body: WeightsBody, request: Request, grant: AuthGrant) -> dict[str, Any]:
-    trainer = _trainer(request, grant)
+async def _answer(call: Awaitable[Any]) -> dict[str, Any]:
     try:
-        result = await trainer.weights.sync(body.path, mode=body.mode, model=body.model)
+        result = await call
     except Exception as exc:
         raise _refused(exc) from None
     return dataclasses.asdict(result)
+
+
+@router.post("/weights")
+async def sync_weights(body: WeightsBody, request: Request, grant: AuthGrant) -> dict[str, Any]:
+    trainer = _trainer(request, grant)
+    return await _answer(trainer.weights.sync(body.path, mode=body.mode, model=body.model))
 
 
 @router.post("/sleep")
 async def sleep(body: ComponentsBody, request: Request, grant: AuthGrant) -> dict[str, Any]:
     trainer = _trainer(request, grant)
-    try:
-        result = await trainer.sleep.sleep(body.components, model=body.model)
-    except Exception as exc:
-        raise _refused(exc) from None
-    return dataclasses.asdict(result)
+    return await _answer(trainer.sleep.sleep(body.components, model=body.model))
 
 
 @router.post("/wake")
 async def wake(body: ComponentsBody, request: Request, grant: AuthGrant) -> dict[str, Any]:
     trainer = _trainer(request, grant)
-    try:
-        result = await trainer.sleep.wake(body.components, model=body.model)
-    except Exception as exc:
-        raise _refused(exc) from None
-    return dataclasses.asdict(result)
+    return await _answer(trainer.sleep.wake(body.components, model=body.model))
 
 
 @router.post("/rollouts", status_code=202)

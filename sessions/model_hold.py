@@ -29,7 +29,7 @@ from runtime.admission import Reject
 from sessions.loop_handle import LoopHandleLike
 from sessions.served_models import ServedModels
 
-__all__ = ["HeldLoop", "HoldTimeout", "ModelHold"]
+__all__ = ["HeldLoop", "HoldTimeout", "ModelControl", "ModelHold"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class ModelHold:
         )
         start_s = time.perf_counter()
         live = [(owner, h) for owner, h in self._loops(model_id) if not h.done]
+        paused = [bool(getattr(h, "paused", False)) for _, h in live]  # advance unpauses them
         futures = [
             h.at_boundary(_holder(h), after_chunk=after_chunk, advance=True) for _, h in live
         ]
@@ -87,8 +88,11 @@ class ModelHold:
             if fut in done and fut.exception() is None  # an ended loop is not held
         ]
         if pending:
-            for fut in pending:
-                fut.cancel()  # a boundary call never run is skipped (BoundaryCall.run)
+            for (_, h), fut, was_paused in zip(live, futures, paused, strict=True):
+                if fut in pending:
+                    fut.cancel()  # a boundary call never run is skipped (BoundaryCall.run)
+                    if was_paused:
+                        h.pause()  # as it was before ``advance`` ran it
             self.release(model_id, held)
             raise HoldTimeout(
                 f"model {model_id}: {len(pending)} of {len(live)} loops did not reach a "
@@ -117,3 +121,27 @@ def _holder(handle: LoopHandleLike) -> Callable[[Any], int | None]:
         return getattr(state, "next_chunk", getattr(state, "chunk", None))
 
     return hold
+
+
+class ModelControl:
+    """Base of the controls that stop a model through a ``ModelHold`` (weight sync, sleep):
+    the served models, the hold, the lock they share (one at a time per server), how long a
+    loop may take to reach its boundary and the ``Retry-After`` admission answers meanwhile."""
+
+    retry_after_s = 2.0
+
+    def __init__(
+        self,
+        models: ServedModels,
+        hold: ModelHold,
+        *,
+        lock: asyncio.Lock,
+        timeout_s: float = 30.0,
+        retry_after_s: float | None = None,
+    ) -> None:
+        self._models = models
+        self._hold = hold
+        self.lock = lock
+        self.timeout_s = timeout_s
+        if retry_after_s is not None:
+            self.retry_after_s = retry_after_s

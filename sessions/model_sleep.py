@@ -18,9 +18,10 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sessions.events import ModelSleep as ModelSleepEvent
-from sessions.model_hold import HeldLoop, ModelHold
+from sessions.model_hold import HeldLoop, ModelControl, ModelHold
 from sessions.served_models import ServedModels
 
 __all__ = ["ModelSleep", "SleepResult"]
@@ -38,23 +39,13 @@ class SleepResult:
     seconds: float  # hold + offload, or the copy back + release
 
 
-class ModelSleep:
+class ModelSleep(ModelControl):
     """See the module docstring. Event-loop thread only."""
 
-    def __init__(
-        self,
-        models: ServedModels,
-        hold: ModelHold,
-        *,
-        lock: asyncio.Lock,
-        timeout_s: float = 30.0,
-        retry_after_s: float = 5.0,
-    ) -> None:
-        self._models = models
-        self._hold = hold
-        self.lock = lock
-        self.timeout_s = timeout_s
-        self.retry_after_s = retry_after_s
+    retry_after_s = 5.0
+
+    def __init__(self, models: ServedModels, hold: ModelHold, **options: Any) -> None:
+        super().__init__(models, hold, **options)
         self._held: dict[str, list[HeldLoop]] = {}
 
     def asleep(self, model: str | None = None) -> tuple[str, ...]:

@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sessions.events import WeightsUpdated
-from sessions.model_hold import ModelHold
-from sessions.served_models import ServedModels
+from sessions.model_hold import ModelControl
 
 __all__ = ["InvalidWeightsError", "SyncResult", "WeightSync", "WeightSyncError"]
 
@@ -57,23 +56,8 @@ class SyncResult:
     total_s: float
 
 
-class WeightSync:
+class WeightSync(ModelControl):
     """See the module docstring. Event-loop thread only."""
-
-    def __init__(
-        self,
-        models: ServedModels,
-        hold: ModelHold,
-        *,
-        lock: asyncio.Lock,
-        timeout_s: float = 30.0,
-        retry_after_s: float = 2.0,
-    ) -> None:
-        self._models = models
-        self._hold = hold
-        self.lock = lock
-        self.timeout_s = timeout_s
-        self.retry_after_s = retry_after_s
 
     def version(self, model: str | None = None) -> str:
         return str(self._models.resolve(model).weights.version)
