@@ -16,6 +16,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse
 
 from server.routes_system import ApiError, AuthGrant, creation_errors, ctx_of, require_general
 from server.schemas import ComponentsBody, RolloutBody, WeightsBody
@@ -98,6 +99,7 @@ async def submit_rollouts(body: RolloutBody, request: Request, grant: AuthGrant)
             width=body.width,
             height=body.height,
             model=body.model,
+            latents=body.latents,
         )
     return {"id": group.group_id, "samples": [j.id for j in group.jobs], "seeds": group.seeds}
 
@@ -115,3 +117,18 @@ async def rollout_group(group_id: str, request: Request, grant: AuthGrant) -> di
         await asyncio.wait_for(group.finished.wait(), 30.0)
     records = await ctx.store.run(ctx.trainer.rollouts.records, group)
     return {**group.view(), "records": records}
+
+
+@router.get("/rollouts/{group_id}/latents/{sample_id}/{chunk}")
+async def rollout_latents(
+    group_id: str, sample_id: str, chunk: int, request: Request, grant: AuthGrant
+) -> FileResponse:
+    """One chunk's per-step latents of a sample of a group queued with ``"latents": true``:
+    an ``.npz`` of ``step_0`` ... (float32 ``[1, C, f, h, w]``, after each denoising step)."""
+    require_general(grant)
+    group = ctx_of(request).trainer.rollouts.group(group_id)
+    path = None if group is None else group.latents.get((sample_id, chunk))
+    if path is None:
+        raise ApiError(404, "not_found", f"no latents of {sample_id}@{chunk} in group {group_id!r}")
+    await asyncio.wait_for(group.finished.wait(), 30.0)  # every file of the group written
+    return FileResponse(path, media_type="application/octet-stream", filename=path.name)

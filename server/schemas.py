@@ -177,6 +177,7 @@ class RolloutBody(_Body):
     width: Dimension | None = None
     height: Dimension | None = None
     model: str | None = None
+    latents: bool = False  # keep each denoising step's latents (GET .../latents/{sample}/{chunk})
 
 
 class TokenBody(_Body):

@@ -79,12 +79,14 @@ class JobHost:
         job_id: str | None = None,
         group: bool = False,
         tap: Callable[[Emission], None] | None = None,
+        keep_latents: bool = False,
     ) -> Job:
         """Queues a job (batch class; never refused but while the model is held:
         ``ModelUnavailableError``). Raises ``KeyError``, ``ProfileError`` or
         ``UnsupportedTaskError`` for requests the model cannot serve. ``group``: a sample of a
         rollout group (the model's ``group_loop``: denoising steps batch with the group's
-        other samples); ``tap`` also hears every emission of its loop (the group's records)."""
+        other samples); ``tap`` also hears every emission of its loop (the group's records);
+        ``keep_latents``: each chunk's capture carries its per-step latents."""
         if self._closed:
             raise HostError("the job host is closed")
         served = self.models.resolve(model)
@@ -139,6 +141,7 @@ class JobHost:
             height=profile.height,
             steps=assumed_steps,
             seed=seed,
+            keep_latents=keep_latents,
         )
         on_emit = job.on_emission
         if tap is not None:

@@ -24,6 +24,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,8 @@ class RolloutGroup:
     jobs: list[Job] = field(default_factory=list)
     recorders: list[ChunkRecorder] = field(default_factory=list)
     watcher: asyncio.Task[None] | None = None
+    latents: dict[tuple[str, int], Path] = field(default_factory=dict)  # (sample, chunk) -> npz
+    pending: list[asyncio.Future[None]] = field(default_factory=list)  # latents being written
     finished: asyncio.Event = field(default_factory=asyncio.Event)  # every record written
 
     @property
@@ -66,6 +69,13 @@ class RolloutGroup:
             return "running"
         return "succeeded" if all(s == "succeeded" for s in states) else "failed"
 
+    def write_latents(self, root: Path, sample: str, chunk: int, steps: list[Any]) -> None:
+        """Writes ``steps`` (tensors ``[1, C, c, h, w]``, one per denoising step) of one chunk
+        as ``<root>/<sample>/<chunk>.npz`` (``step_0`` ...; float32) on a worker thread."""
+        path = root / sample / f"{chunk}.npz"
+        self.latents[(sample, chunk)] = path
+        self.pending.append(asyncio.get_running_loop().run_in_executor(None, _save, path, steps))
+
     def view(self) -> dict[str, Any]:
         return {
             "id": self.group_id,
@@ -75,7 +85,12 @@ class RolloutGroup:
             "state": self.state,
             "created_at": self.created_at,
             "samples": [
-                {"id": job.id, "seed": seed, **_sample(job)}
+                {
+                    "id": job.id,
+                    "seed": seed,
+                    **_sample(job),
+                    "latents": sorted(c for s, c in self.latents if s == job.id),
+                }
                 for job, seed in zip(self.jobs, self.seeds, strict=True)
             ],
         }
@@ -91,6 +106,7 @@ class RolloutGroups:
 
     def __init__(self, jobs: JobHost, store: Store, *, max_groups: int = 256) -> None:
         self._jobs = jobs
+        self._latents_dir = Path(jobs.artifact_dir) / "rollout_latents"
         self._store = store
         self._max_groups = max_groups
         self._groups: OrderedDict[str, RolloutGroup] = OrderedDict()
@@ -114,6 +130,7 @@ class RolloutGroups:
         width: int | None = None,
         height: int | None = None,
         model: str | None = None,
+        latents: bool = False,
     ) -> RolloutGroup:
         """Queue a group (module docstring). Raises what ``JobHost.submit_job`` raises, and
         ``UnsupportedTaskError`` for ``k``/``seeds`` that do not fit."""
@@ -152,7 +169,8 @@ class RolloutGroups:
                 seed=seed,
                 job_id=sample_id,
                 group=True,
-                tap=self._tap(recorder, prompt),
+                tap=self._tap(recorder, sample_id, prompt, group if latents else None),
+                keep_latents=latents,
             )
             group.jobs.append(job)
             group.recorders.append(recorder)
@@ -169,6 +187,7 @@ class RolloutGroups:
         for job in group.jobs:
             await job.wait_finished()
         await self._order.drain()
+        await asyncio.gather(*group.pending)
         for recorder in group.recorders:
             recorder.flush()
         group.finished.set()
@@ -192,15 +211,25 @@ class RolloutGroups:
         thread: ``await store.run(groups.records, group)``)."""
         return [r for job in group.jobs for r in self._store.records(job.id)]
 
-    def _tap(self, recorder: ChunkRecorder, prompt: str) -> Callable[[Emission], None]:
+    def _tap(
+        self,
+        recorder: ChunkRecorder,
+        sample_id: str,
+        prompt: str,
+        latents_of: RolloutGroup | None,
+    ) -> Callable[[Emission], None]:
         """A sample's media emissions -> its behaviour records (parts of a chunk joined; the
-        digest off the event loop, in emission order); the loop's end flushes the last."""
+        digest off the event loop, in emission order) and, with ``latents_of``, its per-step
+        latents written to the group's directory on a worker thread."""
         parts: list[np.ndarray] = []
 
         def tap(emission: Emission) -> None:
             if emission.spec.stream != Stream.MEDIA:
                 return
             meta: MediaMeta = emission.spec.meta
+            steps = (meta.capture or {}).get("step_latents")
+            if latents_of is not None and steps:
+                latents_of.write_latents(self._latents_dir, sample_id, meta.chunk, steps)
             parts.append(np.asarray(emission.output).copy())
             if not meta.final:
                 return
@@ -226,3 +255,13 @@ class RolloutGroups:
             self._order.digest(frames, record)
 
         return tap
+
+
+def _save(path: Path, steps: list[Any]) -> None:
+    # the loop's own copies (it starts a new list each chunk): read to the host here, off the
+    # event loop (a device read waits for the GPU)
+    arrays = {f"step_{i}": t.detach().float().cpu().numpy() for i, t in enumerate(steps)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)  # never a torn file

@@ -298,6 +298,8 @@ class ChunkPlanner:
         facts = chunk_capture(state, self._steps, self._m.precision)
         if state.adapters:  # name@content-version:strength of each LoRA adapter it ran with
             facts["adapters"] = self._m.adapters.versions(state.adapters)
+        if state.keep_latents:  # the tensors themselves (no device read here)
+            facts["step_latents"] = list(state.step_latents)
         return {**facts, "restart_policy": self._restart_policy}
 
     # views of the state's tensors

@@ -158,6 +158,7 @@ class ChunkRollout:
             window_latents=window,
             decoder=m.new_decoder_cache(lh, lw),
             adapters=[] if isinstance(request, JobRequest) else list(request.adapters),
+            keep_latents=isinstance(request, JobRequest) and request.keep_latents,
         )
 
     def absorb(self, state: ChunkRolloutState, inputs: Sequence[InputEvent]) -> ChunkRolloutState:
@@ -232,6 +233,8 @@ class ChunkRollout:
             state.recache_needed = False
         elif kind is PlanKind.CHUNK_STEP:
             state.latents = result.output
+            if state.keep_latents:  # a copy: a captured graph may reuse its output buffer
+                state.step_latents.append(result.output.clone())
             state.denoise_step += 1
             state.phase = Phase.DECODE if state.denoise_step == len(self._steps) else Phase.DENOISE
         elif kind is PlanKind.VAE_DECODE:
@@ -297,7 +300,7 @@ class ChunkRollout:
         finished steps are dropped; its audio and the audio still pending stay as they are,
         and an input latched anew replaces its kind's earlier ack)."""
         state.phase, state.denoise_step, state.latents = Phase.START, 0, None
-        state.decoded = 0
+        state.decoded, state.step_latents = 0, []
         if state.next_prompt is not None:
             if state.next_prompt_is_cut:
                 state.segment += 1

@@ -57,6 +57,8 @@ class ChunkRolloutState(LoopState, kw_only=True):
     # sync makes the next chunk re-encode the prompt and re-cache (chunk_rollout.next)
     weights_version: str = ""
     adapters: list[tuple[str, float]] = []  # LoRA adapters and strengths (models/lora.py)
+    keep_latents: bool = False  # a rollout sample's opt-in: every step's latents, per chunk
+    step_latents: list[torch.Tensor] = []  # [1, C, c, h, w] after each step of this chunk
     recache_needed: bool = False
     next_prompt: str | None = None  # a switch waiting for the next chunk boundary
     next_prompt_is_cut: bool = False

@@ -41,3 +41,4 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     steps: int | None = None
     seed: int = 0
     guidance_scale: float | None = None
+    keep_latents: bool = False  # chunk_rollout: each step's latents on the chunk's capture

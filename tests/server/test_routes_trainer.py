@@ -3,8 +3,10 @@ what admission answers meanwhile, and that only an admin may call them."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+import numpy as np
 import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import save_file
@@ -84,7 +86,7 @@ def test_a_rollout_group_is_k_jobs_with_records_the_export_carries(tmp_path: Pat
     from server.export import export
 
     with make_client(tmp_path, model="wan-tiny-random") as client:
-        body = {"prompt": "a red ball", "k": 2, "seeds": [5, 6], "num_frames": 9}
+        body = {"prompt": "a red ball", "k": 2, "seeds": [5, 6], "num_frames": 9, "latents": True}
         queued = client.post("/v1/rollouts", json=body)
         assert queued.status_code == 202, queued.text
         group_id, samples = queued.json()["id"], queued.json()["samples"]
@@ -102,6 +104,14 @@ def test_a_rollout_group_is_k_jobs_with_records_the_export_carries(tmp_path: Pat
         assert all(len(r["noise_seeds"]) == len(r["sigmas"]) == r["steps"] + 1 for r in records)
         for sample in samples:
             assert client.get(f"/v1/jobs/{sample}/artifact").status_code == 200
+        assert [s["latents"] for s in view["samples"]] == [[0], [0]]
+        npz = client.get(f"/v1/rollouts/{group_id}/latents/{samples[0]}/0")
+        assert npz.status_code == 200, npz.text
+        steps = np.load(io.BytesIO(npz.content))
+        arrays = [steps[f"step_{i}"] for i in range(records[0]["steps"])]
+        assert len(steps.files) == len(arrays) and arrays[0].ndim == 5
+        assert not np.array_equal(arrays[0], arrays[-1]), "each step's own latents"
+        assert client.get(f"/v1/rollouts/{group_id}/latents/{samples[0]}/9").status_code == 404
         assert client.post("/v1/rollouts", json={**body, "seeds": [1, 1]}).status_code == 422
         assert client.get("/v1/rollouts/grp_none").status_code == 404
     export(tmp_path / "data", tmp_path / "export")
