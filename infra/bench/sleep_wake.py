@@ -14,6 +14,11 @@ process, each variant of ``--variants``:
 - ``sync_host`` / ``sync_device``: a full update from a state dict in host memory / on the
   device (a co-located trainer's tensors), prepare and apply timed apart.
 - ``sync_delta``: a delta of one block's attention projections (4 tensors) from host memory.
+- ``sync_graphs``: does an in-place sync reach captured CUDA graphs? A bounded session stream
+  on slab 0 with CUDA graphs on (``--sync-chunks`` chunks: the graphs of its steady state are
+  captured), a full sync (weights x 1.01), the same stream again (replaying the graphs captured
+  before the sync), then once more with graphs off: the last two must be bit-identical (and
+  differ from the first). The graph counters show the second run replayed without capturing.
 
 Prints one table last and writes ``--json``. What the serving path adds on top (holding loops
 at a chunk boundary, the re-encode and re-cache of each session's next chunk) is a chunk or two
@@ -49,6 +54,7 @@ VARIANTS = (
     "sync_host",
     "sync_device",
     "sync_delta",
+    "sync_graphs",
 )
 _GIB = 2**30
 
@@ -123,7 +129,47 @@ def run_sync(instance: Any, source: Any, mode: str) -> dict[str, Any]:
     }
 
 
-def run_variant(instance: Any, variant: str, tmp: Path) -> dict[str, Any]:
+def _stream(instance: Any, chunks: int) -> list[Any]:
+    import asyncio
+
+    from models.loops.requests import SessionRequest
+    from runtime.driver import run_inline
+
+    request = SessionRequest(prompt="a red ball on grass", seed=0, max_chunks=chunks, kv_slab=0)
+    _, emissions = asyncio.run(run_inline(instance.loop("chunk_rollout"), request, instance))
+    frames = [e.output for e in emissions if e.spec.stream == "media"]
+    return [f.result() if hasattr(f, "result") else f for f in frames]
+
+
+def run_sync_graphs(instance: Any, chunks: int) -> dict[str, Any]:
+    import numpy as np
+
+    instance.reserve_kv_slabs(instance.card.default_profile, 1)
+    instance.configure(cuda_graphs=True)
+    graphs = instance.dit.chunk_graphs
+    before = _stream(instance, chunks)
+    captured = dict(graphs.stats)
+    new = {k: v.detach() * 1.01 for k, v in instance.dit.state_dict().items()}
+    instance.weights.apply(instance.weights.prepare(new))
+    replayed = _stream(instance, chunks)
+    after = dict(graphs.stats)
+    instance.configure(cuda_graphs=False)
+    eager = _stream(instance, chunks)
+    same = len(replayed) == len(eager) and all(
+        np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(replayed, eager, strict=True)
+    )
+    return {
+        "chunks": chunks,
+        "captures_first": captured["captures"],
+        "replays_first": captured["replays"],
+        "captures_after_sync": after["captures"] - captured["captures"],
+        "replays_after_sync": after["replays"] - captured["replays"],
+        "bit_identical": same,
+        "changed": not np.array_equal(np.asarray(before[-1]), np.asarray(replayed[-1])),
+    }
+
+
+def run_variant(instance: Any, variant: str, tmp: Path, chunks: int = 12) -> dict[str, Any]:
     dit = instance.dit
     if variant == "sleep_dit":
         return run_sleep(instance, ["dit"])
@@ -153,17 +199,20 @@ def run_variant(instance: Any, variant: str, tmp: Path) -> dict[str, Any]:
         names = [f"blocks.0.self_attn.{p}.weight" for p in ("q", "k", "v", "o")]
         state = dit.state_dict()
         return run_sync(instance, {n: torch.zeros_like(state[n]).cpu() for n in names}, "delta")
+    if variant == "sync_graphs":
+        return run_sync_graphs(instance, chunks)
     raise ValueError(f"unknown variant {variant!r}; known: {VARIANTS}")
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| variant | freed GiB | sleep s | wake s | bit-identical | prepare s | apply s | GiB |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| variant | freed GiB | sleep s | wake s | bit-identical | prepare s | apply s | GiB "
+        "| graphs after sync |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['variant']} | error: {r['error']} | | | | | | |")
+            lines.append(f"| {r['variant']} | error: {r['error']} | | | | | | | |")
             continue
 
         def f(key: str, r: dict[str, Any] = r) -> str:
@@ -176,7 +225,12 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
         lines.append(
             f"| {r['variant']} | {f('freed_gib')} | {f('sleep_s')} | {f('wake_s')} | "
-            f"{f('bit_identical')} | {f('prepare_s')} | {f('apply_s')} | {f('gib')} |"
+            f"{f('bit_identical')} | {f('prepare_s')} | {f('apply_s')} | {f('gib')} | "
+            + (
+                f"{r['captures_after_sync']} captures, {r['replays_after_sync']} replays |"
+                if "replays_after_sync" in r
+                else " |"
+            )
         )
     return "\n".join(lines)
 
@@ -186,6 +240,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--card", default="wan2.1-1.3b-causal")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--sync-chunks", type=int, default=0, help="sync_graphs stream (0: auto)")
     parser.add_argument(
         "--json", default=os.path.join(os.environ.get("OUT", "."), "sleep_wake.json")
     )
@@ -209,7 +264,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         for variant in [v for v in args.variants.split(",") if v]:
             try:
-                row = {"variant": variant, **run_variant(instance, variant, Path(tmp))}
+                chunks = (
+                    args.sync_chunks or instance.warmup_chunks(instance.card.default_profile) + 2
+                )
+                row = {"variant": variant, **run_variant(instance, variant, Path(tmp), chunks)}
             except Exception as exc:
                 traceback.print_exc()
                 row = {"variant": variant, "error": f"{type(exc).__name__}: {exc}"[:200]}
