@@ -133,11 +133,13 @@ class WanInstance:
         self._compiled = False
         self._fp8 = False
         self.levers: dict[str, Any] = {"attention": "auto", "overlap_decode": False}
-        # content hash of the loaded weights (models.weights_digest), set by load_instance;
-        # weight updates, sleep and wake: models/resident_weights.py
-        self.weights_digest = ""
-        self.weights = ResidentWeights(self)
+        self.weights_digest = ""  # content hash (models.weights_digest), set by load_instance
+        self.weights = ResidentWeights(self)  # updates, sleep, wake
         self.adapters = LoRAAdapters(dit, device=device, dtype=self.dtype)  # models/lora.py
+        # deploy-scope extensions (name -> default params; models/loops/extensions.py) and
+        # observers of every block of a hooked step (runtime.traces): set by the server
+        self.extensions: dict[str, Any] = {}
+        self.block_observers: tuple[Any, ...] = ()
 
     def configure(
         self,
@@ -265,8 +267,7 @@ class WanInstance:
             raise InstanceError(f"card {self.card.model_id!r}: {exc.args[0]}") from None
 
     def group_loop(self, capability: str) -> Any:
-        """The loop of ``capability`` for one rollout group: its K samples' denoising steps
-        run as one batch (``models.loops.rollout_group``)."""
+        """``capability``'s loop for a rollout group's samples (``models.loops.rollout_group``)."""
         return group_loop(self, capability) or self.loop_for(capability)
 
     def loop_for(self, capability: str) -> Any:
@@ -468,7 +469,6 @@ def load_instance(
     )
     instance = WanInstance(card, dit, vae, text, device=dev, precision=prec)
     instance.weights_digest = _weights_digest(card, seed, random_weights, checkpoint_dir)
-    # embeddings are keyed by the content hash (a weight sync changes it), else the label
     text.weights_version = instance.weights_digest or card.weights_version
     if compile:
         instance.compile()

@@ -1,16 +1,14 @@
 """FastAPI application factory and composition root: the one place that builds the engine,
 loads the model and wires sessions, store, auth, WebRTC and metrics together.
 
-``create_app(ServerConfig(...))`` returns an app whose lifespan does the work:
-
-startup   store (SQLite under ``data_dir``) + recovery -> model instance(s) and their LoRA
-          adapters -> engine (cost model calibrated from ``data_dir/cost/<card>@<device>.json``
-          when present, the policy ``config.scheduler``, admission with KV/peak/compute
-          capacities, one executor thread, metrics as a batch listener) -> KV slab pool ->
-          session, job host and trainer controls on the same served models (the job host
-          resumes unfinished jobs) -> ICE host restriction and encoder bitrate
-shutdown  viewers' peers -> sessions, jobs -> engine -> store; the process-wide aiortc/aioice
-          settings restored, the cost calibration saved to that file: nothing keeps running.
+``create_app(ServerConfig(...))`` returns an app whose lifespan does the work. Startup: store
+(SQLite under ``data_dir``) + recovery -> model instance(s), their LoRA adapters and extensions
+-> engine (cost model calibrated from ``data_dir/cost/<card>@<device>.json`` when present, the
+policy ``config.scheduler``, admission, one executor thread, metrics as a batch listener) -> KV
+slab pool -> session host, job host (resumes unfinished jobs) and trainer controls on the same
+served models -> ICE host restriction and encoder bitrate. Shutdown: viewers' peers ->
+sessions, jobs -> engine -> store; the process-wide aiortc/aioice settings restored, the cost
+calibration saved to that file: nothing of the server keeps running.
 
 Routes (``server.routes_*``) reach these objects through ``request.app.state.ctx``.
 """
@@ -78,11 +76,9 @@ class ServerConfig:
     scheduler: str = "step-edf"
     deterministic: bool = False  # batched plans bit-identical to solo runs (replay, A/B tests)
     compile: bool = False  # GPU serving: WanInstance.compile()
-    # with ``compile``: the self-attention kernel (models.wan.attention_kernels) and CUDA graphs
-    attention: str = "auto"
-    cuda_graphs: bool = False
-    # one internal session before serving, so no user waits for compilation (None: if compiled)
-    warmup: bool | None = None
+    attention: str = "auto"  # with ``compile``: the kernel (models.wan.attention_kernels)
+    cuda_graphs: bool = False  # with ``compile``: CUDA graphs of the steady chunk forward
+    warmup: bool | None = None  # a session before serving compiles every graph (None: if compiled)
     checkpoint_dir: Path | None = None  # weights of a card with external weights
     adapters: tuple[str, ...] = ()  # "NAME=PATH": LoRA adapters sessions may name
     random_weights: bool = False  # seeded random weights whatever the card says (benchmarks)
@@ -96,6 +92,7 @@ class ServerConfig:
     control_rate_per_s: float = 30.0
     livekit_key: str | None = None  # None: LIVEKIT_API_KEY (to mint join tokens)
     livekit_secret: str | None = None  # None: LIVEKIT_API_SECRET
+    extensions: tuple[str, ...] = ()  # --extension NAME[:k=v,...] (models/loops/extensions.py)
     web_dir: Path | None = field(default=_WEB_DIR)
 
 
@@ -226,10 +223,12 @@ async def _build(config: ServerConfig) -> ServerContext:
     from models import registry
     from models.instance import load_instance
     from models.loops.chunk_restart import RestartCutsOnly
+    from models.loops.extensions import deploy_extensions
     from models.loops.inputs import action_vector, normalize_keys
     from runtime.admission import AdmissionConfig, AdmissionController
     from runtime.cost import CostModel, DeviceConstants
     from runtime.engine import Engine
+    from runtime.extensions import parse_extension_arg
     from runtime.lead import AdaptiveLead, FixedLead
     from runtime.observers import NaNWatch, Profiler
     from runtime.policies import make_scheduler
@@ -256,6 +255,7 @@ async def _build(config: ServerConfig) -> ServerContext:
     if config.compile:
         instance.compile(attention=config.attention, cuda_graphs=config.cuda_graphs)
     instance.adapters.register_specs(config.adapters)  # AdapterError: a bad one, before serving
+    instance.extensions = deploy_extensions([parse_extension_arg(a) for a in config.extensions])
     fast = config.steering == "fast"
     if not fast:
         instance.chunk_restart = RestartCutsOnly()

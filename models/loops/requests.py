@@ -11,6 +11,8 @@ latest wins; a change of the held keys may restart the chunk in flight too) or a
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -42,3 +44,7 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     seed: int = 0
     guidance_scale: float | None = None
     keep_latents: bool = False  # chunk_rollout: each step's latents on the chunk's capture
+    # extension name -> parameter overrides (only of extensions the server enabled; each
+    # validated by the extension's schema before the loop starts, ``runtime.extensions``)
+    extensions: dict[str, dict[str, Any]] = {}
+    exact: bool = False  # refuse distribution-altering extension parameters

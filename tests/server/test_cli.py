@@ -154,3 +154,17 @@ def test_serve_takes_the_latency_mode_and_the_steering_path(monkeypatch) -> None
     assert main([*argv, "--port", "9"]) == 0
     config = served[1].state.config
     assert (config.chunk_frames, config.random_weights, config.steering) == (1, True, "baseline")
+
+
+def test_serve_enables_extensions_and_refuses_bad_ones(monkeypatch, capsys) -> None:
+    import uvicorn
+
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    assert main(["serve", "--extension", "fbcache:threshold=0.05", "--port", "9"]) == 0
+    assert served[0].state.config.extensions == ("fbcache:threshold=0.05",)
+    assert main(["serve", "--extension", "taylorseer"]) == 2
+    assert "unknown extension 'taylorseer'" in capsys.readouterr().err
+    assert main(["serve", "--extension", "fbcache:threshold=-1"]) == 2
+    assert "threshold" in capsys.readouterr().err
+    assert len(served) == 1
