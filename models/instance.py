@@ -39,6 +39,9 @@ from models.loops.ops import (
     TextEncodeOp,
 )
 from models.loops.registry import build_loop
+from models.loops.rollout_group import group_loop
+from models.lora import LoRAAdapters
+from models.resident_weights import ResidentWeights
 from models.wan.attention import WanSelfAttention
 from models.wan.attention_kernels import UnknownBackendError, select_backend
 from models.wan.cuda_graphs import ChunkGraphs
@@ -130,8 +133,9 @@ class WanInstance:
         self._compiled = False
         self._fp8 = False
         self.levers: dict[str, Any] = {"attention": "auto", "overlap_decode": False}
-        # content hash of the loaded weights (models.weights_digest), set by load_instance
-        self.weights_digest = ""
+        self.weights_digest = ""  # content hash (models.weights_digest), set by load_instance
+        self.weights = ResidentWeights(self)  # updates, sleep, wake
+        self.adapters = LoRAAdapters(dit, device=device, dtype=self.dtype)  # models/lora.py
         # deploy-scope extensions (name -> default params; models/loops/extensions.py) and
         # observers of every block of a hooked step (runtime.traces): set by the server
         self.extensions: dict[str, Any] = {}
@@ -261,6 +265,10 @@ class WanInstance:
             return build_loop(self, spec)
         except KeyError as exc:
             raise InstanceError(f"card {self.card.model_id!r}: {exc.args[0]}") from None
+
+    def group_loop(self, capability: str) -> Any:
+        """``capability``'s loop for a rollout group's samples (``models.loops.rollout_group``)."""
+        return group_loop(self, capability) or self.loop_for(capability)
 
     def loop_for(self, capability: str) -> Any:
         """The Loop the card names for ``capability`` (e.g. ``"text_to_video"``: a causal card
@@ -461,6 +469,7 @@ def load_instance(
     )
     instance = WanInstance(card, dit, vae, text, device=dev, precision=prec)
     instance.weights_digest = _weights_digest(card, seed, random_weights, checkpoint_dir)
+    text.weights_version = instance.weights_digest or card.weights_version
     if compile:
         instance.compile()
     return instance

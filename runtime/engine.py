@@ -138,7 +138,6 @@ class Engine:
         self._broken: BaseException | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
-
     @property
     def state(self) -> EngineState:
         return self._state
@@ -189,7 +188,6 @@ class Engine:
         self._closed.set()  # type: ignore[union-attr]
 
     # -- loops ------------------------------------------------------------------------------
-
     def spawn(
         self,
         loop: Loop[Any],
@@ -356,14 +354,16 @@ class Engine:
         self._drop_queued(record, Cancelled(record.loop_id, reason))
         self._poke()
 
-    def set_loop_paused(self, record: LoopRecord, paused: bool) -> None:
-        if record.status is not LoopStatus.RUNNING or record.paused == paused:
+    def set_loop_paused(self, record: LoopRecord, paused: bool, *, hold: bool = False) -> None:
+        if record.status is not LoopStatus.RUNNING:
             return
-        record.paused = paused
-        if paused:
-            self.scheduler.pause_loop(record.loop_id)
-        else:
-            self.scheduler.resume_loop(record.loop_id)
+        stopped = record.stopped
+        if hold and record.held and not paused:  # a released loop re-describes its plan
+            self._drop_queued(record, PlanWithdrawn(record.loop_id))
+        setattr(record, "held" if hold else "paused", paused)
+        if record.stopped != stopped:
+            pause = self.scheduler.pause_loop if record.stopped else self.scheduler.resume_loop
+            pause(record.loop_id)
         self._poke()
 
     def set_loop_media_t0(self, record: LoopRecord, t0_s: float) -> None:

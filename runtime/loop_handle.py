@@ -3,7 +3,10 @@
 
 Loop status is a state machine: ``running -> succeeded | failed | cancelled`` (terminal); the
 engine moves it through ``LoopRecord.transition``. Pausing is a flag, not a status: a paused
-loop is still running, its plans just are not picked.
+loop is still running, its plans just are not picked. A *hold* (``LoopHandle.hold``) is a second
+flag of the same effect that only its owner lifts (a weight sync, a sleeping model): a session
+resuming for its viewer does not undo it. Releasing a hold withdraws the plan it left queued, so
+the loop describes it again from the model as it is now (new weights, a woken component).
 
 Everything here runs on the event loop; the handle delegates every action to the engine
 through the ``LoopControl`` protocol (the engine implements it).
@@ -109,6 +112,7 @@ class LoopRecord:
     task: asyncio.Task[None] | None = None
     status: LoopStatus = LoopStatus.RUNNING
     paused: bool = False
+    held: bool = False  # stopped by its hold's owner, whatever ``paused`` says
     cancel_reason: str | None = None
     queued_plan: int | None = None
     inputs: deque[InputEvent] = field(default_factory=deque)
@@ -128,6 +132,11 @@ class LoopRecord:
     @property
     def done(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def stopped(self) -> bool:
+        """Its plans are not picked: paused or held."""
+        return self.paused or self.held
 
     def on_boundary(self, driver: Driver[Any]) -> None:
         """The driver's step-boundary hook: cancellation lands here, pending snapshots are taken."""
@@ -209,7 +218,7 @@ class LoopControl(Protocol):
 
     def cancel_loop(self, record: LoopRecord, reason: str) -> None: ...
 
-    def set_loop_paused(self, record: LoopRecord, paused: bool) -> None: ...
+    def set_loop_paused(self, record: LoopRecord, paused: bool, *, hold: bool = False) -> None: ...
 
     def set_loop_media_t0(self, record: LoopRecord, t0_s: float) -> None: ...
 
@@ -343,6 +352,20 @@ class LoopHandle:
 
     def resume(self) -> None:
         self._control.set_loop_paused(self._record, False)
+
+    @property
+    def held(self) -> bool:
+        return self._record.held
+
+    def hold(self) -> None:
+        """Stop picking its plans until ``release``, whatever ``pause``/``resume`` do
+        meanwhile. Call it at a boundary (``at_boundary``) for a loop that stops there."""
+        self._control.set_loop_paused(self._record, True, hold=True)
+
+    def release(self) -> None:
+        """Lift the hold: a plan left queued is withdrawn (described again), and the loop
+        runs unless it is paused. Idempotent."""
+        self._control.set_loop_paused(self._record, False, hold=True)
 
     def set_media_t0(self, t0_s: float) -> None:
         """Re-anchor realtime deadlines (viewer connected or resumed), engine clock seconds."""

@@ -1,20 +1,16 @@
 """FastAPI application factory and composition root: the one place that builds the engine,
 loads the model and wires sessions, store, auth, WebRTC and metrics together.
 
-``create_app(ServerConfig(...))`` returns an app whose lifespan does the work:
+``create_app(ServerConfig(...))`` returns an app whose lifespan does the work. Startup: store
+(SQLite under ``data_dir``) + recovery -> model instance(s), their LoRA adapters and extensions
+-> engine (cost model calibrated from ``data_dir/cost/<card>@<device>.json`` when present, the
+policy ``config.scheduler``, admission, one executor thread, metrics as a batch listener) -> KV
+slab pool -> session host, job host (resumes unfinished jobs) and trainer controls on the same
+served models -> ICE host restriction and encoder bitrate. Shutdown: viewers' peers ->
+sessions, jobs -> engine -> store; the process-wide aiortc/aioice settings restored, the cost
+calibration saved to that file: nothing of the server keeps running.
 
-startup   store (SQLite under ``data_dir``) + recovery -> model instance(s) -> engine (cost model
-          calibrated from ``data_dir/cost/<card>@<device>.json`` when present, the scheduling
-          policy ``config.scheduler``, admission with KV/peak/compute capacities, one executor
-          thread, metrics as a batch listener) -> KV slab pool -> session host and job host on
-          the same served models (the job host resumes unfinished jobs) -> ICE host
-          restriction and encoder bitrate
-shutdown  viewers' peers -> sessions and jobs -> engine -> store, then the process-wide
-          aiortc/aioice settings are restored and the cost calibration is saved to that file.
-          Nothing of the server keeps running.
-
-Routes live in ``server.routes_sessions``, ``server.routes_jobs`` and ``server.routes_system``;
-they reach these objects through ``request.app.state.ctx`` (a ``ServerContext``).
+Routes (``server.routes_*``) reach these objects through ``request.app.state.ctx``.
 """
 
 from __future__ import annotations
@@ -45,6 +41,7 @@ from sessions.job_host import JobHost
 from sessions.recording import Recording
 from sessions.served_models import ServedModels
 from sessions.store import Store
+from sessions.trainer_controls import TrainerControls
 
 __all__ = ["DEFAULT_MODEL", "ServerConfig", "ServerContext", "create_app"]
 
@@ -79,12 +76,11 @@ class ServerConfig:
     scheduler: str = "step-edf"
     deterministic: bool = False  # batched plans bit-identical to solo runs (replay, A/B tests)
     compile: bool = False  # GPU serving: WanInstance.compile()
-    # with ``compile``: the self-attention kernel (models.wan.attention_kernels) and CUDA graphs
-    attention: str = "auto"
-    cuda_graphs: bool = False
-    # one internal session before serving, so no user waits for compilation (None: if compiled)
-    warmup: bool | None = None
+    attention: str = "auto"  # with ``compile``: the kernel (models.wan.attention_kernels)
+    cuda_graphs: bool = False  # with ``compile``: CUDA graphs of the steady chunk forward
+    warmup: bool | None = None  # a session before serving compiles every graph (None: if compiled)
     checkpoint_dir: Path | None = None  # weights of a card with external weights
+    adapters: tuple[str, ...] = ()  # "NAME=PATH": LoRA adapters sessions may name
     random_weights: bool = False  # seeded random weights whatever the card says (benchmarks)
     chunk_frames: int | None = None  # latent frames per chunk (1: the latency mode); None: card's
     # "fast": the time-to-steer cuts (adaptive lead, queued plans withdrawn for inputs, chunks
@@ -120,6 +116,7 @@ class ServerContext:
     pacers: dict[str, FramePacer] = field(default_factory=dict)
     room_factory: Callable[[], RoomConnection] = LiveKitRoom
     forks: Any = None  # sessions.forks.ForkRegistry
+    trainer: Any = None  # sessions.trainer_controls.TrainerControls
 
     @property
     def livekit_credentials(self) -> LiveKitCredentials:
@@ -258,6 +255,7 @@ async def _build(config: ServerConfig) -> ServerContext:
     )
     if config.compile:
         instance.compile(attention=config.attention, cuda_graphs=config.cuda_graphs)
+    instance.adapters.register_specs(config.adapters)  # AdapterError: a bad one, before serving
     instance.extensions = deploy_extensions([parse_extension_arg(a) for a in config.extensions])
     fast = config.steering == "fast"
     if not fast:
@@ -343,6 +341,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         device=device,
         model_id=model_id,
         forks=ForkRegistry(host),
+        trainer=TrainerControls.build(host, jobs, engine),
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
     if config.ice_hosts:
@@ -458,6 +457,7 @@ async def _teardown(ctx: ServerContext) -> None:
             await peer.close()
     await ctx.host.close()
     await ctx.jobs.close()
+    await ctx.trainer.close()
     await ctx.engine.close()
     if ctx.host.recording is not None:  # queued snapshots and chunk media, then the store
         await asyncio.to_thread(ctx.host.recording.close)
@@ -471,7 +471,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     """The dreamrt app for ``config`` (keyword overrides replace its fields)."""
     from dataclasses import replace
 
-    from server import routes_jobs, routes_sessions, routes_system
+    from server import routes_jobs, routes_sessions, routes_system, routes_trainer
 
     config = replace(config or ServerConfig(), **overrides)
     if isinstance(config.data_dir, str):
@@ -496,5 +496,6 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     app.include_router(routes_system.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_jobs.router)
+    app.include_router(routes_trainer.router)
     routes_system.mount_web(app, config.web_dir)
     return app

@@ -93,6 +93,14 @@ def _build_parser() -> argparse.ArgumentParser:
         help="checkpoint directory of a card with external weights (laid out as its manifest says)",
     )
     serve.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="register a LoRA adapter (a safetensors file; PEFT or diffusers keys) sessions may "
+        "name; repeatable",
+    )
+    serve.add_argument(
         "--compile",
         action="store_true",
         help="GPU serving: torch.compile the DiT blocks and the VAE decoder, decode on a second "
@@ -258,6 +266,7 @@ def _serve(args: argparse.Namespace) -> int:
         cuda_graphs=args.cuda_graphs,
         warmup=False if args.no_warmup else None,
         checkpoint_dir=args.checkpoint,
+        adapters=tuple(args.adapter),
         random_weights=args.random_weights,
         chunk_frames=args.chunk_frames,
         steering=args.steering,

@@ -110,6 +110,7 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
             seed=body.seed,
             priority_class=body.priority_class,
             start=body.start,
+            adapters=tuple((a.name, a.strength) for a in body.adapters),
         )
     if isinstance(answer, Reject):
         raise _capacity(answer, "no capacity for another session")

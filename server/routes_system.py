@@ -7,6 +7,7 @@ Also the shared edge helpers: ``ApiError`` (an error answer with a machine-reada
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -62,12 +63,16 @@ def field_error(field: str, message: str, *, code: str = "invalid_field") -> Api
 @contextlib.contextmanager
 def creation_errors() -> Iterator[None]:
     """Maps what the host refuses while creating a session or job to 422s naming the field:
-    an unknown model, a profile the card cannot serve, a task the card does not offer."""
+    an unknown model, a profile the card cannot serve, a task the card does not offer; and a
+    model that takes no new work for now (a weight sync, a sleep) to 503 + Retry-After."""
     from models.card import ProfileError
-    from sessions.served_models import UnsupportedTaskError
+    from sessions.served_models import ModelUnavailableError, UnsupportedTaskError
 
     try:
         yield
+    except ModelUnavailableError as exc:
+        retry = str(max(1, math.ceil(exc.retry_after_s)))
+        raise ApiError(503, "unavailable", str(exc), headers={"Retry-After": retry}) from None
     except KeyError as exc:
         raise field_error("model", str(exc.args[0])) from None
     except (ProfileError, UnsupportedTaskError) as exc:

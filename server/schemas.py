@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "ActionsBody",
+    "AdapterRef",
     "ChooseBody",
+    "ComponentsBody",
     "ControlInfo",
     "FeedbackBody",
     "ForkBody",
@@ -24,11 +26,13 @@ __all__ = [
     "OfferBody",
     "PromptAccepted",
     "PromptBody",
+    "RolloutBody",
     "SdpAnswer",
     "SessionBody",
     "SessionCreated",
     "TokenBody",
     "TokenIssued",
+    "WeightsBody",
 ]
 
 Text = Annotated[str, Field(min_length=1, max_length=4000)]
@@ -50,6 +54,11 @@ class LiveKitBody(_Body):
     avatar_of: str | None = None
 
 
+class AdapterRef(_Body):
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    strength: Annotated[float, Field(ge=-10, le=10)] = 1.0
+
+
 class SessionBody(_Body):
     prompt: Text
     model: str | None = None
@@ -62,6 +71,8 @@ class SessionBody(_Body):
     # "now": the prompt encode and the first chunk start at create, beside the offer and ICE;
     # "viewer": nothing runs before the first pull of the video (no GPU time for no one)
     start: Literal["viewer", "now"] = "viewer"
+    # LoRA adapters registered with ``dreamrt serve --adapter NAME=PATH``
+    adapters: Annotated[list[AdapterRef], Field(max_length=8)] = []
 
 
 class Profile(BaseModel):
@@ -142,6 +153,35 @@ class JobBody(_Body):
 
 class JobCreated(BaseModel):
     id: str
+
+
+class WeightsBody(_Body):
+    """``POST /v1/weights``: a safetensors file or directory on the server's disk (admin)."""
+
+    path: Annotated[str, Field(min_length=1, max_length=4096)]
+    mode: Literal["full", "delta"] = "full"
+    model: str | None = None
+
+
+class ComponentsBody(_Body):
+    """``POST /v1/sleep`` and ``/v1/wake``."""
+
+    components: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    model: str | None = None
+
+
+class RolloutBody(_Body):
+    """``POST /v1/rollouts``: K samples of one prompt as one batch (``sessions.rollout_groups``)."""
+
+    prompt: Text
+    k: Annotated[int, Field(ge=1, le=64)]
+    seeds: list[Seed] | None = None
+    steps: Annotated[int, Field(ge=1, le=1000)] | None = None
+    num_frames: Annotated[int, Field(ge=1, le=1024)] | None = None
+    width: Dimension | None = None
+    height: Dimension | None = None
+    model: str | None = None
+    latents: bool = False  # keep each denoising step's latents (GET .../latents/{sample}/{chunk})
 
 
 class TokenBody(_Body):

@@ -39,6 +39,7 @@ __all__ = [
     "JobProgress",
     "JobStateChanged",
     "MediaChunk",
+    "ModelSleep",
     "Pong",
     "PromptApplied",
     "RoomStateChanged",
@@ -46,6 +47,7 @@ __all__ = [
     "StartLatency",
     "Subscription",
     "ViewerFirstFrame",
+    "WeightsUpdated",
     "decode_event",
     "encode_event",
 ]
@@ -205,6 +207,23 @@ class JobArtifact(_Base, tag="job.artifact"):
     size_bytes: int
 
 
+class WeightsUpdated(_Base, tag="weights.updated"):
+    """The model's weights changed (a weight sync): chunks from ``chunk`` on are made by
+    ``weights_version`` (the previous one made the chunks before it)."""
+
+    weights_version: str
+    previous: str
+    chunk: int
+
+
+class ModelSleep(_Base, tag="model.sleep"):
+    """``components`` of the session's model went to sleep (``asleep``) or woke up: while one
+    sleeps, the session's loop stands still at a step boundary and resumes where it stood."""
+
+    components: list[str]
+    asleep: bool
+
+
 Event = (
     SessionStateChanged
     | InputReceived
@@ -222,6 +241,8 @@ Event = (
     | JobStateChanged
     | JobProgress
     | JobArtifact
+    | WeightsUpdated
+    | ModelSleep
 )
 
 _encoder = msgspec.json.Encoder()

@@ -133,20 +133,29 @@ class SessionHost:
         seed: int | None = None,
         priority_class: Literal["realtime", "batch"] = "realtime",
         start: Literal["viewer", "now"] = "viewer",
+        adapters: tuple[tuple[str, float], ...] = (),
     ) -> Session | Reject:
         """Admits and starts a session, or returns ``Reject`` (capacity). Raises ``KeyError``
         (unknown model), ``models.card.ProfileError`` (bad geometry) or ``UnsupportedTaskError``.
         ``start="now"``: the prompt encode and the first chunk run at once (then the loop
         waits for the viewer), so the offer and ICE overlap them; else nothing runs before the
-        first pull of the video."""
+        first pull of the video. ``adapters``: (name, strength) of LoRA adapters registered at
+        deploy scope (an unknown one: ``UnsupportedTaskError`` on field ``adapters``)."""
         self._check_open()
         served = self.models.resolve(model)
         card = served.card
+        if (closed := self.models.closed.get(card.model_id)) is not None:
+            return self._reject(closed)  # a weight sync or a sleeping component
         if "session.realtime" not in card.capabilities:
             raise UnsupportedTaskError(
                 "model", f"model {card.model_id!r} cannot stream sessions (no 'session.realtime')"
             )
         profile = card.resolve_profile(fps=fps, width=width, height=height)
+        if adapters:
+            try:
+                served.adapters.check(adapters)
+            except (AttributeError, ValueError) as exc:
+                raise UnsupportedTaskError("adapters", str(exc)) from None
         session_id = new_id("ses")
         reservation_id, slab_id = None, None
         if self.engine.admission is not None:
@@ -167,7 +176,7 @@ class SessionHost:
             height=profile.height,
             priority_class=priority_class,
             capabilities=card.capabilities,
-            record_template=self._record_template(served, profile),
+            record_template=self.record_template(served, profile),
             action_validator=self._action_validator,
         )
         frames_per_chunk = max(1, round(served.chunk_seconds(profile) * profile.fps))
@@ -194,6 +203,7 @@ class SessionHost:
             height=profile.height,
             fps=profile.fps,
             kv_slab=slab_id,
+            adapters=tuple((str(n), float(s)) for n, s in adapters),
         )
         try:
             handle = self.engine.spawn(
@@ -228,6 +238,8 @@ class SessionHost:
 
     def admit(self, owner: str, served: ServedModel, profile: Profile) -> Any:
         """One session's reservation (``Admit``, with its slab) or ``Reject`` (counted)."""
+        if (closed := self.models.closed.get(served.card.model_id)) is not None:
+            return self._reject(closed)
         answer = self.engine.admission.admit(self._admission_request(owner, served, profile))
         return self._reject(answer) if isinstance(answer, Reject) else answer
 
@@ -282,7 +294,8 @@ class SessionHost:
         return sum(p.free_count for p in pools), sum(p.capacity for p in pools)
 
     @staticmethod
-    def _record_template(served: ServedModel, profile: Profile) -> dict[str, Any]:
+    def record_template(served: ServedModel, profile: Profile) -> dict[str, Any]:
+        """The static facts of a stream's behaviour records (sessions, rollout samples)."""
         card = served.card
         spec = card.loops.get(SESSION_LOOP)
         schedule = spec.schedule if spec is not None else None
@@ -299,6 +312,7 @@ class SessionHost:
             "steps": schedule.steps if schedule is not None else profile.steps,
             "timesteps": list(schedule.timesteps) if schedule is not None else [],
             "precision": str(getattr(served, "precision", card.recipe.assumes_precision)),
+            "attention": str(getattr(served, "levers", {}).get("attention", "")),
         }
 
     def _reject(self, reject: Reject) -> Reject:

@@ -15,11 +15,12 @@ import asyncio
 import logging
 import secrets
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from models.loops.requests import JobRequest
-from runtime.contract import Priority
+from runtime.contract import Emission, Priority
 from sessions.job import Job, JobConfig
 from sessions.served_models import (
     EngineLike,
@@ -78,13 +79,21 @@ class JobHost:
         job_id: str | None = None,
         extensions: dict[str, dict[str, Any]] | None = None,
         exact: bool = False,
+        group: bool = False,
+        tap: Callable[[Emission], None] | None = None,
+        keep_latents: bool = False,
     ) -> Job:
-        """Queues a job (batch class; never refused). Raises ``KeyError``, ``ProfileError`` or
-        ``UnsupportedTaskError`` for requests the model cannot serve."""
+        """Queues a job (batch class; never refused but while the model is held:
+        ``ModelUnavailableError``). Raises ``KeyError``, ``ProfileError`` or
+        ``UnsupportedTaskError`` for requests the model cannot serve. ``group``: a sample of a
+        rollout group (the model's ``group_loop``: denoising steps batch with the group's
+        other samples); ``tap`` also hears every emission of its loop (the group's records);
+        ``keep_latents``: each chunk's capture carries its per-step latents."""
         if self._closed:
             raise HostError("the job host is closed")
         served = self.models.resolve(model)
         card = served.card
+        self.models.check_open(card.model_id)  # ModelUnavailableError: a sync, a sleep
         capability = _TASK_CAPABILITY.get(task)
         if capability is None or capability not in card.capabilities:
             raise UnsupportedTaskError(
@@ -119,8 +128,9 @@ class JobHost:
             seed=seed,
             extensions=extensions or {},
             exact=exact,
+            keep_latents=keep_latents,
         )
-        loop = served.loop(spec.loop_id)
+        loop = served.group_loop(capability) if group else served.loop(spec.loop_id)
         check = getattr(loop, "check_request", None)
         if check is not None:  # extension pre-flight: refused here, before the job exists
             try:
@@ -146,13 +156,20 @@ class JobHost:
         )
         job = Job(config, artifact_dir=self.artifact_dir, store=self.store)
         self.store.defer(self._upsert_job, job_id, task, card.model_id, prompt, params)
+        on_emit = job.on_emission
+        if tap is not None:
+
+            def on_emit(emission: Emission) -> None:
+                job.on_emission(emission)
+                tap(emission)
+
         handle = self.engine.spawn(
-            loop,  # the card says which loop serves the task
+            loop,  # the card says which loop serves the task (a group's: its batched steps)
             request,
             served,
             loop_id=job_id,
             priority=Priority.BATCH,
-            on_emit=job.on_emission,
+            on_emit=on_emit,
         )
         self._jobs[job_id] = job
         job.attach(handle, on_finished=self._job_finished)

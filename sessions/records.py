@@ -1,7 +1,8 @@
 """Behaviour records: one per generated chunk, enough to replay it (docs/architecture.md §5).
 
 A record holds the static facts of the session's loop (``template``: model, recipe, weights
-version = content hash of the loaded weights, loop id, sampler, steps, profile), the facts the
+version = content hash of the loaded weights - the chunk's capture overrides it with the version
+that made the chunk, which a weight sync changes -, loop id, sampler, steps, profile), the facts the
 loop captured when it generated the chunk (``MediaMeta.capture``: seed and noise seeds, the
 RNG rule, timesteps and sigmas, the prompt and its embedding digest, action and audio-feature
 digests, segment, latent position, K/V window, precision, the restart policy that decided
@@ -49,6 +50,7 @@ _CAPTURED = (
     "kv_window",
     "latent_frame_start",
     "restart_policy",
+    "adapters",
 )
 
 
@@ -136,6 +138,8 @@ class ChunkRecorder:
             "loop_ref": self.loop_ref,
             "media_ref": None,
         }
+        if facts.get("weights_version"):  # the version that made it (a sync changes it)
+            self._open["weights_version"] = str(facts["weights_version"])
         if frames is not None and self._recording is not None:
             rate = fps or int(self._base.get("fps", 0)) or 1
             if self._recording.write_media(ref, frames, rate):

@@ -13,11 +13,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from models.card import ModelCard, Profile
+from runtime.admission import Reject
 from runtime.contract import Loop
 
 __all__ = [
     "EngineLike",
     "HostError",
+    "ModelUnavailableError",
     "ServedModel",
     "ServedModels",
     "UnsupportedTaskError",
@@ -69,14 +71,35 @@ class EngineLike(Protocol):
     def spawn(self, loop: Any, request: Any, model: Any, **kwargs: Any) -> Any: ...
 
 
+class ModelUnavailableError(HostError):
+    """The model takes no new work for now (a weight sync, a sleeping component): retry after
+    ``retry_after_s`` seconds."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class ServedModels(Mapping[str, ServedModel]):
-    """The models of one server by id, and the one a request without ``model`` gets."""
+    """The models of one server by id, and the one a request without ``model`` gets.
+
+    ``closed`` holds the models that admit nothing new for now, with the ``Reject`` the hosts
+    answer (``sessions.model_hold``: a weight sync, a sleeping component)."""
 
     def __init__(self, models: Mapping[str, ServedModel], default: str) -> None:
         if default not in models:
             raise HostError(f"default model {default!r} is not among the served {sorted(models)}")
         self._models = dict(models)
         self.default = default
+        self.closed: dict[str, Reject] = {}
+
+    def check_open(self, model_id: str) -> None:
+        """Raises ``ModelUnavailableError`` while ``model_id`` admits nothing new."""
+        closed = self.closed.get(model_id)
+        if closed is not None:
+            raise ModelUnavailableError(
+                f"model {model_id!r}: {closed.reason} ({closed.detail})", closed.retry_after_s
+            )
 
     def __getitem__(self, model_id: str) -> ServedModel:
         return self._models[model_id]

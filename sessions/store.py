@@ -10,19 +10,16 @@ boundary) and ``tokens`` (hashes of issued API tokens). Times are Unix seconds (
 Durability: the connection runs ``synchronous=NORMAL`` (WAL: a commit survives a killed
 process; only an OS crash or power loss may take the last commits back) and switches to
 ``synchronous=FULL`` around the writes an answer promises (feedback, fork, choose:
-``durable=True``), so their 201 means the row is on disk. Deferred writes (events, records,
-the input log) are queued on the writer thread: a killed process loses what was still queued
-(typically under a chunk's worth per session); ``close()`` drains the queue first.
+``durable=True``), so their 201 means the row is on disk. Deferred writes (events, records, the
+input log) queue on the writer thread: a kill loses what still waits; ``close()`` drains it.
 
-Threading: the synchronous methods are safe from any thread (one connection, one lock). The
-asyncio side never calls them directly: ``await store.run(store.method, ...)`` executes on the
-store's single writer thread and resolves after COMMIT (durable before the answer);
-``store.defer(...)`` does the same fire-and-forget, logging failures. ``close()`` drains the
-writer and is idempotent.
+Threading: the synchronous methods are safe from any thread (one connection, one lock); the
+asyncio side calls them through the single writer thread: ``await store.run(store.method, ...)``
+resolves after COMMIT (durable before the answer), ``store.defer(...)`` is fire-and-forget
+(failures logged). ``close()`` drains the writer and is idempotent.
 
-Recovery (``recover()`` at startup): sessions left live by a previous process are marked
-``failed`` (their viewers and loops are gone); queued/running jobs are returned to be queued
-again from their stored parameters.
+Recovery (``recover()`` at startup): sessions a previous process left live are ``failed``
+(their viewers and loops are gone); its queued/running jobs are returned to be queued again.
 """
 
 from __future__ import annotations
@@ -113,12 +110,15 @@ _ADDED_COLUMNS = {
         "height": "INTEGER",
         "media_ref": "TEXT",
         "restart_policy": "TEXT",
+        "attention": "TEXT",
+        "group_id": "TEXT",
+        "adapters": "TEXT",
     },
     "preferences": {"session_id": "TEXT", "model_id": "TEXT", "weights_version": "TEXT"},
     "forks": {"seeds": "TEXT", "context_ref": "TEXT"},
 }
 # record columns holding JSON
-_RECORD_JSON = ("timesteps", "actions", "noise_seeds", "sigmas", "kv_window")
+_RECORD_JSON = ("timesteps", "actions", "noise_seeds", "sigmas", "kv_window", "adapters")
 
 _SESSION_FIELDS = frozenset(
     {"state", "segment", "frames_sent", "stalls", "fps_measured", "error", "prompt"}

@@ -261,6 +261,8 @@ class ChunkPlanner:
                 *emits,
                 EmitSpec(Stream.PROGRESS, ProgressMeta(done=state.plans_done + 1, total=total)),
             )
+        if state.adapters:  # the session's LoRA adapters active while its plans run
+            op = self._m.adapters.bind(op, state.adapters)
         return WorkPlan(
             loop_id=state.loop_id,
             kind=kind,
@@ -294,6 +296,10 @@ class ChunkPlanner:
 
     def _capture(self, state: ChunkRolloutState) -> dict[str, Any]:
         facts = chunk_capture(state, self._steps, self._m.precision)
+        if state.adapters:  # name@content-version:strength of each LoRA adapter it ran with
+            facts["adapters"] = self._m.adapters.versions(state.adapters)
+        if state.keep_latents:  # the tensors themselves (no device read here)
+            facts["step_latents"] = list(state.step_latents)
         return {**facts, "restart_policy": self._restart_policy}
 
     # views of the state's tensors

@@ -38,6 +38,11 @@ so a state can be snapshotted at any step boundary and resumed in another proces
 dispatches on the kind of plan that ran (``StepResult.kind``). Noise is a pure function of
 (seed, segment, chunk, step), so interleaving and resuming never change a frame.
 
+Weight syncs: the state names the model's ``weights_version`` its cross K/V were made with;
+when the model's differs at a chunk's start (a sync held the loop at the chunk boundary), the
+prompt is encoded again and the cached frames re-cached under the new weights before the chunk
+is denoised, so every chunk is made by one version, which its capture names.
+
 Behaviour capture: a chunk's final media emission carries ``MediaMeta.capture``, the facts the
 loop used for it as it described the decode (seed and the noise seeds drawn, timesteps and
 sigmas, the prompt and the digest of its embedding, digests of the latched action vector and
@@ -152,6 +157,8 @@ class ChunkRollout:
             kv=cache,
             window_latents=window,
             decoder=m.new_decoder_cache(lh, lw),
+            adapters=[] if isinstance(request, JobRequest) else list(request.adapters),
+            keep_latents=isinstance(request, JobRequest) and request.keep_latents,
         )
 
     def absorb(self, state: ChunkRolloutState, inputs: Sequence[InputEvent]) -> ChunkRolloutState:
@@ -196,7 +203,7 @@ class ChunkRollout:
         if state.phase is Phase.START:
             if state.max_chunks is not None and state.chunk >= state.max_chunks:
                 return Done()
-            if state.active_prompt != state.prompt:
+            if state.active_prompt != state.prompt or self._stale(state):
                 return plans.text_encode(state)
             if state.recache_needed:
                 return plans.recache(state)
@@ -219,10 +226,15 @@ class ChunkRollout:
             state.cross_k, state.cross_v = cross.k, cross.v
             state.active_prompt = state.prompt
             state.prompt_digest = cross.digest
+            if self._stale(state):  # new weights: the cached frames' K/V are the old ones'
+                state.recache_needed = state.recache_needed or state.kv.frames_written > 0
+                state.weights_version = self._version()
         elif kind is PlanKind.KV_RECACHE:
             state.recache_needed = False
         elif kind is PlanKind.CHUNK_STEP:
             state.latents = result.output
+            if state.keep_latents:  # a copy: a captured graph may reuse its output buffer
+                state.step_latents.append(result.output.clone())
             state.denoise_step += 1
             state.phase = Phase.DECODE if state.denoise_step == len(self._steps) else Phase.DENOISE
         elif kind is PlanKind.VAE_DECODE:
@@ -264,6 +276,14 @@ class ChunkRollout:
         state.restarts = 0
         self._latch(state, boundary=True)
 
+    def _version(self) -> str:
+        return str(getattr(self._m, "weights_digest", ""))
+
+    def _stale(self, state: ChunkRolloutState) -> bool:
+        """The model's weights changed since the state's cross K/V were made (a weight sync
+        holds every loop at a chunk boundary, so a chunk is made by one version only)."""
+        return state.weights_version != self._version()
+
     def _progress(self, state: ChunkRolloutState) -> ChunkProgress:
         return ChunkProgress(
             steps_done=state.denoise_step,
@@ -280,7 +300,7 @@ class ChunkRollout:
         finished steps are dropped; its audio and the audio still pending stay as they are,
         and an input latched anew replaces its kind's earlier ack)."""
         state.phase, state.denoise_step, state.latents = Phase.START, 0, None
-        state.decoded = 0
+        state.decoded, state.step_latents = 0, []
         if state.next_prompt is not None:
             if state.next_prompt_is_cut:
                 state.segment += 1

@@ -53,6 +53,12 @@ class ChunkRolloutState(LoopState, kw_only=True):
     # prompt memory
     prompt: str
     active_prompt: str | None = None  # the prompt whose cross K/V is held
+    # the model's weights_version the cross K/V (and the chunk-KV) were made with: a weight
+    # sync makes the next chunk re-encode the prompt and re-cache (chunk_rollout.next)
+    weights_version: str = ""
+    adapters: list[tuple[str, float]] = []  # LoRA adapters and strengths (models/lora.py)
+    keep_latents: bool = False  # a rollout sample's opt-in: every step's latents, per chunk
+    step_latents: list[torch.Tensor] = []  # [1, C, c, h, w] after each step of this chunk
     recache_needed: bool = False
     next_prompt: str | None = None  # a switch waiting for the next chunk boundary
     next_prompt_is_cut: bool = False
@@ -80,3 +86,9 @@ class ChunkRolloutState(LoopState, kw_only=True):
     window_latents: torch.Tensor  # [1, C, S + W, h, w] clean latents of the cached frames
     decoder: DecoderCache  # the session's VAE decoder cache, advanced in place by decodes
     frames: list[torch.Tensor] = []  # collected uint8 [n, H, W, 3] chunks (jobs only)
+
+    @property
+    def next_chunk(self) -> int:
+        """The first chunk whose frames are not decoded yet: at the chunk boundary right after
+        a decode (its KV update still to run) that is the next one."""
+        return self.chunk + (1 if self.decoded == self.chunk_frames else 0)

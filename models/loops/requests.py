@@ -28,6 +28,8 @@ class SessionRequest(msgspec.Struct, frozen=True, kw_only=True):
     # the session's slab of the model's preallocated chunk-KV buffer (admission hands it out);
     # None: the stream allocates its own cache (tests, benchmarks, offline rollouts)
     kv_slab: int | None = None
+    # LoRA adapters registered at deploy scope (models/lora.py), with strengths
+    adapters: tuple[tuple[str, float], ...] = ()
 
 
 class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +43,7 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     steps: int | None = None
     seed: int = 0
     guidance_scale: float | None = None
+    keep_latents: bool = False  # chunk_rollout: each step's latents on the chunk's capture
     # extension name -> parameter overrides (only of extensions the server enabled; each
     # validated by the extension's schema before the loop starts, ``runtime.extensions``)
     extensions: dict[str, dict[str, Any]] = {}

@@ -45,4 +45,5 @@ def chunk_capture(state: Any, steps: Sequence[SigmaStep], precision: str) -> dic
             "frames_cached": kv.frames_written,
         },
         "precision": precision,
+        "weights_version": state.weights_version,  # of the weights that made this chunk
     }

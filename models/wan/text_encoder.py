@@ -394,6 +394,14 @@ class TextEmbeddingCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def drop_version(self, weights_version: str) -> int:
+        """Forget every entry made by ``weights_version`` (a weight sync, a sleeping encoder);
+        -> how many."""
+        stale = [k for k in self._entries if k.weights_version == weights_version]
+        for key in stale:
+            del self._entries[key]
+        return len(stale)
+
     def __contains__(self, key: object) -> bool:
         return key in self._entries
 

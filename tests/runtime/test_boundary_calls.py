@@ -176,3 +176,28 @@ def test_clone_state_is_independent_of_the_original() -> None:
     copy = clone_state(state)
     base.zero_()
     assert float(copy.total) == 2.0 and copy.seen == [1] and copy.limit == 3
+
+
+async def test_a_hold_outlasts_resume_and_its_release_redescribes_the_queued_plan(
+    engine: Engine,
+) -> None:
+    emitted: list[dict[str, Any]] = []
+    handle = spawn(engine, "h", limit=8, on_emit=lambda e: emitted.append(e.spec.meta))
+    handle.pause()
+    at = await within(handle.at_boundary(lambda s: handle.hold() or s.step, after_chunk=True))
+    handle.resume()  # a viewer resuming the session does not lift the hold
+    await asyncio.sleep(0.1)
+    assert handle.held and len(emitted) == at, "nothing ran while held"
+    offsets: list[int] = []
+
+    def bump(state: Acc) -> None:  # the model changed while held: later plans add 1000 more
+        state.offset = 1000
+        offsets.append(state.step)
+
+    assert handle.at_boundary(bump).done(), "a held loop stands at a boundary (plan queued)"
+    handle.release()
+    result = await within(handle.result())
+    # the queued plan was described before the bump: released, it is described again with it
+    assert not handle.held and offsets == [at]
+    assert result.outputs["total"] == float(sum(range(8)) + 1000 * (8 - at))
+    handle.release()  # idempotent on an ended loop

@@ -13,6 +13,8 @@ import sessions.loop_watch, sessions.persistence, sessions.store, sessions.event
 import sessions.artifacts, sessions.media_queue, sessions.prompt_memory, sessions.states
 import sessions.latency, sessions.loop_emissions, sessions.forks, sessions.recording
 import sessions.records, sessions.snapshot_keeper, sessions.input_log
+import sessions.model_hold, sessions.weight_sync, sessions.model_sleep, sessions.rollout_groups
+import sessions.trainer_controls
 top = ('server', 'clients', 'models', 'torch')
 loaded = sorted(m for m in sys.modules if m.split('.')[0] in top)
 print(','.join(loaded))
