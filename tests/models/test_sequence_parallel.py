@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from models.card import ParallelPlan
 from models.wan.config import WanDiTConfig
 from models.wan.kv_cache import ChunkKVCache
 from models.wan.sequence_parallel import local_kv_config
@@ -53,8 +54,6 @@ def _rollout(dit: WanDiT, cache: ChunkKVCache) -> list[torch.Tensor]:
 
 
 def _sp_worker(rank: int, world: int) -> dict:
-    import torch.distributed as dist
-
     from models.wan.sequence_parallel import enable
 
     config = WanDiTConfig.preset("tiny")
@@ -65,7 +64,8 @@ def _sp_worker(rank: int, world: int) -> dict:
     with torch.no_grad():
         ref_cache = _cache(config)
         ref = _rollout(reference, ref_cache)
-        shards = enable(sharded, dist.group.WORLD)
+        mesh = ParallelPlan(sp=world).mesh("cpu")
+        shards = enable(sharded, mesh["sp"].get_group())
         local = _cache(local_kv_config(config, shards.size))
         out = _rollout(sharded, local)
     heads = config.num_heads // world
@@ -78,6 +78,7 @@ def _sp_worker(rank: int, world: int) -> dict:
         "cache_nonzero": bool(local.k.abs().sum() > 0),
         "slots_equal": local.slot_positions == ref_cache.slot_positions,
         "out_sum": float(out[-1].sum()),
+        "mesh": (mesh.mesh_dim_names, tuple(mesh.shape), shards.rank),
     }
 
 
@@ -92,6 +93,13 @@ def test_sharded_rollout_equals_one_process(world: list[dict]) -> None:
         assert rank["rel_err"] < TOLERANCE, rank
     # every rank returns the whole chunk (the head's output is all-gathered)
     assert world[0]["out_sum"] == world[1]["out_sum"]
+
+
+def test_plan_builds_the_mesh_the_shards_use(world: list[dict]) -> None:
+    assert [r["mesh"] for r in world] == [
+        (("replica", "cfg", "sp"), (1, 1, 2), 0),
+        (("replica", "cfg", "sp"), (1, 1, 2), 1),
+    ]
 
 
 def test_each_rank_caches_its_heads_only(world: list[dict]) -> None:
