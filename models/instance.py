@@ -115,8 +115,7 @@ class WanInstance:
         self.latent = card.latent
         self.text_len = dit.config.text_len
         self.dit_config = dit.config
-        # what a chunk-K/V cache holds: every head here, H/sp under sequence parallelism
-        self.kv_config = dit.config
+        self.kv_config = dit.config  # a chunk-K/V cache's heads: all, or H/sp (shard_sequence)
         self._slab_buffers: dict[SlabGeometry, KVSlabBuffer] = {}
         # ``vae``: the codec the loops decode with (the card's decoder_component: the full VAE or
         # a decode-only tiny decoder); components keys it by the card's own id for it
@@ -230,13 +229,16 @@ class WanInstance:
         self.levers["compiled"] = True
 
     def shard_sequence(self, group: Any) -> None:
-        """Run the DiT with Ulysses sequence parallelism over ``group`` (each rank's K/V slabs
-        hold its heads only; ``models/wan/sequence_parallel.py``). Before any slab is reserved."""
+        """Ulysses over ``group`` (models/wan/sequence_parallel.py); slabs get H/sp heads."""
         from models.wan.sequence_parallel import enable, local_kv_config
 
         if self._slab_buffers:
             raise InstanceError("shard_sequence after K/V slabs were reserved")
         self.kv_config = local_kv_config(self.dit.config, enable(self.dit, group).size)
+
+    def rank_local_buffers(self) -> dict[str, torch.Tensor]:
+        """What each rank holds its own of (``runtime/spmd.py``): the K/V slabs' k and v."""
+        return {n: t for b in self._slab_buffers.values() for n, t in b.tensors().items()}
 
     def warmup_chunks(self, profile: Profile) -> int:
         """Chunks a warm-up session needs so every graph a stream uses exists afterwards: every
