@@ -280,4 +280,5 @@ class Follower(_AgreeingExecutor):
             if self.on_batch is not None:
                 failures = tuple(p.failure for p in outcome.plans)
                 self.on_batch(FollowedBatch(info.batch_id, name, info.loop_ids, failures))
+        logger.info("rank %d: the leader stopped after %d batches", self.channel.rank, count)
         return count
