@@ -335,7 +335,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         metrics=metrics,
         device=device,
         model_id=model_id,
-        forks=ForkRegistry(host),
+        forks=ForkRegistry(host) if channel is None else spmd_serving.NoForks(),
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
     if config.ice_hosts:

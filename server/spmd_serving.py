@@ -16,7 +16,8 @@ A composition root beside ``server/app.py`` (it wires ``runtime/spmd.py`` to a l
 Limits (the routes answer with the instance's error, nothing diverges silently): only the
 default profile's slabs exist on every rank, so a session at another resolution is refused;
 the compile warm-up is skipped (it would run collectives on rank 0 alone). Forks copy K/V
-slabs outside any op and are not mirrored: do not fork under ``--gpus`` (not guarded yet).
+slabs outside any op and are not mirrored: ``NoForks`` answers every fork request (a 422 naming
+``n``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
-__all__ = ["follow", "join", "lead", "load", "relaunch", "world"]
+__all__ = ["NoForks", "follow", "join", "lead", "load", "relaunch", "world"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,23 @@ def join(instance: Any, gpus: int, num_slabs: int) -> Any:
     instance.reserve_kv_slabs = default_profile_only
     log.info("rank %d of %d: %s under sp=%d", rank, size, instance.card.model_id, plan.sp)
     return Channel(device=device, local_buffers=instance.rank_local_buffers())
+
+
+class NoForks:
+    """The fork registry under ``--gpus``: a fork's slab copy would happen on rank 0 only."""
+
+    def of(self, parent_id: str) -> None:
+        return None
+
+    async def fork(self, parent: Any, n: int, prompt: Any, seeds: Any) -> Any:
+        from sessions.forks import ForkError
+
+        raise ForkError("n", "forks are not supported under --gpus N (K/V slab copies)")
+
+    async def choose(self, parent: Any, candidate: Any) -> Any:
+        from sessions.forks import ForkError
+
+        raise ForkError("candidate", "forks are not supported under --gpus N")
 
 
 def lead(engine: Any, channel: Any) -> None:

@@ -8,6 +8,7 @@ tests/models/test_spmd_rollout.py). About 15 s: two processes load the model.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -25,6 +26,15 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_forks_are_refused_under_gpus() -> None:
+    from server.spmd_serving import NoForks
+    from sessions.forks import ForkError
+
+    with pytest.raises(ForkError, match="not supported under --gpus") as err:
+        asyncio.run(NoForks().fork(None, 2, None, None))
+    assert err.value.field == "n"
 
 
 def test_job_runs_across_two_processes(tmp_path) -> None:
