@@ -221,6 +221,13 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
 
     rank, world_size, _ = spmd_serving.world()
     if args.gpus > 1 and world_size == 1:
+        from models.card_parallel import ParallelPlanError
+
+        try:  # before any process starts or any weight loads
+            spmd_serving.plan_for(args.model, args.gpus)
+        except (ParallelPlanError, LookupError) as exc:
+            sys.stderr.write(f"dreamrt: {exc}\n")
+            return 2
         spmd_serving.relaunch(args.gpus, argv)
     if world_size != args.gpus:
         sys.stderr.write(f"dreamrt: --gpus {args.gpus} in a world of {world_size} processes\n")

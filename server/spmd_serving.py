@@ -27,7 +27,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
-__all__ = ["NoForks", "follow", "join", "lead", "load", "relaunch", "world"]
+__all__ = ["NoForks", "follow", "join", "lead", "load", "plan_for", "relaunch", "world"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,15 @@ def world() -> tuple[int, int, int]:
     """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) outside it."""
     env = os.environ
     return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0))
+
+
+def plan_for(model_id: str | None, gpus: int) -> Any:
+    """The checked parallel plan of card ``model_id`` (None: the default) on ``gpus`` ranks."""
+    from models import registry
+    from models.card_parallel import plan_for as card_plan
+    from server.app import DEFAULT_MODEL
+
+    return card_plan(registry.get(model_id or DEFAULT_MODEL), gpus)
 
 
 def relaunch(gpus: int, argv: list[str]) -> NoReturn:
@@ -51,14 +60,12 @@ def join(instance: Any, gpus: int, num_slabs: int) -> Any:
     import torch
     import torch.distributed as dist
 
-    from models.card import ParallelPlan
+    from models.card_parallel import plan_for
     from models.instance import InstanceError
     from runtime.spmd import Channel
 
     rank, size, _ = world()
-    plan = ParallelPlan(sp=gpus)
-    heads = instance.dit_config.num_heads
-    plan.check(world_size=size, num_heads=heads, model_id=instance.card.model_id)
+    plan = plan_for(instance.card, size)
     cuda = instance.device.type == "cuda"
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     if not dist.is_initialized():
@@ -111,11 +118,14 @@ def load(config: Any, model_id: str) -> tuple[Any, Any]:
     """(card, instance) of ``config`` (a ``ServerConfig``): what ``server/app.py`` serves and
     what every other rank loads alike."""
     from models import registry
+    from models.card_parallel import plan_for
     from models.instance import load_instance
 
     card = registry.get(model_id)
     if config.chunk_frames is not None:  # e.g. 1: the latency mode (4 video frames per chunk)
         card = card.with_chunk_frames(config.chunk_frames)
+    if config.gpus > 1:  # the plan is checked before any weight loads
+        plan_for(card, config.gpus)
     instance = load_instance(
         card,
         device=config.device,

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from models.card import ParallelPlan, ParallelPlanError
+from models.card_parallel import plan_for
 from models.instance import InstanceError
 from models.registry import get as get_card
 from models.wan.components import CPU_RANDOM_PARAM_LIMIT, build_components, dit_param_count
@@ -98,3 +99,18 @@ def test_14b_random_build_refused_on_cpu() -> None:
             checkpoint_dir=None,
         )
     assert dit_param_count(WanDiTConfig.preset("wan2.1-1.3b")) < CPU_RANDOM_PARAM_LIMIT
+
+
+def test_plan_for_checks_tokens_and_uses_the_cards_plan() -> None:
+    tiny = get_card("wan-tiny-random")  # 64x64: 4 x 4 = 16 tokens per latent frame, 2 heads
+    assert plan_for(tiny, 2) == ParallelPlan(sp=2)
+    with pytest.raises(ParallelPlanError, match="sp=4 does not divide the model's 2"):
+        plan_for(tiny, 4)
+    wan = get_card("wan2.1-1.3b-causal")  # 832x480: 1560 tokens per frame, 12 heads
+    assert plan_for(wan, 4).sp == 4
+    with pytest.raises(ParallelPlanError, match="the 1590 tokens of a latent frame at 848x480"):
+        plan_for(dataclasses.replace(wan, default_profile=dataclasses.replace(
+            wan.default_profile, width=848)), 4)  # fmt: skip
+    own = dataclasses.replace(wan, parallel=ParallelPlan(sp=2, replica=2))
+    with pytest.raises(ParallelPlanError, match="replica=2 is not served yet"):
+        plan_for(own, 4)

@@ -76,3 +76,11 @@ def test_job_runs_across_two_processes(tmp_path) -> None:
     text = (tmp_path / "serve.log").read_text()
     for rank in (0, 1):
         assert f"rank {rank} of 2: wan-tiny-random under sp=2" in text
+
+
+def test_a_plan_that_cannot_run_is_refused_before_any_process_starts(capsys) -> None:
+    from server.cli import main
+
+    argv = ["serve", "--gpus", "3", "--device", "cpu", "--model", "wan-tiny-random"]
+    assert main(argv) == 2  # 2 heads: sp=3 cannot split them; nothing was launched
+    assert "sp=3 does not divide the model's 2 attention heads" in capsys.readouterr().err
