@@ -15,7 +15,8 @@ The card's parts live in their own modules, one noun each: ``card_errors`` (the 
 ``card_vocabulary`` (enums and the capability/precision/input tables), ``card_specs``
 (components, schedules, loops, caches), ``card_recipe`` (recipe, parity, precisions),
 ``card_checkpoint`` (the manifest), ``card_profile`` (latent geometry, serving profile),
-``card_ui`` (example prompts and controls) and ``card_checks`` (what ``validate`` checks).
+``card_ui`` (example prompts and controls), ``card_parallel`` (the multi-GPU plan) and
+``card_checks`` (what ``validate`` checks).
 Every name is re-exported here, so ``from models.card import X`` is the one import callers
 need.
 """
@@ -29,6 +30,7 @@ from typing import Any
 from models.card_checkpoint import CheckpointManifest, ComponentEntry
 from models.card_checks import card_problems
 from models.card_errors import CardError, ProfileError, RecipeMismatchError
+from models.card_parallel import ParallelPlan, ParallelPlanError
 from models.card_profile import LatentSpec, Profile
 from models.card_recipe import ParitySpec, PrecisionContract, RecipeSpec
 from models.card_specs import CacheContract, ComponentSpec, LoopSpec, ScheduleSpec
@@ -72,6 +74,8 @@ __all__ = [
     "LoopKind",
     "LoopSpec",
     "ModelCard",
+    "ParallelPlan",
+    "ParallelPlanError",
     "ParityLevel",
     "ParitySpec",
     "PrecisionContract",
@@ -111,6 +115,8 @@ class ModelCard:
     weights: WeightsKind
     weights_version: str
     ui: CardUI = field(default_factory=CardUI)
+    # how one instance spreads over a node's GPUs (models/card_parallel.py); --gpus overrides
+    parallel: ParallelPlan = field(default_factory=ParallelPlan)
 
     def __post_init__(self) -> None:
         for name in ("components", "loops", "caches"):

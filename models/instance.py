@@ -118,6 +118,7 @@ class WanInstance:
         self.latent = card.latent
         self.text_len = dit.config.text_len
         self.dit_config = dit.config
+        self.kv_config = dit.config  # a chunk-K/V cache's heads: all, or H/sp (shard_sequence)
         self._slab_buffers: dict[SlabGeometry, KVSlabBuffer] = {}
         # ``vae``: the codec the loops decode with (the card's decoder_component: the full VAE or
         # a decode-only tiny decoder); components keys it by the card's own id for it
@@ -235,6 +236,18 @@ class WanInstance:
         self._compiled = True
         self.levers["compiled"] = True
 
+    def shard_sequence(self, group: Any) -> None:
+        """Ulysses over ``group`` (models/wan/sequence_parallel.py); slabs get H/sp heads."""
+        from models.wan.sequence_parallel import enable, local_kv_config
+
+        if self._slab_buffers:
+            raise InstanceError("shard_sequence after K/V slabs were reserved")
+        self.kv_config = local_kv_config(self.dit.config, enable(self.dit, group).size)
+
+    def rank_local_buffers(self) -> dict[str, torch.Tensor]:
+        """What each rank holds its own of (``runtime/spmd.py``): the K/V slabs' k and v."""
+        return {n: t for b in self._slab_buffers.values() for n, t in b.tensors().items()}
+
     def warmup_chunks(self, profile: Profile) -> int:
         """Chunks a warm-up session needs so every graph a stream uses exists afterwards: every
         K/V-prefix length while the cache fills, two chunks at steady state and, with CUDA
@@ -313,7 +326,7 @@ class WanInstance:
         buffer = self._slab_buffers.get(geometry)
         if buffer is None:
             buffer = KVSlabBuffer(
-                self.dit.config, geometry, num_slabs=num_slabs, device=self.device, dtype=self.dtype
+                self.kv_config, geometry, num_slabs=num_slabs, device=self.device, dtype=self.dtype
             )
             self._slab_buffers[geometry] = buffer
         return buffer
@@ -326,7 +339,7 @@ class WanInstance:
         or with ``slab=None`` one with its own buffers (jobs, tests, benchmarks)."""
         if slab is None:
             return ChunkKVCache.allocate(
-                self.dit.config,
+                self.kv_config,
                 batch=1,
                 sink_frames=geometry.sink_frames,
                 window_frames=geometry.window_frames,
@@ -355,7 +368,7 @@ class WanInstance:
         lh, lw = self._latent_hw(profile)
         sink, ring = self.kv_geometry(profile.chunk_latent_frames)
         kv = ChunkKVCache.bytes_for(
-            self.dit.config, sink, ring, self.tokens_per_frame(lh, lw), self.dtype
+            self.kv_config, sink, ring, self.tokens_per_frame(lh, lw), self.dtype
         )
         dec = self.vae.decoder_cache_bytes(1, lh, lw, self.dtype)
         itemsize = torch.empty((), dtype=self.dtype).element_size()

@@ -83,6 +83,7 @@ class ServerConfig:
     adapters: tuple[str, ...] = ()  # "NAME=PATH": LoRA adapters sessions may name
     random_weights: bool = False  # seeded random weights whatever the card says (benchmarks)
     chunk_frames: int | None = None  # latent frames per chunk (1: the latency mode); None: card's
+    gpus: int = 1  # processes of one instance (Ulysses over them; server/spmd_serving.py)
     # "fast": the time-to-steer cuts (adaptive lead, queued plans withdrawn for inputs, chunks
     # restarted when regenerating is sooner); "baseline": the first build's input path
     steering: str = "fast"
@@ -221,18 +222,15 @@ def _admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
 
 async def _build(config: ServerConfig) -> ServerContext:
     # Heavy imports stay inside the lifespan: `dreamrt models` and the CLI parser do not pay them.
-    from models import registry
-    from models.instance import load_instance
     from models.loops.chunk_restart import RestartCutsOnly
-    from models.loops.extensions import deploy_extensions
     from models.loops.inputs import action_vector, normalize_keys
     from runtime.admission import AdmissionConfig, AdmissionController
     from runtime.cost import CostModel, DeviceConstants
     from runtime.engine import Engine
-    from runtime.extensions import parse_extension_arg
     from runtime.lead import AdaptiveLead, FixedLead
     from runtime.observers import NaNWatch, Profiler
     from runtime.policies import make_scheduler
+    from server import spmd_serving
 
     mode = resolve_auth_mode(config.host, config.auth, force=config.force_no_auth)
     # before any slow work: an unknown policy name fails here, naming the known ones
@@ -243,20 +241,11 @@ async def _build(config: ServerConfig) -> ServerContext:
     if config.steering not in ("fast", "baseline"):
         raise ValueError(f"steering={config.steering!r}; expected 'fast' or 'baseline'")
     model_id = config.model or DEFAULT_MODEL
-    card = registry.get(model_id)
-    if config.chunk_frames is not None:  # e.g. 1: the latency mode (4 video frames per chunk)
-        card = card.with_chunk_frames(config.chunk_frames)
-    instance = await asyncio.to_thread(
-        load_instance,
-        card,
-        device=config.device,
-        checkpoint_dir=config.checkpoint_dir,
-        random_weights=config.random_weights,
+    card, instance = await asyncio.to_thread(spmd_serving.load, config, model_id)
+    # more GPUs: every rank joins the world; this one (rank 0) leads, the others follow
+    channel = (
+        spmd_serving.join(instance, config.gpus, config.max_sessions) if config.gpus > 1 else None
     )
-    if config.compile:
-        instance.compile(attention=config.attention, cuda_graphs=config.cuda_graphs)
-    instance.adapters.register_specs(config.adapters)  # AdapterError: a bad one, before serving
-    instance.extensions = deploy_extensions([parse_extension_arg(a) for a in config.extensions])
     fast = config.steering == "fast"
     if not fast:
         instance.chunk_restart = RestartCutsOnly()
@@ -264,7 +253,11 @@ async def _build(config: ServerConfig) -> ServerContext:
     profile = card.default_profile
     # a job-only card (bidirectional) has no sessions: no chunk-KV, no session warm-up
     streams = "session.realtime" in card.capabilities
-    if streams and (config.warmup if config.warmup is not None else config.compile):
+    if (
+        streams
+        and channel is None
+        and (config.warmup if config.warmup is not None else config.compile)
+    ):
         log.info(
             "warming up %s on %s (compiling every graph a session uses)", model_id, instance.device
         )
@@ -306,6 +299,8 @@ async def _build(config: ServerConfig) -> ServerContext:
         config.steering,
         card.default_profile.chunk_latent_frames,
     )
+    if channel is not None:
+        spmd_serving.lead(engine, channel)
     await engine.start()
 
     def validate_action(keys: list[str], mouse: tuple[float, float]) -> list[str]:
@@ -340,7 +335,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         metrics=metrics,
         device=device,
         model_id=model_id,
-        forks=ForkRegistry(host),
+        forks=ForkRegistry(host) if channel is None else spmd_serving.NoForks(),
         trainer=TrainerControls.build(host, jobs, engine),
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped

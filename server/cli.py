@@ -133,6 +133,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "world-model control (4 video frames per chunk on a Wan VAE)",
     )
     serve.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        metavar="N",
+        help="spread one instance over N processes of this node (Ulysses sequence parallelism; "
+        "relaunches under torchrun; untested on GPUs so far)",
+    )
+    serve.add_argument(
         "--random-weights",
         action="store_true",
         help="seeded random weights instead of the card's (benchmarks of a card whose "
@@ -227,11 +235,26 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     import uvicorn
 
+    from server import spmd_serving
     from server.app import ServerConfig, create_app
     from server.auth import InsecureBindError, resolve_auth_mode
+
+    rank, world_size, _ = spmd_serving.world()
+    if args.gpus > 1 and world_size == 1:
+        from models.card_parallel import ParallelPlanError
+
+        try:  # before any process starts or any weight loads
+            spmd_serving.plan_for(args.model, args.gpus)
+        except (ParallelPlanError, LookupError) as exc:
+            sys.stderr.write(f"dreamrt: {exc}\n")
+            return 2
+        spmd_serving.relaunch(args.gpus, argv)
+    if world_size != args.gpus:
+        sys.stderr.write(f"dreamrt: --gpus {args.gpus} in a world of {world_size} processes\n")
+        return 2
 
     try:
         mode = resolve_auth_mode(args.host, args.auth, force=args.force_no_auth)
@@ -277,7 +300,10 @@ def _serve(args: argparse.Namespace) -> int:
         livekit_key=args.livekit_key,
         livekit_secret=args.livekit_secret,
         extensions=tuple(args.extension),
+        gpus=args.gpus,
     )
+    if rank != 0:  # the server is rank 0's; the others run what it decides
+        return spmd_serving.follow(config)
     sys.stdout.write(f"dreamrt: open http://{args.host}:{args.port}/  (auth {mode.value})\n")
     sys.stdout.flush()
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level)
@@ -399,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         for noisy in ("httpx", "aioice", "aiortc"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.command == "serve":
-        return _serve(args)
+        return _serve(args, argv)
     if args.command == "models":
         return _models()
     if args.command == "watch":

@@ -63,6 +63,7 @@ class TextEmbedOp(_SoloOp):
     """Prompt text -> ``[1, L, text_dim]`` embedding (bidirectional jobs feed it to every step)."""
 
     name = "text_embed"
+    spmd = "leader"  # only rank 0 runs it (runtime/spmd.py): no collectives inside
 
     def __init__(self, encode: Callable[[list[str]], torch.Tensor]) -> None:
         self._encode = encode
@@ -80,6 +81,7 @@ class TextEncodeOp:
     """
 
     name = "text_encode"
+    spmd = "leader"  # only rank 0 runs it (runtime/spmd.py): no collectives inside
     batchable = True
 
     def __init__(self, encode: Callable[[list[str]], torch.Tensor], dit: WanDiT) -> None:
@@ -359,6 +361,7 @@ class DecodeOp(_SoloOp):
     """
 
     name = "vae_decode"
+    spmd = "leader"  # only rank 0 runs it (runtime/spmd.py): no collectives inside
 
     def __init__(self, vae: LatentCodec) -> None:
         self._vae = vae

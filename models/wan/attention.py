@@ -7,6 +7,8 @@ all heads (``qk_norm="rms_norm_across_heads"``) before the split into heads, as 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -44,6 +46,8 @@ class WanSelfAttention(_Projections):
     """
 
     kernel: AttentionBackend | None = None
+    # Ulysses over a process group (models/wan/sequence_parallel.py); None: one process
+    sequence_parallel: Any = None
 
     def forward(
         self,
@@ -55,10 +59,12 @@ class WanSelfAttention(_Projections):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # x: [B, N, dim]; cos, sin: [N | B, N, D/2]; past: 2 x [B, P, H, D]; mask: [N | 1, P + N]
         # -> out [B, N, dim], k [B, N, H, D], v [B, N, H, D]
+        kernel = self.kernel or _SDPA
+        if self.sequence_parallel is not None:
+            return self.sequence_parallel(self, x, cos, sin, past, mask, kernel)
         q = apply_rope(self._heads(self.norm_q(self.q(x))), cos, sin)
         k = apply_rope(self._heads(self.norm_k(self.k(x))), cos, sin)
         v = self._heads(self.v(x))
-        kernel = self.kernel or _SDPA
         if past is None:
             out = kernel(q, k, v, mask)
         else:

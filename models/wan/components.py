@@ -26,7 +26,7 @@ from models.wan.transformer import WanDiT
 from models.wan.vae import WanVAE
 from models.wan.vae_config import WanVAEConfig
 
-__all__ = ["build_components"]
+__all__ = ["CPU_RANDOM_PARAM_LIMIT", "build_components", "dit_param_count"]
 
 
 def build_components(
@@ -47,16 +47,37 @@ def build_components(
         "action_dim": ACTION_DIM if "action" in dit_spec.conditioning else 0,
         "audio_dim": AUDIO_DIM if "audio" in dit_spec.conditioning else 0,
     }
+    config = WanDiTConfig.preset(dit_spec.preset).replace(**hooks)
+    _check_random_size(config, device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         with device:  # initialise where the weights will live
-            dit = WanDiT(WanDiTConfig.preset(dit_spec.preset).replace(**hooks))
+            dit = WanDiT(config)
             vae = _random_codec(card)
     _randomize_hooks(dit, seed)
     encoder = UMT5TextEncoder.from_preset(
         card.components["text_encoder"].preset, seed=seed, device=device, dtype=dtype
     )
     return dit, vae, encoder
+
+
+# Random weights above this many DiT parameters build only on an accelerator or the meta
+# device: a 14B DiT is 56 GB of fp32 before the cast, more than a development machine holds.
+CPU_RANDOM_PARAM_LIMIT = 4_000_000_000
+
+
+def dit_param_count(config: WanDiTConfig) -> int:
+    """Parameters of ``WanDiT(config)``, counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in WanDiT(config).parameters())
+
+
+def _check_random_size(config: WanDiTConfig, device: torch.device) -> None:
+    if device.type == "cpu" and (count := dit_param_count(config)) > CPU_RANDOM_PARAM_LIMIT:
+        raise InstanceError(
+            f"DiT preset {config.name!r} has {count / 1e9:.1f}B parameters: random weights "
+            f"build on cuda or meta only, not on the CPU (limit {CPU_RANDOM_PARAM_LIMIT:,})"
+        )
 
 
 def _random_codec(card: ModelCard) -> WanVAE | TAEHVDecoder:

@@ -80,6 +80,10 @@ class KVSlabBuffer:
     def slab_bytes(self) -> int:
         return self.nbytes // self.num_slabs
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The K and V buffers by a name unique to the geometry (``kv:<key>:k`` / ``:v``)."""
+        return {f"kv:{self.geometry.key}:k": self.k, f"kv:{self.geometry.key}:v": self.v}
+
     def cache(self, slab_id: int) -> ChunkKVCache:
         """A fresh (reset) cache over slab ``slab_id``: views, no allocation."""
         cache = self.view(slab_id)

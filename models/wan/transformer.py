@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
@@ -43,6 +43,9 @@ from models.wan.config import WanDiTConfig
 from models.wan.flops import dit_flops
 from models.wan.kv_cache import ChunkKVCache, WriteRun
 from models.wan.rope import rope_cos_sin
+
+if TYPE_CHECKING:
+    from models.wan.sequence_parallel import SequenceShards
 
 __all__ = [
     "ChunkCall",
@@ -124,6 +127,8 @@ class WanDiT(nn.Module):
     """
 
     chunk_graphs: ChunkRunner | None = None
+    # Ulysses token shards (models/wan/sequence_parallel.py): None runs every token here
+    sequence_parallel: SequenceShards | None = None
 
     def __init__(self, config: WanDiTConfig) -> None:
         super().__init__()
@@ -444,6 +449,9 @@ class WanDiT(nn.Module):
             e0 = e0.repeat_interleave(tokens_per_frame, dim=1)
         cos, sin = rope
         x = tokens
+        shards = self.sequence_parallel
+        if shards is not None:  # this rank's tokens only, up to the head's all-gather
+            x, e, e0 = shards.scatter(x), shards.scatter(e), shards.scatter(e0)
         for index, block in enumerate(self.blocks):
             past = _gather_past(caches, index, past_tokens)
             x, k, v = block(x, e0, cos, sin, cross.k[index], cross.v[index], past, mask)
@@ -451,7 +459,8 @@ class WanDiT(nn.Module):
                 if cache_runs:
                     rows = slice(None) if len(caches) == 1 else slice(i, i + 1)
                     cache.write(index, k[rows], v[rows], cache_runs)
-        return self._unpatchify(self.head(x, e), grid)
+        y = self.head(x, e)
+        return self._unpatchify(y if shards is None else shards.gather(y), grid)
 
     def _unpatchify(self, y: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         # y: [B, N, C * pt * ph * pw] -> [B, C, F, H, W]

@@ -30,6 +30,7 @@ def test_sessions_import_no_server_client_or_model_code() -> None:
         "models.card_checkpoint",
         "models.card_checks",
         "models.card_errors",
+        "models.card_parallel",
         "models.card_profile",
         "models.card_recipe",
         "models.card_specs",

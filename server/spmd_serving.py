@@ -1,0 +1,162 @@
+"""``dreamrt serve --gpus N``: one model instance over N processes of one node (issue 20).
+
+A composition root beside ``server/app.py`` (it wires ``runtime/spmd.py`` to a loaded model):
+
+- ``relaunch``: ``dreamrt serve --gpus N`` outside torchrun re-executes itself under
+  ``torch.distributed.run --standalone --nproc-per-node N`` (so torchrun's own launch works
+  too: ``torchrun --nproc-per-node N -m server.cli serve --gpus N ...``).
+- every rank: ``join`` initialises the default process group (NCCL on CUDA with
+  ``NCCL_NVLS_ENABLE=0`` unless set, gloo on CPU), checks the card's parallel plan (``sp`` = N)
+  against the world and the DiT's heads before anything runs, builds the ``DeviceMesh``, shards
+  the DiT (Ulysses) and reserves the default profile's K/V slabs, then returns the ``Channel``.
+- rank 0 runs the server: the engine's executor is a ``Leader``; the HTTP and WebRTC side
+  talk only to rank 0. Every other rank runs ``follow``: the same instance, a ``Follower``
+  (with ``NaNWatch``, so a NaN seen on any rank fails the session everywhere), no server.
+
+Limits (the routes answer with the instance's error, nothing diverges silently): only the
+default profile's slabs exist on every rank, so a session at another resolution is refused;
+the compile warm-up is skipped (it would run collectives on rank 0 alone). Forks copy K/V
+slabs outside any op and are not mirrored: ``NoForks`` answers every fork request (a 422 naming
+``n``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, NoReturn
+
+__all__ = ["NoForks", "follow", "join", "lead", "load", "plan_for", "relaunch", "world"]
+
+log = logging.getLogger(__name__)
+
+
+def world() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) outside it."""
+    env = os.environ
+    return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0))
+
+
+def plan_for(model_id: str | None, gpus: int) -> Any:
+    """The checked parallel plan of card ``model_id`` (None: the default) on ``gpus`` ranks."""
+    from models import registry
+    from models.card_parallel import plan_for as card_plan
+    from server.app import DEFAULT_MODEL
+
+    return card_plan(registry.get(model_id or DEFAULT_MODEL), gpus)
+
+
+def relaunch(gpus: int, argv: list[str]) -> NoReturn:
+    """Re-execute ``dreamrt <argv>`` as ``gpus`` torchrun processes of this node."""
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc-per-node={gpus}", "-m", "server.cli", *argv]
+    os.execv(sys.executable, cmd)
+
+
+def join(instance: Any, gpus: int, num_slabs: int) -> Any:
+    """This rank's part of the world (module docstring); returns its ``runtime.spmd.Channel``."""
+    import torch
+    import torch.distributed as dist
+
+    from models.card_parallel import plan_for
+    from models.instance import InstanceError
+    from runtime.spmd import Channel
+
+    rank, size, _ = world()
+    plan = plan_for(instance.card, size)
+    cuda = instance.device.type == "cuda"
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=size)
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    instance.shard_sequence(plan.mesh(device.type)["sp"].get_group())
+    profile = instance.card.default_profile
+    reserved = instance.slab_geometry(profile)
+    instance.reserve_kv_slabs(profile, num_slabs)
+    reserve = instance.reserve_kv_slabs
+
+    def default_profile_only(other: Any, slabs: int) -> Any:
+        if instance.slab_geometry(other) != reserved:
+            raise InstanceError(
+                f"--gpus {gpus} serves the default profile only ({profile.width}x"
+                f"{profile.height}): its K/V slabs are the ones every rank holds"
+            )
+        return reserve(other, slabs)
+
+    instance.reserve_kv_slabs = default_profile_only
+    log.info("rank %d of %d: %s under sp=%d", rank, size, instance.card.model_id, plan.sp)
+    return Channel(device=device, local_buffers=instance.rank_local_buffers())
+
+
+class NoForks:
+    """The fork registry under ``--gpus``: a fork's slab copy would happen on rank 0 only."""
+
+    def of(self, parent_id: str) -> None:
+        return None
+
+    async def fork(self, parent: Any, n: int, prompt: Any, seeds: Any) -> Any:
+        from sessions.forks import ForkError
+
+        raise ForkError("n", "forks are not supported under --gpus N (K/V slab copies)")
+
+    async def choose(self, parent: Any, candidate: Any) -> Any:
+        from sessions.forks import ForkError
+
+        raise ForkError("candidate", "forks are not supported under --gpus N")
+
+
+def lead(engine: Any, channel: Any) -> None:
+    """Rank 0: the engine (not started yet) executes through a ``Leader``."""
+    from runtime.spmd import Leader
+
+    Leader.install(engine, channel)
+
+
+def load(config: Any, model_id: str) -> tuple[Any, Any]:
+    """(card, instance) of ``config`` (a ``ServerConfig``): what ``server/app.py`` serves and
+    what every other rank loads alike."""
+    from models import registry
+    from models.card_parallel import plan_for
+    from models.instance import load_instance
+    from models.loops.extensions import deploy_extensions
+    from runtime.extensions import parse_extension_arg
+
+    card = registry.get(model_id)
+    if config.chunk_frames is not None:  # e.g. 1: the latency mode (4 video frames per chunk)
+        card = card.with_chunk_frames(config.chunk_frames)
+    if config.gpus > 1:  # the plan is checked before any weight loads
+        plan_for(card, config.gpus)
+    instance = load_instance(
+        card,
+        device=config.device,
+        checkpoint_dir=config.checkpoint_dir,
+        random_weights=config.random_weights,
+    )
+    if config.compile:
+        instance.compile(attention=config.attention, cuda_graphs=config.cuda_graphs)
+    instance.adapters.register_specs(config.adapters)  # AdapterError: a bad one, before serving
+    instance.extensions = deploy_extensions([parse_extension_arg(a) for a in config.extensions])
+    return card, instance
+
+
+def follow(config: Any) -> int:
+    """A rank other than 0: load the same instance, join, run what rank 0 decides."""
+    import torch
+    import torch.distributed as dist
+
+    from runtime.observers import NaNWatch
+    from runtime.spmd import Follower, model_ops
+
+    if config.device in ("auto", "cuda") and torch.cuda.is_available():
+        torch.cuda.set_device(world()[2])
+    from server.app import DEFAULT_MODEL
+
+    _, instance = load(config, config.model or DEFAULT_MODEL)
+    channel = join(instance, config.gpus, config.max_sessions)
+    try:
+        Follower(channel, model_ops(instance), observers=(NaNWatch(),)).serve()
+    finally:
+        dist.destroy_process_group()
+    return 0
