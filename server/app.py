@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import secrets
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,19 +33,21 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from server.auth import Authenticator, AuthMode, resolve_auth_mode
+from server.auth import Authenticator, AuthMode, check_admin_key, resolve_auth_mode
 from server.frame_pacer import FramePacer
+from server.limits import Limits
 from server.livekit_participant import LiveKitParticipant
 from server.livekit_room import LiveKitRoom, RoomConnection
 from server.livekit_token import LiveKitCredentials
 from server.metrics import MetricsSnapshot, ServerMetrics
+from server.request_guard import RequestGuard
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
 from sessions.host import SessionHost
 from sessions.job_host import JobHost
 from sessions.served_models import ServedModels
 from sessions.store import Store
 
-__all__ = ["DEFAULT_MODEL", "ServerConfig", "ServerContext", "create_app"]
+__all__ = ["DEFAULT_MODEL", "ServerConfig", "ServerContext", "create_app", "resolve_admin_key"]
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +87,7 @@ class ServerConfig:
     warmup: bool | None = None
     checkpoint_dir: Path | None = None  # weights of a card with external weights
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
-    control_rate_per_s: float = 30.0
+    limits: Limits = Limits()  # every bound on client input (server.limits, docs/api.md)
     livekit_key: str | None = None  # None: LIVEKIT_API_KEY (to mint join tokens)
     livekit_secret: str | None = None  # None: LIVEKIT_API_SECRET
     web_dir: Path | None = field(default=_WEB_DIR)
@@ -107,6 +110,7 @@ class ServerContext:
     undo: list[Callable[[], None]] = field(default_factory=list)
     rooms: dict[str, LiveKitParticipant] = field(default_factory=dict)
     pacers: dict[str, FramePacer] = field(default_factory=dict)
+    sse_streams: Counter[str] = field(default_factory=Counter)  # open event streams by session
     room_factory: Callable[[], RoomConnection] = LiveKitRoom
 
     @property
@@ -134,7 +138,7 @@ class ServerContext:
             token=token,
             pacer=self.pacer_for(session),
             store=self.store,
-            control_rate_per_s=self.config.control_rate_per_s,
+            control_rate_per_s=self.config.limits.control_rate_per_s,
             on_closed=self._room_closed,
             **options,
         )
@@ -152,8 +156,7 @@ class ServerContext:
             session,
             store=self.store,
             ice_servers=self.config.ice_servers,
-            control_rate_per_s=self.config.control_rate_per_s,
-            control_burst=int(2 * self.config.control_rate_per_s),
+            limits=self.config.limits,
             on_closed=self._peer_closed,
             pacer=self.pacer_for(session),
         )
@@ -193,15 +196,19 @@ class ServerContext:
         return sum(1 for t in tasks if not t.done() and t.get_name().startswith(names))
 
 
-def _admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
+def resolve_admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
+    """The admin key of token mode: ``--admin-key``, ``$DREAMRT_ADMIN_KEY``, the data dir's
+    ``admin_key`` file, else a new one generated into that file. ``WeakAdminKeyError`` when
+    the one found is under ``MIN_ADMIN_KEY_BYTES``."""
     if mode is AuthMode.NONE:
         return None
-    key = config.admin_key or os.environ.get("DREAMRT_ADMIN_KEY")
-    if key:
-        return key
+    if config.admin_key:
+        return check_admin_key(config.admin_key, "--admin-key")
+    if os.environ.get("DREAMRT_ADMIN_KEY"):
+        return check_admin_key(os.environ["DREAMRT_ADMIN_KEY"], "$DREAMRT_ADMIN_KEY")
     path = config.data_dir / "admin_key"
     if path.exists():
-        return path.read_text().strip()
+        return check_admin_key(path.read_text().strip(), str(path))
     key = "drt_admin_" + secrets.token_urlsafe(32)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(key + "\n")
@@ -222,6 +229,7 @@ async def _build(config: ServerConfig) -> ServerContext:
     from runtime.policies import make_scheduler
 
     mode = resolve_auth_mode(config.host, config.auth, force=config.force_no_auth)
+    admin_key = resolve_admin_key(config, mode)  # a weak key fails here, before the model loads
     # before any slow work: an unknown policy name fails here, naming the known ones
     scheduler = make_scheduler(config.scheduler, max_batch=config.max_batch)
     config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -294,7 +302,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         engine=engine, models=served, store=store, artifact_dir=config.data_dir / "artifacts"
     )
     host.preallocate()  # the default profile's chunk-KV slabs exist before the first session
-    auth = Authenticator(mode, store=store, admin_key=_admin_key(config, mode))
+    auth = Authenticator(mode, store=store, admin_key=admin_key)
     ctx = ServerContext(
         config=config,
         store=store,
@@ -430,6 +438,10 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
 
     app = FastAPI(title="dreamrt", version="0.1.0", lifespan=lifespan)
     app.state.config = config
+    app.state.draining = False  # set when a graceful shutdown begins (server.shutdown)
+    app.add_middleware(
+        RequestGuard, limits=config.limits, draining=lambda: bool(app.state.draining)
+    )
 
     @app.exception_handler(routes_system.ApiError)
     async def api_error(request: Request, exc: routes_system.ApiError) -> JSONResponse:

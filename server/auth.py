@@ -12,8 +12,15 @@ carries ``Authorization: Bearer <token>`` where the token is one of:
   long the session runs (it is not revoked when the session ends).
 
 Tokens are random (256 bits, ``drt_`` prefix); only their sha256 is stored (SQLite ``tokens``)
-and cached in memory, so a stolen database does not leak usable tokens. Missing or unknown
-tokens answer 401, a valid token used outside its scope 403.
+and cached in memory, so a stolen database does not leak usable tokens. Missing, unknown or
+expired tokens answer 401, a valid token used outside its scope 403.
+
+Comparisons are constant-time: the admin key is compared as sha256 digests with
+``hmac.compare_digest`` (so neither its bytes nor its length leak through timing), and an
+issued token is looked up by the sha256 of what the client sent (memory, then the store's
+index): timing can at most tell a guess's hash from another hash, which says nothing about
+any token. The admin key must be at least
+``MIN_ADMIN_KEY_BYTES`` (32) bytes: a shorter one is refused at start (``WeakAdminKeyError``).
 """
 
 from __future__ import annotations
@@ -35,11 +42,15 @@ __all__ = [
     "Authenticator",
     "Grant",
     "InsecureBindError",
+    "MIN_ADMIN_KEY_BYTES",
+    "WeakAdminKeyError",
+    "check_admin_key",
     "is_loopback",
     "resolve_auth_mode",
 ]
 
 SESSION_TOKEN_TTL_S = 7 * 24 * 3600.0  # seconds from issue
+MIN_ADMIN_KEY_BYTES = 32
 
 
 class AuthMode(str, enum.Enum):
@@ -58,6 +69,21 @@ class AuthError(Exception):
 
 class InsecureBindError(ValueError):
     """``--auth none`` on a non-loopback address without ``--force-no-auth``."""
+
+
+class WeakAdminKeyError(ValueError):
+    """An admin key shorter than ``MIN_ADMIN_KEY_BYTES``."""
+
+
+def check_admin_key(key: str, source: str = "the admin key") -> str:
+    """``key`` if it is long enough to resist guessing; ``WeakAdminKeyError`` otherwise."""
+    size = len(key.encode("utf-8"))
+    if size < MIN_ADMIN_KEY_BYTES:
+        raise WeakAdminKeyError(
+            f"{source} is {size} bytes; an admin key needs at least {MIN_ADMIN_KEY_BYTES} "
+            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    return key
 
 
 def is_loopback(host: str) -> bool:
@@ -117,9 +143,11 @@ class Authenticator:
     ) -> None:
         if mode is AuthMode.TOKEN and not admin_key:
             raise ValueError("token auth needs an admin key")
+        if admin_key is not None:
+            check_admin_key(admin_key)
         self.mode = mode
         self._store = store
-        self._admin_key = admin_key
+        self._admin_digest = None if admin_key is None else _digest(admin_key).encode()
         self._clock = clock
         self._cache: dict[str, tuple[str, float]] = {}  # sha256 -> (scope, expires_at)
 
@@ -149,9 +177,11 @@ class Authenticator:
         if not authorization or not authorization.startswith("Bearer "):
             raise AuthError(401, "missing 'Authorization: Bearer <token>' header")
         token = authorization[len("Bearer ") :].strip()
-        if self._admin_key and hmac.compare_digest(token.encode(), self._admin_key.encode()):
-            return Grant("admin")
         digest = _digest(token)
+        if self._admin_digest is not None and hmac.compare_digest(
+            digest.encode(), self._admin_digest
+        ):
+            return Grant("admin")
         entry = self._cache.get(digest)
         if entry is None and self._store is not None:
             row = self._store.get_token(digest)

@@ -116,6 +116,9 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --compile: skip the warm-up (the first session then pays compilation)",
     )
+    from server.limits import add_limit_arguments
+
+    add_limit_arguments(serve)
     serve.add_argument(
         "--livekit-key",
         default=None,
@@ -165,12 +168,14 @@ def _build_parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from server.app import ServerConfig, create_app
-    from server.auth import InsecureBindError, resolve_auth_mode
+    from server.app import ServerConfig, create_app, resolve_admin_key
+    from server.auth import InsecureBindError, WeakAdminKeyError, resolve_auth_mode
+    from server.limits import limits_from_args
 
     try:
         mode = resolve_auth_mode(args.host, args.auth, force=args.force_no_auth)
-    except InsecureBindError as exc:
+        limits = limits_from_args(args)
+    except (InsecureBindError, ValueError) as exc:
         sys.stderr.write(f"dreamrt: {exc}\n")
         return 2
     config = ServerConfig(
@@ -196,7 +201,13 @@ def _serve(args: argparse.Namespace) -> int:
         unwatched_timeout_s=args.unwatched_timeout,
         livekit_key=args.livekit_key,
         livekit_secret=args.livekit_secret,
+        limits=limits,
     )
+    try:
+        resolve_admin_key(config, mode)
+    except WeakAdminKeyError as exc:
+        sys.stderr.write(f"dreamrt: {exc}\n")
+        return 2
     sys.stdout.write(f"dreamrt: open http://{args.host}:{args.port}/  (auth {mode.value})\n")
     sys.stdout.flush()
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level)

@@ -18,7 +18,16 @@ from server.auth import AuthError, Grant, is_loopback
 from server.metrics import CONTENT_TYPE
 from server.schemas import ModelInfo, TokenBody, TokenIssued
 
-__all__ = ["ApiError", "AuthGrant", "authorize", "ctx_of", "field_error", "mount_web", "router"]
+__all__ = [
+    "ApiError",
+    "AuthGrant",
+    "authorize",
+    "check_prompt",
+    "ctx_of",
+    "field_error",
+    "mount_web",
+    "router",
+]
 
 router = APIRouter()
 
@@ -72,6 +81,17 @@ def creation_errors() -> Iterator[None]:
         raise field_error("model", str(exc.args[0])) from None
     except (ProfileError, UnsupportedTaskError) as exc:
         raise field_error(exc.field, str(exc)) from None
+
+
+def check_prompt(request: Request, field: str, text: str | None) -> None:
+    """422 naming ``field`` when ``text`` is longer than the configured prompt limit."""
+    limit = ctx_of(request).config.limits.max_prompt_chars
+    if text is not None and len(text) > limit:
+        raise field_error(
+            field,
+            f"prompt is {len(text)} characters; the limit is {limit}",
+            code="prompt_too_long",
+        )
 
 
 def ctx_of(request: Request) -> Any:

@@ -31,7 +31,9 @@ __all__ = [
     "TokenIssued",
 ]
 
-Text = Annotated[str, Field(min_length=1, max_length=4000)]
+# Hard caps; the configured limits (``server.limits.Limits``: prompt length, SDP size) are
+# checked by the routes on top of them, so they can be lowered without a schema change.
+Text = Annotated[str, Field(min_length=1, max_length=16_000)]
 Dimension = Annotated[int, Field(ge=8, le=4096)]
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
@@ -75,7 +77,7 @@ class SessionCreated(BaseModel):
 
 
 class OfferBody(_Body):
-    sdp: Annotated[str, Field(min_length=1, max_length=64 * 1024)]
+    sdp: Annotated[str, Field(min_length=1, max_length=256 * 1024)]
     type: Literal["offer"]
 
 
