@@ -88,6 +88,8 @@ class ServerConfig:
     checkpoint_dir: Path | None = None  # weights of a card with external weights
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
     limits: Limits = Limits()  # every bound on client input (server.limits, docs/api.md)
+    # ops/test hook: a FaultInjector observer and POST /v1/faults (never on by default)
+    fault_injection: bool = False
     livekit_key: str | None = None  # None: LIVEKIT_API_KEY (to mint join tokens)
     livekit_secret: str | None = None  # None: LIVEKIT_API_SECRET
     web_dir: Path | None = field(default=_WEB_DIR)
@@ -106,6 +108,7 @@ class ServerContext:
     metrics: ServerMetrics
     device: str
     model_id: str
+    faults: Any = None  # runtime.faults.FaultInjector with --fault-injection
     peers: dict[str, ViewerPeer] = field(default_factory=dict)
     undo: list[Callable[[], None]] = field(default_factory=list)
     rooms: dict[str, LiveKitParticipant] = field(default_factory=dict)
@@ -225,6 +228,7 @@ async def _build(config: ServerConfig) -> ServerContext:
     from runtime.admission import AdmissionConfig, AdmissionController
     from runtime.cost import CostModel, DeviceConstants
     from runtime.engine import Engine
+    from runtime.faults import FaultInjector
     from runtime.observers import NaNWatch, Profiler
     from runtime.policies import make_scheduler
 
@@ -270,6 +274,9 @@ async def _build(config: ServerConfig) -> ServerContext:
     )
     # the metrics read live state through ``ctx`` (bound below, before the first scrape)
     metrics = ServerMetrics(lambda: ctx.metrics_snapshot())
+    faults = FaultInjector() if config.fault_injection else None
+    if faults is not None:
+        log.warning("fault injection is ON (POST /v1/faults): a test or drill setting")
     engine = Engine(
         cost=cost,
         scheduler=scheduler,
@@ -279,8 +286,9 @@ async def _build(config: ServerConfig) -> ServerContext:
         max_lead_s=config.max_lead_s,
         # The profiler calibrates the cost model from measured plan times (admission and
         # deadlines then use what this machine really does); NaNWatch fails a session whose
-        # step produced a non-finite value instead of streaming garbage.
-        observers=(Profiler(cost), NaNWatch()),
+        # step produced a non-finite value instead of streaming garbage. The fault injector
+        # sits before the watch, so an injected NaN is caught the way a real one is.
+        observers=(Profiler(cost), *(() if faults is None else (faults,)), NaNWatch()),
         listeners=(metrics,),
     )
     log.info("scheduling policy: %s", scheduler.name)
@@ -313,6 +321,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         metrics=metrics,
         device=device,
         model_id=model_id,
+        faults=faults,
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
     if config.ice_hosts:
@@ -450,5 +459,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     app.include_router(routes_system.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_jobs.router)
+    if config.fault_injection:
+        app.include_router(routes_system.faults_router)
     routes_system.mount_web(app, config.web_dir)
     return app

@@ -120,6 +120,12 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_limit_arguments(serve)
     serve.add_argument(
+        "--fault-injection",
+        action="store_true",
+        help="tests and drills only: POST /v1/faults (admin) makes a session's or job's next "
+        "step fail with nan, exception or oom",
+    )
+    serve.add_argument(
         "--livekit-key",
         default=None,
         help="LiveKit API key that mints the engine's join tokens (default: $LIVEKIT_API_KEY)",
@@ -202,6 +208,7 @@ def _serve(args: argparse.Namespace) -> int:
         livekit_key=args.livekit_key,
         livekit_secret=args.livekit_secret,
         limits=limits,
+        fault_injection=args.fault_injection,
     )
     try:
         resolve_admin_key(config, mode)

@@ -16,7 +16,7 @@ from fastapi.staticfiles import StaticFiles
 
 from server.auth import AuthError, Grant, is_loopback
 from server.metrics import CONTENT_TYPE
-from server.schemas import ModelInfo, TokenBody, TokenIssued
+from server.schemas import FaultBody, ModelInfo, TokenBody, TokenIssued
 
 __all__ = [
     "ApiError",
@@ -24,12 +24,15 @@ __all__ = [
     "authorize",
     "check_prompt",
     "ctx_of",
+    "faults_router",
     "field_error",
     "mount_web",
     "router",
 ]
 
 router = APIRouter()
+# only with ``dreamrt serve --fault-injection`` (server.app): absent from a normal server's schema
+faults_router = APIRouter()
 
 
 class ApiError(Exception):
@@ -162,6 +165,19 @@ def issue_token(body: TokenBody, request: Request, grant: AuthGrant) -> TokenIss
         raise ApiError(403, "forbidden", "issuing tokens needs the admin key or an admin token")
     token, expires_at = ctx_of(request).auth.issue(body.scope, body.ttl_s)
     return TokenIssued(token=token, scope=body.scope, expires_at=expires_at)
+
+
+@faults_router.post("/v1/faults", status_code=202)
+def inject_fault(body: FaultBody, request: Request, grant: AuthGrant) -> dict[str, str]:
+    """Arms a fault on the next denoising step of session or job ``target`` (admin only; a
+    test and drill hook, runtime.faults)."""
+    if not grant.is_admin:
+        raise ApiError(403, "forbidden", "fault injection needs the admin key or an admin token")
+    ctx = ctx_of(request)
+    if ctx.engine.handle(body.target) is None:
+        raise ApiError(404, "not_found", f"no running session or job {body.target!r}")
+    ctx.faults.arm(body.target, body.kind)
+    return {"target": body.target, "kind": body.kind}
 
 
 def mount_web(app: FastAPI, web_dir: Path | None) -> None:

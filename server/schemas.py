@@ -15,6 +15,7 @@ __all__ = [
     "ActionsBody",
     "ChooseBody",
     "ControlInfo",
+    "FaultBody",
     "FeedbackBody",
     "ForkBody",
     "JobBody",
@@ -146,6 +147,11 @@ class TokenIssued(BaseModel):
     token: str
     scope: str
     expires_at: float
+
+
+class FaultBody(_Body):
+    target: Annotated[str, Field(min_length=1, max_length=64)]
+    kind: Literal["nan", "exception", "oom"]
 
 
 class ControlInfo(BaseModel):
