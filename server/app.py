@@ -187,6 +187,8 @@ class ServerContext:
             kv_slabs_free=slabs_free,
             kv_slabs_capacity=slabs_capacity,
             server_tasks=self.server_tasks(),
+            sse_streams=sum(self.sse_streams.values()),
+            peers=len(self.peers),
         )
 
     def server_tasks(self) -> int:
