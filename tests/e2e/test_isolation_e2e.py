@@ -6,7 +6,9 @@ out-of-memory error on a loop's next denoising step, ``runtime.faults``) and rea
 viewers on loopback. Each test watches a bystander session's received fresh frames per second
 before and after the fault and checks it did not move by more than 15 % of the profile's fps,
 that the faulted loop failed with its code (``error`` event, ``failed``), and that its chunk-KV
-slab is back in the pool.
+slab is back in the pool. The live fuzz sends 1,000 hypothesis-generated control messages
+over a real data channel to a live session and checks every rejected one got its ``error``
+event, in order, and that the session still streams.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ import aioice.ice
 import httpx
 import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from clients.python.api import DreamrtClient
 from clients.python.viewer import Viewer
 from infra.browser_harness import ServerProcess
 from tests.e2e.test_sessions_e2e import FPS, ametrics, await_idle, start_server, stop_server
+from tests.server.control_fuzz import control_messages, expected_error
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +47,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         "3",
         "--connect-timeout",
         "3",
+        # the live fuzz below sends 1,000 messages at once: every one must reach validation
+        "--control-rate",
+        "5000",
+        "--control-burst",
+        "5000",
     )
     yield srv
     stop_server(srv)
@@ -209,6 +219,75 @@ async def test_a_client_that_closes_its_event_stream_mid_event(api: DreamrtClien
     finally:
         await viewer.close()
     assert status["state"] == "live" and len(viewer.frames) > frames
+
+
+def generated_messages(n: int) -> list[str]:
+    """``n`` hypothesis-generated control messages as text (a data channel's text messages;
+    the bytes the strategy also draws are sent as text where they decode)."""
+    out: list[str] = []
+
+    @settings(
+        max_examples=n // 20,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(st.lists(control_messages(pause=False), min_size=20, max_size=20))
+    def collect(batch: list[str | bytes]) -> None:
+        for raw in batch:
+            out.append(raw if isinstance(raw, str) else raw.decode("latin-1"))
+
+    collect()
+    return out[:n]
+
+
+async def test_a_thousand_fuzzed_messages_over_a_live_data_channel(api: DreamrtClient) -> None:
+    messages = generated_messages(1000)
+    assert len(messages) == 1000
+    models = {m["id"]: m for m in await api.models()}
+    caps = set(models["wan-tiny-random"]["capabilities"])
+    expected = [
+        code
+        for raw in messages
+        if (code := expected_error(raw, capabilities=caps, max_prompt_chars=4000)) is not None
+    ]
+    accepted_prompts = sum(
+        1
+        for raw in messages
+        if expected_error(raw, capabilities=caps, max_prompt_chars=4000) is None
+        and '"type": "prompt"' in raw[:20]
+    )
+    viewer = await live_viewer(api, "a lighthouse", 9)
+    try:
+        mark = len(viewer.events)
+        for i in range(0, len(messages), 50):  # a fast client, not one burst of 1,000
+            for raw in messages[i : i + 50]:
+                viewer.send_raw(raw)
+            await asyncio.sleep(0.02)
+        viewer.send({"type": "prompt", "text": "the end of the fuzz"})  # acknowledged last
+
+        def prompts_received() -> int:
+            return sum(
+                1
+                for e in viewer.events[mark:]
+                if e["type"] == "input.received" and e["kind"] == "prompt"
+            )
+
+        deadline = time.monotonic() + 60
+        while prompts_received() < accepted_prompts + 1:
+            assert time.monotonic() < deadline, (prompts_received(), accepted_prompts)
+            await asyncio.sleep(0.1)
+        got = [e["code"] for e in viewer.events[mark:] if e["type"] == "error"]
+        frames = len(viewer.fresh_frames())
+        await asyncio.sleep(1.5)
+        status = await api.session(viewer.session_id)
+        still = len(viewer.fresh_frames())
+    finally:
+        await viewer.close()
+    assert len(expected) >= 300, "the fuzz must reject a good share of what it sends"
+    assert got == expected  # every rejected message answered by its error event, in order
+    assert status["state"] == "live" and still > frames, "the session must keep streaming"
 
 
 def test_the_server_log_has_no_traceback(server: ServerProcess) -> None:
