@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse
 
 from server.auth import Authenticator, AuthMode, check_admin_key, resolve_auth_mode
 from server.frame_pacer import FramePacer
+from server.heap_trim import HeapTrim
 from server.limits import Limits
 from server.livekit_participant import LiveKitParticipant
 from server.livekit_room import LiveKitRoom, RoomConnection
@@ -109,6 +110,7 @@ class ServerContext:
     device: str
     model_id: str
     faults: Any = None  # runtime.faults.FaultInjector with --fault-injection
+    heap: HeapTrim | None = None
     peers: dict[str, ViewerPeer] = field(default_factory=dict)
     undo: list[Callable[[], None]] = field(default_factory=list)
     rooms: dict[str, LiveKitParticipant] = field(default_factory=dict)
@@ -331,6 +333,9 @@ async def _build(config: ServerConfig) -> ServerContext:
     if config.video_bitrate_bps is not None:
         ctx.undo.append(configure_video_bitrate(config.video_bitrate_bps))
     jobs.resume_jobs(unfinished_jobs)
+    # ended sessions' freed native memory goes back to the OS (RSS does not ratchet up)
+    ctx.heap = HeapTrim(lambda: sum(host.finished_states.values()))
+    ctx.heap.start()
     if config.unwatched_timeout_s > 0:
         host.start_reaper(
             config.unwatched_timeout_s, interval_s=min(5.0, config.unwatched_timeout_s / 2)
@@ -413,6 +418,8 @@ async def _warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
 
 
 async def _teardown(ctx: ServerContext) -> None:
+    if ctx.heap is not None:
+        await ctx.heap.close()
     for participant in list(ctx.rooms.values()):
         with contextlib.suppress(Exception):
             await participant.close()

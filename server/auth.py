@@ -25,11 +25,13 @@ any token. The admin key must be at least
 
 from __future__ import annotations
 
+import collections
 import enum
 import hashlib
 import hmac
 import ipaddress
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,6 +142,7 @@ class Authenticator:
         store: Store | None,
         admin_key: str | None = None,
         clock: Callable[[], float] = time.time,
+        cache_size: int = 65_536,
     ) -> None:
         if mode is AuthMode.TOKEN and not admin_key:
             raise ValueError("token auth needs an admin key")
@@ -149,7 +152,11 @@ class Authenticator:
         self._store = store
         self._admin_digest = None if admin_key is None else _digest(admin_key).encode()
         self._clock = clock
-        self._cache: dict[str, tuple[str, float]] = {}  # sha256 -> (scope, expires_at)
+        # sha256 -> (scope, expires_at), the most recently used ``cache_size``; older ones are
+        # read back from the store (a server that issues a token per session runs for months)
+        self._cache: collections.OrderedDict[str, tuple[str, float]] = collections.OrderedDict()
+        self.cache_size = cache_size
+        self._lock = threading.Lock()  # the event loop and the store's thread both use the cache
 
     def issue(self, scope: str, ttl_s: float) -> tuple[str, float]:
         """A new token for ``scope``; returns ``(token, expires_at)``. Stored hashed."""
@@ -160,18 +167,33 @@ class Authenticator:
         token = "drt_" + secrets.token_urlsafe(32)
         expires_at = self._clock() + ttl_s
         digest = _digest(token)
-        self._cache[digest] = (scope, expires_at)
+        self._remember(digest, (scope, expires_at))
         if self._store is not None:
             self._store.defer(
                 self._store.add_token, token_hash=digest, scope=scope, expires_at=expires_at
             )
         return token, expires_at
 
+    def _remember(self, digest: str, entry: tuple[str, float]) -> None:
+        with self._lock:
+            self._cache[digest] = entry
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+
+    def _cached(self, digest: str) -> tuple[str, float] | None:
+        with self._lock:
+            entry = self._cache.get(digest)
+            if entry is not None:
+                self._cache.move_to_end(digest)
+            return entry
+
     def issue_session_token(self, session_id: str) -> str:
         return self.issue(f"session:{session_id}", SESSION_TOKEN_TTL_S)[0]
 
-    def authenticate(self, authorization: str | None) -> Grant:
-        """The grant of an ``Authorization`` header value; ``AuthError(401)`` when invalid."""
+    def authenticate(self, authorization: str | None, *, lookup: bool = True) -> Grant | None:
+        """The grant of an ``Authorization`` header value; ``AuthError(401)`` when invalid.
+        ``lookup=False``: None where only the store could tell (the event loop then asks the
+        store's thread, ``authenticate`` with ``lookup=True``, rather than touch SQLite)."""
         if self.mode is AuthMode.NONE:
             return Grant("admin")
         if not authorization or not authorization.startswith("Bearer "):
@@ -182,12 +204,14 @@ class Authenticator:
             digest.encode(), self._admin_digest
         ):
             return Grant("admin")
-        entry = self._cache.get(digest)
+        entry = self._cached(digest)
         if entry is None and self._store is not None:
+            if not lookup:
+                return None
             row = self._store.get_token(digest)
             if row is not None:
                 entry = (row["scope"], row["expires_at"])
-                self._cache[digest] = entry
+                self._remember(digest, entry)
         if entry is None:
             raise AuthError(401, "unknown token")
         scope, expires_at = entry

@@ -104,10 +104,16 @@ def ctx_of(request: Request) -> Any:
     return ctx
 
 
-def authorize(request: Request) -> Grant:
-    """FastAPI dependency: the request's grant, or 401."""
+async def authorize(request: Request) -> Grant:
+    """FastAPI dependency: the request's grant, or 401. On the event loop (no worker thread
+    per request); a token not cached yet is looked up on the store's thread."""
+    ctx = ctx_of(request)
+    header = request.headers.get("authorization")
     try:
-        return ctx_of(request).auth.authenticate(request.headers.get("authorization"))
+        grant = ctx.auth.authenticate(header, lookup=False)
+        if grant is None:
+            grant = await ctx.store.run(ctx.auth.authenticate, header)
+        return grant
     except AuthError as exc:
         raise ApiError(
             exc.status, "unauthorized", exc.message, headers={"WWW-Authenticate": "Bearer"}
@@ -123,7 +129,7 @@ def require_general(grant: Grant) -> None:
 
 
 @router.get("/healthz")
-def healthz(request: Request) -> dict[str, str]:
+async def healthz(request: Request) -> dict[str, str]:
     ctx = getattr(request.app.state, "ctx", None)
     config = request.app.state.config
     if ctx is None:
@@ -132,16 +138,16 @@ def healthz(request: Request) -> dict[str, str]:
 
 
 @router.get("/metrics")
-def metrics(request: Request) -> Response:
+async def metrics(request: Request) -> Response:
     client = request.client.host if request.client is not None else ""
     ctx = ctx_of(request)
     if not is_loopback(client):
-        require_general(authorize(request))
+        require_general(await authorize(request))
     return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
 
 
 @router.get("/v1/models", response_model=list[ModelInfo], response_model_exclude_none=True)
-def list_models(request: Request, grant: AuthGrant) -> list[dict[str, Any]]:
+async def list_models(request: Request, grant: AuthGrant) -> list[dict[str, Any]]:
     """Every card; ``served`` marks those this process serves, ``examples`` and ``controls``
     are what a page shows of a card (example prompts, the controls legend)."""
     require_general(grant)
@@ -160,7 +166,7 @@ def list_models(request: Request, grant: AuthGrant) -> list[dict[str, Any]]:
 
 
 @router.post("/v1/tokens", status_code=201)
-def issue_token(body: TokenBody, request: Request, grant: AuthGrant) -> TokenIssued:
+async def issue_token(body: TokenBody, request: Request, grant: AuthGrant) -> TokenIssued:
     if not grant.is_admin:
         raise ApiError(403, "forbidden", "issuing tokens needs the admin key or an admin token")
     token, expires_at = ctx_of(request).auth.issue(body.scope, body.ttl_s)
@@ -168,7 +174,7 @@ def issue_token(body: TokenBody, request: Request, grant: AuthGrant) -> TokenIss
 
 
 @faults_router.post("/v1/faults", status_code=202)
-def inject_fault(body: FaultBody, request: Request, grant: AuthGrant) -> dict[str, str]:
+async def inject_fault(body: FaultBody, request: Request, grant: AuthGrant) -> dict[str, str]:
     """Arms a fault on the next denoising step of session or job ``target`` (admin only; a
     test and drill hook, runtime.faults)."""
     if not grant.is_admin:

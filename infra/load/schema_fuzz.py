@@ -10,9 +10,9 @@ failure with the case that caused it.
 
     python -m infra.load.schema_fuzz http://127.0.0.1:8000 --requests 2000 [--token T]
 
-is the full count (``infra/bench/RESULTS.md``); ``tests/e2e/test_schema_fuzz_e2e.py`` runs 300+. What a generated request
-creates (a session, a job) is deleted at once, so the server never fills up: a full server's
-503 / 429 answers are by design and checked by the limit tests.
+is the full count (``infra/bench/RESULTS.md``); ``tests/e2e/test_schema_fuzz_e2e.py`` runs
+300+. What a generated request creates (a session, a job) is deleted at once, so the server
+never fills up: a full server's 503 / 429 answers are by design and checked by the limit tests.
 """
 
 from __future__ import annotations
