@@ -94,6 +94,7 @@ class ServerProcess:
         port: int | None = None,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        cwd: Path = REPO_ROOT,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.log_path = Path(log_path)
@@ -101,6 +102,7 @@ class ServerProcess:
         self.port = port or free_port(host)
         self.extra_args = extra_args
         self.env = env
+        self.cwd = Path(cwd)  # the checkout whose server runs (another one: A/B benchmarks)
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
 
@@ -132,7 +134,7 @@ class ServerProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(self.env or {})}
         self._proc = subprocess.Popen(
             self.command(),
-            cwd=REPO_ROOT,
+            cwd=self.cwd,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             env=env,

@@ -14,20 +14,20 @@ A card is pure data (no torch at import) and is checked twice:
 The card's parts live in their own modules, one noun each: ``card_errors`` (the three errors),
 ``card_vocabulary`` (enums and the capability/precision/input tables), ``card_specs``
 (components, schedules, loops, caches), ``card_recipe`` (recipe, parity, precisions),
-``card_checkpoint`` (the manifest), ``card_profile`` (latent geometry, serving profile) and
-``card_ui`` (example prompts and controls). Every name is re-exported here, so
-``from models.card import X`` is the one import callers need.
+``card_checkpoint`` (the manifest), ``card_profile`` (latent geometry, serving profile),
+``card_ui`` (example prompts and controls) and ``card_checks`` (what ``validate`` checks).
+Every name is re-exported here, so ``from models.card import X`` is the one import callers
+need.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from models.card_checkpoint import CheckpointManifest, ComponentEntry
+from models.card_checks import card_problems
 from models.card_errors import CardError, ProfileError, RecipeMismatchError
 from models.card_profile import LatentSpec, Profile
 from models.card_recipe import ParitySpec, PrecisionContract, RecipeSpec
@@ -36,7 +36,6 @@ from models.card_ui import CardUI, Control, ControlKind
 from models.card_vocabulary import (
     CAPABILITIES,
     DENOISING_LOOPS,
-    INPUT_HOOKS,
     INPUT_KINDS,
     PRECISIONS,
     AttentionMode,
@@ -84,8 +83,6 @@ __all__ = [
     "WeightsKind",
 ]
 
-_MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-
 
 @dataclass(frozen=True, slots=True)
 class ModelCard:
@@ -126,18 +123,7 @@ class ModelCard:
 
     def validate(self) -> ModelCard:
         """Raise ``CardError`` listing every inconsistency; return ``self`` when there is none."""
-        problems = [
-            *self._identity_problems(),
-            *self._component_problems(),
-            *self._loop_problems(),
-            *self._decoder_problems(),
-            *self._recipe_problems(),
-            *self._capability_problems(),
-            *self._cache_problems(),
-            *self._manifest_problems(),
-            *self._profile_problems(),
-            *self.ui.problems(self.capabilities),
-        ]
+        problems = card_problems(self)
         if problems:
             raise CardError(problems, self.model_id)
         return self
@@ -213,6 +199,12 @@ class ModelCard:
                 return spec
         return None
 
+    def with_chunk_frames(self, chunk_latent_frames: int) -> ModelCard:
+        """This card serving chunks of ``chunk_latent_frames`` latent frames (the latency mode:
+        1 -> 4 video frames on a Wan VAE); validated (the K/V window must leave history)."""
+        profile = replace(self.default_profile, chunk_latent_frames=chunk_latent_frames)
+        return replace(self, default_profile=profile).validate()
+
     def resolve_profile(
         self, *, fps: int | None = None, width: int | None = None, height: int | None = None
     ) -> Profile:
@@ -284,7 +276,6 @@ class ModelCard:
         )
 
     # ---------------------------------------------------------------------------------------
-    # validation, one concern each
 
     def _assumed_loop(self) -> LoopSpec:
         spec = self.loops.get(self.recipe.assumes_loop)
@@ -297,201 +288,3 @@ class ModelCard:
                 self.model_id,
             )
         return spec
-
-    def _identity_problems(self) -> list[str]:
-        found = []
-        if not _MODEL_ID.match(self.model_id):
-            found.append(f"model_id {self.model_id!r} must match {_MODEL_ID.pattern}")
-        for name in ("family", "description", "weights_version"):
-            if not getattr(self, name).strip():
-                found.append(f"{name} is empty")
-        if self.weights is WeightsKind.RANDOM and "random" not in self.description.lower():
-            found.append("a random-weights card must say 'random' in its description")
-        return found
-
-    def _component_problems(self) -> list[str]:
-        found = []
-        for key, spec in self.components.items():
-            if key != spec.component_id:
-                found.append(f"components[{key!r}] has component_id {spec.component_id!r}")
-            if not spec.preset:
-                found.append(f"component {key!r} names no preset")
-            if spec.precision is not None and spec.precision not in PRECISIONS:
-                found.append(f"component {key!r} pins unknown precision {spec.precision!r}")
-        return found
-
-    def _loop_problems(self) -> list[str]:
-        found = []
-        for key, spec in self.loops.items():
-            where = f"loop {key!r}"
-            if key != spec.loop_id:
-                found.append(f"loops[{key!r}] has loop_id {spec.loop_id!r}")
-            if spec.denoises:
-                if spec.schedule is None or spec.attention is None:
-                    found.append(f"{where} denoises but declares no schedule and attention")
-                else:
-                    found.extend(f"{where}: {p}" for p in spec.schedule.problems())
-                if (
-                    spec.kind is LoopKind.CHUNK_ROLLOUT
-                    and spec.attention is not AttentionMode.CHUNK_CAUSAL
-                ):
-                    found.append(
-                        f"{where} is a chunk_rollout but its attention is "
-                        f"{spec.attention.value}, not chunk_causal"
-                    )
-            elif spec.schedule is not None or spec.attention is not None:
-                found.append(f"{where} ({spec.kind.value}) does not denoise but has a schedule")
-            for c in spec.components:
-                if c not in self.components:
-                    found.append(f"{where} needs component {c!r}, which the card lacks")
-            for u in spec.uses:
-                if u not in self.loops:
-                    found.append(f"{where} uses loop {u!r}, which the card lacks")
-            for i in sorted(spec.inputs - INPUT_KINDS):
-                found.append(f"{where} absorbs unknown input {i!r}; known: {sorted(INPUT_KINDS)}")
-            for i in sorted(spec.inputs & INPUT_HOOKS.keys()):
-                hooked = any(
-                    INPUT_HOOKS[i] in self.components[c].conditioning
-                    for c in spec.components
-                    if c in self.components
-                )
-                if not hooked:
-                    found.append(
-                        f"{where} absorbs {i!r} but none of its components "
-                        f"{list(spec.components)} has a {INPUT_HOOKS[i]!r} hook"
-                    )
-        return found
-
-    def _decoder_problems(self) -> list[str]:
-        found = []
-        codecs = (ComponentKind.VAE, ComponentKind.DECODER)
-        for key, spec in self.loops.items():
-            if spec.kind is not LoopKind.VAE_DECODE:
-                continue
-            if len(spec.components) != 1:
-                found.append(f"loop {key!r} must name the one component it decodes with")
-            elif (c := self.components.get(spec.components[0])) and c.kind not in codecs:
-                found.append(
-                    f"loop {key!r} decodes with {c.component_id!r}, a {c.kind.value}, "
-                    f"not a vae or decoder"
-                )
-        return found
-
-    def _recipe_problems(self) -> list[str]:
-        r = self.recipe
-        found = []
-        if not r.method:
-            found.append("recipe.method is empty")
-        assumed = self.loops.get(r.assumes_loop)
-        if assumed is None:
-            found.append(
-                f"recipe.assumes_loop {r.assumes_loop!r} is not one of the card's "
-                f"loops {sorted(self.loops)}"
-            )
-        elif not assumed.denoises:
-            found.append(
-                f"recipe.assumes_loop {r.assumes_loop!r} is a {assumed.kind.value} "
-                f"loop; a recipe assumes a denoising loop"
-            )
-        elif assumed.schedule is not None and assumed.schedule.steps != self.default_profile.steps:
-            found.append(
-                f"default_profile.steps={self.default_profile.steps} but loop "
-                f"{r.assumes_loop!r} has {assumed.schedule.steps} timesteps"
-            )
-        for name in self.precision.allowed:
-            if name not in PRECISIONS:
-                found.append(f"precision {name!r} is unknown; known: {sorted(PRECISIONS)}")
-        if not self.precision.allowed:
-            found.append("precision.allowed is empty")
-        if r.assumes_precision not in self.precision.allowed:
-            found.append(
-                f"recipe.assumes_precision {r.assumes_precision!r} is not in "
-                f"precision.allowed {list(self.precision.allowed)}"
-            )
-        if self.parity.level.rank < r.consistency_required.rank:
-            found.append(
-                f"parity level {self.parity.level.value} is below the recipe's "
-                f"consistency_required {r.consistency_required.value}"
-            )
-        for name, tol in self.parity.tolerances.items():
-            if not (math.isfinite(tol) and tol > 0):
-                found.append(f"parity tolerance {name!r}={tol} must be finite and > 0")
-        return found
-
-    def _capability_problems(self) -> list[str]:
-        found = []
-        servable = self.recipe.assumes_loop in self.loops  # else _recipe_problems reports it
-        for cap in sorted(self.capabilities):
-            if cap not in CAPABILITIES:
-                found.append(f"capability {cap!r} is unknown; known: {sorted(CAPABILITIES)}")
-            elif servable and self.loop_for(cap) is None:
-                kinds, needed_input = CAPABILITIES[cap]
-                extra = f" absorbing {needed_input!r}" if needed_input else ""
-                found.append(
-                    f"capability {cap!r} has no loop that serves it (needs one of "
-                    f"{sorted(k.value for k in kinds)}{extra}, with the recipe's sampler)"
-                )
-        return found
-
-    def _cache_problems(self) -> list[str]:
-        found = []
-        chunk = self.default_profile.chunk_latent_frames
-        for key, c in self.caches.items():
-            where = f"cache {key!r}"
-            if c.component not in self.components:
-                found.append(f"{where} belongs to component {c.component!r}, which the card lacks")
-            if c.kind is CacheKind.CHUNK_KV:
-                if c.window_latent_frames < chunk:
-                    found.append(
-                        f"{where}: window_latent_frames={c.window_latent_frames} cannot "
-                        f"hold one chunk of {chunk} latent frames"
-                    )
-                if c.sink_latent_frames < 0:
-                    found.append(f"{where}: sink_latent_frames={c.sink_latent_frames} < 0")
-            elif c.window_latent_frames or c.sink_latent_frames:
-                found.append(f"{where} ({c.kind.value}) has KV window/sink frames")
-        return found
-
-    def _manifest_problems(self) -> list[str]:
-        found = []
-        entries = self.checkpoint.components
-        for key, e in entries.items():
-            where = f"checkpoint component {key!r}"
-            if key not in self.components:
-                found.append(
-                    f"{where} is not among the card's components {sorted(self.components)}"
-                )
-            if not e.path_hint:
-                found.append(f"{where} has no path_hint")
-            for task in sorted((e.required_for | e.optional_for) - self.capabilities):
-                found.append(f"{where} names task {task!r}, which is not a capability")
-            if e.required_for & e.optional_for:
-                found.append(
-                    f"{where} is both required and optional for "
-                    f"{sorted(e.required_for & e.optional_for)}"
-                )
-            if not (e.required_for or e.optional_for):
-                found.append(f"{where} is neither required nor optional for any task")
-        if self.weights is not WeightsKind.RANDOM:
-            for key in sorted(set(self.components) - set(entries)):
-                found.append(
-                    f"component {key!r} has {self.weights.value} weights but no "
-                    f"checkpoint manifest entry"
-                )
-        return found
-
-    def _profile_problems(self) -> list[str]:
-        p = self.default_profile
-        found = [
-            f"default_profile.{n}={getattr(p, n)} must be >= 1"
-            for n in ("fps", "width", "height", "chunk_latent_frames", "steps")
-            if getattr(p, n) < 1
-        ]
-        multiple = self.latent.pixel_multiple
-        for name in ("width", "height"):
-            if getattr(p, name) % multiple:
-                found.append(
-                    f"default_profile.{name}={getattr(p, name)} is not a multiple of "
-                    f"{multiple} (VAE stride x patch)"
-                )
-        return found

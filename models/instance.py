@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import torch
 
 from models.card import KVUpdate, ModelCard, Profile
+from models.loops.chunk_restart import RegenerateWhenSooner, RestartPolicy
 from models.loops.ops import (
     ChunkDenoiseOp,
     DecodeOp,
@@ -45,6 +46,7 @@ from models.wan.kv_cache import ChunkKVCache
 from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
 from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache
 from models.wan.transformer import WanDiT, dit_flops
+from models.weights_digest import checkpoint_digest, random_digest
 
 __all__ = ["InstanceError", "WanInstance", "load_instance"]
 
@@ -122,9 +124,13 @@ class WanInstance:
         self.kv_write_op = KVWriteOp(dit)
         self.decode_op = DecodeOp(vae)
         self.diffusion_step_op = DiffusionStepOp(dit)
+        # when an input restarts the chunk in flight: a serving policy the server may swap
+        self.chunk_restart: RestartPolicy = RegenerateWhenSooner()
         self._compiled = False
         self._fp8 = False
         self.levers: dict[str, Any] = {"attention": "auto", "overlap_decode": False}
+        # content hash of the loaded weights (models.weights_digest), set by load_instance
+        self.weights_digest = ""
 
     def configure(
         self,
@@ -437,9 +443,27 @@ def load_instance(
         encoder, TextEmbeddingCache(), model_id=card.model_id, weights_version=card.weights_version
     )
     instance = WanInstance(card, dit, vae, text, device=dev, precision=prec)
+    instance.weights_digest = _weights_digest(card, seed, random_weights, checkpoint_dir)
     if compile:
         instance.compile()
     return instance
+
+
+def _weights_digest(
+    card: ModelCard, seed: int, random_weights: bool, checkpoint_dir: str | Path | None
+) -> str:
+    if random_weights or card.weights.value == "random":
+        presets = {name: spec.preset for name, spec in card.components.items()}
+        return random_digest(card.model_id, presets, seed)
+    module = _COMPONENT_BUILDERS.get(card.family)
+    root = checkpoint_dir
+    if root is None and module is not None:  # a family that ships its weights
+        root = getattr(importlib.import_module(module), "SHIPPED_DIR", None)
+    # the files of the components the loops use (a tiny-decoder card's optional teacher VAE,
+    # listed in its manifest for distillation, is never loaded to serve)
+    served = {c for spec in card.loops.values() for c in spec.components}
+    entries = [e.path_hint for key, e in card.checkpoint.components.items() if key in served]
+    return checkpoint_digest(Path(root), entries) if root is not None else ""
 
 
 def _cast_dit(dit: WanDiT, dtype: torch.dtype) -> None:

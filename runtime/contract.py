@@ -44,6 +44,8 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
+from runtime.media_clock import PTS_HZ, frame_of_pts, pts_of_frame
+
 __all__ = [
     "PTS_HZ",
     "ActionInput",
@@ -57,6 +59,7 @@ __all__ = [
     "Followup",
     "InputEvent",
     "InputKind",
+    "InputTiming",
     "Loop",
     "LoopContext",
     "LoopFailed",
@@ -66,6 +69,7 @@ __all__ = [
     "ModelState",
     "PendingOutput",
     "PlanKind",
+    "PlanWithdrawn",
     "Priority",
     "ProgressMeta",
     "PromptInput",
@@ -78,24 +82,6 @@ __all__ = [
     "frame_of_pts",
     "pts_of_frame",
 ]
-
-PTS_HZ = 90_000
-"""The one media clock: PTS of loops, media queues, playout, sessions and tracks tick at 90 kHz."""
-
-
-def pts_of_frame(frame_index: int, fps: int) -> int:
-    """PTS (90 kHz) of frame ``frame_index`` (from 0) of a stream at ``fps``.
-
-    Every PTS in the system comes from here, never from adding a per-frame step: when ``fps``
-    does not divide 90,000 (7 fps: 12857.14 ticks) a running sum would drift a tick per frame.
-    """
-    return (frame_index * PTS_HZ) // fps
-
-
-def frame_of_pts(pts_90k: int, fps: int) -> int:
-    """The frame index whose PTS is ``pts_90k`` (the inverse of ``pts_of_frame``: a ceiling,
-    since ``pts_of_frame`` rounds down)."""
-    return -(-pts_90k * fps // PTS_HZ)
 
 
 class PlanKind(str, enum.Enum):
@@ -130,8 +116,9 @@ class InputKind(str, enum.Enum):
 class PromptMode(str, enum.Enum):
     """How a new prompt takes over (the one name for it, from the API to the loop)."""
 
+    # Either may restart the chunk in flight when the loop's restart policy says so; else:
     SWITCH = "switch"  # at the next chunk boundary; the cached frames are re-cached under it
-    CUT = "cut"  # a new segment: the in-flight chunk is abandoned at the next step boundary
+    CUT = "cut"  # a new segment from the next chunk (no re-cache)
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,16 +244,22 @@ class MediaMeta(msgspec.Struct, frozen=True, kw_only=True):
     num_frames: int
     fps: int
     final: bool = True
+    # Behaviour facts of the chunk the loop captured when it described the plan (seeds, noise
+    # schedule, conditioning digests...): opaque to the runtime, set on a chunk's final part.
+    capture: dict[str, Any] | None = None
 
 
 class AppliedMeta(msgspec.Struct, frozen=True, kw_only=True):
     """An input (session sequence number ``seq``) first reflected by chunk ``chunk`` whose first
-    frame has PTS ``pts_90k``. Emitted on ``Stream.APPLIED`` beside that chunk's first media."""
+    frame has PTS ``pts_90k``. Emitted on ``Stream.APPLIED`` beside that chunk's first media.
+    ``changes``: False when it repeats what the chunk in flight had (a held key sent again); a
+    sink shows a changing input's frames at once, a repeat's in playout order."""
 
     kind: InputKind
     seq: int
     chunk: int
     pts_90k: int
+    changes: bool = True
 
 
 class ProgressMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -291,11 +284,24 @@ class EmitSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class InputTiming:
+    """Seconds after its push, per runtime stage (``runtime.input_trace``; ``None``: not seen)."""
+
+    seq: int
+    latched_s: float | None
+    started_s: float | None
+    generated_s: float | None
+    decoded_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class Emission:
-    """What ``LoopContext.emit`` receives: an EmitSpec plus the output it refers to."""
+    """What ``LoopContext.emit`` receives: an EmitSpec plus the output it refers to (and, on an
+    ``applied`` emission the engine delivers, the input's runtime stages)."""
 
     spec: EmitSpec
     output: Any
+    timing: InputTiming | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +323,9 @@ class WorkPlan:
     output this plan contributes to must be on the wire; ``None`` for work without a deadline.
     ``followups`` lists the plans still needed after this one before that media is ready, so the
     runtime can subtract their predicted cost from the deadline. ``emits`` become stream items.
+    ``inputs``: seqs of changing live inputs first reflected by this plan's chunk (an ``applied``
+    emission acknowledges them); ``waiting_inputs``: such inputs waiting for its chunk to end.
+    The runtime times them and runs those plans urgently (a viewer waits).
     """
 
     loop_id: str
@@ -334,6 +343,8 @@ class WorkPlan:
     cache_reads: tuple[CacheKey, ...] = ()
     cache_writes: tuple[CacheKey, ...] = ()
     emits: tuple[EmitSpec, ...] = ()
+    inputs: tuple[int, ...] = ()
+    waiting_inputs: tuple[int, ...] = ()
 
     @property
     def batch_key(self) -> tuple[str, str, str, str]:
@@ -415,6 +426,15 @@ class Cancelled(Exception):
         self.reason = reason
 
 
+class PlanWithdrawn(Exception):
+    """From ``ctx.execute``: the runtime took the queued plan back before it ran (inputs came);
+    the driver returns to the step boundary, absorbs them and describes its next plan again."""
+
+    def __init__(self, loop_id: str) -> None:
+        super().__init__(f"loop {loop_id!r}: queued plan withdrawn for new inputs")
+        self.loop_id = loop_id
+
+
 class LoopFailed(Exception):
     """Raised from ``ctx.execute`` when this loop's step failed (exception or NaN).
 
@@ -435,7 +455,8 @@ class LoopFailed(Exception):
 class LoopContext(Protocol):
     """What the runtime hands a loop and its driver.
 
-    ``execute`` resolves with the plan's StepResult, or raises ``Cancelled`` / ``LoopFailed``.
+    ``execute`` resolves with the plan's StepResult, or raises ``Cancelled`` / ``LoopFailed``
+    (or ``PlanWithdrawn``: the plan did not run; the driver describes the next one again).
     ``emit`` delivers an emission to the loop's sinks without blocking.
     ``take_inputs`` returns (and clears) the inputs that arrived since the last call, in order.
     """

@@ -24,7 +24,9 @@ Failures (all ``LoopFailed`` with ``ctx.loop_id``): an exception inside a loop m
 ``ValueError``) are ``"bad_input"``; a method returning something other than a ``LoopState`` /
 ``WorkPlan | Done`` / ``LoopResult`` is ``"bad_state"`` / ``"bad_plan"`` / ``"bad_result"``;
 an ``emit`` sink raising is ``"emit_failed"``. ``Cancelled`` and ``LoopFailed`` from
-``ctx.execute`` pass through unchanged.
+``ctx.execute`` pass through unchanged; ``PlanWithdrawn`` (the runtime took a queued plan back
+before it ran) returns the driver to the step boundary, where the loop absorbs the inputs that
+caused it and describes its next plan again.
 
 Snapshots are encoded by ``runtime.snapshot`` (msgspec structure + safetensors tensors);
 ``snapshot_state`` / ``restore_state`` / ``SnapshotError`` are re-exported here.
@@ -52,6 +54,7 @@ from runtime.contract import (
     LoopResult,
     LoopState,
     PendingOutput,
+    PlanWithdrawn,
     Priority,
     StepResult,
     WorkPlan,
@@ -118,7 +121,7 @@ _ALLOWED: dict[DriverPhase, frozenset[DriverPhase]] = {
     _P.BOUNDARY: frozenset({_P.ABSORBING, _P.PLANNING}) | _END,
     _P.ABSORBING: frozenset({_P.PLANNING}) | _END,
     _P.PLANNING: frozenset({_P.EXECUTING, _P.COMPLETE}) | _END,
-    _P.EXECUTING: frozenset({_P.ADVANCING}) | _END,
+    _P.EXECUTING: frozenset({_P.ADVANCING, _P.BOUNDARY}) | _END,  # boundary: plan withdrawn
     _P.ADVANCING: frozenset({_P.EMITTING}) | _END,
     _P.EMITTING: frozenset({_P.BOUNDARY}) | _END,
     _P.COMPLETE: frozenset({_P.FINALIZING}) | _END,
@@ -233,7 +236,11 @@ class Driver(Generic[S]):
                     "not WorkPlan | Done",
                 )
             self._transition(_P.EXECUTING)
-            result = await self.ctx.execute(plan)
+            try:
+                result = await self.ctx.execute(plan)
+            except PlanWithdrawn:  # it never ran: back to the boundary, absorb, describe again
+                self._transition(_P.BOUNDARY)
+                return True
             if result.kind is not plan.kind:  # advance learns what ran from the result
                 result = dataclasses.replace(result, kind=plan.kind)
             self._transition(_P.ADVANCING)

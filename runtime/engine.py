@@ -13,15 +13,15 @@ engine and scheduler).
 - **The scheduler is a policy object** (``runtime.scheduler.Scheduler``) given to the engine:
   step-level EDF (``runtime.step_edf.StepEdfScheduler``) by default, or a request-level
   baseline (``runtime.baseline_schedulers``); the engine loop does not change with it.
-- **Deadlines** (realtime loops, ``runtime.scheduler.PlayoutDeadlines``): ``deadline_s =
-  media_t0_s + plan.due_media_s + playout_buffer_s - sum(predicted cost of plan.followups)``,
-  eligible from ``deadline_s - max_lead_s`` (lead limit). ``media_t0_s`` is on the engine
-  clock (``time.monotonic`` by default); it defaults to the clock at ``spawn`` and moves with
-  ``LoopHandle.set_media_t0``.
-  Batch loops and plans without ``due_media_s`` have no deadline. A late plan still runs and
-  is counted (``EngineStats.deadline_misses``, ``AdmissionController.record_deadline``).
-- **Batching key** is the plan's ``batch_key`` plus the op object's identity: only plans that
-  name the same op object run as one call (if the policy batches at all).
+- **Deadlines** (``runtime.plan_timing``): a realtime plan's playout deadline is
+  ``media_t0_s + plan.due_media_s + playout_buffer_s - sum(predicted cost of followups)``,
+  eligible when the lead policy (``runtime.lead``) says; ``media_t0_s`` (engine clock) starts
+  at ``spawn`` and moves with ``LoopHandle.set_media_t0``. A late plan still runs and is
+  counted (``EngineStats.deadline_misses``, ``AdmissionController.record_deadline``).
+- **Inputs** (``LoopHandle.push_input``) are timed by the loop's ``InputTrace`` (the
+  ``applied`` emission carries its ``InputTiming``); with ``withdraw_on_input`` a queued plan
+  is taken back (``PlanWithdrawn``): an input waits only for the plan actually executing.
+- **Batching key**: the plan's ``batch_key`` plus the op object's identity (same op object).
 - **Cancellation** (``LoopHandle.cancel``) drops the loop's queued plans at once; a plan that is
   executing finishes and its result is discarded; the driver sees ``Cancelled`` at that step
   boundary. On every loop end (succeeded, failed, cancelled) the engine releases the loop's
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -54,42 +53,33 @@ from runtime.contract import (
     Loop,
     LoopFailed,
     LoopState,
+    PlanWithdrawn,
     Priority,
     StepResult,
     WorkPlan,
 )
 from runtime.cost import CostModel
-from runtime.driver import Driver
+from runtime.engine_state import EngineError, EngineState, check_engine_transition
 from runtime.engine_stats import EngineCounters, EngineStats
 from runtime.executor import ExecJob, Executor, JobOutcome
-from runtime.loop_handle import EngineContext, LoopHandle, LoopRecord, LoopStatus, LoopStatusError
+from runtime.input_trace import InputTrace, applied_seqs
+from runtime.lead import AdaptiveLead, LeadPolicy
+from runtime.loop_handle import (
+    EngineContext,
+    LoopHandle,
+    LoopRecord,
+    LoopStatus,
+    LoopStatusError,
+    build_driver,
+)
 from runtime.observers import BatchListener, BatchReport, Observer
+from runtime.plan_timing import PlanTiming, PlanWindow
 from runtime.scheduler import Batch, PlayoutDeadlines, Scheduler, Ticket, ends_chunk
-from runtime.snapshot import resolve_state_type
 from runtime.step_edf import StepEdfScheduler
 
 __all__ = ["Engine", "EngineError", "EngineState", "EngineStats", "LoopHandle", "LoopStatus"]
 
 logger = logging.getLogger(__name__)
-
-
-class EngineError(RuntimeError):
-    """Misuse: spawn before start or after close, duplicate loop ids."""
-
-
-class EngineState(str, enum.Enum):
-    CREATED = "created"
-    RUNNING = "running"
-    CLOSING = "closing"
-    CLOSED = "closed"
-
-
-_ENGINE_ALLOWED = {
-    EngineState.CREATED: frozenset({EngineState.RUNNING, EngineState.CLOSED}),
-    EngineState.RUNNING: frozenset({EngineState.CLOSING}),
-    EngineState.CLOSING: frozenset({EngineState.CLOSED}),
-    EngineState.CLOSED: frozenset(),
-}
 
 
 @dataclass(slots=True)
@@ -98,7 +88,7 @@ class _PlanEntry:
     record: LoopRecord
     plan: WorkPlan
     future: asyncio.Future[StepResult]
-    deadline_s: float | None
+    deadline_s: float | None  # the playout deadline (misses are counted against it)
 
 
 class Engine:
@@ -117,6 +107,8 @@ class Engine:
         deterministic: bool = False,
         playout_buffer_s: float = 0.25,
         max_lead_s: float = 1.0,
+        lead: LeadPolicy | None = None,
+        withdraw_on_input: bool = True,
         observers: Sequence[Observer] = (),
         listeners: Sequence[BatchListener] = (),
         clock: Callable[[], float] = time.monotonic,
@@ -125,7 +117,9 @@ class Engine:
         self.cost = cost
         self.admission = admission
         self.deterministic = deterministic
-        self.deadlines = PlayoutDeadlines(playout_buffer_s=playout_buffer_s, max_lead_s=max_lead_s)
+        deadlines = PlayoutDeadlines(playout_buffer_s=playout_buffer_s, max_lead_s=max_lead_s)
+        self.timing = PlanTiming(cost, deadlines, lead or AdaptiveLead(max_lead_s))
+        self.withdraw_on_input = withdraw_on_input
         self.scheduler: Scheduler = StepEdfScheduler() if scheduler is None else scheduler
         self.executor = Executor(observers=observers, deterministic=deterministic, clock=clock)
         self._counters = EngineCounters(latency_samples_per_kind)
@@ -209,12 +203,13 @@ class Engine:
         reservation_id: str | None = None,
         restore_from: bytes | None = None,
         state_type: type[LoopState] | None = None,
+        fork_from: LoopState | None = None,
     ) -> LoopHandle:
-        """Start driving ``loop``. With ``restore_from`` the loop continues from that snapshot
-        (``init`` is not called); its state type is ``state_type``, else ``loop.state_type``,
-        else the type recorded in the snapshot if its module is already imported.
-        If this returns, the engine owns ``reservation_id`` and releases it when the loop ends.
-        """
+        """Start driving ``loop``: fresh, from the snapshot ``restore_from`` (no ``init``; state
+        type ``state_type``, else ``loop.state_type``, else the snapshot's if its module is
+        imported), or from ``loop.fork(fork_from, request, model)`` (another loop's live state at
+        a chunk boundary). If this returns, the engine owns ``reservation_id`` (released when the
+        loop ends)."""
         if self._state is not EngineState.RUNNING:
             raise EngineError(
                 f"spawn of loop {loop_id!r} needs a running engine, engine is {self._state.value!r}"
@@ -227,17 +222,12 @@ class Engine:
             on_emit=on_emit,
             media_t0_s=self._clock() if media_t0_s is None else media_t0_s,
             reservation_id=reservation_id,
+            trace=InputTrace(self._clock),
         )
         ctx = EngineContext(self, record)
-        hook = record.on_boundary
-        if restore_from is None:
-            record.driver = Driver(loop, ctx, on_boundary=hook)
-        else:
-            tp = resolve_state_type(loop, restore_from, state_type)
-            device = getattr(model, "device", None)
-            record.driver = Driver.from_snapshot(
-                loop, ctx, restore_from, tp, device=device, on_boundary=hook
-            )
+        forked = {"restore_from": restore_from, "state_type": state_type, "fork_from": fork_from}
+        record.driver = build_driver(loop, ctx, model, request, record.on_boundary, **forked)
+        record.chunk_ended = restore_from is None  # a snapshot may stand inside a chunk
         self._loops[loop_id] = record
         record.task = asyncio.create_task(
             self._drive(record, request, model), name=f"dreamrt-loop-{loop_id}"
@@ -313,11 +303,12 @@ class Engine:
                 record.loop_id, "internal", f"engine scheduler crashed: {self._broken}"
             )
         now_s = self._clock()
-        deadline_s, eligible_s = self._timing(record, plan, now_s)
+        record.trace.planned(plan.inputs)
+        window = self._window(record, plan, now_s)
         plan_id = self._next_plan_id
         self._next_plan_id += 1
         future: asyncio.Future[StepResult] = asyncio.get_running_loop().create_future()
-        self._plans[plan_id] = _PlanEntry(plan_id, record, plan, future, deadline_s)
+        self._plans[plan_id] = _PlanEntry(plan_id, record, plan, future, window.deadline_s)
         self.scheduler.submit(
             Ticket(
                 plan_id=plan_id,
@@ -325,12 +316,10 @@ class Engine:
                 priority=record.priority,
                 batch_key=(*plan.batch_key, f"op@{id(plan.op):x}"),
                 batchable=bool(getattr(plan.op, "batchable", False)),
-                deadline_s=deadline_s,
-                cost_gpu_s=self.cost.predict(
-                    plan.kind, plan.shape_sig, plan.flops, plan.bytes_moved
-                ),
+                deadline_s=window.rank_s,
+                cost_gpu_s=window.cost_s,
                 enqueued_s=now_s,
-                eligible_s=eligible_s,
+                eligible_s=window.eligible_s,
                 ends_chunk=ends_chunk(plan.emits),
             )
         )
@@ -343,13 +332,14 @@ class Engine:
                 self._drop_queued(record, None)
             raise
 
-    def _timing(
-        self, record: LoopRecord, plan: WorkPlan, now_s: float
-    ) -> tuple[float | None, float]:
-        if record.priority is not Priority.REALTIME or plan.due_media_s is None:
-            return None, now_s
-        followups_s = sum(self.cost.predict(f.kind, f.shape_sig, f.flops) for f in plan.followups)
-        return self.deadlines.timing(record.media_t0_s, plan.due_media_s, followups_s)
+    def _window(self, record: LoopRecord, plan: WorkPlan, now_s: float) -> PlanWindow:
+        return self.timing.window(
+            plan,
+            priority=record.priority,
+            media_t0_s=record.media_t0_s,
+            trace=record.trace,
+            now_s=now_s,
+        )
 
     def _drop_queued(self, record: LoopRecord, error: BaseException | None) -> None:
         for plan_id in self.scheduler.drop_loop(record.loop_id):
@@ -380,9 +370,20 @@ class Engine:
         record.media_t0_s = t0_s
         if record.queued_plan is not None:
             entry = self._plans[record.queued_plan]
-            entry.deadline_s, eligible_s = self._timing(record, entry.plan, self._clock())
-            self.scheduler.update(entry.plan_id, deadline_s=entry.deadline_s, eligible_s=eligible_s)
+            window = self._window(record, entry.plan, self._clock())
+            entry.deadline_s = window.deadline_s
+            self.scheduler.update(
+                entry.plan_id, deadline_s=window.rank_s, eligible_s=window.eligible_s
+            )
             self._poke()
+
+    def inputs_arrived(self, record: LoopRecord) -> None:
+        """Live inputs were queued for ``record``: with ``withdraw_on_input``, its plan still
+        waiting in the queue (not executing) is taken back so the loop absorbs them now."""
+        if not self.withdraw_on_input or record.queued_plan is None or record.done:
+            return
+        self._drop_queued(record, PlanWithdrawn(record.loop_id))
+        self._poke()
 
     # -- schedule -> execute -> update ------------------------------------------------------
 
@@ -415,6 +416,8 @@ class Engine:
         entries = [self._plans[plan_id] for plan_id in batch.plan_ids]
         for entry in entries:
             entry.record.queued_plan = None
+            plan = entry.plan
+            entry.record.trace.started(plan.inputs, applied_seqs(plan.emits))
         self._in_flight = batch
         plans = [e.plan for e in entries]
         job = ExecJob.for_plans(
@@ -440,6 +443,7 @@ class Engine:
                 continue
             record = entry.record
             if result.failure is None:
+                record.trace.finished(entry.plan.inputs)
                 step_wall_s.append(result.wall_s)
                 if entry.deadline_s is not None:
                     late = outcome.finished_s > entry.deadline_s
@@ -484,8 +488,7 @@ class Engine:
 
     def _transition(self, new: EngineState) -> None:
         old = self._state
-        if new not in _ENGINE_ALLOWED[old]:
-            raise EngineError(f"engine cannot go {old.value!r} -> {new.value!r}")
+        check_engine_transition(old, new)
         self._state = new
         logger.info("engine: %s -> %s", old.value, new.value)
 

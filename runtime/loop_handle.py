@@ -7,6 +7,13 @@ loop is still running, its plans just are not picked.
 
 Everything here runs on the event loop; the handle delegates every action to the engine
 through the ``LoopControl`` protocol (the engine implements it).
+
+**Boundary calls** (``LoopHandle.at_boundary``) run a function on the loop's state at a step
+boundary, synchronously, so nothing of the loop moves while it runs: snapshots for replay clone
+the state there, a fork builds its candidates there. ``after_chunk`` waits for a *chunk
+boundary*: the first boundary after a plan that emitted a chunk's final media (a fresh loop
+stands at one before its first plan). The state a call sees is also consistent while the loop's
+next plan is queued but not started (``next`` runs no kernels), so a call runs at once then.
 """
 
 from __future__ import annotations
@@ -26,13 +33,19 @@ from runtime.contract import (
     LoopFailed,
     LoopResult,
     PendingOutput,
+    PlanWithdrawn,
     Priority,
     StepResult,
+    Stream,
     WorkPlan,
 )
 from runtime.driver import Driver, DriverPhase
+from runtime.input_trace import InputTrace
+from runtime.scheduler import ends_chunk
+from runtime.snapshot import resolve_state_type
 
 __all__ = [
+    "BoundaryCall",
     "EngineContext",
     "LoopControl",
     "LoopHandle",
@@ -65,6 +78,23 @@ class LoopStatusError(RuntimeError):
 
 
 @dataclass(slots=True)
+class BoundaryCall:
+    """``fn(state)`` to run at the next (chunk) boundary; its result resolves ``future``."""
+
+    fn: Callable[[Any], Any]
+    future: asyncio.Future[Any]
+    after_chunk: bool
+
+    def run(self, state: Any) -> None:
+        if self.future.done():
+            return
+        try:
+            self.future.set_result(self.fn(state))
+        except Exception as exc:
+            self.future.set_exception(exc)
+
+
+@dataclass(slots=True)
 class LoopRecord:
     """The engine's bookkeeping for one loop. ``queued_plan`` is the id of its plan waiting in
     the scheduler, if any (a driver awaits one plan at a time)."""
@@ -74,6 +104,7 @@ class LoopRecord:
     on_emit: Callable[[Emission], None]
     media_t0_s: float
     reservation_id: str | None
+    trace: InputTrace
     driver: Driver[Any] | None = None
     task: asyncio.Task[None] | None = None
     status: LoopStatus = LoopStatus.RUNNING
@@ -88,6 +119,11 @@ class LoopRecord:
     # emissions wait here, in plan order, while one of them has a PendingOutput
     emit_tail: asyncio.Task[None] | None = None
     emit_error: Exception | None = None
+    boundary_calls: list[BoundaryCall] = field(default_factory=list)
+    chunk_ended: bool = True  # no plan ran since a chunk's final media (or since the start)
+    plan_follows_chunk: bool = False  # the plan now queued was described at a chunk boundary
+    # input log: called with (state.step, inputs) each time the loop is handed inputs
+    on_inputs: Callable[[int, list[InputEvent]], None] | None = None
 
     @property
     def done(self) -> bool:
@@ -99,6 +135,26 @@ class LoopRecord:
             raise Cancelled(self.loop_id, self.cancel_reason)
         if self.snapshot_waiters:
             self.serve_snapshots(driver.snapshot)
+        if self.boundary_calls:
+            due = [c for c in self.boundary_calls if self.chunk_ended or not c.after_chunk]
+            self.boundary_calls = [c for c in self.boundary_calls if c not in due]
+            for call in due:
+                call.run(driver.state)
+
+    def call_now(self, fn: Callable[[Any], Any], after_chunk: bool) -> tuple[bool, Any]:
+        """``(True, fn(state))`` if the state stands at a (chunk) boundary now, else
+        ``(False, None)``."""
+        if self.done or self.driver is None:
+            raise LoopStatusError(
+                f"boundary call on loop {self.loop_id!r}, which is {self.status.value}"
+            )
+        phase = self.driver.phase
+        if phase is DriverPhase.BOUNDARY and (self.chunk_ended or not after_chunk):
+            return True, fn(self.driver.state)
+        queued = self.queued_plan is not None and phase is DriverPhase.EXECUTING
+        if queued and (self.plan_follows_chunk or not after_chunk):
+            return True, fn(self.driver.state)
+        return False, None
 
     async def snapshot(self) -> bytes:
         """At once if the driver stands at a boundary or its plan is still queued (not run,
@@ -132,6 +188,10 @@ class LoopRecord:
             if not waiter.done():
                 waiter.set_exception(error)
         self.snapshot_waiters.clear()
+        for call in self.boundary_calls:
+            if not call.future.done():
+                call.future.set_exception(error)
+        self.boundary_calls.clear()
 
     def transition(self, new: LoopStatus) -> None:
         old = self.status
@@ -153,6 +213,18 @@ class LoopControl(Protocol):
 
     def set_loop_media_t0(self, record: LoopRecord, t0_s: float) -> None: ...
 
+    def inputs_arrived(self, record: LoopRecord) -> None: ...
+
+
+def _deliver(record: LoopRecord, emission: Emission) -> None:
+    """To the sink; an ``applied`` emission carries its input's runtime stages."""
+    if emission.spec.stream == Stream.APPLIED:
+        seq = getattr(emission.spec.meta, "seq", None)
+        timing = record.trace.timing(seq) if isinstance(seq, int) else None
+        if timing is not None:
+            emission = Emission(emission.spec, emission.output, timing)
+    record.on_emit(emission)
+
 
 class EngineContext:
     """The ``LoopContext`` the engine hands each loop."""
@@ -164,7 +236,13 @@ class EngineContext:
         self.priority = record.priority
 
     async def execute(self, plan: WorkPlan) -> StepResult:
-        return await self._control.submit_plan(self._record, plan)
+        record = self._record
+        record.plan_follows_chunk, record.chunk_ended = record.chunk_ended, False
+        try:
+            return await self._control.submit_plan(record, plan)
+        except PlanWithdrawn:  # it never ran: the state stands where the plan was described
+            record.chunk_ended = record.plan_follows_chunk
+            raise
 
     def emit(self, emission: Emission) -> None:
         """Hand ``emission`` to the sink now, or - if its output is a ``PendingOutput`` or an
@@ -172,17 +250,25 @@ class EngineContext:
         record = self._record
         if record.emit_error is not None:
             raise record.emit_error
+        if ends_chunk((emission.spec,)):
+            record.chunk_ended = True
         tail = record.emit_tail
         if not isinstance(emission.output, PendingOutput) and (tail is None or tail.done()):
-            record.on_emit(emission)
+            _deliver(record, emission)
             return
         record.emit_tail = asyncio.get_running_loop().create_task(
             _emit_in_order(record, tail, emission), name=f"dreamrt-emit-{record.loop_id}"
         )
 
     def take_inputs(self) -> list[InputEvent]:
-        inputs = list(self._record.inputs)
-        self._record.inputs.clear()
+        record = self._record
+        inputs = list(record.inputs)
+        record.inputs.clear()
+        if inputs and record.on_inputs is not None and record.driver is not None:
+            try:
+                record.on_inputs(record.driver.state.step, inputs)
+            except Exception:  # a broken log never breaks the loop
+                logger.exception("loop %s: input log failed", record.loop_id)
         return inputs
 
 
@@ -198,7 +284,7 @@ async def _emit_in_order(
         if isinstance(emission.output, PendingOutput):
             output = await asyncio.to_thread(emission.output.result)
             emission = Emission(emission.spec, output)
-        record.on_emit(emission)
+        _deliver(record, emission)
     except Exception as exc:  # the loop fails with "emit_failed" at its next emission or end
         logger.exception(
             "loop %s: deferred emission on %r failed", record.loop_id, emission.spec.stream
@@ -232,7 +318,8 @@ class LoopHandle:
 
     def push_input(self, event: InputEvent) -> None:
         """Queue a live input; the loop gets it through ``ctx.take_inputs()`` at its next
-        step boundary. Inputs for a finished loop are dropped."""
+        step boundary (at once if its plan was still queued and the engine withdraws it).
+        Inputs for a finished loop are dropped."""
         if self.done:
             logger.debug(
                 "loop %s is %s; input %s/%d dropped",
@@ -243,6 +330,8 @@ class LoopHandle:
             )
             return
         self._record.inputs.append(event)
+        self._record.trace.pushed(event.seq)
+        self._control.inputs_arrived(self._record)
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Lands at the next step boundary; ``result()`` then raises ``Cancelled``. Idempotent."""
@@ -273,3 +362,77 @@ class LoopHandle:
         has not run, so the state is the one that plan was described from), else at the next
         boundary. Raises ``LoopStatusError`` if the loop has ended or ends first."""
         return await self._record.snapshot()
+
+    def at_boundary(
+        self, fn: Callable[[Any], Any], *, after_chunk: bool = False, advance: bool = False
+    ) -> asyncio.Future[Any]:
+        """``fn(state)`` at the loop's next step boundary (``after_chunk``: chunk boundary), at
+        once when the state stands at one; -> a future of its result (or its exception).
+        Registered when called, so a call from an emission callback lands on the boundary
+        right after that emission. ``fn`` runs on the event loop and must not keep ``state``'s
+        tensors beyond copying them. ``advance``: a paused loop runs until that boundary and
+        is paused again there (before ``fn``). The future fails with ``LoopStatusError`` if the
+        loop has ended or ends first."""
+        record = self._record
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        try:
+            ran, value = record.call_now(fn, after_chunk)
+        except Exception as exc:
+            future.set_exception(exc)
+            return future
+        if ran:
+            future.set_result(value)
+            return future
+        call_fn = fn
+        if advance and record.paused:
+
+            def call_fn(state: Any) -> Any:
+                self._control.set_loop_paused(record, True)
+                return fn(state)
+
+            self._control.set_loop_paused(record, False)
+        record.boundary_calls.append(BoundaryCall(call_fn, future, after_chunk))
+        return future
+
+    def set_sink(self, on_emit: Callable[[Emission], None]) -> None:
+        """Deliver the loop's emissions from now on to ``on_emit`` (a chosen fork candidate's
+        loop continues its parent's stream). Call it at a chunk boundary."""
+        self._record.on_emit = on_emit
+
+    def set_input_log(self, on_inputs: Callable[[int, list[InputEvent]], None] | None) -> None:
+        """``on_inputs(step, inputs)`` whenever the loop is handed inputs at a boundary whose
+        state has completed ``step`` plans: with a snapshot, enough to replay the loop."""
+        self._record.on_inputs = on_inputs
+
+
+def build_driver(
+    loop: Any,
+    ctx: EngineContext,
+    model: Any,
+    request: Any,
+    on_boundary: Callable[[Driver[Any]], None],
+    *,
+    restore_from: bytes | None = None,
+    state_type: type[Any] | None = None,
+    fork_from: Any = None,
+) -> Driver[Any]:
+    """The driver of a spawned loop: fresh (``init`` runs when it starts), restored from a
+    snapshot, or forked (``loop.fork(state, request, model)``: a continuation of another loop's
+    live state as a new stream, made at once; the loop decides what a fork copies)."""
+    if fork_from is not None:
+        fork = getattr(loop, "fork", None)
+        if fork is None:
+            raise LoopStatusError(f"loop {loop.name!r} cannot fork (it has no fork method)")
+        state = fork(fork_from, request, model)
+        return Driver.from_state(loop, ctx, state, on_boundary=on_boundary)
+    if restore_from is None:
+        return Driver(loop, ctx, on_boundary=on_boundary)
+    tp = resolve_state_type(loop, restore_from, state_type)
+    return Driver.from_snapshot(
+        loop,
+        ctx,
+        restore_from,
+        tp,
+        device=getattr(model, "device", None),
+        on_boundary=on_boundary,
+    )

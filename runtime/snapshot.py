@@ -24,6 +24,7 @@ from runtime.contract import LoopState
 
 __all__ = [
     "SnapshotError",
+    "clone_state",
     "resolve_state_type",
     "restore_state",
     "snapshot_state",
@@ -53,9 +54,9 @@ def _type_name(tp: type) -> str:
     return f"{tp.__module__}.{tp.__qualname__}"
 
 
-def snapshot_state(state: LoopState) -> bytes:
-    """Serialize a loop state (msgspec structure + safetensors tensors) to bytes."""
-    import safetensors.torch
+def _encode_structure(state: LoopState) -> tuple[bytes, list[Any]]:
+    """The state's msgpack structure with each tensor replaced by a reference, and the
+    tensors in reference order (one object referenced twice is listed once)."""
     import torch
 
     tensors: list[Any] = []
@@ -74,9 +75,17 @@ def snapshot_state(state: LoopState) -> bytes:
         )
 
     try:
-        structure = msgspec.msgpack.Encoder(enc_hook=enc_hook).encode(state)
+        return msgspec.msgpack.Encoder(enc_hook=enc_hook).encode(state), tensors
     except (TypeError, NotImplementedError) as exc:
         raise SnapshotError(str(exc)) from exc
+
+
+def snapshot_state(state: LoopState) -> bytes:
+    """Serialize a loop state (msgspec structure + safetensors tensors) to bytes."""
+    import safetensors.torch
+    import torch
+
+    structure, tensors = _encode_structure(state)
     if any(t.is_cuda for t in tensors):
         torch.cuda.synchronize()  # ops may still write state tensors on a second stream
     named = {f"t{i}": t.detach().to("cpu").contiguous().clone() for i, t in enumerate(tensors)}
@@ -88,6 +97,23 @@ def snapshot_state(state: LoopState) -> bytes:
         tensors=safetensors.torch.save(named),
     )
     return msgspec.msgpack.encode(envelope)
+
+
+def clone_state(state: S) -> S:
+    """A copy of ``state`` whose tensors are clones on their own device (no host copy, no
+    sync): taken at a step boundary it stays what the state was there while the loop goes on,
+    so ``snapshot_state`` of it can run in a worker thread."""
+    structure, tensors = _encode_structure(state)
+    clones = [t.detach().clone() for t in tensors]
+
+    def ext_hook(code: int, data: memoryview) -> Any:
+        return clones[int.from_bytes(data, "little")]
+
+    def dec_hook(tp: type, obj: Any) -> Any:
+        return obj
+
+    decoder = msgspec.msgpack.Decoder(type(state), dec_hook=dec_hook, ext_hook=ext_hook)
+    return decoder.decode(structure)
 
 
 def snapshot_type_name(blob: bytes) -> str:

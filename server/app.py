@@ -43,8 +43,10 @@ from server.livekit_token import LiveKitCredentials
 from server.metrics import MetricsSnapshot, ServerMetrics
 from server.request_guard import RequestGuard
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
+from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
 from sessions.job_host import JobHost
+from sessions.recording import Recording
 from sessions.served_models import ServedModels
 from sessions.store import Store
 
@@ -87,10 +89,17 @@ class ServerConfig:
     # one internal session before serving, so no user waits for compilation (None: if compiled)
     warmup: bool | None = None
     checkpoint_dir: Path | None = None  # weights of a card with external weights
+    random_weights: bool = False  # seeded random weights whatever the card says (benchmarks)
+    chunk_frames: int | None = None  # latent frames per chunk (1: the latency mode); None: card's
+    # "fast": the time-to-steer cuts (adaptive lead, queued plans withdrawn for inputs, chunks
+    # restarted when regenerating is sooner); "baseline": the first build's input path
+    steering: str = "fast"
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
     limits: Limits = Limits()  # every bound on client input (server.limits, docs/api.md)
     # ops/test hook: a FaultInjector observer and POST /v1/faults (never on by default)
     fault_injection: bool = False
+    snapshot_every: int = 8  # chunks between a loop's replay snapshots (0: none)
+    snapshot_keep: int = 16  # newest replay snapshots kept per loop
     livekit_key: str | None = None  # None: LIVEKIT_API_KEY (to mint join tokens)
     livekit_secret: str | None = None  # None: LIVEKIT_API_SECRET
     web_dir: Path | None = field(default=_WEB_DIR)
@@ -117,6 +126,7 @@ class ServerContext:
     pacers: dict[str, FramePacer] = field(default_factory=dict)
     sse_streams: Counter[str] = field(default_factory=Counter)  # open event streams by session
     room_factory: Callable[[], RoomConnection] = LiveKitRoom
+    forks: Any = None  # sessions.forks.ForkRegistry
 
     @property
     def livekit_credentials(self) -> LiveKitCredentials:
@@ -228,11 +238,13 @@ async def _build(config: ServerConfig) -> ServerContext:
     # Heavy imports stay inside the lifespan: `dreamrt models` and the CLI parser do not pay them.
     from models import registry
     from models.instance import load_instance
+    from models.loops.chunk_restart import RestartCutsOnly
     from models.loops.inputs import action_vector, normalize_keys
     from runtime.admission import AdmissionConfig, AdmissionController
     from runtime.cost import CostModel, DeviceConstants
     from runtime.engine import Engine
     from runtime.faults import FaultInjector
+    from runtime.lead import AdaptiveLead, FixedLead
     from runtime.observers import NaNWatch, Profiler
     from runtime.policies import make_scheduler
 
@@ -243,16 +255,24 @@ async def _build(config: ServerConfig) -> ServerContext:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(config.data_dir / "dreamrt.sqlite3")
     unfinished_jobs = store.recover()
+    if config.steering not in ("fast", "baseline"):
+        raise ValueError(f"steering={config.steering!r}; expected 'fast' or 'baseline'")
     model_id = config.model or DEFAULT_MODEL
     card = registry.get(model_id)
+    if config.chunk_frames is not None:  # e.g. 1: the latency mode (4 video frames per chunk)
+        card = card.with_chunk_frames(config.chunk_frames)
     instance = await asyncio.to_thread(
         load_instance,
         card,
         device=config.device,
         checkpoint_dir=config.checkpoint_dir,
+        random_weights=config.random_weights,
     )
     if config.compile:
         instance.compile(attention=config.attention, cuda_graphs=config.cuda_graphs)
+    fast = config.steering == "fast"
+    if not fast:
+        instance.chunk_restart = RestartCutsOnly()
     device = str(instance.device)
     profile = card.default_profile
     # a job-only card (bidirectional) has no sessions: no chunk-KV, no session warm-up
@@ -288,6 +308,8 @@ async def _build(config: ServerConfig) -> ServerContext:
         deterministic=config.deterministic,
         playout_buffer_s=config.playout_buffer_s,
         max_lead_s=config.max_lead_s,
+        lead=AdaptiveLead(config.max_lead_s) if fast else FixedLead(config.max_lead_s),
+        withdraw_on_input=fast,
         # The profiler calibrates the cost model from measured plan times (admission and
         # deadlines then use what this machine really does); NaNWatch fails a session whose
         # step produced a non-finite value instead of streaming garbage. The fault injector
@@ -295,7 +317,12 @@ async def _build(config: ServerConfig) -> ServerContext:
         observers=(Profiler(cost), *(() if faults is None else (faults,)), NaNWatch()),
         listeners=(metrics,),
     )
-    log.info("scheduling policy: %s", scheduler.name)
+    log.info(
+        "scheduling policy: %s; steering %s (chunks of %d latent frames)",
+        scheduler.name,
+        config.steering,
+        card.default_profile.chunk_latent_frames,
+    )
     await engine.start()
 
     def validate_action(keys: list[str], mouse: tuple[float, float]) -> list[str]:
@@ -303,9 +330,13 @@ async def _build(config: ServerConfig) -> ServerContext:
         return normalize_keys(keys)
 
     served = ServedModels({model_id: instance}, default=model_id)
+    recording = Recording(
+        config.data_dir, snapshot_every=config.snapshot_every, snapshot_keep=config.snapshot_keep
+    )
     host = SessionHost(
         engine=engine,
         models=served,
+        recording=recording,
         store=store,
         slabs_per_geometry=config.max_sessions,
         action_validator=validate_action,
@@ -326,6 +357,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         device=device,
         model_id=model_id,
         faults=faults,
+        forks=ForkRegistry(host),
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
     if config.ice_hosts:
@@ -378,38 +410,56 @@ def _save_cost(cost: Any, path: Path) -> None:
 
 async def _warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
     """Run short sessions of ``instance`` on a throwaway engine: through every K/V-prefix
-    length into steady state, with the first chunk's two decode parts (and, with CUDA graphs,
-    one KV update into every ring position: ``instance.warmup_chunks``), so a compiled instance
-    has traced, compiled and captured all its graphs before a user's session needs them. One
-    session on slab 0; with CUDA graphs one per slab, side by side, since graphs are per slab.
-    The serving engine (and its cost calibration) never sees them. -> seconds it took."""
+    length into steady state, with the first chunk's two decode parts, prompt switches that
+    re-cache at several prefix lengths (a restarted chunk runs the same graphs) and, with CUDA
+    graphs, one KV update into every ring position (``instance.warmup_chunks``), so a compiled
+    instance has traced, compiled and captured all its graphs before a user's session needs
+    them. One session on slab 0; with CUDA graphs one per slab, side by side, since graphs are
+    per slab. The serving engine (and its cost calibration) never sees them. -> seconds it
+    took."""
     import time
 
     from models.loops.requests import SessionRequest
-    from runtime.contract import Priority
+    from runtime.contract import InputEvent, InputKind, Priority, PromptInput
     from runtime.cost import CostModel
     from runtime.engine import Engine
 
     chunks = instance.warmup_chunks(profile)
+    sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
+    fill = -(-(sink + ring) // profile.chunk_latent_frames)  # chunks until the cache is full
     slabs = range(num_slabs) if instance.levers.get("cuda_graphs") else range(1)
     # Sessions' caches are views of the preallocated slab buffer: warm up on them (free again
     # afterwards) so the compiled graphs see exactly the tensors sessions will pass.
     instance.reserve_kv_slabs(profile, num_slabs)
     engine = Engine(cost=CostModel())
     await engine.start()
+    handles: list[Any] = []
+    at = (0, fill // 2, fill) if "prompt.switch" in instance.card.capabilities else ()
+
+    def on_emit(index: int) -> Any:
+        def emitted(emission: Any) -> None:
+            meta = emission.spec.meta
+            if emission.spec.stream == "media" and meta.final and meta.chunk in at:
+                text = f"warm-up {meta.chunk}"  # a switch at the next chunk: a re-cache
+                handles[index].push_input(
+                    InputEvent(InputKind.PROMPT, meta.chunk + 1, PromptInput(text=text))
+                )
+
+        return emitted
+
     start_s = time.perf_counter()
     try:
-        handles = [
-            engine.spawn(
-                instance.loop("chunk_rollout"),
-                SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks, kv_slab=slab),
-                instance,
-                loop_id=f"warm-up-{slab}",
-                priority=Priority.BATCH,
-                on_emit=lambda emission: None,
+        for index, slab in enumerate(slabs):
+            handles.append(
+                engine.spawn(
+                    instance.loop("chunk_rollout"),
+                    SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks, kv_slab=slab),
+                    instance,
+                    loop_id=f"warm-up-{slab}",
+                    priority=Priority.BATCH,
+                    on_emit=on_emit(index),
+                )
             )
-            for slab in slabs
-        ]
         for handle in handles:
             await handle.result()
     finally:
@@ -429,6 +479,8 @@ async def _teardown(ctx: ServerContext) -> None:
     await ctx.host.close()
     await ctx.jobs.close()
     await ctx.engine.close()
+    if ctx.host.recording is not None:  # queued snapshots and chunk media, then the store
+        await asyncio.to_thread(ctx.host.recording.close)
     await asyncio.to_thread(ctx.store.close)
     for undo in reversed(ctx.undo):
         undo()

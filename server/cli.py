@@ -126,6 +126,42 @@ def _build_parser() -> argparse.ArgumentParser:
         "step fail with nan, exception or oom",
     )
     serve.add_argument(
+        "--chunk-frames",
+        type=int,
+        default=None,
+        metavar="N",
+        help="latent frames per chunk (default: the card's); 1 is the latency mode for "
+        "world-model control (4 video frames per chunk on a Wan VAE)",
+    )
+    serve.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="seeded random weights instead of the card's (benchmarks of a card whose "
+        "checkpoint is not at hand; the picture is noise)",
+    )
+    serve.add_argument(
+        "--steering",
+        choices=["fast", "baseline"],
+        default="fast",
+        help="fast (default): adaptive lead limit, queued plans withdrawn for new inputs, "
+        "chunks restarted when regenerating is sooner; baseline: the first build's input "
+        "path, to measure against",
+    )
+    serve.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=8,
+        metavar="N",
+        help="replay snapshot of each session's loop every N chunks (0: none, no replay)",
+    )
+    serve.add_argument(
+        "--snapshot-keep",
+        type=int,
+        default=16,
+        metavar="K",
+        help="newest replay snapshots kept per loop (older chunks can no longer be replayed)",
+    )
+    serve.add_argument(
         "--livekit-key",
         default=None,
         help="LiveKit API key that mints the engine's join tokens (default: $LIVEKIT_API_KEY)",
@@ -165,6 +201,12 @@ def _build_parser() -> argparse.ArgumentParser:
     job.add_argument("--steps", type=int, default=None)
     job.add_argument("--seed", type=int, default=None)
     job.add_argument("--token", default=None)
+    from server import replay as replay_cli
+
+    replay_cli.add_parser(sub, [common])
+    from server import export as export_cli
+
+    export_cli.add_parser(sub, [common])
     from models.recipe_cli import add_parsers as add_recipe_parsers  # train / eval RECIPE
 
     add_recipe_parsers(sub, parents=[common])
@@ -204,7 +246,12 @@ def _serve(args: argparse.Namespace) -> int:
         cuda_graphs=args.cuda_graphs,
         warmup=False if args.no_warmup else None,
         checkpoint_dir=args.checkpoint,
+        random_weights=args.random_weights,
+        chunk_frames=args.chunk_frames,
+        steering=args.steering,
         unwatched_timeout_s=args.unwatched_timeout,
+        snapshot_every=args.snapshot_every,
+        snapshot_keep=args.snapshot_keep,
         livekit_key=args.livekit_key,
         livekit_secret=args.livekit_secret,
         limits=limits,
@@ -295,6 +342,8 @@ BENCHMARKS = {
     "browser-latency": "infra.bench.browser_latency",
     "attention": "infra.bench.attention_bench",
     "quality-guard": "infra.bench.quality_guard",
+    "latency": "infra.bench.latency",
+    "gpu-latency": "infra.bench.gpu_latency",
 }
 
 
@@ -340,6 +389,14 @@ def main(argv: list[str] | None = None) -> int:
         return _watch(args)
     if args.command == "job":
         return _job(args)
+    if args.command == "export":
+        from server import export as export_cli
+
+        return export_cli.main(args)
+    if args.command == "replay":
+        from server import replay as replay_cli
+
+        return replay_cli.main(args)
     if args.command in ("train", "eval"):  # models/recipe_cli.py
         return args.handler(args)
     raise SystemExit(f"unhandled command {args.command!r}")

@@ -11,10 +11,12 @@ what goes on the wire; each sink reads it through its own ``PacerReader``. Contr
   leaves as soon as it exists (start-up is not a stall).
 - When no fresh frame is ready at the next frame slot, the last frame is sent again with
   ``pts = previous + 1`` (strictly increasing, and still below the next fresh frame's PTS) and
-  the session counts a stall. After a stall, or when the queue was flushed by a prompt switch/
-  cut, the next fresh frame leaves at once and the session re-anchors the playout (and the
-  engine's deadlines) on it; a frame due more than ``max_hold_s`` ahead is treated the same
-  way, so a stale anchor can never freeze the picture.
+  the session counts a stall. After a stall the next fresh frame leaves at its slot; when the
+  queue was flushed by an applied prompt switch/cut or changed key, it leaves at once, without
+  waiting for the next slot of the pacing grid (it is what the viewer is waiting for). Either
+  way the session re-anchors the playout (and the engine's deadlines) on it; a frame due more
+  than ``max_hold_s`` ahead is treated the same way, so a stale anchor can never freeze the
+  picture.
 - Sharing: the frame for a slot is produced once (under a lock, by whichever reader asks
   first) and counted once in the session's playout; every reader receives the newest paced
   frame it has not seen. A reader that falls behind (a slow encoder, a congested room) skips to
@@ -147,15 +149,29 @@ class FramePacer:
         flushed = media.flushes != self._flushes_seen
         self._flushes_seen = media.flushes
         anchor = self.session.playout_anchor_s
-        due_s = slot_s
+        due_s = self._clock() if flushed else slot_s
         if self._last is not None and not self._stalling and not flushed and anchor is not None:
             by_pts = anchor + frame.pts_90k / PTS_HZ
             if by_pts <= slot_s + self._max_hold_s:
                 due_s = max(slot_s, by_pts)
         delay = due_s - self._clock()
         if delay > 0:
-            await self._sleep(delay)
+            await self._sleep_unless_flushed(delay)
         return media.pop()
+
+    async def _sleep_unless_flushed(self, delay_s: float) -> None:
+        """Sleeps ``delay_s`` of the pacer's time, or less when the queue is flushed meanwhile:
+        its head is then a frame the viewer waits for (``media.pop`` takes it at once)."""
+        media = self.session.media
+        flushed = asyncio.ensure_future(media.wait_flushed(media.flushes))
+        timer = asyncio.ensure_future(self._sleep(delay_s))
+        try:
+            await asyncio.wait({flushed, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            flushed.cancel()
+            timer.cancel()
+        if flushed.done() and not flushed.cancelled():
+            self._flushes_seen = media.flushes
 
     async def _wait_frame(self, timeout_s: float) -> bool:
         """True once a frame is queued (or the queue closed), False after ``timeout_s`` of the

@@ -9,6 +9,12 @@ Two sources, each counted once:
   ``engine_plan_failures_total``, ``engine_deadline_misses_total``, and the ``Histogram``
   ``step_latency_seconds{kind}`` (wall time of the run that produced each plan's output,
   buckets 1 ms .. 2 s). These are unbounded totals, not a window of recent samples.
+- **Time to steer**, from each session's event stream (``watch(session)``: a sink on it): the
+  ``Histogram``s ``input_latency_seconds{kind,stage}`` (an input's receipt -> ``latched``,
+  ``started``, ``generated``, ``decoded``, ``enqueued``, ``sent``; observed at ``input.shown``)
+  and ``first_frame_seconds{stage}`` (session creation -> ``offer``, ``answered``,
+  ``connected``, ``generated``, ``sent``; observed at ``viewer.first_frame``), buckets 5 ms ..
+  10 s.
 - **Live state**, read at scrape time from a ``MetricsSnapshot`` (the composition root supplies
   ``snapshot_fn``): gauges ``sessions{state}``, ``jobs{state}``, ``scheduler_queue_depth``,
   ``engine_running_loops``, ``engine_executing``, ``kv_slabs_free`` / ``kv_slabs_capacity``,
@@ -26,12 +32,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-__all__ = ["CONTENT_TYPE", "STEP_LATENCY_BUCKETS_S", "MetricsSnapshot", "ServerMetrics"]
+from sessions.events import Event, InputShown, ViewerFirstFrame
+
+__all__ = [
+    "CONTENT_TYPE",
+    "FIRST_FRAME_STAGES",
+    "INPUT_STAGES",
+    "STEER_LATENCY_BUCKETS_S",
+    "STEP_LATENCY_BUCKETS_S",
+    "MetricsSnapshot",
+    "ServerMetrics",
+]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +57,13 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 STEP_LATENCY_BUCKETS_S = (
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, float("inf")
 )  # fmt: skip
+# 5 ms .. 10 s: a key on a GPU in the latency mode is ~0.2 s, a prompt on a busy CPU seconds.
+STEER_LATENCY_BUCKETS_S = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
+    float("inf"),
+)  # fmt: skip
+INPUT_STAGES = ("latched", "started", "generated", "decoded", "enqueued", "sent")
+FIRST_FRAME_STAGES = ("offer", "answered", "connected", "generated", "sent")
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +216,38 @@ class ServerMetrics:
         self.deadline_misses = Counter(
             "dreamrt_engine_deadline_misses", "Realtime plans that finished late", registry=r
         )
+        self.input_latency = Histogram(
+            "dreamrt_input_latency_seconds",
+            "Seconds from an input's receipt to each stage until its first frame was sent",
+            ["kind", "stage"],
+            buckets=STEER_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.first_frame = Histogram(
+            "dreamrt_first_frame_seconds",
+            "Seconds from a session's creation to each stage until its first frame was sent",
+            ["stage"],
+            buckets=STEER_LATENCY_BUCKETS_S,
+            registry=r,
+        )
         r.register(_SnapshotCollector(snapshot_fn, _Totals()))
+
+    def watch(self, session: Any) -> None:
+        """Observe ``session``'s time-to-steer events (a sink on its event stream)."""
+        session.events.add_sink(self.session_event)
+
+    def session_event(self, event: Event) -> None:
+        """An event of a watched session (event loop; must not block)."""
+        if isinstance(event, InputShown):
+            for stage in INPUT_STAGES:
+                value = getattr(event.latency, f"{stage}_s")
+                if value is not None:
+                    self.input_latency.labels(event.kind, stage).observe(value)
+        elif isinstance(event, ViewerFirstFrame):
+            for stage in FIRST_FRAME_STAGES:
+                value = getattr(event.latency, f"{stage}_s")
+                if value is not None:
+                    self.first_frame.labels(stage).observe(value)
 
     def batch_done(self, report: BatchReport) -> None:
         """The engine finished a batch (event loop; must not block)."""

@@ -53,6 +53,7 @@ from server.schemas import (
 from server.webrtc import OfferError
 from sessions.audio import AudioFormatError, AudioTooLongError, decode_audio
 from sessions.events import FeedbackRecorded, encode_event
+from sessions.forks import ForkError
 from sessions.session import (
     InvalidInputError,
     Session,
@@ -81,6 +82,19 @@ def _conflict(exc: Exception) -> ApiError:
     return ApiError(409, "conflict", str(exc))
 
 
+def _capacity(reject: Reject, what: str) -> ApiError:
+    retry = max(1, math.ceil(reject.retry_after_s))
+    return ApiError(
+        503,
+        "capacity",
+        f"{what}: {reject.reason} ({reject.detail})",
+        headers={"Retry-After": str(retry)},
+        reason=reject.reason,
+        retry_after_s=retry,
+        permanent=reject.permanent,
+    )
+
+
 @router.post("", status_code=201)
 async def create_session(body: SessionBody, request: Request, grant: AuthGrant) -> SessionCreated:
     require_general(grant)
@@ -96,19 +110,12 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
             height=body.height,
             seed=body.seed,
             priority_class=body.priority_class,
+            start=body.start,
         )
     if isinstance(answer, Reject):
-        retry = max(1, math.ceil(answer.retry_after_s))
-        raise ApiError(
-            503,
-            "capacity",
-            f"no capacity for another session: {answer.reason} ({answer.detail})",
-            headers={"Retry-After": str(retry)},
-            reason=answer.reason,
-            retry_after_s=retry,
-            permanent=answer.permanent,
-        )
+        raise _capacity(answer, "no capacity for another session")
     session = answer
+    ctx.metrics.watch(session)  # time-to-steer histograms
     if body.livekit is not None:
         _join_room(ctx, session, body.livekit, livekit_token)
     token = ctx.auth.issue_session_token(session.id)
@@ -188,6 +195,7 @@ async def get_session(session_id: str, request: Request, grant: AuthGrant) -> di
 @router.post("/{session_id}/offer")
 async def offer(session_id: str, body: OfferBody, request: Request, grant: AuthGrant) -> SdpAnswer:
     session = _live(request, session_id, grant)
+    session.latency.offer()
     ctx = ctx_of(request)
     limit = ctx.config.limits.max_sdp_bytes
     if len(body.sdp) > limit:
@@ -209,6 +217,7 @@ async def offer(session_id: str, body: OfferBody, request: Request, grant: AuthG
         session.negotiation_failed(str(exc))
         await peer.close()
         raise ApiError(400, "bad_offer", str(exc)) from None
+    session.latency.answered()
     return SdpAnswer(sdp=answer.sdp, type="answer")
 
 
@@ -293,35 +302,52 @@ async def feedback(
 @router.post("/{session_id}/fork", status_code=201)
 async def fork(
     session_id: str, body: ForkBody, request: Request, grant: AuthGrant
-) -> dict[str, list[str]]:
-    """Records the fork (candidate ids, n, prompt). Generating the candidates from the session's
-    KV state is the RL issue's work; until then they are recorded, not streamed."""
+) -> dict[str, Any]:
+    """N candidate sessions from this session's state at its next chunk boundary
+    (``sessions.forks``); 201 once the fork row is committed, 503 when they do not all fit."""
     session = _live(request, session_id, grant)
     check_prompt(request, "prompt", body.prompt)
-    store = ctx_of(request).store
-    candidates = [f"{session.id}.f{session.last_chunk + 1}.{i}" for i in range(body.n)]
-    await store.run(
-        store.add_fork, session_id=session.id, n=body.n, prompt=body.prompt, candidates=candidates
-    )
-    return {"candidates": candidates}
+    ctx = ctx_of(request)
+    try:
+        answer = await ctx.forks.fork(session, body.n, body.prompt, body.seeds)
+    except ForkError as exc:
+        raise field_error(exc.field, str(exc)) from None
+    except SessionStateError as exc:
+        raise _conflict(exc) from None
+    if isinstance(answer, Reject):
+        raise _capacity(answer, f"no capacity for {body.n} fork candidates")
+    config = session.config
+    return {
+        "candidates": list(answer.candidates),
+        "sessions": [
+            {
+                "id": c.id,
+                "token": ctx.auth.issue_session_token(c.id),
+                "state": c.state.value,
+                "seed": c.config.seed,
+                "profile": {"fps": config.fps, "width": config.width, "height": config.height},
+            }
+            for c in answer.candidates.values()
+        ],
+        "context": answer.context_ref,
+        "at_chunk": answer.at_chunk,
+    }
 
 
 @router.post("/{session_id}/choose", status_code=201)
 async def choose(
     session_id: str, body: ChooseBody, request: Request, grant: AuthGrant
 ) -> dict[str, Any]:
+    """The chosen candidate's state continues this session; the others close; one preference
+    pair per rejected candidate is committed before the 201."""
     session = _live(request, session_id, grant)
-    store = ctx_of(request).store
-    fork_row = await store.run(store.find_fork, session.id, body.candidate)
-    if fork_row is None:
-        raise field_error(
-            "candidate",
-            f"{body.candidate!r} is not a candidate of a fork of session {session.id!r}",
-        )
-    rejected = [c for c in fork_row["candidates"] if c != body.candidate]
-    context_ref = f"{session.id}@chunk{session.last_chunk}"
-    await store.run(store.choose_fork, fork_row["id"], body.candidate, context_ref, rejected)
-    return {"chosen": body.candidate, "preferences": len(rejected)}
+    try:
+        chosen, pairs = await ctx_of(request).forks.choose(session, body.candidate)
+    except ForkError as exc:
+        raise field_error(exc.field, str(exc)) from None
+    except SessionStateError as exc:
+        raise _conflict(exc) from None
+    return {"chosen": chosen, "preferences": pairs}
 
 
 @router.post("/{session_id}/pause", status_code=202)

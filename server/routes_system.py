@@ -157,7 +157,8 @@ async def list_models(request: Request, grant: AuthGrant) -> list[dict[str, Any]
     cards = registry.list_cards()
     out = []
     for card in cards:
-        public = card.to_public()
+        # a served card as this process serves it (e.g. its chunk length in the latency mode)
+        public = (served[card.model_id].card if card.model_id in served else card).to_public()
         public["served"] = card.model_id in served
         if card.weights.value == "random":
             public["label"] = "random weights"

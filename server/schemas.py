@@ -62,6 +62,9 @@ class SessionBody(_Body):
     seed: Seed | None = None
     priority_class: Literal["realtime", "batch"] = Field("realtime", alias="class")
     livekit: LiveKitBody | None = None
+    # "now": the prompt encode and the first chunk start at create, beside the offer and ICE;
+    # "viewer": nothing runs before the first pull of the video (no GPU time for no one)
+    start: Literal["viewer", "now"] = "viewer"
 
 
 class Profile(BaseModel):
@@ -117,6 +120,8 @@ class FeedbackBody(_Body):
 class ForkBody(_Body):
     n: Annotated[int, Field(ge=2, le=8)]
     prompt: Text | None = None
+    # one per candidate (default: derived from the parent's seed); equal seeds, equal streams
+    seeds: Annotated[list[Seed], Field(min_length=2, max_length=8)] | None = None
 
 
 class ChooseBody(_Body):

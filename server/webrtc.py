@@ -192,6 +192,7 @@ class ViewerPeer:
         async def on_state() -> None:
             log.info("session %s: peer connection %s", session.id, self.pc.connectionState)
             if self.pc.connectionState == "connected":
+                session.latency.connected()  # ICE and DTLS are up
                 self.connected.set()
             if self.pc.connectionState in ("failed", "closed"):
                 await self.close()

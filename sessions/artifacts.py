@@ -63,9 +63,15 @@ def _check_frames(frames: np.ndarray) -> np.ndarray:
 
 
 def write_mp4(
-    frames: np.ndarray, path: str | Path, *, fps: int, codec: str | None = None
+    frames: np.ndarray,
+    path: str | Path,
+    *,
+    fps: int,
+    codec: str | None = None,
+    preset: str = "veryfast",
 ) -> Artifact:
-    """Encodes ``frames`` (uint8 [F, H, W, 3]) at ``fps`` into an MP4 file."""
+    """Encodes ``frames`` (uint8 [F, H, W, 3]) at ``fps`` into an MP4 file (``preset``: the
+    libx264 speed preset)."""
     import av
 
     frames = _check_frames(frames)
@@ -83,7 +89,7 @@ def write_mp4(
         stream.height = frames.shape[1]
         stream.pix_fmt = "yuv420p"
         if codec == "libx264":
-            stream.options = {"crf": "18", "preset": "veryfast"}
+            stream.options = {"crf": "18", "preset": preset}
         else:
             stream.bit_rate = 4_000_000
         for rgb in frames:

@@ -6,7 +6,8 @@ the stream (``pts_of_frame``), so playout never waits. A chunk may arrive in par
 False on all but its last: a session's first picture leaves before the rest of its chunk is
 decoded); the parts are joined and the chunk is counted, published and recorded once, whole, at
 its last part. Its digest (``sessions.records.frames_digest``) is computed on a worker thread
-through ``EmissionOrder``, which publishes ``media.chunk`` and opens the chunk's record in
+through ``EmissionOrder``, which publishes ``media.chunk`` and opens the chunk's record (with
+what the loop captured of it, ``MediaMeta.capture``, and its frames for the recording) in
 emission order once the digest is there.
 """
 
@@ -68,6 +69,9 @@ class ChunkAssembly:
         pts_end = pts_of_frame(last_index, fps)
         self.last_chunk = max(self.last_chunk, chunk)
         self.chunks_generated += 1
+        # at once, not after the digest: a replay snapshot it asks for lands on the boundary
+        # right after this chunk (``SnapshotKeeper``)
+        self._records.chunk_emitted()
 
         def publish(digest: str) -> None:
             self._events.publish(
@@ -90,6 +94,9 @@ class ChunkAssembly:
                 digest=digest,
                 prompt=active.text,
                 prompt_seq=active.seq,
+                capture=meta.capture,
+                frames=frames,
+                fps=fps,
             )
 
         self._order.digest(frames, publish)

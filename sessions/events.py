@@ -31,7 +31,9 @@ __all__ = [
     "Event",
     "EventStream",
     "FeedbackRecorded",
+    "InputLatency",
     "InputReceived",
+    "InputShown",
     "InputSuperseded",
     "JobArtifact",
     "JobProgress",
@@ -41,7 +43,9 @@ __all__ = [
     "PromptApplied",
     "RoomStateChanged",
     "SessionStateChanged",
+    "StartLatency",
     "Subscription",
+    "ViewerFirstFrame",
     "decode_event",
     "encode_event",
 ]
@@ -75,6 +79,30 @@ class InputSuperseded(_Base, tag="input.superseded"):
     by_seq: int
 
 
+class InputLatency(msgspec.Struct, kw_only=True):
+    """Where an input's time went (``sessions.latency``): seconds after the server received it,
+    per stage; ``None`` where not reached or not timed. ``dropped_frames``: queued media made
+    before it that its acknowledgement flushed (never shown)."""
+
+    latched_s: float | None = None
+    started_s: float | None = None
+    generated_s: float | None = None
+    decoded_s: float | None = None
+    enqueued_s: float | None = None
+    sent_s: float | None = None
+    dropped_frames: int = 0
+
+
+class StartLatency(msgspec.Struct, kw_only=True):
+    """A session's first frame (``sessions.latency``): seconds after the session was created."""
+
+    offer_s: float | None = None
+    answered_s: float | None = None
+    connected_s: float | None = None
+    generated_s: float | None = None
+    sent_s: float | None = None
+
+
 class PromptApplied(_Base, tag="prompt.applied"):
     """Second acknowledgement of a prompt: ``chunk``/``pts`` is the first chunk that reflects it."""
 
@@ -84,18 +112,39 @@ class PromptApplied(_Base, tag="prompt.applied"):
     mode: PromptMode = PromptMode.SWITCH
     segment: int = 0
     text: str = ""
+    latency: InputLatency | None = None  # up to "enqueued"; "input.shown" adds "sent"
 
 
 class ActionApplied(_Base, tag="action.applied"):
     seq: int
     chunk: int
     pts: int
+    latency: InputLatency | None = None
 
 
 class AudioApplied(_Base, tag="audio.applied"):
     seq: int
     chunk: int
     pts: int
+    latency: InputLatency | None = None
+
+
+class InputShown(_Base, tag="input.shown"):
+    """The first frame reflecting input ``seq`` went on the wire with wire PTS ``pts``;
+    ``latency`` is its whole breakdown, ``sent_s`` included."""
+
+    seq: int
+    kind: str  # "prompt" | "action" | "audio"
+    chunk: int
+    pts: int
+    latency: InputLatency
+
+
+class ViewerFirstFrame(_Base, tag="viewer.first_frame"):
+    """The session's first frame went on the wire (PTS ``pts``), with its start breakdown."""
+
+    pts: int
+    latency: StartLatency
 
 
 class MediaChunk(_Base, tag="media.chunk"):
@@ -163,6 +212,8 @@ Event = (
     | PromptApplied
     | ActionApplied
     | AudioApplied
+    | InputShown
+    | ViewerFirstFrame
     | MediaChunk
     | ErrorEvent
     | Pong

@@ -32,6 +32,7 @@ from models.loops.requests import SessionRequest
 from runtime.admission import AdmissionRequest, Reject
 from runtime.contract import Priority
 from runtime.pools import KVSlabPool
+from sessions.recording import Recording
 from sessions.served_models import (
     EngineLike,
     HostError,
@@ -67,6 +68,7 @@ class SessionHost:
         slabs_per_geometry: int = 4,
         action_validator: Callable[[list[str], tuple[float, float]], list[str]] | None = None,
         media_seconds: float = 4.0,
+        recording: Recording | None = None,
     ) -> None:
         self.engine = engine
         self.models = models
@@ -74,6 +76,7 @@ class SessionHost:
         self.slabs_per_geometry = slabs_per_geometry
         self._action_validator = action_validator
         self._media_seconds = media_seconds
+        self.recording = recording
         self._sessions: dict[str, _Live] = {}
         self._closed = False
         self._reaper: asyncio.Task[None] | None = None
@@ -101,9 +104,13 @@ class SessionHost:
         height: int | None = None,
         seed: int | None = None,
         priority_class: Literal["realtime", "batch"] = "realtime",
+        start: Literal["viewer", "now"] = "viewer",
     ) -> Session | Reject:
         """Admits and starts a session, or returns ``Reject`` (capacity). Raises ``KeyError``
-        (unknown model), ``models.card.ProfileError`` (bad geometry) or ``UnsupportedTaskError``."""
+        (unknown model), ``models.card.ProfileError`` (bad geometry) or ``UnsupportedTaskError``.
+        ``start="now"``: the prompt encode and the first chunk run at once (then the loop
+        waits for the viewer), so the offer and ICE overlap them; else nothing runs before the
+        first pull of the video."""
         self._check_open()
         served = self.models.resolve(model)
         card = served.card
@@ -137,7 +144,9 @@ class SessionHost:
         )
         frames_per_chunk = max(1, round(served.chunk_seconds(profile) * profile.fps))
         capacity = max(3 * frames_per_chunk, round(self._media_seconds * profile.fps))
-        session = Session(config, media_capacity_frames=capacity, store=self.store)
+        session = Session(
+            config, media_capacity_frames=capacity, store=self.store, recording=self.recording
+        )
         self.store.defer(
             self.store.add_session,
             session_id=session_id,
@@ -172,7 +181,10 @@ class SessionHost:
             if reservation_id is not None:
                 self.engine.admission.release(reservation_id)  # returns the slab too
             raise
-        handle.pause()  # until a viewer pulls the track
+        if start == "now":
+            session.hold_after_first_chunk = True  # pauses itself after chunk 0 if unwatched
+        else:
+            handle.pause()  # until a viewer pulls the track
         self._sessions[session_id] = _Live(session)
         session.attach(handle, on_finished=self._session_finished)
         log.info(
@@ -185,6 +197,17 @@ class SessionHost:
             priority_class,
         )
         return session
+
+    def admit(self, owner: str, served: ServedModel, profile: Profile) -> Any:
+        """One session's reservation (``Admit``, with its slab) or ``Reject`` (counted)."""
+        answer = self.engine.admission.admit(self._admission_request(owner, served, profile))
+        return self._reject(answer) if isinstance(answer, Reject) else answer
+
+    def adopt_session(self, session: Session, handle: Any) -> None:
+        """Serve a session started outside ``create_session`` (a fork candidate) on ``handle``."""
+        self._check_open()
+        self._sessions[session.id] = _Live(session)
+        session.attach(handle, on_finished=self._session_finished)
 
     def _admission_request(
         self, owner: str, served: ServedModel, profile: Profile
@@ -234,7 +257,13 @@ class SessionHost:
         spec = card.loops.get(SESSION_LOOP)
         schedule = spec.schedule if spec is not None else None
         return {
-            "weights_version": card.weights_version,
+            # the content hash of the loaded weights; the card's version is its label
+            "weights_version": getattr(served, "weights_digest", "") or card.weights_version,
+            "weights_label": card.weights_version,
+            "recipe_id": card.recipe.method,
+            "fps": profile.fps,
+            "width": profile.width,
+            "height": profile.height,
             "loop_id": SESSION_LOOP,
             "sampler": spec.describe() if spec is not None else "",
             "steps": schedule.steps if schedule is not None else profile.steps,

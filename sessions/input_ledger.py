@@ -9,6 +9,11 @@ latest-wins per chunk, so the pending ones of the same kind older than an applie
 skipped by the loop: each gets ``input.superseded``. Prompts themselves live in prompt memory
 (``sessions.prompt_memory``), the one ledger of what was asked; this one keeps only what the
 record needs of the other inputs until they are applied.
+
+Each input's time to steer (``sessions.latency``) starts at its receipt here. An acknowledgement
+measures it at once (the input's frames are in the media queue then) and publishes it on the
+``*.applied`` event in emission order (``sessions.emission_order``: after the ``media.chunk``
+events before it); a superseded input is forgotten (it will never be shown).
 """
 
 from __future__ import annotations
@@ -22,17 +27,21 @@ from runtime.contract import (
     AudioInput,
     InputEvent,
     InputKind,
+    InputTiming,
     PromptInput,
 )
 from sessions.audio import TARGET_RATE_HZ, AudioClip
+from sessions.emission_order import EmissionOrder
 from sessions.events import (
     ActionApplied,
     AudioApplied,
     EventStream,
+    InputLatency,
     InputReceived,
     InputSuperseded,
     PromptApplied,
 )
+from sessions.latency import SessionLatency
 from sessions.prompt_memory import PromptMemory
 from sessions.records import ChunkRecorder
 
@@ -66,6 +75,8 @@ class InputLedger:
         events: EventStream,
         prompts: PromptMemory,
         records: ChunkRecorder,
+        latency: SessionLatency,
+        order: EmissionOrder,
         require_open: Callable[[], None],
         send: Callable[[InputEvent], None],
         clock: Callable[[], float],
@@ -77,6 +88,8 @@ class InputLedger:
         self._events = events
         self._prompts = prompts
         self._records = records
+        self._latency = latency
+        self._order = order
         self._require_open = require_open
         self._send = send
         self._clock = clock
@@ -132,6 +145,7 @@ class InputLedger:
         self._require_open()
         seq = self._next_seq
         self._next_seq += 1
+        self._latency.received(seq, kind.value)  # before the send: runtime stages count from it
         self._send(InputEvent(kind=kind, seq=seq, payload=payload, received_s=self._clock()))
         if kind is not InputKind.PROMPT:
             self._pending[seq] = (kind, recorded)
@@ -146,11 +160,27 @@ class InputLedger:
                 f"it has {sorted(self._capabilities)})"
             )
 
+    def inherit(self, parent: InputLedger) -> None:
+        """A fork candidate goes on with ``parent``'s prompts, the inputs it has not applied
+        yet and its sequence numbers (the forked loop state holds the same inputs)."""
+        self._prompts.continue_from(parent._prompts)
+        self._pending = dict(parent._pending)
+        self._next_seq = parent._next_seq
+
     # ---------------------------------------------------------------- applied
 
-    def applied(self, meta: AppliedMeta) -> None:
+    def applied(self, meta: AppliedMeta, timing: InputTiming | None, *, dropped: int) -> None:
         """The loop's acknowledgement that chunk ``meta.chunk`` is the first to reflect
-        ``meta.seq`` (raises ``UnknownPromptError`` for a prompt it never received)."""
+        ``meta.seq``, whose frames just entered the media queue; ``timing``: the runtime's
+        stages of the input, ``dropped``: the queued frames its acknowledgement flushed. The
+        events follow in emission order."""
+        latency = self._latency.applied(
+            meta.seq, chunk=meta.chunk, pts_90k=meta.pts_90k, timing=timing, dropped=dropped
+        )
+        self._order.after(lambda: self._acknowledge(meta, latency))
+
+    def _acknowledge(self, meta: AppliedMeta, latency: InputLatency | None) -> None:
+        """Publishes ``*.applied`` (raises ``UnknownPromptError`` for a prompt never received)."""
         kind, seq, chunk, pts = InputKind(meta.kind), meta.seq, meta.chunk, meta.pts_90k
         if kind is InputKind.PROMPT:
             entry, superseded = self._prompts.apply(
@@ -166,19 +196,21 @@ class InputLedger:
                     mode=entry.mode,
                     segment=entry.segment or 0,
                     text=entry.text,
+                    latency=latency,
                 )
             )
         else:
             if kind is InputKind.ACTION:
                 older = [s for s, (k, _) in self._pending.items() if k is kind and s < seq]
                 self._supersede(seq, kind, older)
-                self._events.publish(ActionApplied(seq=seq, chunk=chunk, pts=pts))
+                self._events.publish(ActionApplied(seq=seq, chunk=chunk, pts=pts, latency=latency))
             else:
-                self._events.publish(AudioApplied(seq=seq, chunk=chunk, pts=pts))
+                self._events.publish(AudioApplied(seq=seq, chunk=chunk, pts=pts, latency=latency))
             _, recorded = self._pending.pop(seq, (kind, None))
         self._records.applied(kind, seq, chunk, recorded)
 
     def _supersede(self, by_seq: int, kind: InputKind, seqs: list[int]) -> None:
         for older in sorted(seqs):
             self._pending.pop(older, None)
+            self._latency.forget(older)
             self._events.publish(InputSuperseded(seq=older, kind=kind.value, by_seq=by_seq))

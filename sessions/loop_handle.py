@@ -6,9 +6,10 @@ handle satisfies it. Call every method on the event loop that owns the engine.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
-from runtime.contract import InputEvent, LoopResult
+from runtime.contract import Emission, InputEvent, LoopResult
 
 __all__ = ["LoopHandleLike"]
 
@@ -30,3 +31,11 @@ class LoopHandleLike(Protocol):
     def set_media_t0(self, t0_s: float) -> None: ...
 
     async def result(self) -> LoopResult: ...
+
+    def at_boundary(
+        self, fn: Callable[[Any], Any], *, after_chunk: bool = False, advance: bool = False
+    ) -> Awaitable[Any]: ...
+
+    def set_sink(self, on_emit: Callable[[Emission], None]) -> None: ...
+
+    def set_input_log(self, on_inputs: Callable[[int, list[InputEvent]], None] | None) -> None: ...

@@ -15,7 +15,12 @@ tells the owner how it ended, through ``LoopOutcome``:
 
 ``loop_ended`` always runs, once; the callbacks run after it, each guarded (one that raises is
 logged, the rest still run). An owner that never got a handle (closed or failed before
-admission finished) calls ``finish`` instead. Event-loop thread only.
+admission finished) calls ``finish`` instead.
+
+A fork choice moves a loop between owners (``sessions.forks``): ``replace`` watches another
+loop instead (the chosen candidate's, which carries the parent on) and ``release`` lets the
+loop go (the candidate session ends while its loop continues): the end of a loop that is no
+longer the watched one tells its old owner nothing. Event-loop thread only.
 """
 
 from __future__ import annotations
@@ -80,6 +85,26 @@ class LoopWatch:
             self._watch(handle, outcome, settle), name=self.name.replace(" ", "-")
         )
 
+    def replace(
+        self,
+        handle: LoopHandleLike,
+        outcome: LoopOutcome,
+        *,
+        settle: Callable[[], Awaitable[None]] | None = None,
+    ) -> LoopHandleLike | None:
+        """Watches ``handle`` from now on instead of the loop attached so far; -> that one
+        (for the caller to cancel)."""
+        old, self.handle = self.handle, None
+        self.attach(handle, outcome, settle=settle)
+        return old
+
+    def release(self) -> None:
+        """Stops watching the loop without ending it (it carries another owner on)."""
+        self.handle = None
+
+    def on_finished(self, callback: Callable[[], None]) -> None:
+        self._on_finished.append(callback)
+
     async def _watch(
         self,
         handle: LoopHandleLike,
@@ -87,11 +112,16 @@ class LoopWatch:
         settle: Callable[[], Awaitable[None]] | None,
     ) -> None:
         try:
-            try:
-                result = await handle.result()
-            finally:
-                if settle is not None:
-                    await settle()
+            result: LoopResult | Exception = await handle.result()
+        except Exception as exc:
+            result = exc
+        if settle is not None:
+            await settle()
+        if handle is not self.handle:  # replaced or released: its end is not the owner's
+            return
+        try:
+            if isinstance(result, Exception):
+                raise result
             await outcome.loop_completed(result)
         except Cancelled as exc:
             outcome.loop_cancelled(exc.reason)

@@ -41,12 +41,14 @@ class MediaQueue:
         self._frames: collections.deque[MediaFrame] = collections.deque()
         self._last_pts: int | None = None
         self._nonempty = asyncio.Event()
+        self._flushed = asyncio.Event()
         self._closed = False
         self.frames_in = 0
         self.dropped_overflow = 0
         self.dropped_flush = 0
         self.dropped_non_monotonic = 0
-        self.flushes = 0  # flush_before calls that dropped at least one frame
+        # flush_before calls that dropped at least one frame or asked to show the next at once
+        self.flushes = 0
 
     def __len__(self) -> int:
         return len(self._frames)
@@ -58,6 +60,12 @@ class MediaQueue:
     @property
     def last_pts(self) -> int | None:
         return self._last_pts
+
+    def skip_to(self, pts_90k: int) -> None:
+        """The stream goes on after ``pts_90k`` (a fork choice: the chosen candidate's frames
+        up to there were shown in its preview); nothing queued is dropped."""
+        if self._last_pts is None or pts_90k > self._last_pts:
+            self._last_pts = int(pts_90k)
 
     def put_chunk(self, frames: np.ndarray, pts_90k: list[int], *, chunk: int, segment: int) -> int:
         """Enqueue a chunk. # frames: [n, H, W, 3] uint8; ``pts_90k``: n PTS values.
@@ -100,15 +108,18 @@ class MediaQueue:
     def peek(self) -> MediaFrame | None:
         return self._frames[0] if self._frames else None
 
-    def flush_before(self, pts_90k: int) -> int:
-        """Drops queued frames with PTS < ``pts_90k``; returns how many."""
+    def flush_before(self, pts_90k: int, *, show_next: bool = False) -> int:
+        """Drops queued frames with PTS < ``pts_90k``; returns how many. ``show_next``: the
+        consumer should show the next frame at once even when nothing was dropped (it starts
+        something the viewer waits for); a flush that drops frames always does."""
         dropped = 0
         while self._frames and self._frames[0].pts_90k < pts_90k:
             self._frames.popleft()
             dropped += 1
         self.dropped_flush += dropped
-        if dropped:
+        if dropped or show_next:
             self.flushes += 1
+            self._flushed.set()
         if not self._frames:
             self._nonempty.clear()
         return dropped
@@ -123,8 +134,15 @@ class MediaQueue:
             return False
         return True
 
+    async def wait_flushed(self, seen: int) -> None:
+        """Returns once ``flushes`` differs from ``seen`` (a flush happened) or the queue closed."""
+        while self.flushes == seen and not self._closed:
+            self._flushed.clear()
+            await self._flushed.wait()
+
     def close(self) -> None:
         """Drops everything and wakes waiters; later puts are ignored. Idempotent."""
         self._closed = True
         self._frames.clear()
         self._nonempty.set()
+        self._flushed.set()

@@ -15,6 +15,7 @@ The session's first prompt (sequence number 0) has the mode ``"initial"``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import Literal
@@ -99,6 +100,12 @@ class PromptMemory:
     @property
     def segment(self) -> int:
         return self._segment
+
+    def continue_from(self, other: PromptMemory) -> None:
+        """Becomes a copy of ``other`` (a fork candidate goes on with its parent's prompts)."""
+        self._entries = {seq: dataclasses.replace(e) for seq, e in other._entries.items()}
+        self._active = self._entries[other._active.seq]
+        self._segment = other._segment
 
     def history(self) -> list[PromptEntry]:
         return sorted(self._entries.values(), key=lambda e: e.seq)

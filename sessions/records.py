@@ -1,14 +1,21 @@
 """Behaviour records: one per generated chunk, enough to replay it (docs/architecture.md §5).
 
-A record holds the static facts of the session's loop (``template``: weights version, loop id,
-sampler, steps, timesteps, precision), the seed, the chunk's place (segment, chunk, PTS range,
-frame count), the content digest of its frames, and the inputs it reflects: the prompt in force
-and the action/audio latched for that chunk.
+A record holds the static facts of the session's loop (``template``: model, recipe, weights
+version = content hash of the loaded weights, loop id, sampler, steps, profile), the facts the
+loop captured when it generated the chunk (``MediaMeta.capture``: seed and noise seeds, the
+RNG rule, timesteps and sigmas, the prompt and its embedding digest, action and audio-feature
+digests, segment, latent position, K/V window, precision, the restart policy that decided
+when inputs restarted its chunk), the chunk's place (segment, chunk,
+PTS range, frame count), the content digest of its frames, the inputs it reflects (the prompt
+in force, the action and audio latched for it, with their sequence numbers), its replay key
+(``sessions.snapshot_keeper``), the engine loop that made it (``loop_ref``: a chosen fork
+candidate's loop carries its parent's stream on) and its media reference.
 
 The loop emits a chunk's media *before* the acknowledgements of the inputs that chunk reflects
 (they ride on the same plan), so ``ChunkRecorder`` keeps the newest record open, completes it
 from the ``applied`` emissions that follow, and writes it when the next chunk arrives or the
-session ends (``flush``). Writes go through ``Store.defer`` (never blocking the event loop).
+session ends (``flush``). Writes go through ``Store.defer`` (never blocking the event loop); the
+chunk's frames go to the recording writer (MP4).
 """
 
 from __future__ import annotations
@@ -20,9 +27,29 @@ from typing import Any
 import numpy as np
 
 from runtime.contract import InputKind
+from sessions.input_log import InputLog
+from sessions.loop_handle import LoopHandleLike
+from sessions.recording import Recording, media_ref
+from sessions.snapshot_keeper import SnapshotKeeper
 from sessions.store import Store
 
 __all__ = ["ChunkRecorder", "frames_digest"]
+
+# capture fields that become record columns as they are
+_CAPTURED = (
+    "seed",
+    "rng",
+    "noise_seeds",
+    "timesteps",
+    "sigmas",
+    "precision",
+    "prompt_digest",
+    "action_digest",
+    "audio_digest",
+    "kv_window",
+    "latent_frame_start",
+    "restart_policy",
+)
 
 
 def frames_digest(frames: np.ndarray) -> str:
@@ -44,11 +71,31 @@ class ChunkRecorder:
         model_id: str,
         seed: int,
         template: Mapping[str, Any],
+        recording: Recording | None = None,
     ) -> None:
         self._store = store
+        self._recording = recording
         self._base = {**template, "session_id": session_id, "model_id": model_id, "seed": seed}
         self._open: dict[str, Any] | None = None
+        self.keeper: SnapshotKeeper | None = None
+        self.loop_ref: str | None = None
         self.written = 0
+
+    def bind(self, handle: LoopHandleLike) -> None:
+        """The session's loop is ``handle``: log its inputs and keep its replay snapshots."""
+        self.loop_ref = handle.loop_id
+        if self._store is not None:
+            handle.set_input_log(InputLog(self._store, handle.loop_id))
+        if self._recording is not None and self._recording.snapshot_every > 0:
+            self.keeper = SnapshotKeeper(self._recording, handle)
+            self.keeper.start()
+
+    def adopt(self, other: ChunkRecorder) -> None:
+        """This session continues ``other``'s loop (a chosen fork candidate): its snapshots
+        and loop reference carry on."""
+        self.flush()
+        self.keeper, self.loop_ref = other.keeper, other.loop_ref
+        other.keeper = None
 
     def media(
         self,
@@ -61,22 +108,45 @@ class ChunkRecorder:
         digest: str,
         prompt: str,
         prompt_seq: int,
+        capture: Mapping[str, Any] | None = None,
+        frames: np.ndarray | None = None,
+        fps: int | None = None,
     ) -> None:
-        """A new chunk: writes the previous record and opens this one."""
+        """A new chunk: writes the previous record and opens this one. ``capture`` is what
+        the loop reported of it; ``frames`` (uint8 [n, H, W, 3]) become its MP4."""
         self.flush()
+        facts = dict(capture or {})
+        session_id = self._base["session_id"]
+        ref = media_ref(session_id, segment, chunk)
+        step = facts.get("step")
+        replay_key = self.keeper.key_for(int(step)) if self.keeper and step is not None else ""
         self._open = {
             **self._base,
+            **{name: facts[name] for name in _CAPTURED if name in facts},
             "segment": segment,
             "chunk": chunk,
-            "prompt": prompt,
+            "prompt": str(facts.get("prompt", prompt)),
             "prompt_seq": prompt_seq,
             "actions": {"action": None, "audio_seqs": []},
             "pts_start": pts_start,
             "pts_end": pts_end,
             "num_frames": num_frames,
             "digest": digest,
-            "replay_key": f"{self._base['session_id']}/{segment}/{chunk}/{self._base['seed']}",
+            "replay_key": replay_key,
+            "loop_ref": self.loop_ref,
+            "media_ref": None,
         }
+        if frames is not None and self._recording is not None:
+            rate = fps or int(self._base.get("fps", 0)) or 1
+            if self._recording.write_media(ref, frames, rate):
+                self._open["media_ref"] = ref
+
+    def chunk_emitted(self) -> None:
+        """The loop emitted a chunk's last frames (its record follows once its digest is
+        there): the snapshot keeper counts it now, so a snapshot it asks for is taken at the
+        loop's boundary right after the chunk."""
+        if self.keeper is not None:
+            self.keeper.chunk_done()
 
     def applied(
         self, kind: InputKind, seq: int, chunk: int, payload: Mapping[str, Any] | None

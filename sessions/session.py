@@ -17,10 +17,12 @@ A session is composed of one part per concern (docs/architecture.md §5):
 - ``chunks`` (``sessions.chunk_assembly``): ``"media"`` emissions into the bounded drop-oldest
   ``media`` queue at once, then ``media.chunk`` (with a digest hashed off the event loop) and
   one behaviour record per chunk (``records``);
-- ``sessions.emission_order``: the loop's emissions take effect in emission order, an applied
-  switch or cut flushing the media backlog older than its PTS at once;
-- ``sessions.loop_watch`` and ``sessions.persistence``: the loop's end, and the store writes,
-  shared with ``sessions.job``.
+- ``sessions.emission_order``: the loop's emissions take effect in emission order;
+- ``latency`` (``sessions.latency``): where the time to steer goes, per input (on
+  ``*.applied`` and ``input.shown``) and at the session's start (``viewer.first_frame``);
+- ``sessions.loop_emissions``: each emission of the loop to the part it concerns;
+- ``sessions.loop_watch`` and ``sessions.persistence``: the loop's end (and, for a fork choice,
+  its move to another session), and the store writes, shared with ``sessions.job``.
 
 Event-loop thread only (the engine calls ``on_emission`` there). A failed loop publishes an
 ``error`` event and the session becomes ``failed``; an exception while handling an emission is
@@ -35,21 +37,30 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from runtime.contract import AppliedMeta, Emission, InputEvent, InputKind, LoopResult, Stream
+from runtime.contract import Emission, InputEvent, LoopResult
 from sessions.audio import AudioClip
 from sessions.chunk_assembly import ChunkAssembly
 from sessions.emission_order import EmissionOrder
 from sessions.events import ErrorEvent, Event, EventStream, SessionStateChanged
 from sessions.input_ledger import InputLedger, InvalidInputError, UnsupportedInputError
+from sessions.latency import SessionLatency
+from sessions.loop_emissions import LoopEmissions
 from sessions.loop_handle import LoopHandleLike
 from sessions.loop_watch import LoopWatch
 from sessions.media_queue import MediaFrame, MediaQueue
 from sessions.persistence import SESSION_EVENT_TYPES, Persistence
 from sessions.playout import Playout
 from sessions.prompt_memory import PromptMemory
+from sessions.recording import Recording
 from sessions.records import ChunkRecorder, frames_digest
 from sessions.session_config import SessionConfig
-from sessions.states import SESSION_TERMINAL, SessionState, check_session_transition
+from sessions.states import (
+    SESSION_TERMINAL,
+    SessionClosedError,
+    SessionState,
+    SessionStateError,
+    check_session_transition,
+)
 from sessions.store import Store
 
 __all__ = [
@@ -64,14 +75,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class SessionStateError(RuntimeError):
-    """The request does not fit the session's current state (e.g. resume without a viewer)."""
-
-
-class SessionClosedError(SessionStateError):
-    """The session is closing, closed or failed; it accepts no more inputs."""
-
-
 class Session:
     """See the module docstring. Construct, then ``attach`` the engine handle."""
 
@@ -83,6 +86,7 @@ class Session:
         store: Store | None = None,
         wall_clock: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
+        recording: Recording | None = None,
     ) -> None:
         self.config = config
         self.id = config.session_id
@@ -102,8 +106,11 @@ class Session:
             model_id=config.model_id,
             seed=config.seed,
             template=config.record_template,
+            recording=recording,
         )
-        self._loop = LoopWatch(f"session {self.id}")
+        self.loop_watch = LoopWatch(f"session {self.id}")
+        self.latency = SessionLatency(clock, clock())  # time to steer: per input and at start
+        self.hold_after_first_chunk = False  # "start": "now": generate chunk 0, then wait
         self._order = EmissionOrder(frames_digest, on_error=self._emission_failed)
         self.chunks = ChunkAssembly(
             media=self.media,
@@ -118,17 +125,29 @@ class Session:
             events=self.events,
             prompts=self.prompts,
             records=self.records,
+            latency=self.latency,
+            order=self._order,
             require_open=self._require_open,
             send=self._send,
             clock=clock,
             wall=wall_clock,
             action_validator=config.action_validator,
         )
+        self._emissions = LoopEmissions(
+            f"session {self.id}",
+            chunks=self.chunks,
+            media=self.media,
+            ledger=self.ledger,
+            latency=self.latency,
+            on_chunk=self._chunk_made,
+            on_error=self._emission_failed,
+        )
         self._viewers: set[object | None] = set()  # sinks pulling video (None: WebRTC)
         self._unwatched_since: float | None = clock()  # no viewer and no offer in progress since
         self.playout = Playout(config.fps, clock=clock)
         self._playing = asyncio.Event()  # set while live or terminal: wakes the track
         self.error: str | None = None
+        self.held: str | None = None  # why it may not resume (its fork candidates exist)
         self.events.publish(SessionStateChanged(state=self._state.value))
 
     # ---------------------------------------------------------------- lifecycle
@@ -146,8 +165,8 @@ class Session:
         return self._state not in SESSION_TERMINAL and self._state is not SessionState.CLOSING
 
     @property
-    def _handle(self) -> LoopHandleLike | None:
-        return self._loop.handle
+    def handle(self) -> LoopHandleLike | None:
+        return self.loop_watch.handle
 
     def _transition(self, target: SessionState, reason: str = "") -> None:
         old = self._state
@@ -157,13 +176,8 @@ class Session:
             self._playing.set()
         else:
             self._playing.clear()
-        log.info(
-            "session %s: %s -> %s%s",
-            self.id,
-            old.value,
-            target.value,
-            f" ({reason})" if reason else "",
-        )
+        why = f" ({reason})" if reason else ""
+        log.info("session %s: %s -> %s%s", self.id, old.value, target.value, why)
         self.events.publish(
             SessionStateChanged(state=target.value, previous=old.value, reason=reason)
         )
@@ -173,11 +187,12 @@ class Session:
         self, handle: LoopHandleLike, *, on_finished: Callable[[Session], None] | None = None
     ) -> None:
         """Binds the engine's loop handle (spawned paused) and starts watching its result."""
-        if self._loop.handle is not None:
+        if self.loop_watch.handle is not None:
             raise SessionStateError(
-                f"session {self.id} already has loop {self._loop.handle.loop_id!r}"
+                f"session {self.id} already has loop {self.loop_watch.handle.loop_id!r}"
             )
-        self._loop.attach(
+        self.records.bind(handle)
+        self.loop_watch.attach(
             handle,
             self,
             settle=self._order.drain,  # every chunk emitted is published before the end
@@ -230,28 +245,28 @@ class Session:
         if self.terminal:
             return
         self._fail(code, message)
-        if self._handle is None:
+        if self.handle is None:
             self._shutdown_streams()
-            self._loop.finish()
+            self.loop_watch.finish()
             return
-        self._handle.cancel(f"{code}: {message}")
+        self.handle.cancel(f"{code}: {message}")
 
     async def close(self, reason: str = "deleted") -> None:
         """Cancels the loop and waits until the session is closed. Idempotent."""
         if self._state is SessionState.CLOSING or self.terminal:
-            await self._loop.wait()
+            await self.loop_watch.wait()
             return
         self._transition(SessionState.CLOSING, reason)
-        if self._handle is None:
+        if self.handle is None:
             self._transition(SessionState.CLOSED)
             self._shutdown_streams()
-            self._loop.finish()
+            self.loop_watch.finish()
             return
-        self._handle.cancel(reason)
-        await self._loop.wait()
+        self.handle.cancel(reason)
+        await self.loop_watch.wait()
 
     async def wait_finished(self) -> None:
-        await self._loop.wait()
+        await self.loop_watch.wait()
 
     # ---------------------------------------------------------------- viewer and playout
 
@@ -259,6 +274,7 @@ class Session:
         """An offer arrived (created or paused -> negotiating)."""
         if not self.accepts_inputs:
             raise SessionClosedError(f"session {self.id} is {self._state.value}")
+        self._check_not_held("take a viewer")
         if self._state is SessionState.LIVE and self._viewers:
             # another sink (a LiveKit room) keeps it live; the new viewer just joins
             self._unwatched_since = None
@@ -283,8 +299,8 @@ class Session:
             return
         self._viewers.add(viewer)
         self._anchor_now()
-        if self._handle is not None:
-            self._handle.resume()
+        if self.handle is not None:
+            self.handle.resume()
         self._transition(SessionState.LIVE, "viewer connected")
 
     def viewer_left(
@@ -300,20 +316,20 @@ class Session:
             return
         self._unwatched_since = self._clock()
         if self._state in (SessionState.LIVE, SessionState.NEGOTIATING):
-            if self._handle is not None:
-                self._handle.pause()
+            if self.handle is not None:
+                self.handle.pause()
             self._transition(SessionState.PAUSED, reason)
 
-    def pause(self) -> None:
+    def pause(self, reason: str = "requested") -> None:
         if self._state is SessionState.PAUSED:
             return
         if self._state is not SessionState.LIVE:
             raise SessionStateError(
                 f"session {self.id} is {self._state.value}; only a live session can pause"
             )
-        if self._handle is not None:
-            self._handle.pause()
-        self._transition(SessionState.PAUSED, "requested")
+        if self.handle is not None:
+            self.handle.pause()
+        self._transition(SessionState.PAUSED, reason)
 
     def resume(self) -> None:
         if self._state is SessionState.LIVE:
@@ -324,9 +340,10 @@ class Session:
             )
         if not self._viewers:
             raise SessionStateError(f"session {self.id} has no viewer; send a new offer to resume")
+        self._check_not_held("resume")
         self._anchor_now()
-        if self._handle is not None:
-            self._handle.resume()
+        if self.handle is not None:
+            self.handle.resume()
         self._transition(SessionState.LIVE, "requested")
 
     def unwatched_for_s(self) -> float:
@@ -361,8 +378,11 @@ class Session:
     def frame_shown(self, frame: MediaFrame | None, shown_s: float) -> None:
         """The track put a frame on the wire: ``frame`` is fresh, None a repeat (a stall)."""
         moved = self.playout.shown(None if frame is None else frame.pts_90k, shown_s)
-        if moved is not None and self._handle is not None:
-            self._handle.set_media_t0(moved)
+        if moved is not None and self.handle is not None:
+            self.handle.set_media_t0(moved)
+        if frame is not None:  # measured now, published after the *.applied it completes
+            for event in self.latency.frame_sent(frame.pts_90k, shown_s):
+                self._order.after(lambda event=event: self.events.publish(event))
 
     def _anchor_now(self) -> None:
         """Deadlines restart from now at the next frame to show (first pull, resume)."""
@@ -370,8 +390,8 @@ class Session:
         anchor = self.playout.anchor_next(
             None if head is None else head.pts_90k, self.media.last_pts
         )
-        if self._handle is not None:
-            self._handle.set_media_t0(anchor)
+        if self.handle is not None:
+            self.handle.set_media_t0(anchor)
 
     # ---------------------------------------------------------------- inputs
 
@@ -382,8 +402,8 @@ class Session:
             )
 
     def _send(self, event: InputEvent) -> None:
-        if self._handle is not None:
-            self._handle.push_input(event)
+        if self.handle is not None:
+            self.handle.push_input(event)
 
     def push_prompt(self, text: str, mode: Literal["switch", "cut"] = "switch") -> tuple[int, int]:
         """Queues a prompt; returns ``(seq, applies_at_chunk)``.
@@ -412,23 +432,15 @@ class Session:
     # ---------------------------------------------------------------- emissions from the loop
 
     def on_emission(self, emission: Emission) -> None:
-        """The engine's ``on_emit`` callback (event-loop thread). Never raises.
+        """The engine's ``on_emit`` callback (event-loop thread; ``sessions.loop_emissions``).
+        Never raises."""
+        self._emissions.take(emission, playable=not self.terminal)
 
-        What playout needs happens at once (frames into the media queue, a switch's or cut's
-        flush of the older backlog); the events and records follow in emission order."""
-        try:
-            stream = emission.spec.stream
-            if stream == Stream.MEDIA:
-                self.chunks.add(emission.spec.meta, emission.output, playable=not self.terminal)
-            elif stream == Stream.APPLIED:
-                meta: AppliedMeta = emission.spec.meta
-                if InputKind(meta.kind) is InputKind.PROMPT:
-                    self.media.flush_before(meta.pts_90k)
-                self._order.after(lambda: self.ledger.applied(meta))
-            elif stream != Stream.PROGRESS:
-                log.debug("session %s: ignoring emission stream %r", self.id, stream)
-        except Exception as exc:
-            self._emission_failed(exc)
+    def _chunk_made(self) -> None:
+        if self.hold_after_first_chunk:  # "start": "now": chunk 0 is made, wait for a viewer
+            self.hold_after_first_chunk = False
+            if not self._viewers and self.handle is not None:
+                self.handle.pause()
 
     def _emission_failed(self, exc: Exception) -> None:
         log.error("session %s: an emission failed: %r", self.id, exc)
@@ -445,6 +457,17 @@ class Session:
     @property
     def chunks_generated(self) -> int:
         return self.chunks.chunks_generated
+
+    # ---------------------------------------------------------------- fork support
+    # (sessions.forks moves loops through ``loop_watch`` and inputs through ``ledger``)
+
+    @property
+    def has_viewer(self) -> bool:
+        return bool(self._viewers)
+
+    def _check_not_held(self, action: str) -> None:
+        if self.held is not None:
+            raise SessionStateError(f"session {self.id} cannot {action}: {self.held}")
 
     # ---------------------------------------------------------------- views
 

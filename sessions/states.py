@@ -22,7 +22,9 @@ __all__ = [
     "JOB_TERMINAL",
     "SESSION_TERMINAL",
     "JobState",
+    "SessionClosedError",
     "SessionState",
+    "SessionStateError",
     "TransitionError",
     "check_job_transition",
     "check_session_transition",
@@ -37,6 +39,14 @@ class TransitionError(RuntimeError):
         super().__init__(f"{what} is {current!r}: cannot go to {target!r} (allowed: {expected})")
         self.current = current
         self.target = target
+
+
+class SessionStateError(RuntimeError):
+    """The request does not fit the session's current state (e.g. resume without a viewer)."""
+
+
+class SessionClosedError(SessionStateError):
+    """The session is closing, closed or failed; it accepts no more inputs."""
 
 
 class SessionState(str, enum.Enum):

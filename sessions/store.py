@@ -3,8 +3,16 @@
 Tables: ``sessions`` and ``jobs`` (their last known state and parameters), ``events`` (the
 lifecycle/acknowledgement events needed to reconstruct what happened — not every media
 chunk), ``records`` (one behaviour record per generated chunk: enough to replay it),
-``feedback``, ``forks``, ``preferences`` (pairs for RL export) and ``tokens`` (hashes of
-issued API tokens). Times are Unix seconds (``*_at`` REAL).
+``feedback``, ``forks``, ``preferences`` (pairs for RL export), ``inputs`` (the input log:
+every input as its loop absorbed it, by loop and step, so a replay feeds it back at the same
+boundary) and ``tokens`` (hashes of issued API tokens). Times are Unix seconds (``*_at`` REAL).
+
+Durability: the connection runs ``synchronous=NORMAL`` (WAL: a commit survives a killed
+process; only an OS crash or power loss may take the last commits back) and switches to
+``synchronous=FULL`` around the writes an answer promises (feedback, fork, choose:
+``durable=True``), so their 201 means the row is on disk. Deferred writes (events, records,
+the input log) are queued on the writer thread: a killed process loses what was still queued
+(typically under a chunk's worth per session); ``close()`` drains the queue first.
 
 Threading: the synchronous methods are safe from any thread (one connection, one lock). The
 asyncio side never calls them directly: ``await store.run(store.method, ...)`` executes on the
@@ -35,7 +43,7 @@ __all__ = ["SCHEMA_VERSION", "Store"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -77,10 +85,40 @@ CREATE TABLE IF NOT EXISTS preferences (
     id INTEGER PRIMARY KEY AUTOINCREMENT, context_ref TEXT NOT NULL, chosen_ref TEXT NOT NULL,
     rejected_ref TEXT NOT NULL, source TEXT NOT NULL, created_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS inputs (
+    loop_id TEXT NOT NULL, step INTEGER NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL,
+    payload BLOB NOT NULL, received_s REAL NOT NULL, PRIMARY KEY (loop_id, step, seq)
+);
 CREATE TABLE IF NOT EXISTS tokens (
     hash TEXT PRIMARY KEY, scope TEXT NOT NULL, expires_at REAL NOT NULL, created_at REAL NOT NULL
 );
 """
+
+# Columns added after schema version 1 (``ALTER TABLE`` on an older file), name -> SQL type.
+_ADDED_COLUMNS = {
+    "records": {
+        "recipe_id": "TEXT",
+        "weights_label": "TEXT",
+        "loop_ref": "TEXT",
+        "rng": "TEXT",
+        "noise_seeds": "TEXT",
+        "sigmas": "TEXT",
+        "prompt_digest": "TEXT",
+        "action_digest": "TEXT",
+        "audio_digest": "TEXT",
+        "kv_window": "TEXT",
+        "latent_frame_start": "INTEGER",
+        "fps": "INTEGER",
+        "width": "INTEGER",
+        "height": "INTEGER",
+        "media_ref": "TEXT",
+        "restart_policy": "TEXT",
+    },
+    "preferences": {"session_id": "TEXT", "model_id": "TEXT", "weights_version": "TEXT"},
+    "forks": {"seeds": "TEXT", "context_ref": "TEXT"},
+}
+# record columns holding JSON
+_RECORD_JSON = ("timesteps", "actions", "noise_seeds", "sigmas", "kv_window")
 
 _SESSION_FIELDS = frozenset(
     {"state", "segment", "frames_sent", "stalls", "fps_measured", "error", "prompt"}
@@ -100,8 +138,9 @@ class Store:
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._conn.row_factory = sqlite3.Row
         self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=FULL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(_SCHEMA)
+        self._migrate()
         self._conn.execute(
             "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
             (str(SCHEMA_VERSION),),
@@ -135,6 +174,29 @@ class Store:
             self._conn.close()
 
     # ---------------------------------------------------------------- helpers
+
+    def _migrate(self) -> None:
+        for table, columns in _ADDED_COLUMNS.items():
+            have = {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}
+            for name, sql_type in columns.items():
+                if name not in have:
+                    self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}")
+        self._conn.execute(
+            "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
+        )
+
+    def _durable(self, sql: str, params: tuple[Any, ...]) -> sqlite3.Cursor:
+        """One statement committed with ``synchronous=FULL`` (on disk when this returns)."""
+        with self._lock:
+            self._conn.execute("PRAGMA synchronous=FULL")
+            try:
+                return self._conn.execute(sql, params)
+            finally:
+                self._conn.execute("PRAGMA synchronous=NORMAL")
+
+    def synchronous(self) -> int:
+        """The connection's current ``synchronous`` level (1 NORMAL, 2 FULL)."""
+        return int(self._query("PRAGMA synchronous")[0]["synchronous"])
 
     def _execute(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> sqlite3.Cursor:
         with self._lock:
@@ -262,8 +324,9 @@ class Store:
 
     def add_record(self, record: dict[str, Any]) -> None:
         row = dict(record)
-        row["timesteps"] = json.dumps(row["timesteps"])
-        row["actions"] = json.dumps(row["actions"], sort_keys=True)
+        for name in _RECORD_JSON:
+            if name in row:
+                row[name] = json.dumps(row[name], sort_keys=True)
         row.setdefault("created_at", self._clock())
         columns = ", ".join(row)
         placeholders = ", ".join(f":{name}" for name in row)
@@ -274,16 +337,51 @@ class Store:
             "SELECT * FROM records WHERE session_id = ? ORDER BY segment, chunk", (session_id,)
         )
         for row in rows:
-            row["timesteps"] = json.loads(row["timesteps"])
-            row["actions"] = json.loads(row["actions"])
+            for name in _RECORD_JSON:
+                if row.get(name) is not None:
+                    row[name] = json.loads(row[name])
         return rows
+
+    def record(self, session_id: str, chunk: int, segment: int | None = None) -> dict[str, Any]:
+        """The record of ``chunk`` (the latest segment's unless ``segment`` is given);
+        ``KeyError`` naming the session's recorded chunks when there is none."""
+        rows = [
+            r
+            for r in self.records(session_id)
+            if r["chunk"] == chunk and segment in (None, r["segment"])
+        ]
+        if not rows:
+            have = sorted({r["chunk"] for r in self.records(session_id)})
+            raise KeyError(f"session {session_id!r} has no record of chunk {chunk}; has {have}")
+        return rows[-1]
+
+    # ---------------------------------------------------------------- input log
+
+    def add_inputs(
+        self, loop_id: str, step: int, rows: list[tuple[int, str, bytes, float]]
+    ) -> None:
+        """Inputs handed to loop ``loop_id`` at the boundary after ``step`` plans: (seq, kind,
+        payload, received_s) each (``sessions.input_log`` encodes the payloads)."""
+        with self._lock:
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO inputs(loop_id, step, seq, kind, payload, received_s)"
+                " VALUES (?,?,?,?,?,?)",
+                [(loop_id, step, seq, kind, payload, t) for seq, kind, payload, t in rows],
+            )
+
+    def inputs(self, loop_id: str, from_step: int = 0) -> list[dict[str, Any]]:
+        return self._query(
+            "SELECT step, seq, kind, payload, received_s FROM inputs"
+            " WHERE loop_id = ? AND step >= ? ORDER BY step, seq",
+            (loop_id, from_step),
+        )
 
     # ---------------------------------------------------------------- feedback, forks, preferences
 
     def add_feedback(
         self, *, session_id: str, rating: int, chunk: int | None, note: str | None
     ) -> int:
-        cursor = self._execute(
+        cursor = self._durable(
             "INSERT INTO feedback(session_id, chunk, rating, note, created_at) VALUES (?,?,?,?,?)",
             (session_id, chunk, rating, note, self._clock()),
         )
@@ -293,11 +391,27 @@ class Store:
         return self._query("SELECT * FROM feedback WHERE session_id = ? ORDER BY id", (session_id,))
 
     def add_fork(
-        self, *, session_id: str, n: int, prompt: str | None, candidates: list[str]
+        self,
+        *,
+        session_id: str,
+        n: int,
+        prompt: str | None,
+        candidates: list[str],
+        seeds: list[int] | None = None,
+        context_ref: str | None = None,
     ) -> int:
-        cursor = self._execute(
-            "INSERT INTO forks(session_id, n, prompt, candidates, created_at) VALUES (?,?,?,?,?)",
-            (session_id, n, prompt, json.dumps(candidates), self._clock()),
+        cursor = self._durable(
+            "INSERT INTO forks(session_id, n, prompt, candidates, seeds, context_ref, created_at)"
+            " VALUES (?,?,?,?,?,?,?)",
+            (
+                session_id,
+                n,
+                prompt,
+                json.dumps(candidates),
+                json.dumps(seeds),
+                context_ref,
+                self._clock(),
+            ),
         )
         return int(cursor.lastrowid or 0)
 
@@ -310,22 +424,41 @@ class Store:
                 return row
         return None
 
-    def choose_fork(self, fork_id: int, chosen: str, context_ref: str, rejected: list[str]) -> None:
-        """Records the choice and one preference pair per rejected candidate, atomically."""
+    def choose_fork(
+        self,
+        fork_id: int,
+        chosen: str,
+        context_ref: str,
+        rejected: list[str],
+        *,
+        session_id: str | None = None,
+        model_id: str | None = None,
+        weights_version: str | None = None,
+    ) -> None:
+        """Records the choice and one preference pair per rejected candidate, atomically and
+        durably (``synchronous=FULL``)."""
         now = self._clock()
+        pairs = [
+            (context_ref, chosen, other, "fork-choice", now, session_id, model_id, weights_version)
+            for other in rejected
+        ]
         with self._lock:
+            self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute("BEGIN")
             try:
                 self._conn.execute("UPDATE forks SET chosen = ? WHERE id = ?", (chosen, fork_id))
                 self._conn.executemany(
                     "INSERT INTO preferences(context_ref, chosen_ref, rejected_ref, source,"
-                    " created_at) VALUES (?,?,?,?,?)",
-                    [(context_ref, chosen, other, "fork-choice", now) for other in rejected],
+                    " created_at, session_id, model_id, weights_version)"
+                    " VALUES (?,?,?,?,?,?,?,?)",
+                    pairs,
                 )
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
+            finally:
+                self._conn.execute("PRAGMA synchronous=NORMAL")
 
     def preferences(self) -> list[dict[str, Any]]:
         return self._query("SELECT * FROM preferences ORDER BY id")

@@ -9,11 +9,16 @@ connection and deletes the session it created.
 
 Frames that repeat the last picture while generation is late carry a PTS only one tick above
 the previous frame (docs/api.md "Video"); ``fresh_frames()`` leaves them out.
+
+``wire_arrival(pts)`` is when the first RTP packet of a frame reached this peer: aiortc's
+receiver hands a video frame to the decoder only once the next frame's first packet arrived, so
+``frames[i].received_s`` is one frame interval late; benchmarks of latency read the wire.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -82,6 +87,7 @@ class Viewer:
         self.profile: dict[str, int] = {}
         self.frames: list[ReceivedFrame] = []
         self.events: list[dict[str, Any]] = []
+        self.event_times: list[float] = []  # time.monotonic() each event arrived
         self._on_frame = on_frame
         self._audio_track = (
             audio_track  # an aiortc audio MediaStreamTrack sent to the session (microphone)
@@ -98,6 +104,16 @@ class Viewer:
         self._closed = False
         self._rtp_first: int | None = None
         self._rtp_last = 0
+        self.connected_s: float | None = None  # time.monotonic() when ICE + DTLS came up
+        # RTP timestamp -> time.monotonic() its first video packet arrived (the last 4096);
+        # the first packet's timestamp is PTS 0 (wire PTS = generation PTS, from 0)
+        self._wire_s: collections.OrderedDict[int, float] = collections.OrderedDict()
+        self._wire_first: int | None = None
+
+        @self._pc.on("connectionstatechange")
+        def on_state() -> None:
+            if self._pc.connectionState == "connected" and self.connected_s is None:
+                self.connected_s = time.monotonic()
 
         @self._channel.on("open")
         def on_open() -> None:
@@ -111,6 +127,7 @@ class Viewer:
                 log.warning("non-JSON control message: %r", message)
                 return
             self.events.append(event)
+            self.event_times.append(time.monotonic())
             self._event_arrived.set()
 
         @self._pc.on("track")
@@ -142,7 +159,40 @@ class Viewer:
         await self._pc.setRemoteDescription(
             RTCSessionDescription(sdp=answer["sdp"], type=answer["type"])
         )
+        for transceiver in self._pc.getTransceivers():
+            if transceiver.kind == "video":
+                self._time_packets(transceiver.receiver)
         await asyncio.wait_for(self._channel_open.wait(), timeout_s)
+
+    def _time_packets(self, receiver: Any) -> None:
+        # aiortc's DTLS transport calls receiver._handle_rtp_packet per packet (an instance
+        # attribute lookup): wrap it to note when each frame's first packet arrived.
+        handle = receiver._handle_rtp_packet
+        arrivals = self._wire_s
+
+        async def timed(packet: Any, arrival_time_ms: int) -> None:
+            if self._wire_first is None:
+                self._wire_first = packet.timestamp
+            if packet.timestamp not in arrivals:
+                arrivals[packet.timestamp] = time.monotonic()
+                if len(arrivals) > 4096:
+                    arrivals.popitem(last=False)
+            await handle(packet, arrival_time_ms)
+
+        receiver._handle_rtp_packet = timed
+
+    def wire_arrival(self, pts: int, after_s: float = 0.0) -> float | None:
+        """When the first packet of the earliest frame with PTS >= ``pts`` arrived after
+        ``after_s`` (time.monotonic()), or None (not yet). PTS counts from the first packet's
+        RTP timestamp (the session's first frame when this viewer saw the stream start)."""
+        if self._wire_first is None:
+            return None
+        best: tuple[int, float] | None = None
+        for rtp, arrived_s in self._wire_s.items():
+            frame_pts = (rtp - self._wire_first) % (1 << 32)
+            if arrived_s >= after_s and frame_pts >= pts and (best is None or frame_pts < best[0]):
+                best = (frame_pts, arrived_s)
+        return None if best is None else best[1]
 
     async def _receive(self, track: Any) -> None:
         with contextlib.suppress(MediaStreamError):

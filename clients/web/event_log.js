@@ -2,12 +2,12 @@
  * The event log view: the data channel's server events (and a few page notes), newest last.
  *
  * Every event is kept in `events` (bounded, for tests and debugging: window.dreamrt.events);
- * the DOM shows at most `maxRows`. High-rate events (media.chunk, pong, input.received
- * and input.superseded) are counted but shown only when "verbose" is on, so the log stays
- * readable at 20 Hz input.
+ * the DOM shows at most `maxRows`. High-rate events (media.chunk, pong, input.received,
+ * input.superseded and input.shown, which the latency bar shows) are counted but shown only
+ * when "verbose" is on, so the log stays readable at 20 Hz input.
  */
 
-const QUIET_TYPES = new Set(["media.chunk", "pong", "input.received", "input.superseded"]);
+const QUIET_TYPES = new Set(["media.chunk", "pong", "input.received", "input.superseded", "input.shown"]);
 const MAX_EVENTS = 5000;
 
 function tone(type) {

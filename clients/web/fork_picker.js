@@ -1,11 +1,13 @@
 /**
- * Fork picker: ask the session for N candidate continuations (POST /fork), watch them, choose
- * one (POST /choose: the server records preference pairs and closes the others).
+ * Fork picker: ask the session for N candidate continuations (POST /fork), watch them live,
+ * choose one (POST /choose: the chosen candidate's stream becomes this session's continuation,
+ * the others close, the server commits one preference pair per rejected candidate).
  *
- * Watching a candidate opens a small receive-only preview through `openPreview(id, video)`,
- * which returns {close()} or throws (then the row says the candidate is not streamed: servers
- * may record forks before they can generate them; choosing still works). After a choice
- * `onChosen(id)` lets the page follow the chosen branch.
+ * The candidates are real sessions generated from this moment; each row plays its candidate
+ * live in a small video with its own peer, opened at once through `openPreview(id, video,
+ * token)` (the candidate's own token from the fork answer), which returns {close()} or throws
+ * (then the row says so; choosing still works). The parent waits, paused, until the choice;
+ * afterwards it streams on from the chosen candidate and `onChosen(id)` tells the page.
  */
 
 export class ForkPicker {
@@ -47,13 +49,16 @@ export class ForkPicker {
     try {
       const answer = await session.fork(n, this._prompt.value.trim());
       const candidates = Array.isArray(answer?.candidates) ? answer.candidates : [];
-      this._log("fork", { n, candidates: candidates.length });
+      const tokens = new Map((answer?.sessions ?? []).map((s) => [s.id, s.token]));
+      this._log("fork", { n, candidates: candidates.length, at_chunk: answer?.at_chunk });
       this._say(
-        candidates.length ? "watch the candidates, then choose one" : "the server returned no candidates",
+        candidates.length ? "the candidates play live: choose one" : "the server returned no candidates",
         candidates.length ? "" : "bad",
       );
-      candidates.forEach((id, index) => this._list.append(this._row(id, index)));
+      const rows = candidates.map((id, index) => this._row(id, index, tokens.get(id)));
+      for (const row of rows) this._list.append(row.item);
       this._list.querySelector("button")?.focus();
+      await Promise.all(rows.map((row) => this._togglePreview(row.id, row.video, row.watch, row.token)));
     } catch (err) {
       this._say(`fork failed: ${err.message}`, "bad");
     } finally {
@@ -61,7 +66,7 @@ export class ForkPicker {
     }
   }
 
-  _row(id, index) {
+  _row(id, index, token) {
     const item = document.createElement("li");
     item.className = "fork-candidate";
     item.dataset.candidate = id;
@@ -82,17 +87,17 @@ export class ForkPicker {
     watch.className = "ghost small";
     watch.textContent = "Watch";
     watch.setAttribute("aria-pressed", "false");
-    watch.addEventListener("click", () => this._togglePreview(id, video, watch));
+    watch.addEventListener("click", () => this._togglePreview(id, video, watch, token));
     const choose = document.createElement("button");
     choose.type = "button";
     choose.className = "primary small";
     choose.textContent = "Choose";
     choose.addEventListener("click", () => this._choose(id, choose));
     item.append(label, ident, watch, choose, video);
-    return item;
+    return { item, id, video, watch, token };
   }
 
-  async _togglePreview(id, video, button) {
+  async _togglePreview(id, video, button, token) {
     const open = this._previews.get(id);
     if (open) {
       open.close();
@@ -104,7 +109,7 @@ export class ForkPicker {
     }
     button.disabled = true;
     try {
-      this._previews.set(id, await this._openPreview(id, video));
+      this._previews.set(id, await this._openPreview(id, video, token));
       video.hidden = false;
       button.textContent = "Hide";
       button.setAttribute("aria-pressed", "true");
@@ -126,7 +131,7 @@ export class ForkPicker {
       await session.choose(id);
       this._log("fork.chosen", { candidate: id });
       for (const row of this._list.children) row.classList.toggle("chosen", row.dataset.candidate === id);
-      this._say("choice recorded", "good");
+      this._say("chosen: the session goes on from it", "good");
       this._closePreviews();
       button.textContent = "Chosen";
       this._onChosen(id);
@@ -139,6 +144,10 @@ export class ForkPicker {
   _closePreviews() {
     for (const preview of this._previews.values()) preview.close();
     this._previews.clear();
+    for (const video of this._list.querySelectorAll("video")) {
+      video.srcObject = null;
+      video.hidden = true;
+    }
   }
 
   reset() {

@@ -21,6 +21,7 @@ import { ModelGuide } from "./model_guide.js";
 import { HttpPcmTransport, PushToTalk, TrackTransport } from "./microphone.js";
 import { PageState, PageStateMachine } from "./page_state.js";
 import { StatsView } from "./stats_view.js";
+import { LatencyBar } from "./latency_bar.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -55,6 +56,7 @@ class App {
     this.frames = new FrameClock(this.video);
     this.keycaps = new Keycaps(document.querySelector(".keycaps"));
     this.stats = new StatsView();
+    this.latencyBar = new LatencyBar($("latency-bar"), $("latency-caption"));
     this.log = new EventLog($("event-log"), { verboseToggle: $("log-verbose"), countLabel: $("event-count") });
     this.actions = new ActionInput({
       send: (message) => this.session?.action(message) ?? false,
@@ -64,7 +66,7 @@ class App {
     });
     this.fork = new ForkPicker($("fork"), {
       getSession: () => this.session?.rest ?? null,
-      openPreview: (id, video) => this._openPreview(id, video),
+      openPreview: (id, video, token) => this._openPreview(id, video, token),
       log: (type, fields) => this.log.note(type, fields),
     });
     this.guide = new ModelGuide({ chips: $("examples"), legend: $("controls-legend"), onPick: (t) => this._pick(t) });
@@ -97,6 +99,7 @@ class App {
     this.firstFrameSeen = false;
     this.frames.reset();
     this.stats.clear();
+    this.latencyBar.clear();
     this.fork.reset();
     this.log.note("connecting", { prompt: promptText });
     const session = new LiveSession(this.api, {
@@ -113,7 +116,8 @@ class App {
         this.machine.transition(PageState.CONNECTING, "negotiating WebRTC");
     }, 150);
     try {
-      await session.open({ prompt: promptText });
+      // "now": the prompt encode and the first chunk run while WebRTC negotiates
+      await session.open({ prompt: promptText, start: "now" });
       performance.mark("dreamrt.connected");
     } catch (err) {
       if (session !== this.session) return; // superseded by a newer start() or end()
@@ -212,6 +216,8 @@ class App {
       }
     } else if (event.type === "media.chunk" && event.frames > 0 && event.fps > 0) {
       this.actions.setMouseWindowMs((1000 * event.frames) / event.fps);
+    } else if (event.type === "input.shown") {
+      this.latencyBar.show(event); // the last input's wait / generate / send
     } else if (event.type === "error") {
       this._toast(`${event.code ?? "error"}: ${event.message ?? ""}`);
     }
@@ -412,8 +418,9 @@ class App {
     });
   }
 
-  async _openPreview(id, video) {
-    const token = this.session?.info?.token;
+  /** A candidate's live preview: its own receive-only peer, with the candidate's own token. */
+  async _openPreview(id, video, candidateToken) {
+    const token = candidateToken ?? this.session?.info?.token;
     const preview = new LiveSession(this.api, {
       iceServers: this.config.iceServers,
       offerAudio: false,

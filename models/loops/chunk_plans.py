@@ -24,6 +24,7 @@ import torch
 from models.loops.chunk_rollout_state import ChunkRolloutState
 from models.loops.model import LoopModel
 from models.loops.ops import ChunkDenoiseArgs, DecodeArgs, KVWriteArgs
+from models.loops.rollout_capture import chunk_capture
 from models.loops.sampling import SigmaStep, noise_seed
 from models.wan.flops import dit_flops
 from models.wan.kv_cache import EMPTY
@@ -47,13 +48,22 @@ class ChunkPlanner:
     """Plans of one loop's streams (one planner per loop, the state says whose stream).
 
     ``steps``: the card schedule's denoising steps; ``fold``: the card's ``kv_update =
-    last_step`` (the last step writes the chunk's K/V, no separate KV update).
+    last_step`` (the last step writes the chunk's K/V, no separate KV update);
+    ``restart_policy``: the name of the loop's ``RestartPolicy``, a fact of every chunk's capture.
     """
 
-    def __init__(self, model: LoopModel, steps: Sequence[SigmaStep], *, fold: bool) -> None:
+    def __init__(
+        self,
+        model: LoopModel,
+        steps: Sequence[SigmaStep],
+        *,
+        fold: bool,
+        restart_policy: str = "",
+    ) -> None:
         self._m = model
         self._steps = tuple(steps)
         self._fold = fold
+        self._restart_policy = restart_policy
 
     def text_encode(self, state: ChunkRolloutState) -> WorkPlan:
         return self._plan(
@@ -184,15 +194,19 @@ class ChunkPlanner:
                     num_frames=n,
                     fps=state.fps,
                     final=final,
+                    capture=self._capture(state) if final else None,
                 ),
             )
         ]
         if not state.decoded:  # the chunk's first frames reflect its inputs
             emits += [
                 EmitSpec(
-                    Stream.APPLIED, AppliedMeta(kind=kind, seq=seq, chunk=state.chunk, pts_90k=pts)
+                    Stream.APPLIED,
+                    AppliedMeta(
+                        kind=kind, seq=seq, chunk=state.chunk, pts_90k=pts, changes=changes
+                    ),
                 )
-                for kind, seq in state.acks
+                for kind, seq, changes in state.acks
             ]
         latents = state.latents[:, :, state.decoded : state.decoded + latent]
         args = DecodeArgs(latents=latents, cache=state.decoder, defer=not state.collect_frames)
@@ -235,6 +249,9 @@ class ChunkPlanner:
             due_media_s=state.frames_emitted / state.fps,
             followups=self._followups(state, kind),
             emits=emits,
+            # the inputs a viewer waits to see: the runtime times them and runs them at once
+            inputs=tuple(seq for _, seq, changes in state.acks if changes),
+            waiting_inputs=tuple(seq for _, seq, changes in state.next_acks if changes),
         )
 
     def _followups(self, state: ChunkRolloutState, kind: PlanKind) -> tuple[Followup, ...]:
@@ -250,6 +267,10 @@ class ChunkPlanner:
             latent, first = self.decode_part(state)[0], int(state.frames_emitted == 0)
         steps = tuple(Followup(PlanKind.CHUNK_STEP, shape, flops) for _ in range(steps_left))
         return (*steps, Followup(PlanKind.VAE_DECODE, f"decode:{first}:{latent}:{shape}"))
+
+    def _capture(self, state: ChunkRolloutState) -> dict[str, Any]:
+        facts = chunk_capture(state, self._steps, self._m.precision)
+        return {**facts, "restart_policy": self._restart_policy}
 
     # views of the state's tensors
 

@@ -20,10 +20,15 @@ as soon as possible) and then the rest; the causal decoder makes the parts equal
 Media emissions carry ``final`` (False on a part that leaves frames of the chunk to come).
 
 Live inputs (``absorb``) are latched for the *next* chunk when the current one ends (after its
-KV update): a prompt switch, the latest action (none -> no-op), the audio that arrived. A *cut*
-abandons the in-flight chunk at the next step boundary (unless its frames are already decoded)
-and restarts it under the new prompt as a new segment, continuing from the session's chunk-KV
-without a re-cache.
+KV update): a prompt switch, the latest action (none -> no-op), the audio that arrived. An
+input that changes the picture (a switch, a *cut*, an action whose keys differ from the chunk
+in flight) may instead restart the in-flight chunk at this step boundary, when the model's
+``RestartPolicy`` says regenerating shows it sooner than finishing (``models.loops.
+chunk_restart``; never once the chunk's frames are decoded or its K/V cached): the chunk
+starts again at its position with everything pending latched. A cut starts a new segment,
+continuing from the session's chunk-KV without a re-cache; a switch re-caches first. Plans
+list the changing inputs their chunk reflects (``WorkPlan.inputs``) so the runtime can time
+them and run them at once; ``AppliedMeta.changes`` tells a sink to show them at once.
 
 Every tensor of a session lives in ``ChunkRolloutState`` (latents, cross K/V, the clean latents
 of the cached frames for re-caching) and its two caches are members of it: the chunk-KV cache
@@ -32,6 +37,14 @@ and the VAE decoder cache. Ops write both in place and a snapshot serializes the
 so a state can be snapshotted at any step boundary and resumed in another process. ``advance``
 dispatches on the kind of plan that ran (``StepResult.kind``). Noise is a pure function of
 (seed, segment, chunk, step), so interleaving and resuming never change a frame.
+
+Behaviour capture: a chunk's final media emission carries ``MediaMeta.capture``, the facts the
+loop used for it as it described the decode (seed and the noise seeds drawn, timesteps and
+sigmas, the prompt and the digest of its embedding, digests of the latched action vector and
+audio features, segment, latent position, K/V window, precision, the restart policy that
+decided its inputs' latching): recorded at generation time, never reconstructed (a restarted
+chunk's are those of the attempt that was decoded). ``fork`` continues a state as a new stream
+(fork candidates; ``models.loops.rollout_fork``).
 
 This module is the state machine (which plan comes next, how a result and an input move the
 state); the plans themselves are built by ``models.loops.chunk_plans.ChunkPlanner`` and the
@@ -48,10 +61,13 @@ import torch
 
 from models.card import KVUpdate, LoopSpec
 from models.loops.chunk_plans import ChunkPlanner
+from models.loops.chunk_restart import ChunkProgress, RegenerateWhenSooner, RestartKind
 from models.loops.chunk_rollout_state import ChunkRolloutState, Phase
-from models.loops.inputs import AUDIO_SAMPLE_RATE, action_vector, audio_features
+from models.loops.digests import host_digest
+from models.loops.inputs import AUDIO_SAMPLE_RATE, action_vector, audio_features, normalize_keys
 from models.loops.model import LoopModel
 from models.loops.requests import JobRequest, SessionRequest
+from models.loops.rollout_fork import fork_state
 from models.loops.sampling import sigma_steps
 from models.wan.transformer import CrossKV
 from runtime.contract import (
@@ -89,7 +105,11 @@ class ChunkRollout:
         )
         self._inputs = spec.inputs
         self._fold = spec.kv_update is KVUpdate.LAST_STEP
-        self._plans = ChunkPlanner(model, self._steps, fold=self._fold)
+        # a serving policy of the loaded model (``WanInstance.chunk_restart``), not of the card
+        self._restart = getattr(model, "chunk_restart", None) or RegenerateWhenSooner()
+        self._plans = ChunkPlanner(
+            model, self._steps, fold=self._fold, restart_policy=self._restart.name
+        )
 
     # ---------------------------------------------------------------------------------------
     # contract
@@ -135,6 +155,7 @@ class ChunkRollout:
         )
 
     def absorb(self, state: ChunkRolloutState, inputs: Sequence[InputEvent]) -> ChunkRolloutState:
+        restart: RestartKind | None = None
         for event in inputs:
             payload = event.payload
             cut = isinstance(payload, PromptInput) and payload.mode is PromptMode.CUT
@@ -145,23 +166,29 @@ class ChunkRollout:
                     f"chunk_rollout of {self._m.card.model_id!r} does not accept "
                     f"input {needed!r}; it accepts {sorted(self._inputs)}"
                 )
-            if isinstance(payload, PromptInput) and cut:
-                self._cut(state, payload.text, event.seq)
-            elif isinstance(payload, PromptInput):
-                state.next_prompt, state.next_prompt_is_cut = payload.text, False
-                state.next_acks.append((InputKind.PROMPT, event.seq))
+            if isinstance(payload, PromptInput):
+                state.next_prompt, state.next_prompt_is_cut = payload.text, cut
+                state.next_acks.append((InputKind.PROMPT, event.seq, True))
+                restart = "cut" if cut or restart == "cut" else "switch"
             elif isinstance(payload, ActionInput):
-                vec = action_vector(payload.keys, payload.mouse)
+                vec = action_vector(payload.keys, payload.mouse)  # [ACTION_DIM]
+                state.next_action_digest = host_digest(vec)
+                # held keys only: mouse motion is continuous, latched per chunk, never a change
+                state.next_keys = normalize_keys(payload.keys)
+                changes = set(state.next_keys) != set(state.chunk_keys)
                 state.next_action = vec[None].to(self._m.device, self._m.dtype)
                 state.next_acks = [a for a in state.next_acks if a[0] is not InputKind.ACTION]
-                state.next_acks.append((InputKind.ACTION, event.seq))
+                state.next_acks.append((InputKind.ACTION, event.seq, changes))
+                restart = restart or ("action" if changes else None)
             elif isinstance(payload, AudioInput):
                 samples = torch.as_tensor(payload.samples, dtype=torch.float32).flatten()
                 keep = int(MAX_AUDIO_BACKLOG_S * AUDIO_SAMPLE_RATE)
                 state.audio_pending = torch.cat((state.audio_pending, samples))[-keep:]
-                state.next_acks.append((InputKind.AUDIO, event.seq))
+                state.next_acks.append((InputKind.AUDIO, event.seq, False))
             else:
                 raise ValueError(f"input {event.kind!r} has an unknown payload {type(payload)}")
+        if restart is not None and self._restart.restart(restart, self._progress(state)):
+            self._latch(state, boundary=False)
         return state
 
     def next(self, state: ChunkRolloutState) -> WorkPlan | Done:
@@ -191,6 +218,7 @@ class ChunkRollout:
             cross: CrossKV = result.output
             state.cross_k, state.cross_v = cross.k, cross.v
             state.active_prompt = state.prompt
+            state.prompt_digest = cross.digest
         elif kind is PlanKind.KV_RECACHE:
             state.recache_needed = False
         elif kind is PlanKind.CHUNK_STEP:
@@ -233,43 +261,66 @@ class ChunkRollout:
     def _end_chunk(self, state: ChunkRolloutState) -> None:
         state.chunk += 1
         state.frame_start += state.chunk_frames
-        self._start_chunk(state)
+        state.restarts = 0
+        self._latch(state, boundary=True)
 
-    def _start_chunk(self, state: ChunkRolloutState) -> None:
-        """Latch the inputs that arrived during the last chunk for the next one."""
+    def _progress(self, state: ChunkRolloutState) -> ChunkProgress:
+        return ChunkProgress(
+            steps_done=state.denoise_step,
+            steps_total=len(self._steps),
+            decoded=state.decoded > 0 or state.phase is Phase.KV_UPDATE,
+            kv_written=self._fold and state.phase is Phase.DECODE,
+            kv_update_units=0 if self._fold else 1,
+            restarts=state.restarts,
+        )
+
+    def _latch(self, state: ChunkRolloutState, *, boundary: bool) -> None:
+        """Start the current chunk position with the pending inputs latched: at a chunk
+        ``boundary`` (the previous chunk ended), or a restart of the chunk in flight (its
+        finished steps are dropped; its audio and the audio still pending stay as they are,
+        and an input latched anew replaces its kind's earlier ack)."""
         state.phase, state.denoise_step, state.latents = Phase.START, 0, None
         state.decoded = 0
         if state.next_prompt is not None:
             if state.next_prompt_is_cut:
                 state.segment += 1
+                state.recache_needed = False
             else:
                 state.recache_needed = state.kv.frames_written > 0
             state.prompt, state.next_prompt = state.next_prompt, None
-        state.chunk_action, state.next_action = state.next_action, None
-        state.chunk_audio = self._take_audio(state)
-        state.acks, state.next_acks = state.next_acks, []
-
-    def _cut(self, state: ChunkRolloutState, text: str, seq: int) -> None:
-        """A new segment: abandon the in-flight chunk unless its frames are decoded or its K/V
-        cached, even in part (then the cut starts the next chunk)."""
-        kv_written = self._fold and state.phase is Phase.DECODE
-        if state.phase is Phase.KV_UPDATE or state.decoded or kv_written:
-            state.next_prompt, state.next_prompt_is_cut = text, True
-            state.next_acks.append((InputKind.PROMPT, seq))
+        if boundary:
+            state.chunk_action, state.next_action = state.next_action, None
+            state.chunk_keys, state.next_keys = state.next_keys, []
+            state.chunk_action_digest, state.next_action_digest = state.next_action_digest, ""
+            state.chunk_audio = self._take_audio(state)
+            state.acks, state.next_acks = state.next_acks, []
             return
-        state.segment += 1
-        state.prompt, state.next_prompt, state.recache_needed = text, None, False
-        state.phase, state.denoise_step, state.latents = Phase.START, 0, None
-        state.acks.append((InputKind.PROMPT, seq))
+        state.restarts += 1
+        if state.next_action is not None:  # the restarted chunk sees (and records) it
+            state.chunk_action, state.next_action = state.next_action, None
+            state.chunk_keys, state.next_keys = state.next_keys, []
+            state.chunk_action_digest, state.next_action_digest = state.next_action_digest, ""
+        moved = [a for a in state.next_acks if a[0] is not InputKind.AUDIO]
+        kinds = {a[0] for a in moved}
+        state.acks = [a for a in state.acks if a[0] not in kinds] + moved
+        state.next_acks = [a for a in state.next_acks if a[0] is InputKind.AUDIO]
 
     def _take_audio(self, state: ChunkRolloutState) -> torch.Tensor | None:
+        state.chunk_audio_digest = ""
         if state.audio_pending.numel() == 0 or "audio" not in self._inputs:
             return None
         seconds = self._m.latent.pixel_frames(state.chunk_frames, includes_first=False) / state.fps
         need = int(round(seconds * AUDIO_SAMPLE_RATE))
         taken, state.audio_pending = state.audio_pending[:need], state.audio_pending[need:]
         features = audio_features(taken, state.chunk_frames)  # [c, AUDIO_DIM]
+        state.chunk_audio_digest = host_digest(features)
         return features[None].to(self._m.device, self._m.dtype)
+
+    def fork(
+        self, state: ChunkRolloutState, request: SessionRequest, model: Any = None
+    ) -> ChunkRolloutState:
+        """A continuation of ``state`` as a new stream (``models.loops.rollout_fork``)."""
+        return fork_state(self._m, state, request)
 
     def _chunks_for(self, num_frames: int, c: int) -> int:
         first = self._m.latent.pixel_frames(c, includes_first=True)

@@ -56,13 +56,22 @@ class ChunkRolloutState(LoopState, kw_only=True):
     recache_needed: bool = False
     next_prompt: str | None = None  # a switch waiting for the next chunk boundary
     next_prompt_is_cut: bool = False
-    # inputs latched for the current chunk, and those waiting for the next one
-    acks: list[tuple[InputKind, int]] = []  # (kind, seq) reflected by the current chunk
-    next_acks: list[tuple[InputKind, int]] = []
+    # inputs latched for the current chunk, and those waiting for the next one:
+    # (kind, seq, changes the picture) reflected by the current chunk / waiting
+    acks: list[tuple[InputKind, int, bool]] = []
+    next_acks: list[tuple[InputKind, int, bool]] = []
+    restarts: int = 0  # times the current chunk position restarted for an input
     chunk_action: torch.Tensor | None = None  # [1, ACTION_DIM]
     next_action: torch.Tensor | None = None
+    chunk_keys: list[str] = []  # the held keys of chunk_action / next_action, as plain data
+    next_keys: list[str] = []
     chunk_audio: torch.Tensor | None = None  # [1, c, AUDIO_DIM]
     audio_pending: torch.Tensor  # [n] float32, 16 kHz mono
+    # digests of the conditioning, for behaviour records (computed on the host copies)
+    prompt_digest: str = ""  # of the active prompt's text-encoder embedding
+    chunk_action_digest: str = ""
+    next_action_digest: str = ""
+    chunk_audio_digest: str = ""
     # tensors
     latents: torch.Tensor | None = None  # [1, C, c, h, w] current chunk
     cross_k: torch.Tensor | None = None  # [layers, 1, L, heads, head_dim]

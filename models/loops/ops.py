@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
+from models.loops.digests import host_digest
 from models.wan.kv_cache import ChunkKVCache
 from models.wan.transformer import CrossKV, WanDiT
 from models.wan.vae import video_to_uint8
@@ -86,16 +87,20 @@ class TextEncodeOp:
     def __call__(self, args: Sequence[str], *, deterministic: bool = False) -> list[CrossKV]:
         with torch.inference_mode():
             if deterministic:
-                return [self._one([text]) for text in args]
-            cross = self._one(list(args))
-            return [
-                CrossKV(cross.k[:, i : i + 1].clone(), cross.v[:, i : i + 1].clone())
-                for i in range(len(args))
-            ]
+                return [self._encode_all([text])[0] for text in args]
+            return self._encode_all(list(args))
 
-    def _one(self, texts: list[str]) -> CrossKV:
+    def _encode_all(self, texts: list[str]) -> list[CrossKV]:
         embeddings = self._encode(texts)  # [B, L, text_dim]
-        return self._dit.cross_kv(embeddings)
+        cross = self._dit.cross_kv(embeddings)
+        # One small host copy per prompt change (the embedding, not the per-layer K/V).
+        digests = [host_digest(embeddings[i].cpu()) for i in range(len(texts))]
+        if len(texts) == 1:
+            return [CrossKV(cross.k, cross.v, digests[0])]
+        return [
+            CrossKV(cross.k[:, i : i + 1].clone(), cross.v[:, i : i + 1].clone(), digests[i])
+            for i in range(len(texts))
+        ]
 
 
 @dataclass(frozen=True, slots=True)

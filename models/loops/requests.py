@@ -2,10 +2,11 @@
 
 Streams and inputs are typed in ``runtime.contract``: a loop emits ``MediaMeta`` frames,
 ``AppliedMeta`` acknowledgements and ``ProgressMeta`` counts, and absorbs ``InputEvent``s whose
-payload is a ``PromptInput`` (mode switch: at the next chunk boundary, the stream goes on; mode
-cut: a new segment, the in-flight chunk abandoned at the next step boundary), an
-``ActionInput`` (latched per chunk, latest wins) or an ``AudioInput`` (16 kHz mono float32
-samples, appended).
+payload is a ``PromptInput`` (mode switch: the stream goes on under it; mode cut: a new
+segment; either from the next chunk, or from the chunk in flight restarted at the next step
+boundary when the loop's ``RestartPolicy`` says so), an ``ActionInput`` (latched per chunk,
+latest wins; a change of the held keys may restart the chunk in flight too) or an
+``AudioInput`` (16 kHz mono float32 samples, appended).
 """
 
 from __future__ import annotations

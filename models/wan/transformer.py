@@ -77,6 +77,7 @@ class CrossKV:
 
     k: torch.Tensor
     v: torch.Tensor
+    digest: str = ""  # of the prompt's text-encoder embedding (behaviour records)
 
     @property
     def nbytes(self) -> int:

@@ -426,3 +426,40 @@ def test_empty_start_uses_the_first_example(page: Any) -> None:
         assert fresh.input_value("#prompt") == "a red ball on grass"
     finally:
         fresh.close()
+
+
+def test_latency_bar_splits_the_last_input_into_wait_generate_send(page: Any) -> None:
+    result = page.evaluate(
+        """async () => {
+        const { LatencyBar, breakdown } = await import('/latency_bar.js');
+        const shown = (kind, latency) => ({ type: 'input.shown', seq: 3, kind, chunk: 4, pts: 0, latency });
+        const full = shown('prompt', { latched_s: 0.04, started_s: 0.05, generated_s: 0.2, decoded_s: 0.21,
+                                       enqueued_s: 0.211, sent_s: 0.25, dropped_frames: 3 });
+        const repeat = shown('action', { enqueued_s: 0.3, sent_s: 0.32 });  // no runtime stages
+        const root = document.createElement('div');
+        for (const name of ['wait', 'generate', 'send']) {
+            const span = document.createElement('span'); span.dataset.segment = name; root.append(span);
+        }
+        const caption = document.createElement('p');
+        const bar = new LatencyBar(root, caption);
+        const drawn = bar.show(full);
+        const grows = [...root.children].map((s) => Number(s.style.flexGrow));
+        return {
+            drawn, grows, caption: caption.textContent, hidden: root.hidden,
+            repeat: breakdown(repeat), notSent: breakdown(shown('prompt', { enqueued_s: 0.1 })),
+            page: document.getElementById('latency-caption').textContent,
+        };
+    }"""
+    )
+    drawn = result["drawn"]
+    assert drawn["kind"] == "prompt" and drawn["totalMs"] == 250
+    assert [round(drawn[k], 6) for k in ("wait", "generate", "send")] == [50, 160, 40]
+    assert [round(g, 3) for g in result["grows"]] == [0.2, 0.64, 0.16] and not result["hidden"]
+    assert (
+        result["caption"]
+        == "last prompt: 250 ms to the wire — wait 50 ms, generate 160 ms, send 40 ms"
+    )
+    repeat = result["repeat"]
+    assert (round(repeat["wait"]), round(repeat["generate"]), round(repeat["send"])) == (0, 300, 20)
+    assert result["notSent"] is None
+    assert result["page"] == "last input: –"  # the idle page's bar is empty

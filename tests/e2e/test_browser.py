@@ -159,6 +159,16 @@ def test_typed_prompt_is_applied(live_page: Any, server: ServerProcess) -> None:
     live_page.wait_for_function(
         "document.getElementById('stat-prompt-latency').textContent.endsWith('ms')"
     )
+    # ... and, once its first frame went on the wire, where that prompt's time went
+    live_page.wait_for_function(
+        "document.getElementById('latency-caption').textContent.startsWith('last prompt:')"
+    )
+    bar = live_page.evaluate(
+        """() => [...document.querySelectorAll('#latency-bar span')].map(
+            (s) => [s.dataset.segment, Number(s.style.flexGrow)])"""
+    )
+    assert [name for name, _ in bar] == ["wait", "generate", "send"]
+    assert abs(sum(grow for _, grow in bar) - 1.0) < 1e-6 and bar[1][1] > 0, bar
 
 
 def test_held_key_is_applied(live_page: Any, server: ServerProcess) -> None:
@@ -295,6 +305,63 @@ def test_empty_start_on_a_fresh_page_uses_the_first_example(
         fresh.wait_for_function("window.dreamrt.state === 'closed'")
     finally:
         fresh.close()
+
+
+def test_fork_picker_plays_the_candidates_live_and_chooses(
+    live_page: Any, server: ServerProcess
+) -> None:
+    """Fork into 2: both candidates play in the picker (their own peers), the parent waits
+    paused; choosing one makes the page's own stream go on from it."""
+    since = _new_events_since(live_page)
+    session_id, token = live_page.evaluate(
+        "[window.dreamrt.session.id, window.dreamrt.session.info.token]"
+    )
+    auth = {"Authorization": f"Bearer {token}"}
+    live_page.select_option("#fork select[name=fork-n]", "2")
+    live_page.click("#fork button[type=submit]")
+    try:
+        live_page.wait_for_function(
+            "[...document.querySelectorAll('#fork .fork-candidate video')].length === 2 && "
+            "[...document.querySelectorAll('#fork .fork-candidate video')].every("
+            "(v) => !v.hidden && v.videoWidth > 0 && v.currentTime > 0.3)",
+            timeout=45_000,
+        )
+    except PlaywrightTimeoutError:
+        status = live_page.text_content("#fork .fork-status")
+        pytest.fail(f"the candidates did not play: {status!r}\n{server.log_tail()}")
+    ids = live_page.eval_on_selector_all(
+        "#fork .fork-candidate", "rows => rows.map((r) => r.dataset.candidate)"
+    )
+    parent = httpx.get(f"{server.url}/v1/sessions/{session_id}", headers=auth, timeout=5).json()
+    assert parent["state"] == "paused" and len(ids) == 2
+    live_page.click("#fork .fork-candidate:nth-child(2) button.primary")
+    live_page.wait_for_function(
+        "document.querySelector('#fork .fork-status').dataset.tone === 'good'", timeout=20_000
+    )
+    live_page.wait_for_function(
+        "(since) => window.dreamrt.events.slice(since).some("
+        "(e) => e.type === 'session.state' && e.state === 'live')",
+        arg=since,
+        timeout=20_000,
+    )
+    live_page.wait_for_function("window.dreamrt.state === 'live'", timeout=20_000)
+    live_page.wait_for_timeout(1000)  # past the first chunks of the chosen candidate's loop
+    fps = live_page.evaluate("window.dreamrt.session.info.profile.fps")
+    before, start_s = live_page.evaluate(FRAMES_DECODED_JS), time.monotonic()
+    live_page.wait_for_timeout(2000)
+    decoded = live_page.evaluate(FRAMES_DECODED_JS) - before
+    # the stream goes on (a loop left paused or a stale anchor would freeze it); the bound is
+    # loose because the page also decodes on a shared 2-core machine
+    assert decoded >= 0.4 * fps * (time.monotonic() - start_s), f"{decoded} frames after choose"
+    chunks = live_page.evaluate(
+        "(since) => window.dreamrt.events.slice(since).filter((e) => e.type === 'media.chunk')"
+        ".map((e) => e.chunk)",
+        since,
+    )
+    assert chunks and all(b > a for a, b in zip(chunks, chunks[1:])), chunks
+    states = [httpx.get(f"{server.url}/v1/sessions/{c}", timeout=5).json()["state"] for c in ids]
+    assert set(states) <= {"closing", "closed"}, states
+    assert live_page.get_attribute("#fork .fork-candidate:nth-child(2)", "class").endswith("chosen")
 
 
 def test_screenshot_shows_the_stream_and_controls(live_page: Any) -> None:

@@ -13,6 +13,7 @@ import torch
 from models.card import CardError
 from models.instance import load_instance
 from models.loops.chunk_plans import ChunkPlanner
+from models.loops.chunk_restart import RestartCutsOnly
 from models.loops.chunk_rollout import ChunkRolloutState, Phase
 from models.loops.requests import JobRequest, SessionRequest
 from models.registry import get
@@ -82,6 +83,13 @@ def _applied(emissions: list[Emission]) -> list[dict]:
     return [msgspec.structs.asdict(e.spec.meta) for e in emissions if e.spec.stream == "applied"]
 
 
+def _with_policy(instance, policy):
+    """The instance serving its loops with another ``chunk_restart`` policy."""
+    other = copy.copy(instance)
+    other.chunk_restart = policy
+    return other
+
+
 # plans per chunk on the tiny card: 4 denoise steps + decode + kv_update (+1 text encode once)
 STEPS_PER_CHUNK = 6
 
@@ -137,11 +145,13 @@ def test_input_applies_at_next_chunk_and_earlier_frames_are_unchanged(
 ) -> None:
     request, baseline = baseline_run
     event = InputEvent(kind, 7, payload)
-    steered, _, _ = _run(instance, request, {_step_of_chunk(1): [event]})
+    # a loop that never restarts a chunk for a switch or a key (the first build)
+    finishing = _with_policy(instance, RestartCutsOnly())
+    steered, _, _ = _run(finishing, request, {_step_of_chunk(1): [event]})
     applied = _applied(steered)
-    assert applied == [
-        {"kind": ack, "seq": 7, "chunk": 1, "pts_90k": _media(steered)[1][0]["pts_90k"]}
-    ]
+    pts = _media(steered)[1][0]["pts_90k"]
+    changes = kind is not InputKind.AUDIO  # audio never changes the picture discretely
+    assert applied == [{"kind": ack, "seq": 7, "chunk": 1, "pts_90k": pts, "changes": changes}]
     base, new = _media(baseline), _media(steered)
     assert torch.equal(base[0][1], new[0][1])  # chunk 0 was generated before the input
     assert not torch.equal(base[1][1], new[1][1])  # chunk 1 reflects it
@@ -183,7 +193,13 @@ def test_cut_abandons_in_flight_chunk_and_starts_a_segment(instance) -> None:
     )
     media = _media(emissions)
     assert [m["segment"] for m, _ in media] == [1, 1]
-    assert _applied(emissions)[0] == {"kind": "prompt", "seq": 2, "chunk": 0, "pts_90k": 0}
+    assert _applied(emissions)[0] == {
+        "kind": "prompt",
+        "seq": 2,
+        "chunk": 0,
+        "pts_90k": 0,
+        "changes": True,
+    }
     direct, _, _ = _run(
         instance, SessionRequest(prompt="a white ball at night", seed=8, max_chunks=2)
     )

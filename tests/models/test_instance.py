@@ -82,3 +82,25 @@ def test_missing_components_are_named(tmp_path, checkpoint) -> None:
     (partial / "transformer").symlink_to(root / "transformer")
     with pytest.raises(InstanceError, match=r"lacks: vae \(vae\), text_encoder"):
         load_instance(_external_card(), device="cpu", checkpoint_dir=partial)
+
+
+def test_weights_digest_covers_the_components_served_not_a_teachers(tmp_path) -> None:
+    """Weights digest x tiny decoder: a taehv card lists its full VAE (the distillation
+    teacher) in its manifest but never loads it to serve, so the records' weights version
+    does not depend on that file; it does on the decoder that runs."""
+    from models.instance import _weights_digest
+
+    card = get("wan2.1-1.3b-causal-taehv")
+    for name in ("transformer", "text_encoder", "tokenizer", "tiny_decoder"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "weights.safetensors").write_bytes(name.encode() * 8)
+    served = _weights_digest(card, 0, False, tmp_path)
+    (tmp_path / "vae").mkdir()
+    (tmp_path / "vae" / "weights.safetensors").write_bytes(b"teacher" * 8)
+    assert _weights_digest(card, 0, False, tmp_path) == served
+    (tmp_path / "tiny_decoder" / "weights.safetensors").write_bytes(b"retrained" * 8)
+    assert _weights_digest(card, 0, False, tmp_path) != served
+    full = get("wan2.1-1.3b-causal")  # the full-VAE card decodes with it: its file counts
+    with_vae = _weights_digest(full, 0, False, tmp_path)
+    (tmp_path / "vae" / "weights.safetensors").write_bytes(b"other" * 8)
+    assert _weights_digest(full, 0, False, tmp_path) != with_vae

@@ -21,6 +21,11 @@ PURE = [
     "runtime.cost",
     "runtime.pools",
     "runtime.contract",
+    "runtime.media_clock",
+    "runtime.lead",
+    "runtime.input_trace",
+    "runtime.plan_timing",
+    "runtime.engine_state",
 ]
 
 

@@ -63,3 +63,24 @@ def test_an_unreadable_cost_file_is_ignored(tmp_path: Path) -> None:
     with make_client(tmp_path) as client:  # starts on priors, and saves a good file again
         assert client.app.state.ctx.engine.cost.snapshot()["entries"] == []
     assert path.read_text().startswith("{\n")
+
+
+@pytest.mark.parametrize(
+    ("steering", "lead", "restart", "withdraw"),
+    [
+        ("fast", "adaptive", "regenerate-when-sooner", True),
+        ("baseline", "fixed", "cuts-only", False),
+    ],
+)
+def test_the_latency_mode_and_the_steering_path_are_composed(
+    tmp_path: Path, steering: str, lead: str, restart: str, withdraw: bool
+) -> None:
+    with make_client(
+        tmp_path, model="wan-tiny-random", chunk_frames=1, steering=steering
+    ) as client:
+        ctx = client.app.state.ctx
+        assert ctx.engine.timing.lead.name == lead and ctx.engine.withdraw_on_input is withdraw
+        instance = ctx.host.models["wan-tiny-random"]
+        assert instance.chunk_restart.name == restart
+        served = next(c for c in client.get("/v1/models").json() if c["served"])
+        assert served["default_profile"]["chunk_latent_frames"] == 1  # as served

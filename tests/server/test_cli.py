@@ -140,3 +140,17 @@ def test_serve_rejects_an_unknown_scheduler(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         _build_parser().parse_args(["serve", "--scheduler", "round-robin"])
     assert exit_info.value.code == 2 and "step-edf" in capsys.readouterr().err
+
+
+def test_serve_takes_the_latency_mode_and_the_steering_path(monkeypatch) -> None:
+    import uvicorn
+
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    assert main(["serve", "--port", "9"]) == 0
+    default = served[0].state.config
+    assert (default.chunk_frames, default.random_weights, default.steering) == (None, False, "fast")
+    argv = ["serve", "--chunk-frames", "1", "--random-weights", "--steering", "baseline"]
+    assert main([*argv, "--port", "9"]) == 0
+    config = served[1].state.config
+    assert (config.chunk_frames, config.random_weights, config.steering) == (1, True, "baseline")

@@ -155,8 +155,9 @@ async def test_flush_on_prompt_switch_plays_the_new_chunk_at_once() -> None:
     session.on_emission(chunk(6))
     frame = await asyncio.wait_for(track.recv(), 5.0)
     assert frame.pts == 6 * N * TICKS
-    # at the next frame slot, not held back until its due time under the stale anchor (1.875 s)
-    assert clock() == 2 * FRAME_S
+    # at once: neither held back until its due time under the stale anchor (1.875 s) nor
+    # until the next slot of the pacing grid (2 frames)
+    assert clock() == FRAME_S
     await session.close()
 
 
@@ -175,4 +176,29 @@ async def test_first_recv_before_any_frame_waits_without_counting_stalls() -> No
     track.stop()
     with pytest.raises(MediaStreamError):
         await track.recv()
+    await session.close()
+
+
+async def test_a_flush_during_the_wait_for_the_next_slot_sends_the_new_frame_at_once() -> None:
+    clock = FakeClock()
+    session, _ = make_live_session(clock)
+    for k in range(3):
+        session.on_emission(chunk(k))
+    track = make_track(session, clock)
+    await pull(track, clock, 2)
+    never = asyncio.Event()
+
+    async def blocking_sleep(dt_s: float) -> None:  # the next slot never comes by itself
+        await never.wait()
+
+    track.pacer._sleep = blocking_sleep
+    waiter = asyncio.create_task(track.recv())
+    await asyncio.sleep(0.01)
+    assert not waiter.done()  # waiting for the slot of the next queued (old) frame
+    seq, _ = session.push_prompt("new")
+    session.on_emission(chunk(6))
+    applied = AppliedMeta(kind=InputKind.PROMPT, seq=seq, chunk=6, pts_90k=6 * N * TICKS)
+    session.on_emission(Emission(EmitSpec(Stream.APPLIED, applied), None))
+    frame = await asyncio.wait_for(waiter, 5.0)
+    assert frame.pts == 6 * N * TICKS and clock() == FRAME_S
     await session.close()

@@ -126,3 +126,38 @@ async def test_an_engine_run_of_600_plans_counts_every_plan() -> None:
     m = parse_metrics(metrics.render().decode())
     assert m['dreamrt_steps_total{kind="diffusion_step"}'] == 600
     assert m['dreamrt_step_latency_seconds_bucket{kind="diffusion_step",le="+Inf"}'] == 600
+
+
+def test_time_to_steer_histograms_come_from_the_watched_sessions_events() -> None:
+    from sessions.events import (
+        EventStream,
+        InputLatency,
+        InputShown,
+        StartLatency,
+        ViewerFirstFrame,
+    )
+
+    class Watched:
+        events = EventStream()
+
+    metrics = ServerMetrics(MetricsSnapshot)
+    session = Watched()
+    metrics.watch(session)
+    full = InputLatency(
+        latched_s=0.004, started_s=0.005, generated_s=0.2, decoded_s=0.21, enqueued_s=0.21,
+        sent_s=0.22,
+    )  # fmt: skip
+    session.events.publish(InputShown(seq=1, kind="prompt", chunk=3, pts=0, latency=full))
+    repeat = InputLatency(enqueued_s=0.3, sent_s=0.4)  # no runtime stages: not observed
+    session.events.publish(InputShown(seq=2, kind="action", chunk=4, pts=0, latency=repeat))
+    start = StartLatency(offer_s=0.02, answered_s=0.05, connected_s=0.1, sent_s=0.3)
+    session.events.publish(ViewerFirstFrame(pts=0, latency=start))
+    m = parse_metrics(metrics.render().decode())
+    count = 'dreamrt_input_latency_seconds_count{kind="%s",stage="%s"}'
+    assert m[count % ("prompt", "latched")] == 1 and m[count % ("prompt", "sent")] == 1
+    assert m['dreamrt_input_latency_seconds_sum{kind="prompt",stage="sent"}'] == pytest.approx(0.22)
+    assert m[count % ("action", "sent")] == 1 and count % ("action", "latched") not in m
+    assert m['dreamrt_first_frame_seconds_count{stage="connected"}'] == 1
+    assert 'dreamrt_first_frame_seconds_count{stage="generated"}' not in m
+    bucket = 'dreamrt_input_latency_seconds_bucket{kind="prompt",le="%s",stage="sent"}'
+    assert (m[bucket % "0.2"], m[bucket % "0.3"]) == (0, 1)

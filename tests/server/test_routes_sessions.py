@@ -51,6 +51,7 @@ def test_create_and_read_a_session(client: TestClient) -> None:
         ({"prompt": "a", "width": 65}, "width"),
         ({"prompt": "a", "model": "no-such-model"}, "model"),
         ({"prompt": "a", "class": "urgent"}, "class"),
+        ({"prompt": "a", "start": "later"}, "start"),
     ],
 )
 def test_invalid_session_bodies_are_422_naming_the_field(
@@ -59,6 +60,21 @@ def test_invalid_session_bodies_are_422_naming_the_field(
     response = client.post("/v1/sessions", json=body)
     assert response.status_code == 422, response.text
     assert field in [str(part) for part in response.json()["detail"][0]["loc"]]
+
+
+def test_start_now_generates_the_first_chunk_before_any_offer(client: TestClient) -> None:
+    import time
+
+    created = client.post("/v1/sessions", json={"prompt": "a red ball", "start": "now"})
+    assert created.status_code == 201, created.text
+    waiting = create(client)
+    deadline = time.monotonic() + 30.0
+    view = client.get(f"/v1/sessions/{created.json()['id']}").json()
+    while view["chunks"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+        view = client.get(f"/v1/sessions/{created.json()['id']}").json()
+    assert view["chunks"] == 1 and view["state"] == "created"  # ready before the viewer
+    assert client.get(f"/v1/sessions/{waiting['id']}").json()["chunks"] == 0
 
 
 def test_inputs_are_accepted_with_sequence_numbers(client: TestClient) -> None:
@@ -114,25 +130,46 @@ def test_feedback_is_durable_before_the_answer(client: TestClient, tmp_path) -> 
     assert client.post(f"/v1/sessions/{sid}/feedback", json={"rating": 5}).status_code == 422
 
 
-def test_fork_and_choose_record_preference_pairs(client: TestClient, tmp_path) -> None:
-    sid = create(client)["id"]
-    fork = client.post(f"/v1/sessions/{sid}/fork", json={"n": 3, "prompt": "branch"})
-    assert fork.status_code == 201
-    candidates = fork.json()["candidates"]
-    assert len(candidates) == 3 and len(set(candidates)) == 3
-    assert client.post(f"/v1/sessions/{sid}/choose", json={"candidate": "other"}).status_code == 422
-    chosen = client.post(f"/v1/sessions/{sid}/choose", json={"candidate": candidates[1]})
-    assert chosen.status_code == 201 and chosen.json()["preferences"] == 2
-    rows = (
-        sqlite3.connect(tmp_path / "data" / "dreamrt.sqlite3")
-        .execute("SELECT chosen_ref, rejected_ref, source FROM preferences ORDER BY id")
-        .fetchall()
-    )
-    assert rows == [
-        (candidates[1], candidates[0], "fork-choice"),
-        (candidates[1], candidates[2], "fork-choice"),
-    ]
-    assert client.post(f"/v1/sessions/{sid}/fork", json={"n": 1}).status_code == 422
+def test_fork_and_choose_record_preference_pairs(tmp_path) -> None:
+    """In process, no viewer: the candidates are real sessions admitted like any (all or
+    nothing), the parent is held, choose commits one pair per rejected candidate."""
+    from tests.server.conftest import make_client
+
+    with make_client(tmp_path, max_sessions=4) as client:
+        sid = create(client)["id"]
+        refused = client.post(f"/v1/sessions/{sid}/fork", json={"n": 4})  # 3 slabs free
+        assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
+        assert refused.json()["reason"] == "kv_slabs"
+        fork = client.post(f"/v1/sessions/{sid}/fork", json={"n": 3, "prompt": "branch"})
+        assert fork.status_code == 201, fork.text
+        body = fork.json()
+        candidates = body["candidates"]
+        assert len(candidates) == 3 and len(set(candidates)) == 3
+        assert [s["id"] for s in body["sessions"]] == candidates
+        assert len({s["seed"] for s in body["sessions"]}) == 3  # derived, distinct
+        assert all(client.get(f"/v1/sessions/{c}").json()["state"] == "created" for c in candidates)
+        again = client.post(f"/v1/sessions/{sid}/fork", json={"n": 2})
+        assert again.status_code == 409  # one fork at a time
+        bad = client.post(f"/v1/sessions/{sid}/choose", json={"candidate": "other"})
+        assert bad.status_code == 422
+        chosen = client.post(f"/v1/sessions/{sid}/choose", json={"candidate": candidates[1]})
+        assert chosen.status_code == 201 and chosen.json()["preferences"] == 2
+        rows = (
+            sqlite3.connect(tmp_path / "data" / "dreamrt.sqlite3")
+            .execute("SELECT chosen_ref, rejected_ref, source, context_ref FROM preferences")
+            .fetchall()
+        )
+        assert sorted(rows) == sorted(
+            [
+                (candidates[1], candidates[0], "fork-choice", body["context"]),
+                (candidates[1], candidates[2], "fork-choice", body["context"]),
+            ]
+        )
+        assert {client.get(f"/v1/sessions/{c}").json()["state"] for c in candidates} == {"closed"}
+        assert client.get(f"/v1/sessions/{sid}").json()["state"] == "created"
+        assert client.post(f"/v1/sessions/{sid}/fork", json={"n": 1}).status_code == 422
+        seeds = client.post(f"/v1/sessions/{sid}/fork", json={"n": 2, "seeds": [1, 2, 3]})
+        assert seeds.status_code == 422 and seeds.json()["detail"][0]["loc"] == ["body", "seeds"]
 
 
 def test_delete_is_idempotent_and_the_closed_session_stays_readable(client: TestClient) -> None:

@@ -12,6 +12,8 @@ class FakeHandle:
         self.loop_id = loop_id
         self.inputs: list[InputEvent] = []
         self.calls: list[tuple] = []
+        self.boundary_state = None  # what at_boundary hands its function
+        self.input_log = None
         self._result: asyncio.Future[LoopResult] = asyncio.get_running_loop().create_future()
 
     @property
@@ -43,3 +45,15 @@ class FakeHandle:
 
     async def result(self) -> LoopResult:
         return await asyncio.shield(self._result)
+
+    def set_input_log(self, on_inputs) -> None:
+        self.input_log = on_inputs
+
+    def set_sink(self, on_emit) -> None:
+        self.calls.append(("sink",))
+
+    def at_boundary(self, fn, *, after_chunk: bool = False, advance: bool = False):
+        self.calls.append(("at_boundary", after_chunk, advance))
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(fn(self.boundary_state)) if self.boundary_state is not None else None
+        return future

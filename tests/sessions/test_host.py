@@ -97,3 +97,16 @@ async def test_sessions_nobody_watches_are_closed_and_their_slabs_return(host: S
     host.start_reaper(0.01, interval_s=0.02)
     await asyncio.wait_for(watched.wait_finished(), 5)
     assert watched.state.value == "closed" and host.slab_counts()[0] == 2
+
+
+async def test_start_now_runs_the_first_chunk_before_any_viewer(host: SessionHost) -> None:
+    waiting = host.create_session(prompt="a", seed=1)
+    early = host.create_session(prompt="b", seed=2, start="now")
+    deadline = asyncio.get_running_loop().time() + 30.0
+    while early.chunks_generated == 0 and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    assert early.chunks_generated == 1 and len(early.media) > 0  # frames ready for the viewer
+    await asyncio.sleep(0.2)
+    assert early.chunks_generated == 1  # then it waits: nobody watches yet
+    assert waiting.chunks_generated == 0 and len(waiting.media) == 0  # spawned paused
+    assert host.engine.stats().paused_loops == 2

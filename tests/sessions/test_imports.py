@@ -11,6 +11,8 @@ import sessions.host, sessions.job_host, sessions.served_models, sessions.sessio
 import sessions.input_ledger, sessions.chunk_assembly, sessions.emission_order
 import sessions.loop_watch, sessions.persistence, sessions.store, sessions.events, sessions.audio
 import sessions.artifacts, sessions.media_queue, sessions.prompt_memory, sessions.states
+import sessions.latency, sessions.loop_emissions, sessions.forks, sessions.recording
+import sessions.records, sessions.snapshot_keeper, sessions.input_log
 top = ('server', 'clients', 'models', 'torch')
 loaded = sorted(m for m in sys.modules if m.split('.')[0] in top)
 print(','.join(loaded))
@@ -24,6 +26,7 @@ def test_sessions_import_no_server_client_or_model_code() -> None:
     # models/card.py re-exports its parts, each a module of its own (models/card_*.py).
     card_parts = [
         "models.card_checkpoint",
+        "models.card_checks",
         "models.card_errors",
         "models.card_profile",
         "models.card_recipe",

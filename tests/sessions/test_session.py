@@ -39,7 +39,9 @@ class FakeClock:
         return self.t
 
 
-def make_session(capabilities=ALL_CAPS, store=None, clock=None, **overrides) -> Session:
+def make_session(
+    capabilities=ALL_CAPS, store=None, clock=None, recording=None, **overrides
+) -> Session:
     fields = {
         "session_id": "s1",
         "model_id": "tiny",
@@ -66,6 +68,7 @@ def make_session(capabilities=ALL_CAPS, store=None, clock=None, **overrides) -> 
         store=store,
         clock=clock or FakeClock(),
         wall_clock=FakeClock(1000.0),
+        recording=recording,
     )
 
 

@@ -1,0 +1,287 @@
+"""Behaviour recording end to end: a scripted tiny-world session on a real ``dreamrt serve``
+subprocess (real aiortc viewer, real SQLite file), then ``dreamrt replay`` and
+``dreamrt export`` on its data directory, and a SIGKILL right after a 201.
+
+The session: a prompt, then a prompt switch, held keys and an audio clip as it streams; it is
+closed after chunk 5, so the server writes its records, input log, replay snapshots (every 2
+chunks here) and chunk MP4s. Replay must regenerate chunks bit-identically (digest of the raw
+uint8 frames) from their replay keys, across the chunks that reflect the switch, the keys and
+the audio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import subprocess
+import sys
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aioice.ice
+import httpx
+import numpy as np
+import pytest
+
+from clients.python.api import DreamrtClient
+from clients.python.viewer import Viewer
+from infra.browser_harness import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def wav_tone(seconds: float, rate: int = 16_000) -> bytes:
+    t = np.arange(int(rate * seconds)) / rate
+    tone = (0.7 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(tone.tobytes())
+    return buf.getvalue()
+
+
+def run_cli(*args: str, timeout_s: float = 240.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "server", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+@pytest.fixture(autouse=True)
+def loopback_ice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The data directory of a server that recorded one scripted session (server stopped)."""
+    root = tmp_path_factory.mktemp("recording")
+    server = ServerProcess(
+        root / "data", root / "server.log", extra_args=("--snapshot-every", "2")
+    ).start()
+    try:
+        info = asyncio.run(_scripted_session(server.url))
+    finally:
+        server.stop(timeout_s=20.0)
+    log = server.log_path.read_text(errors="replace")
+    assert "dreamrt stopped" in log and "Traceback" not in log, log[-4000:]
+    yield {"data": root / "data", **info}
+
+
+async def _scripted_session(url: str) -> dict[str, Any]:
+    async with DreamrtClient(url) as api:
+        viewer = Viewer(api)
+        try:
+            await viewer.connect("a red ball on grass", seed=7)
+            sid = viewer.session_id
+            await viewer.wait_event(lambda e: e["type"] == "media.chunk" and e["chunk"] >= 0)
+            viewer.send({"type": "prompt", "text": "a blue square on snow"})
+            await viewer.wait_event(lambda e: e["type"] == "prompt.applied")
+            viewer.send({"type": "action", "keys": ["d", "shift"]})
+            await viewer.wait_event(lambda e: e["type"] == "action.applied")
+            await api.audio(sid, wav_tone(0.8), "audio/wav")
+            await viewer.wait_event(lambda e: e["type"] == "audio.applied", timeout_s=30)
+            viewer.send({"type": "action", "keys": []})
+            await viewer.wait_event(
+                lambda e: e["type"] == "media.chunk" and e["chunk"] >= 5, timeout_s=60
+            )
+            feedback = await api.request(
+                "POST", f"/v1/sessions/{sid}/feedback", json={"rating": 1, "chunk": 2}
+            )
+            assert feedback.status_code == 201
+        finally:
+            await viewer.close()
+    applied: dict[str, int] = {}  # the first acknowledgement of each kind: the scripted inputs
+    for e in viewer.events:  # (the keys released last may be applied before chunk 5 too)
+        if e["type"].endswith(".applied"):
+            applied.setdefault(e["type"], e["chunk"])
+    digests = {e["chunk"]: e["digest"] for e in viewer.events if e["type"] == "media.chunk"}
+    return {"session": sid, "applied": applied, "digests": digests}
+
+
+def test_records_hold_what_the_loop_used(recorded: dict[str, Any]) -> None:
+    from sessions.store import Store
+
+    store = Store(recorded["data"] / "dreamrt.sqlite3")
+    try:
+        rows = store.records(recorded["session"])
+    finally:
+        store.close()
+    assert [r["chunk"] for r in rows][:6] == list(range(6))
+    assert {r["chunk"]: r["digest"] for r in rows} == recorded["digests"]
+    first, switched = rows[0], rows[recorded["applied"]["prompt.applied"]]
+    assert (
+        first["prompt"] == "a red ball on grass" and switched["prompt"] == "a blue square on snow"
+    )
+    assert first["prompt_digest"] != switched["prompt_digest"] and len(first["prompt_digest"]) == 16
+    acted = rows[recorded["applied"]["action.applied"]]
+    assert acted["actions"]["action"]["keys"] == ["d", "shift"] and acted["action_digest"]
+    assert rows[recorded["applied"]["audio.applied"]]["audio_digest"]
+    assert first["action_digest"] == "" and first["audio_digest"] == ""
+    for r in rows:
+        assert r["weights_version"].startswith("b2:") and r["weights_label"] == "tinyworld-v2"
+        assert r["recipe_id"] and r["loop_ref"] == recorded["session"] and r["seed"] == 7
+        assert len(r["noise_seeds"]) == r["steps"] + 1 and len(r["sigmas"]) == r["steps"] + 1
+        assert r["kv_window"]["window_frames"] >= 1 and r["precision"] == "fp32"
+        assert (recorded["data"] / r["media_ref"]).stat().st_size > 0
+    keys = [r["replay_key"] for r in rows]
+    assert keys[0] == f"{recorded['session']}@0" and keys[0] == keys[1]
+    assert keys[2] != keys[1] and keys[2] == keys[3], keys  # every 2 chunks
+
+
+def test_replay_regenerates_three_chunks_bit_identically(
+    recorded: dict[str, Any], tmp_path: Path
+) -> None:
+    """Chunks from a snapshot before the switch, keys and audio, through those inputs."""
+    from models import registry
+    from models.instance import load_instance
+    from server.replay import replay_chunk
+
+    instance = load_instance(registry.get("tiny-world"), device="cpu")
+    applied = recorded["applied"]
+    chunks = sorted({applied["prompt.applied"], applied["audio.applied"], 5})
+    last = applied["audio.applied"]
+    results = [
+        replay_chunk(recorded["data"], recorded["session"], k, instance=instance) for k in chunks
+    ]
+    assert len(chunks) == 3 and {r.replay_key for r in results} != {results[0].replay_key}
+    for result in results:
+        assert result.matches, (result.chunk, result.recorded, result.replayed)
+        assert result.frames.dtype == np.uint8 and result.frames.shape[1:] == (96, 96, 3)
+    # the CLI says the same, and its exit code tells it
+    out = tmp_path / "chunk.mp4"
+    cli = run_cli(
+        "replay",
+        "--data-dir",
+        str(recorded["data"]),
+        "--session",
+        recorded["session"],
+        "--chunk",
+        str(last),
+        "--out",
+        str(out),
+    )
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    assert "match: bit-identical" in cli.stdout and out.stat().st_size > 0
+    missing = run_cli(
+        "replay", "--data-dir", str(recorded["data"]), "--session", "nope", "--chunk", "0"
+    )
+    assert missing.returncode == 3 and "no record" in missing.stderr
+
+
+def test_export_round_trip_reads_back_with_pandas_and_datasets(
+    recorded: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import datasets
+    import pandas as pd
+
+    out = tmp_path / "dataset"
+    first = run_cli("export", "--data-dir", str(recorded["data"]), "--out", str(out))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "export records [" in first.stderr  # the progress bar
+    records = pd.read_parquet(out / "records")
+    prefs = pd.read_parquet(out / "preferences")
+    assert len(records) == len(recorded["digests"]) and len(prefs) == 1
+    mine = records[records.session_id == recorded["session"]].sort_values("chunk")
+    assert list(mine.chunk) == sorted(recorded["digests"])
+    assert list(mine.digest) == [recorded["digests"][c] for c in sorted(recorded["digests"])]
+    assert str(mine.created_at.dtype).startswith("datetime64") and mine.seed.dtype == "int64"
+    row = mine.iloc[recorded["applied"]["action.applied"]]
+    assert list(row.action_keys) == ["d", "shift"] and row.prompt == "a blue square on snow"
+    assert all((out / m).stat().st_size > 0 for m in mine.media)
+    rating = prefs.iloc[0]
+    assert (rating.source, rating.rating, rating.chosen_ref) == (
+        "rating",
+        1,
+        f"{recorded['session']}@2",
+    )
+    assert rating.weights_version == mine.iloc[2].weights_version
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    ds = datasets.load_dataset(
+        "parquet", data_dir=str(out / "records"), cache_dir=str(tmp_path / "hf")
+    )["train"]
+    assert ds.num_rows == len(records) and ds.features["noise_seeds"].feature.dtype == "int64"
+    by_config = datasets.load_dataset(str(out), "preferences", cache_dir=str(tmp_path / "hf"))
+    assert by_config["train"].num_rows == 1
+    readme = (out / "README.md").read_text()
+    assert "| `replay_key` |" in readme and "config_name: records" in readme
+    # incremental: nothing new since the first export -> a new, empty part; the first unchanged
+    part0 = (out / "records" / "part-00000.parquet").read_bytes()
+    again = run_cli("export", "--data-dir", str(recorded["data"]), "--out", str(out))
+    assert again.returncode == 2 and "--since" in again.stderr
+    since = run_cli(
+        "export", "--data-dir", str(recorded["data"]), "--out", str(out), "--since", "2000-01-01"
+    )
+    assert since.returncode == 0, since.stderr[-3000:]
+    assert (out / "records" / "part-00000.parquet").read_bytes() == part0
+    assert len(pd.read_parquet(out / "records" / "part-00001.parquet")) == len(records)
+
+
+def test_feedback_answered_201_survives_sigkill(tmp_path: Path) -> None:
+    """201 means committed: the server is killed (SIGKILL) right after the answer."""
+    data = tmp_path / "data"
+    server = ServerProcess(data, tmp_path / "server.log").start()
+    try:
+        created = httpx.post(f"{server.url}/v1/sessions", json={"prompt": "a red ball"}).json()
+        sid = created["id"]
+        answer = httpx.post(
+            f"{server.url}/v1/sessions/{sid}/feedback",
+            json={"rating": -1, "chunk": 0, "note": "too dark"},
+        )
+        os.killpg(server._proc.pid, signal.SIGKILL)  # noqa: SLF001 - the real process
+    finally:
+        server.stop()
+    assert answer.status_code == 201
+    restarted = ServerProcess(data, tmp_path / "server2.log").start()  # recovery runs
+    restarted.stop()
+    out = tmp_path / "dataset"
+    exported = run_cli("export", "--data-dir", str(data), "--out", str(out))
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    import pandas as pd
+
+    prefs = pd.read_parquet(out / "preferences")
+    assert list(zip(prefs.context_ref, prefs.rating, prefs.note, strict=True)) == [
+        (f"{sid}@0", -1, "too dark")
+    ]
+    assert prefs.rejected_ref.iloc[0] == f"{sid}@0"
+
+
+def test_export_latents_regenerates_each_chunks_final_latents(
+    recorded: dict[str, Any], tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    from server.export import export
+
+    out = tmp_path / "latents"
+    summary = export(recorded["data"], out, latents=True, progress=_Quiet())
+    import pandas as pd
+
+    records = pd.read_parquet(out / "records")
+    assert summary["media"] == len(records) == len(recorded["digests"])
+    latents = load_file(str(out / records.media.iloc[1]))["latents"]
+    # [1, C, f, h, w]: tiny-world's latents are its pixels (one latent frame per frame)
+    assert latents.shape[:2] == (1, 3) and latents.shape[3:] == (96, 96)
+    assert latents.shape[2] == records.num_frames.iloc[1]
+    assert not (out / "media").exists()
+
+
+class _Quiet:
+    def update(self, done: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

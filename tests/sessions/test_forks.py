@@ -1,0 +1,56 @@
+"""A fork candidate's session goes on with its parent's inputs (``ForkRegistry._candidate``,
+then ``_inherit`` at the parent's chunk boundary):
+the forked loop state holds the parent's unapplied inputs, so the candidate's ledger must know
+them (prompt memory, actions, sequence numbers) and time them from the parent's receipt, while
+its parts (chunk records, acknowledgements) all read the candidate's own prompt memory."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from sessions.events import ActionApplied, PromptApplied
+from sessions.forks import ForkRegistry
+from sessions.store import Store
+from tests.sessions.fakes import FakeHandle
+from tests.sessions.test_session import ALL_CAPS, applied, make_session, media
+
+
+async def test_a_candidate_acknowledges_its_parents_pending_inputs(tmp_path) -> None:
+    clock = time.monotonic  # the candidate's clock (the server's): both time the inputs
+    store = Store(tmp_path / "db.sqlite3")
+    parent = make_session(ALL_CAPS, clock=clock)
+    parent.attach(FakeHandle("parent"))
+    parent.on_emission(media(0))
+    prompt, _ = parent.push_prompt("a city at night")
+    host = SimpleNamespace(store=store, recording=None)
+    candidate = ForkRegistry(host)._candidate(parent, "ses_candidate", seed=11)  # the request
+    # an input the parent takes between the fork request and its chunk boundary is in the
+    # forked loop state: the candidate's ledger, copied at the boundary, must know it too
+    action = parent.push_action(["w"])
+    ForkRegistry._inherit(candidate, parent)  # the boundary
+    candidate.attach(FakeHandle("candidate"))
+    assert candidate.config.seed == 11 and candidate.prompts.active_text == "a forest"
+    # the forked loop acknowledges both at the candidate's first chunk
+    pts = media(1).spec.meta.pts_90k
+    candidate.on_emission(media(1))
+    candidate.on_emission(applied("prompt", prompt, 1, pts))
+    candidate.on_emission(applied("action", action, 1, pts))
+    await candidate.settle()
+    history = candidate.events.history()
+    (switched,) = [e for e in history if isinstance(e, PromptApplied)]
+    (acted,) = [e for e in history if isinstance(e, ActionApplied)]
+    assert switched.text == "a city at night" and 0 <= switched.latency.enqueued_s < 5
+    assert acted.seq == action and 0 <= acted.latency.enqueued_s < 5  # from the parent's receipt
+    assert candidate.prompts.active_text == "a city at night"
+    assert candidate.push_action([]) == action + 1  # numbering goes on from the parent's
+    # the parent's own memory is its own: its prompt is still waiting there
+    assert parent.prompts.active_text == "a forest"
+    assert [e.seq for e in parent.prompts.pending()] == [prompt]
+    await candidate.close()
+    await parent.close()
+    store.close()
+    rows = Store(tmp_path / "db.sqlite3").records("ses_candidate")
+    (row,) = rows
+    assert (row["chunk"], row["prompt"], row["prompt_seq"]) == (1, "a city at night", prompt)
+    assert row["actions"]["action"]["seq"] == action
