@@ -42,11 +42,13 @@ from server.livekit_room import LiveKitRoom, RoomConnection
 from server.livekit_token import LiveKitCredentials
 from server.metrics import MetricsSnapshot, ServerMetrics
 from server.request_guard import RequestGuard
+from server.warm_up import warm_up
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
 from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
 from sessions.job_host import JobHost
 from sessions.recording import Recording
+from sessions.resume import Resumer
 from sessions.served_models import ServedModels
 from sessions.store import Store
 
@@ -98,6 +100,8 @@ class ServerConfig:
     limits: Limits = Limits()  # every bound on client input (server.limits, docs/api.md)
     # ops/test hook: a FaultInjector observer and POST /v1/faults (never on by default)
     fault_injection: bool = False
+    shutdown_timeout_s: float = 10.0  # SIGTERM: drained and exited within this (server.shutdown)
+    resume_grace_s: float = 120.0  # sessions of the previous process may resume this long
     snapshot_every: int = 8  # chunks between a loop's replay snapshots (0: none)
     snapshot_keep: int = 16  # newest replay snapshots kept per loop
     livekit_key: str | None = None  # None: LIVEKIT_API_KEY (to mint join tokens)
@@ -127,6 +131,7 @@ class ServerContext:
     sse_streams: Counter[str] = field(default_factory=Counter)  # open event streams by session
     room_factory: Callable[[], RoomConnection] = LiveKitRoom
     forks: Any = None  # sessions.forks.ForkRegistry
+    resumer: Any = None  # sessions.resume.Resumer
 
     @property
     def livekit_credentials(self) -> LiveKitCredentials:
@@ -281,7 +286,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         log.info(
             "warming up %s on %s (compiling every graph a session uses)", model_id, instance.device
         )
-        warm_s = await _warm_up(instance, profile, config.max_sessions)
+        warm_s = await warm_up(instance, profile, config.max_sessions)
         log.info("warm-up done in %.1f s", warm_s)
     on_gpu = device.startswith("cuda")
     cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
@@ -342,7 +347,11 @@ async def _build(config: ServerConfig) -> ServerContext:
         action_validator=validate_action,
     )
     jobs = JobHost(
-        engine=engine, models=served, store=store, artifact_dir=config.data_dir / "artifacts"
+        engine=engine,
+        models=served,
+        store=store,
+        artifact_dir=config.data_dir / "artifacts",
+        recording=recording,
     )
     host.preallocate()  # the default profile's chunk-KV slabs exist before the first session
     auth = Authenticator(mode, store=store, admin_key=admin_key)
@@ -358,6 +367,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         model_id=model_id,
         faults=faults,
         forks=ForkRegistry(host),
+        resumer=Resumer(host, config.data_dir, grace_s=config.resume_grace_s),
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
     if config.ice_hosts:
@@ -406,65 +416,6 @@ def _save_cost(cost: Any, path: Path) -> None:
         path.write_text(json.dumps(cost.snapshot(), indent=1))
     except OSError as exc:
         log.warning("cost calibration not saved to %s: %s", path, exc)
-
-
-async def _warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
-    """Run short sessions of ``instance`` on a throwaway engine: through every K/V-prefix
-    length into steady state, with the first chunk's two decode parts, prompt switches that
-    re-cache at several prefix lengths (a restarted chunk runs the same graphs) and, with CUDA
-    graphs, one KV update into every ring position (``instance.warmup_chunks``), so a compiled
-    instance has traced, compiled and captured all its graphs before a user's session needs
-    them. One session on slab 0; with CUDA graphs one per slab, side by side, since graphs are
-    per slab. The serving engine (and its cost calibration) never sees them. -> seconds it
-    took."""
-    import time
-
-    from models.loops.requests import SessionRequest
-    from runtime.contract import InputEvent, InputKind, Priority, PromptInput
-    from runtime.cost import CostModel
-    from runtime.engine import Engine
-
-    chunks = instance.warmup_chunks(profile)
-    sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
-    fill = -(-(sink + ring) // profile.chunk_latent_frames)  # chunks until the cache is full
-    slabs = range(num_slabs) if instance.levers.get("cuda_graphs") else range(1)
-    # Sessions' caches are views of the preallocated slab buffer: warm up on them (free again
-    # afterwards) so the compiled graphs see exactly the tensors sessions will pass.
-    instance.reserve_kv_slabs(profile, num_slabs)
-    engine = Engine(cost=CostModel())
-    await engine.start()
-    handles: list[Any] = []
-    at = (0, fill // 2, fill) if "prompt.switch" in instance.card.capabilities else ()
-
-    def on_emit(index: int) -> Any:
-        def emitted(emission: Any) -> None:
-            meta = emission.spec.meta
-            if emission.spec.stream == "media" and meta.final and meta.chunk in at:
-                text = f"warm-up {meta.chunk}"  # a switch at the next chunk: a re-cache
-                handles[index].push_input(
-                    InputEvent(InputKind.PROMPT, meta.chunk + 1, PromptInput(text=text))
-                )
-
-        return emitted
-
-    start_s = time.perf_counter()
-    try:
-        for index, slab in enumerate(slabs):
-            handles.append(
-                engine.spawn(
-                    instance.loop("chunk_rollout"),
-                    SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks, kv_slab=slab),
-                    instance,
-                    loop_id=f"warm-up-{slab}",
-                    priority=Priority.BATCH,
-                    on_emit=on_emit(index),
-                )
-            )
-        for handle in handles:
-            await handle.result()
-    finally:
-        await engine.close()
-    return time.perf_counter() - start_s
 
 
 async def _teardown(ctx: ServerContext) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -162,6 +163,21 @@ def _build_parser() -> argparse.ArgumentParser:
         help="newest replay snapshots kept per loop (older chunks can no longer be replayed)",
     )
     serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="SIGTERM: snapshot, close every session and exit 0 within this",
+    )
+    serve.add_argument(
+        "--resume-grace",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="a session of the previous process resumes on an offer within this after "
+        "startup (0: never)",
+    )
+    serve.add_argument(
         "--livekit-key",
         default=None,
         help="LiveKit API key that mints the engine's join tokens (default: $LIVEKIT_API_KEY)",
@@ -219,6 +235,7 @@ def _serve(args: argparse.Namespace) -> int:
     from server.app import ServerConfig, create_app, resolve_admin_key
     from server.auth import InsecureBindError, WeakAdminKeyError, resolve_auth_mode
     from server.limits import limits_from_args
+    from server.shutdown import GracefulServer
 
     try:
         mode = resolve_auth_mode(args.host, args.auth, force=args.force_no_auth)
@@ -256,6 +273,8 @@ def _serve(args: argparse.Namespace) -> int:
         livekit_secret=args.livekit_secret,
         limits=limits,
         fault_injection=args.fault_injection,
+        shutdown_timeout_s=args.shutdown_timeout,
+        resume_grace_s=args.resume_grace,
     )
     try:
         resolve_admin_key(config, mode)
@@ -264,8 +283,15 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     sys.stdout.write(f"dreamrt: open http://{args.host}:{args.port}/  (auth {mode.value})\n")
     sys.stdout.flush()
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    app = create_app(config)
+    server = GracefulServer(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level),
+        app,
+        timeout_s=args.shutdown_timeout,
+    )
+    with contextlib.suppress(KeyboardInterrupt):  # SIGINT: uvicorn raises it again at exit
+        server.run()
+    return 0 if server.started else 3
 
 
 def _models() -> int:

@@ -12,6 +12,7 @@ forbids it (the message names the state), 422 invalid body or an input the model
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -54,6 +55,7 @@ from server.webrtc import OfferError
 from sessions.audio import AudioFormatError, AudioTooLongError, decode_audio
 from sessions.events import FeedbackRecorded, encode_event
 from sessions.forks import ForkError
+from sessions.resume import ResumeError
 from sessions.session import (
     InvalidInputError,
     Session,
@@ -63,6 +65,8 @@ from sessions.session import (
 )
 
 __all__ = ["router"]
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/sessions")
 
@@ -76,6 +80,17 @@ def _live(request: Request, session_id: str, grant: Grant) -> Session:
     if session is None:
         raise ApiError(404, "not_found", f"no live session {session_id!r}")
     return session
+
+
+async def _resumed(ctx: Any, session_id: str, not_live: ApiError) -> Session:
+    try:
+        answer = await ctx.resumer.resume(session_id)
+    except ResumeError as exc:
+        log.info("session %s not resumed: %s", session_id, exc)
+        raise not_live from None
+    if isinstance(answer, Reject):
+        raise _capacity(answer, f"no capacity to resume session {session_id!r}")
+    return answer
 
 
 def _conflict(exc: Exception) -> ApiError:
@@ -194,14 +209,21 @@ async def get_session(session_id: str, request: Request, grant: AuthGrant) -> di
 
 @router.post("/{session_id}/offer")
 async def offer(session_id: str, body: OfferBody, request: Request, grant: AuthGrant) -> SdpAnswer:
-    session = _live(request, session_id, grant)
-    session.latency.offer()
+    """Answers the viewer's offer; a session of the previous process that is not live here
+    resumes from its last snapshot first, within the resume grace (``sessions.resume``)."""
     ctx = ctx_of(request)
     limit = ctx.config.limits.max_sdp_bytes
     if len(body.sdp) > limit:
         raise ApiError(
             413, "too_large", f"the offer's SDP is {len(body.sdp)} bytes; the limit is {limit}"
         )
+    try:
+        session = _live(request, session_id, grant)
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        session = await _resumed(ctx, session_id, exc)
+    session.latency.offer()
     previous = ctx.peers.get(session_id)
     if previous is not None:
         await previous.close()  # one viewer per session: the new offer replaces the old peer

@@ -134,7 +134,8 @@ async def healthz(request: Request) -> dict[str, str]:
     config = request.app.state.config
     if ctx is None:
         return {"status": "starting", "model": config.model or "default", "device": config.device}
-    return {"status": "ok", "model": ctx.model_id, "device": ctx.device}
+    status = "draining" if request.app.state.draining else "ok"  # server.shutdown
+    return {"status": status, "model": ctx.model_id, "device": ctx.device}
 
 
 @router.get("/metrics")

@@ -105,12 +105,15 @@ class SessionHost:
         seed: int | None = None,
         priority_class: Literal["realtime", "batch"] = "realtime",
         start: Literal["viewer", "now"] = "viewer",
+        session_id: str | None = None,
+        resume: Any = None,
     ) -> Session | Reject:
         """Admits and starts a session, or returns ``Reject`` (capacity). Raises ``KeyError``
         (unknown model), ``models.card.ProfileError`` (bad geometry) or ``UnsupportedTaskError``.
         ``start="now"``: the prompt encode and the first chunk run at once (then the loop
         waits for the viewer), so the offer and ICE overlap them; else nothing runs before the
-        first pull of the video."""
+        first pull of the video. ``resume``: a restored loop state (``sessions.resume``) the loop
+        is forked from, under the old ``session_id`` (its store row is updated, not added)."""
         self._check_open()
         served = self.models.resolve(model)
         card = served.card
@@ -119,7 +122,7 @@ class SessionHost:
                 "model", f"model {card.model_id!r} cannot stream sessions (no 'session.realtime')"
             )
         profile = card.resolve_profile(fps=fps, width=width, height=height)
-        session_id = new_id("ses")
+        session_id = session_id or new_id("ses")
         reservation_id, slab_id = None, None
         if self.engine.admission is not None:
             answer = self.engine.admission.admit(
@@ -147,8 +150,10 @@ class SessionHost:
         session = Session(
             config, media_capacity_frames=capacity, store=self.store, recording=self.recording
         )
+        if resume is not None:
+            session.prompts.continue_segment(resume.segment)
         self.store.defer(
-            self.store.add_session,
+            self.store.add_session if resume is None else self._resumed_row,
             session_id=session_id,
             model_id=card.model_id,
             prompt=prompt,
@@ -176,6 +181,7 @@ class SessionHost:
                 priority=Priority.REALTIME if priority_class == "realtime" else Priority.BATCH,
                 on_emit=session.on_emission,
                 reservation_id=reservation_id,
+                fork_from=resume,  # the restored chunk-KV goes into this session's slab
             )
         except Exception:
             if reservation_id is not None:
@@ -197,6 +203,9 @@ class SessionHost:
             priority_class,
         )
         return session
+
+    def _resumed_row(self, *, session_id: str, state: str, prompt: str, **_: Any) -> None:
+        self.store.update_session(session_id, state=state, prompt=prompt, error=None)
 
     def admit(self, owner: str, served: ServedModel, profile: Profile) -> Any:
         """One session's reservation (``Admit``, with its slab) or ``Reject`` (counted)."""
