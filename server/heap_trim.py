@@ -1,13 +1,14 @@
 """Hands the heap that ended sessions freed back to the OS (glibc ``malloc_trim``).
 
 A session's native allocations (the video encoder's frames, PyAV, torch's CPU tensors) are
-freed when it ends, but glibc keeps freed pages in its arenas; with sessions coming and going
-for days the process's RSS then only ratchets up, which looks like a leak and is one as far as
-the machine is concerned (measured: ~2 MB of RSS per session created and deleted, every bit of it
-given back by a trim). ``HeapTrim`` looks every ``check_s`` seconds and runs ``malloc_trim(0)``
-on a worker thread when sessions ended since the last trim (``ended()`` returns a count that
-grows), at most once per ``min_gap_s`` (a trim takes the allocator's lock for milliseconds).
-Without glibc (musl, macOS) it does nothing.
+freed when it ends, but glibc keeps freed pages in its arenas, and an ended peer's Python
+objects sit in reference cycles until the collector runs; with sessions coming and going for
+days the process's RSS then only ratchets up, which looks like a leak and is one as far as the
+machine is concerned (measured: ~2 MB of RSS per session created and deleted). ``HeapTrim``
+looks every ``check_s`` seconds and, when sessions ended since the last time (``ended()``
+returns a count that grows), runs ``gc.collect()`` on the event loop (milliseconds) and then
+``malloc_trim(0)`` on a worker thread, at most once per ``min_gap_s`` (a trim takes the
+allocator's lock for milliseconds). Without glibc (musl, macOS) only the collection runs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
 from collections.abc import Callable
 
@@ -48,11 +50,14 @@ class HeapTrim:
         self.trims = 0
 
     def start(self) -> None:
-        if self._trim is not None and self._task is None:
+        if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="dreamrt-trim")
 
     async def trim_now(self) -> None:
-        """One trim on a worker thread (if the C library has ``malloc_trim``)."""
+        """A full garbage collection here (an ended peer's objects sit in reference cycles:
+        their memory is not free until the collector runs), then one trim on a worker thread
+        (if the C library has ``malloc_trim``)."""
+        gc.collect()
         if self._trim is not None:
             await asyncio.to_thread(self._trim, 0)
             self.trims += 1

@@ -7,8 +7,9 @@ restart: ``closed`` by a graceful shutdown (which leaves a marker ``resume/<id>.
 the loop whose snapshot it took last) or left live by a killed process (``Store.recover``
 marks it ``failed``, "interrupted: the server restarted"). Its state comes from the newest
 snapshot of its loop under ``snapshots/`` (``sessions.recording``): the loop taken over by a
-chosen fork candidate keeps writing under that candidate's loop id, which the marker, or else
-the session's newest behaviour record (its ``replay_key``), names.
+chosen fork candidate keeps writing under that candidate's loop id, which the marker names
+(after a kill: the newest snapshot of the session's loop and of the candidates it chose,
+``Store.forks``).
 
 ``restore_session`` is the one entry point (fleet failover calls it too): it restores the
 snapshot off the event loop, then the host admits the session again (a KV slab, compute) and
@@ -110,16 +111,17 @@ def _resume_point(store: Any, data_dir: Path, session_id: str) -> tuple[dict[str
         raise ResumeError(f"no session {session_id!r} was ever here")
     marker = _marker(data_dir, session_id)
     if marker.is_file():
-        loop_id = json.loads(marker.read_text())["loop_id"]
+        loops = [json.loads(marker.read_text())["loop_id"]]
     elif row["state"] == "failed" and row["error"] == INTERRUPTED:
-        keys = [r["replay_key"] for r in store.records(session_id) if r.get("replay_key")]
-        loop_id = keys[-1].rpartition("@")[0] if keys else session_id
+        # its own loop, or that of a fork candidate it chose (their steps go on from its)
+        loops = [session_id, *(f["chosen"] for f in store.forks(session_id) if f["chosen"])]
     else:
         raise ResumeError(f"session {session_id!r} ended ({row['state']}); it cannot resume")
-    path = newest_snapshot(data_dir, loop_id)
-    if path is None:
+    paths = [p for p in (newest_snapshot(data_dir, loop) for loop in loops) if p is not None]
+    if not paths:
         raise ResumeError(f"session {session_id!r} has no snapshot to resume from")
-    return row, path
+    # the newest step; on a tie the later loop (a candidate forked at that very boundary)
+    return row, max(reversed(paths), key=lambda p: int(p.stem))
 
 
 def _restored(loop: Any, path: Path, device: Any) -> Any:
@@ -146,14 +148,14 @@ async def restore_session(host: Any, session_id: str, *, data_dir: Path) -> Any:
         fps=row["fps"],
         width=row["width"],
         height=row["height"],
-        seed=row["seed"],
+        seed=state.seed,  # a chosen fork candidate's, if it went on in one
         priority_class=row["class"],
         session_id=session_id,
         resume=state,
     )
     if not isinstance(answer, Reject):
         _marker(data_dir, session_id).unlink(missing_ok=True)
-        log.info("session %s resumed from %s (chunk %d)", session_id, path.name, state.chunk)
+        log.info("session %s resumed from %s (chunk %d)", session_id, path, state.chunk)
     return answer
 
 

@@ -21,8 +21,8 @@ store's single writer thread and resolves after COMMIT (durable before the answe
 writer and is idempotent.
 
 Recovery (``recover()`` at startup): sessions left live by a previous process are marked
-``failed`` (their viewers and loops are gone); queued/running jobs are returned to be queued
-again from their stored parameters.
+``failed`` (a client may still resume one from its snapshot: ``sessions.resume``); queued and
+running jobs are returned to be queued again (from a shutdown's snapshot, or their request).
 """
 
 from __future__ import annotations
@@ -415,14 +415,15 @@ class Store:
         )
         return int(cursor.lastrowid or 0)
 
-    def find_fork(self, session_id: str, candidate: str) -> dict[str, Any] | None:
-        for row in self._query(
+    def forks(self, session_id: str) -> list[dict[str, Any]]:
+        """The forks of ``session_id``, newest first (``candidates`` decoded)."""
+        rows = self._query(
             "SELECT * FROM forks WHERE session_id = ? ORDER BY id DESC", (session_id,)
-        ):
-            row["candidates"] = json.loads(row["candidates"])
-            if candidate in row["candidates"]:
-                return row
-        return None
+        )
+        return [{**row, "candidates": json.loads(row["candidates"])} for row in rows]
+
+    def find_fork(self, session_id: str, candidate: str) -> dict[str, Any] | None:
+        return next((r for r in self.forks(session_id) if candidate in r["candidates"]), None)
 
     def choose_fork(
         self,

@@ -205,9 +205,10 @@ async def run_churn(
         for i in range(len(WAYS)):
             await _one(base_url, WAYS[(i + way_offset) % len(WAYS)], ChurnResult(), token)
 
-    # warm-up, not counted: every way at the same concurrency, so the pools that grow on demand
-    # (the default executor's threads, codec contexts) have their working size in the baseline
-    await asyncio.gather(*(warm(w) for w in range(concurrency)))
+    # warm-up, not counted: every way at twice the concurrency, so the pools that grow on
+    # demand up to a fixed size (the default executor's threads, codec contexts) have their
+    # working size in the baseline
+    await asyncio.gather(*(warm(w) for w in range(2 * concurrency)))
     await wait_idle(base_url, idle_timeout_s)
     await asyncio.sleep(SETTLE_S)
     result.before = await sample_process(base_url, pid)
