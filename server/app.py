@@ -46,6 +46,7 @@ from server.warm_up import warm_up
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
 from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
+from sessions.input_ledger import InputBacklogError
 from sessions.job_host import JobHost
 from sessions.recording import Recording
 from sessions.resume import Resumer
@@ -345,6 +346,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         store=store,
         slabs_per_geometry=config.max_sessions,
         action_validator=validate_action,
+        max_pending_inputs=config.limits.max_pending_inputs,
     )
     jobs = JobHost(
         engine=engine,
@@ -378,9 +380,12 @@ async def _build(config: ServerConfig) -> ServerContext:
     # ended sessions' freed native memory goes back to the OS (RSS does not ratchet up)
     ctx.heap = HeapTrim(lambda: sum(host.finished_states.values()))
     ctx.heap.start()
-    if config.unwatched_timeout_s > 0:
+    timeouts = [t for t in (config.unwatched_timeout_s, config.limits.idle_timeout_s) if t > 0]
+    if timeouts:
         host.start_reaper(
-            config.unwatched_timeout_s, interval_s=min(5.0, config.unwatched_timeout_s / 2)
+            config.unwatched_timeout_s,
+            interval_s=min(5.0, min(timeouts) / 2),
+            max_idle_s=config.limits.idle_timeout_s,
         )
     log.info(
         "dreamrt ready: model %s on %s, auth %s, up to %d sessions",
@@ -467,6 +472,11 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     @app.exception_handler(routes_system.ApiError)
     async def api_error(request: Request, exc: routes_system.ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(InputBacklogError)  # any input route: the loop has not caught up
+    async def backlog(request: Request, exc: InputBacklogError) -> JSONResponse:
+        body = {"detail": str(exc), "code": "input_backlog"}
+        return JSONResponse(body, status_code=429, headers={"Retry-After": "1"})
 
     app.include_router(routes_system.router)
     app.include_router(routes_sessions.router)

@@ -69,8 +69,10 @@ class SessionHost:
         action_validator: Callable[[list[str], tuple[float, float]], list[str]] | None = None,
         media_seconds: float = 4.0,
         recording: Recording | None = None,
+        max_pending_inputs: int = 256,
     ) -> None:
         self.engine = engine
+        self.max_pending_inputs = max_pending_inputs
         self.models = models
         self.store = store
         self.slabs_per_geometry = slabs_per_geometry
@@ -144,6 +146,7 @@ class SessionHost:
             capabilities=card.capabilities,
             record_template=self._record_template(served, profile),
             action_validator=self._action_validator,
+            max_pending_inputs=self.max_pending_inputs,
         )
         frames_per_chunk = max(1, round(served.chunk_seconds(profile) * profile.fps))
         capacity = max(3 * frames_per_chunk, round(self._media_seconds * profile.fps))
@@ -308,16 +311,27 @@ class SessionHost:
         if self._closed:
             raise HostError("the session host is closed")
 
-    async def close_unwatched(self, max_unwatched_s: float) -> list[str]:
+    async def close_unwatched(self, max_unwatched_s: float, max_idle_s: float = 0.0) -> list[str]:
         """Closes the sessions nobody has watched for ``max_unwatched_s`` (a client that
-        vanished without DELETE must not hold a KV slab forever); returns their ids."""
-        stale = [
-            s for s in self.sessions() if s.accepts_inputs and s.unwatched_for_s() > max_unwatched_s
+        vanished without DELETE must not hold a KV slab forever) and, with ``max_idle_s`` > 0,
+        those that got no input for that long (reason ``idle timeout``); returns their ids."""
+        live = [s for s in self.sessions() if s.accepts_inputs]
+        unwatched = [
+            s for s in live if max_unwatched_s > 0 and s.unwatched_for_s() > max_unwatched_s
         ]
-        await asyncio.gather(*(s.close("unwatched timeout") for s in stale), return_exceptions=True)
-        return [s.id for s in stale]
+        idle = [
+            s
+            for s in live
+            if max_idle_s > 0 and s not in unwatched and s.ledger.idle_for_s() > max_idle_s
+        ]
+        closing = [s.close("unwatched timeout") for s in unwatched]
+        closing += [s.close("idle timeout") for s in idle]
+        await asyncio.gather(*closing, return_exceptions=True)
+        return [s.id for s in unwatched + idle]
 
-    def start_reaper(self, max_unwatched_s: float, *, interval_s: float = 5.0) -> None:
+    def start_reaper(
+        self, max_unwatched_s: float, *, interval_s: float = 5.0, max_idle_s: float = 0.0
+    ) -> None:
         """Runs ``close_unwatched`` every ``interval_s`` until ``close()``."""
         if self._reaper is not None:
             raise HostError("the unwatched-session reaper is already running")
@@ -326,7 +340,7 @@ class SessionHost:
             try:
                 while True:
                     await asyncio.sleep(interval_s)
-                    closed = await self.close_unwatched(max_unwatched_s)
+                    closed = await self.close_unwatched(max_unwatched_s, max_idle_s)
                     if closed:
                         log.info("closed %d unwatched sessions: %s", len(closed), closed)
             except asyncio.CancelledError:

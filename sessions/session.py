@@ -132,6 +132,8 @@ class Session:
             clock=clock,
             wall=wall_clock,
             action_validator=config.action_validator,
+            backlog=lambda: getattr(self.handle, "pending_inputs", 0),
+            max_pending=config.max_pending_inputs,
         )
         self._emissions = LoopEmissions(
             f"session {self.id}",
