@@ -46,7 +46,8 @@ def _build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="URL",
-        help="STUN/TURN server URL for the server's peers (default: none)",
+        help="STUN/TURN server URL for the server's peers, TURN credentials as "
+        "turn:USER:PASSWORD@host:port (default: none)",
     )
     serve.add_argument(
         "--auth",

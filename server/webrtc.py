@@ -63,6 +63,7 @@ __all__ = [
     "OfferError",
     "ViewerPeer",
     "configure_video_bitrate",
+    "ice_server",
     "restrict_host_candidates",
     "video_codec_preferences",
 ]
@@ -136,6 +137,17 @@ def restrict_host_candidates(addresses: Sequence[str]) -> Callable[[], None]:
     return undo
 
 
+def ice_server(spec: str) -> RTCIceServer:
+    """An ``--ice-server`` value: a STUN/TURN URL, with TURN credentials written in it as
+    ``turn:USER:PASSWORD@host:port[?transport=udp|tcp]`` (split at the last ``@``)."""
+    scheme, _, rest = spec.partition(":")
+    if "@" not in rest:
+        return RTCIceServer(urls=spec)
+    credentials, _, address = rest.rpartition("@")
+    username, _, password = credentials.partition(":")
+    return RTCIceServer(urls=f"{scheme}:{address}", username=username, credential=password)
+
+
 class ViewerPeer:
     """The WebRTC peer connection of one viewer of one session (see the module docstring)."""
 
@@ -151,7 +163,7 @@ class ViewerPeer:
     ) -> None:
         self.session = session
         self.limits = limits = limits or Limits()
-        config = RTCConfiguration(iceServers=[RTCIceServer(urls=url) for url in ice_servers])
+        config = RTCConfiguration(iceServers=[ice_server(spec) for spec in ice_servers])
         self.pc = RTCPeerConnection(configuration=config)
         self.track = SessionVideoTrack(session, pacer=pacer)
         self.inbox = ControlInbox(

@@ -201,14 +201,12 @@ async def run_churn(
     """Runs the churn (module docstring) and returns the before/after samples."""
     result = ChurnResult()
 
-    async def warm(way_offset: int) -> None:
-        for i in range(len(WAYS)):
-            await _one(base_url, WAYS[(i + way_offset) % len(WAYS)], ChurnResult(), token)
-
-    # warm-up, not counted: every way at twice the concurrency, so the pools that grow on
+    # warm-up, not counted: every way, twice the concurrency at once, so the pools that grow on
     # demand up to a fixed size (the default executor's threads, codec contexts) have their
     # working size in the baseline
-    await asyncio.gather(*(warm(w) for w in range(2 * concurrency)))
+    await asyncio.gather(
+        *(_one(base_url, WAYS[w % len(WAYS)], ChurnResult(), token) for w in range(2 * concurrency))
+    )
     await wait_idle(base_url, idle_timeout_s)
     await asyncio.sleep(SETTLE_S)
     result.before = await sample_process(base_url, pid)
