@@ -6,7 +6,9 @@ schema allows) and negative (ones it forbids). Session routes also get the id of
 session, so the fuzz reaches the handlers rather than stopping at 404; the event stream of a
 live session never ends by design, so that route keeps generated ids. Each answer is recorded;
 any status >= 500, and any request the server did not answer (a reset, a timeout), is a
-failure with the case that caused it.
+failure with the case that caused it, except admission's documented 503 ``capacity`` with
+``Retry-After`` (a generated profile too large for the node, more fork candidates than it has
+slabs), which is counted apart.
 
     python -m infra.load.schema_fuzz http://127.0.0.1:8000 --requests 2000 [--token T]
 
@@ -37,12 +39,27 @@ class FuzzSummary:
     by_status: collections.Counter[int] = field(default_factory=collections.Counter)
     by_operation: collections.Counter[str] = field(default_factory=collections.Counter)
     failures: list[str] = field(default_factory=list)  # "METHOD path -> status: body"
+    capacity: list[str] = field(default_factory=list)  # admission's 503 + Retry-After (by design)
 
     def table(self) -> str:
         rows = [f"requests   {self.requests}", f"operations {len(self.by_operation)}"]
         rows += [f"status {code}  {n}" for code, n in sorted(self.by_status.items())]
+        rows.append(
+            f"of the 503s, admission refusing (capacity, Retry-After)  {len(self.capacity)}"
+        )
         rows.append(f"5xx or unanswered  {len(self.failures)}")
         return "\n".join(rows)
+
+
+def _admission_refused(response: Any) -> bool:
+    """503 ``capacity`` + ``Retry-After``: admission's documented answer to a request that does
+    not fit (docs/api.md "REST": a huge profile, more fork candidates than slabs), not a fault."""
+    if response.status_code != 503 or "retry-after" not in response.headers:
+        return False
+    try:
+        return response.json().get("code") == "capacity"
+    except ValueError:
+        return False
 
 
 def run_schema_fuzz(base_url: str, *, requests_total: int, token: str | None = None) -> FuzzSummary:
@@ -126,7 +143,9 @@ def _fuzz_operation(
             return
         summary.by_status[response.status_code] += 1
         _clean_up(base_url, headers, operation, response)
-        if response.status_code >= 500:
+        if _admission_refused(response):
+            summary.capacity.append(f"{label}: {response.text[:200]} (case {case!r})")
+        elif response.status_code >= 500:
             summary.failures.append(
                 f"{label} -> {response.status_code}: {response.text[:300]} (case {case!r})"
             )
