@@ -109,13 +109,15 @@ class SessionHost:
         start: Literal["viewer", "now"] = "viewer",
         session_id: str | None = None,
         resume: Any = None,
+        first_event_id: int = 1,
     ) -> Session | Reject:
         """Admits and starts a session, or returns ``Reject`` (capacity). Raises ``KeyError``
         (unknown model), ``models.card.ProfileError`` (bad geometry) or ``UnsupportedTaskError``.
         ``start="now"``: the prompt encode and the first chunk run at once (then the loop
         waits for the viewer), so the offer and ICE overlap them; else nothing runs before the
         first pull of the video. ``resume``: a restored loop state (``sessions.resume``) the loop
-        is forked from, under the old ``session_id`` (its store row is updated, not added)."""
+        is forked from, under the old ``session_id`` (its store row is updated, not added; its
+        events go on from ``first_event_id``)."""
         self._check_open()
         served = self.models.resolve(model)
         card = served.card
@@ -151,7 +153,11 @@ class SessionHost:
         frames_per_chunk = max(1, round(served.chunk_seconds(profile) * profile.fps))
         capacity = max(3 * frames_per_chunk, round(self._media_seconds * profile.fps))
         session = Session(
-            config, media_capacity_frames=capacity, store=self.store, recording=self.recording
+            config,
+            media_capacity_frames=capacity,
+            store=self.store,
+            recording=self.recording,
+            first_event_id=first_event_id,
         )
         if resume is not None:
             session.prompts.continue_segment(resume.segment)

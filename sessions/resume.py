@@ -105,7 +105,8 @@ def write_marker(data_dir: Path, session_id: str, loop_id: str) -> None:
 
 
 def _resume_point(store: Any, data_dir: Path, session_id: str) -> tuple[dict[str, Any], Path]:
-    """The session's row and its snapshot file (store thread); ResumeError when it cannot."""
+    """The session's row (with ``last_event_id``, of its stored events) and its snapshot file
+    (store thread); ResumeError when it cannot."""
     row = store.get_session(session_id)
     if row is None:
         raise ResumeError(f"no session {session_id!r} was ever here")
@@ -120,6 +121,7 @@ def _resume_point(store: Any, data_dir: Path, session_id: str) -> tuple[dict[str
     paths = [p for p in (newest_snapshot(data_dir, loop) for loop in loops) if p is not None]
     if not paths:
         raise ResumeError(f"session {session_id!r} has no snapshot to resume from")
+    row["last_event_id"] = max((e["event_id"] for e in store.events(session_id)), default=0)
     # the newest step; on a tie the later loop (a candidate forked at that very boundary)
     return row, max(reversed(paths), key=lambda p: int(p.stem))
 
@@ -152,6 +154,7 @@ async def restore_session(host: Any, session_id: str, *, data_dir: Path) -> Any:
         priority_class=row["class"],
         session_id=session_id,
         resume=state,
+        first_event_id=row["last_event_id"] + 1,  # its event stream goes on (Last-Event-ID)
     )
     if not isinstance(answer, Reject):
         _marker(data_dir, session_id).unlink(missing_ok=True)

@@ -85,6 +85,7 @@ async def test_sigterm_drains_and_the_session_and_job_resume(tmp_path: Path) -> 
                 lambda e: e["type"] == "session.state" and e["state"] == "closed", 5
             )
             seen = chunks(viewer)
+            last_event_id = viewer.events[-1]["event_id"]
             await viewer.close(delete=False)
     finally:
         server.stop()
@@ -133,6 +134,7 @@ async def test_sigterm_drains_and_the_session_and_job_resume(tmp_path: Path) -> 
     log2 = (tmp_path / "server2.log").read_text(errors="replace")
     assert "Traceback" not in log2, log2[-6000:]
     assert status["id"] == sid and status["state"] == "live"
+    assert resumed.events[0]["event_id"] > last_event_id  # the event stream goes on
     # the stream goes on after the last chunk generated before the shutdown
     assert first["chunk"] == last + 1, (last, first)
     assert first["pts_start"] > seen[last]["pts_start"]
