@@ -378,7 +378,9 @@ async def _build(config: ServerConfig) -> ServerContext:
         ctx.undo.append(configure_video_bitrate(config.video_bitrate_bps))
     jobs.resume_jobs(unfinished_jobs)
     # ended sessions' freed native memory goes back to the OS (RSS does not ratchet up)
-    ctx.heap = HeapTrim(lambda: sum(host.finished_states.values()))
+    ctx.heap = HeapTrim(
+        lambda: sum(host.finished_states.values()), busy=lambda: bool(host.sessions())
+    )
     ctx.heap.start()
     timeouts = [t for t in (config.unwatched_timeout_s, config.limits.idle_timeout_s) if t > 0]
     if timeouts:

@@ -8,7 +8,10 @@ machine is concerned (measured: ~2 MB of RSS per session created and deleted). `
 looks every ``check_s`` seconds and, when sessions ended since the last time (``ended()``
 returns a count that grows), runs ``gc.collect()`` on the event loop (milliseconds) and then
 ``malloc_trim(0)`` on a worker thread, at most once per ``min_gap_s`` (a trim takes the
-allocator's lock for milliseconds). Without glibc (musl, macOS) only the collection runs.
+allocator's lock for milliseconds), and only while ``busy()`` is false: a full collection
+of a process holding a model takes long enough (hundreds of ms on a loaded CPU) to stall every
+live stream, so it waits until no session is live. Without glibc (musl, macOS) only the
+collection runs.
 """
 
 from __future__ import annotations
@@ -39,9 +42,15 @@ class HeapTrim:
     """``start()`` spawns the periodic task, ``close()`` ends it (idempotent)."""
 
     def __init__(
-        self, ended: Callable[[], int], *, check_s: float = 1.0, min_gap_s: float = 5.0
+        self,
+        ended: Callable[[], int],
+        *,
+        busy: Callable[[], bool] = lambda: False,
+        check_s: float = 1.0,
+        min_gap_s: float = 5.0,
     ) -> None:
         self._ended = ended
+        self._busy = busy
         self.check_s = check_s
         self.min_gap_s = min_gap_s
         self._trim = _malloc_trim()
@@ -68,6 +77,8 @@ class HeapTrim:
         while True:
             await asyncio.sleep(self.check_s)
             ended = self._ended()
+            if self._busy():  # a full collection stalls the event loop: never under a live stream
+                continue
             if ended != self._seen and loop.time() - last_s >= self.min_gap_s:
                 self._seen = ended
                 await self.trim_now()
