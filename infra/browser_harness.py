@@ -162,6 +162,26 @@ class ServerProcess:
             return "(no server log)"
         return "\n".join(lines[-num_lines:])
 
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise ServerExitedError("the server is not running")
+        return self._proc.pid
+
+    def signal(self, sig: int) -> None:
+        """Sends ``sig`` (e.g. SIGTERM for a graceful shutdown, SIGKILL for a crash)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(sig)
+
+    def wait(self, timeout_s: float) -> int:
+        """The exit code once the process ended (``subprocess.TimeoutExpired`` after
+        ``timeout_s``); the server is then stopped (log closed)."""
+        if self._proc is None:
+            raise ServerExitedError("the server is not running")
+        code = self._proc.wait(timeout=timeout_s)
+        self.stop()
+        return code
+
     def stop(self, timeout_s: float = 10.0) -> None:
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:

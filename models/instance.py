@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 import torch
 
-from models.card import KVUpdate, ModelCard, Profile
-from models.loops.chunk_plans import steady_chunk_plans
+from models.card import ModelCard, Profile
+from models.instance_sizing import InstanceSizing
 from models.loops.chunk_restart import RegenerateWhenSooner, RestartPolicy
 from models.loops.ops import (
     ChunkDenoiseOp,
@@ -49,7 +49,7 @@ from models.wan.fp8 import quantize_linears
 from models.wan.kv_cache import ChunkKVCache
 from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
 from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache
-from models.wan.transformer import WanDiT, dit_flops
+from models.wan.transformer import WanDiT
 from models.weights_digest import checkpoint_digest, random_digest
 
 __all__ = ["InstanceError", "WanInstance", "load_instance"]
@@ -87,7 +87,7 @@ def _component_builder(family: str) -> ComponentBuilder:
     return importlib.import_module(module).build_components
 
 
-class WanInstance:
+class WanInstance(InstanceSizing):
     """A loaded Wan-family card (implements ``runtime.contract.ModelState`` and
     ``models.loops.model.LoopModel``).
 
@@ -358,73 +358,6 @@ class WanInstance:
     def new_decoder_cache(self, latent_h: int, latent_w: int) -> Any:
         """A fresh per-stream VAE decoder cache (``DecoderCache``)."""
         return self.vae.new_decoder_cache(1, latent_h, latent_w)
-
-    def _latent_hw(self, profile: Profile) -> tuple[int, int]:
-        s = self.latent.spatial_stride
-        return profile.height // s, profile.width // s
-
-    def kv_slab_bytes(self, profile: Profile) -> int:
-        """Bytes one session holds for its whole life: K/V cache, decoder cache, cached latents."""
-        lh, lw = self._latent_hw(profile)
-        sink, ring = self.kv_geometry(profile.chunk_latent_frames)
-        kv = ChunkKVCache.bytes_for(
-            self.kv_config, sink, ring, self.tokens_per_frame(lh, lw), self.dtype
-        )
-        dec = self.vae.decoder_cache_bytes(1, lh, lw, self.dtype)
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        window = self.latent.channels * (sink + ring) * lh * lw * itemsize
-        cross = 2 * self.dit.config.num_layers * self.text_len * self.dit.config.dim * itemsize
-        return kv + dec + window + cross
-
-    def peak_bytes(self, profile: Profile) -> int:
-        """Activation high-water mark of one chunk step (an estimate: the largest attention
-        score block plus a few token-wide buffers), for admission."""
-        lh, lw = self._latent_hw(profile)
-        sink, ring = self.kv_geometry(profile.chunk_latent_frames)
-        t = self.tokens_per_frame(lh, lw)
-        q, kv = profile.chunk_latent_frames * t, (sink + ring + profile.chunk_latent_frames) * t
-        cfg = self.dit.config
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        scores = cfg.num_heads * q * kv * 4  # fp32 scores when no fused kernel is used
-        tokens = 8 * q * max(cfg.dim, cfg.ffn_dim) * itemsize
-        return scores + tokens
-
-    def chunk_flops(self, profile: Profile) -> float:
-        """FLOPs of one steady-state chunk: the denoise steps, the KV update (once: a card
-        whose last step writes the cache has no separate pass) and the VAE decode."""
-        lh, lw = self._latent_hw(profile)
-        sink, ring = self.kv_geometry(profile.chunk_latent_frames)
-        t = self.tokens_per_frame(lh, lw)
-        q = profile.chunk_latent_frames * t
-        per = dit_flops(self.dit.config, q, (sink + ring) * t + q, self.text_len)
-        spec = self.card.loops.get("chunk_rollout")
-        kv_passes = 0 if spec is not None and spec.kv_update is KVUpdate.LAST_STEP else 1
-        return per * (profile.steps + kv_passes) + self.decode_flops(profile)
-
-    def steady_chunk_plans(self, profile: Profile) -> tuple[tuple[str, str, int], ...]:
-        """(plan kind, shape signature, count) of one steady-state chunk of a session of
-        ``profile`` (``models.loops.chunk_plans.steady_chunk_plans``): what the cost model's
-        calibration prices a session's compute share from."""
-        lh, lw = self._latent_hw(profile)
-        spec = self.card.loops.get("chunk_rollout")
-        fold = spec is not None and spec.kv_update is KVUpdate.LAST_STEP
-        plans = steady_chunk_plans(
-            profile.chunk_latent_frames, lh, lw, steps=profile.steps, fold=fold
-        )
-        return tuple((kind.value, sig, n) for kind, sig, n in plans)
-
-    def decode_flops(self, profile: Profile) -> float:
-        """VAE-decode FLOPs of one steady-state chunk (0 for a codec that does not count them,
-        e.g. pixel latents)."""
-        count = getattr(self.vae, "decode_flops", None)
-        return (
-            0.0 if count is None else count(profile.chunk_latent_frames, *self._latent_hw(profile))
-        )
-
-    def chunk_seconds(self, profile: Profile) -> float:
-        """Media seconds one steady-state chunk covers."""
-        frames = self.latent.pixel_frames(profile.chunk_latent_frames, includes_first=False)
-        return frames / profile.fps
 
 
 def _pick_device(device: str) -> torch.device:

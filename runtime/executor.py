@@ -8,7 +8,10 @@ never touches asyncio objects).
 Failure isolation: if the op raises (or returns the wrong number of outputs), or an observer
 reports a fault for any plan, and the batch held more than one plan, every plan is re-run
 alone (``BatchInfo.solo_retry``); a plan that still fails gets a failure ``(code, message)``
-— ``"step_exception"`` or the observer's code (``"nan"``) — and the others their outputs.
+— ``"step_exception"``, ``"oom"`` for an out-of-memory error (``torch.cuda.OutOfMemoryError``
+or any exception type named ``OutOfMemoryError``; the CUDA cache is emptied before the
+re-runs, so a batch that did not fit may still run plan by plan), or the observer's code
+(``"nan"``) — and the others their outputs.
 
 Deterministic mode passes ``deterministic=True`` to the op: it must then return, for every
 entry, the bits it returns for that entry alone (run entries one by one, or use
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -249,6 +253,9 @@ class Executor:
                     "op %s failed for loop %s", info.op_name, info.loop_ids[0], exc_info=exc
                 )
             message = f"{info.op_name} raised {type(exc).__name__}: {exc}"
+            if _is_oom(exc):
+                _release_cached_memory()
+                return _Attempt(None, ("oom", message), {}, wall_s, None)
             return _Attempt(None, ("step_exception", message), {}, wall_s, None)
         wall_s = time.perf_counter() - start_s
         if len(outputs) != len(args):
@@ -274,3 +281,15 @@ class Executor:
         except Exception:
             logger.exception("observer hook %r raised; ignored", hook)
             return None
+
+
+def _is_oom(exc: BaseException) -> bool:
+    """torch.cuda.OutOfMemoryError (torch.OutOfMemoryError) without importing torch here."""
+    return any(t.__name__ == "OutOfMemoryError" for t in type(exc).__mro__)
+
+
+def _release_cached_memory() -> None:
+    """Hands the failed batch's cached blocks back to the driver (CUDA only)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -325,6 +325,11 @@ class LoopHandle:
     def paused(self) -> bool:
         return self._record.paused
 
+    @property
+    def pending_inputs(self) -> int:
+        """Inputs pushed that the loop has not taken yet (a paused loop takes none)."""
+        return len(self._record.inputs)
+
     def push_input(self, event: InputEvent) -> None:
         """Queue a live input; the loop gets it through ``ctx.take_inputs()`` at its next
         step boundary (at once if its plan was still queued and the engine withdraws it).

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import secrets
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,22 +29,28 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from server.auth import Authenticator, AuthMode, resolve_auth_mode
+from server.auth import Authenticator, AuthMode, check_admin_key, resolve_auth_mode
 from server.frame_pacer import FramePacer
+from server.heap_trim import HeapTrim
+from server.limits import Limits
 from server.livekit_participant import LiveKitParticipant
 from server.livekit_room import LiveKitRoom, RoomConnection
 from server.livekit_token import LiveKitCredentials
 from server.metrics import MetricsSnapshot, ServerMetrics
+from server.request_guard import RequestGuard
+from server.warm_up import warm_up
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
 from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
+from sessions.input_ledger import InputBacklogError
 from sessions.job_host import JobHost
 from sessions.recording import Recording
+from sessions.resume import Resumer
 from sessions.served_models import ServedModels
 from sessions.store import Store
 from sessions.trainer_controls import TrainerControls
 
-__all__ = ["DEFAULT_MODEL", "ServerConfig", "ServerContext", "create_app"]
+__all__ = ["DEFAULT_MODEL", "ServerConfig", "ServerContext", "create_app", "resolve_admin_key"]
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +96,13 @@ class ServerConfig:
     steering: str = "fast"
     admission_cost: str = "auto"  # sessions.host.ADMISSION_COSTS
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
+    limits: Limits = Limits()  # every bound on client input (server.limits, docs/api.md)
+    # ops/test hook: a FaultInjector observer and POST /v1/faults (never on by default)
+    fault_injection: bool = False
+    shutdown_timeout_s: float = 10.0  # SIGTERM: drained and exited within this (server.shutdown)
+    resume_grace_s: float = 120.0  # sessions of the previous process may resume this long
     snapshot_every: int = 8  # chunks between a loop's replay snapshots (0: none)
     snapshot_keep: int = 16  # newest replay snapshots kept per loop
-    control_rate_per_s: float = 30.0
     livekit_key: str | None = None  # None: LIVEKIT_API_KEY (to mint join tokens)
     livekit_secret: str | None = None  # None: LIVEKIT_API_SECRET
     extensions: tuple[str, ...] = ()  # --extension NAME[:k=v,...] (models/loops/extensions.py)
@@ -111,13 +122,17 @@ class ServerContext:
     metrics: ServerMetrics
     device: str
     model_id: str
+    faults: Any = None  # runtime.faults.FaultInjector with --fault-injection
+    heap: HeapTrim | None = None
     peers: dict[str, ViewerPeer] = field(default_factory=dict)
     undo: list[Callable[[], None]] = field(default_factory=list)
     rooms: dict[str, LiveKitParticipant] = field(default_factory=dict)
     pacers: dict[str, FramePacer] = field(default_factory=dict)
+    sse_streams: Counter[str] = field(default_factory=Counter)  # open event streams by session
     room_factory: Callable[[], RoomConnection] = LiveKitRoom
     forks: Any = None  # sessions.forks.ForkRegistry
     trainer: Any = None  # sessions.trainer_controls.TrainerControls
+    resumer: Any = None  # sessions.resume.Resumer
 
     @property
     def livekit_credentials(self) -> LiveKitCredentials:
@@ -144,7 +159,7 @@ class ServerContext:
             token=token,
             pacer=self.pacer_for(session),
             store=self.store,
-            control_rate_per_s=self.config.control_rate_per_s,
+            control_rate_per_s=self.config.limits.control_rate_per_s,
             on_closed=self._room_closed,
             **options,
         )
@@ -162,8 +177,7 @@ class ServerContext:
             session,
             store=self.store,
             ice_servers=self.config.ice_servers,
-            control_rate_per_s=self.config.control_rate_per_s,
-            control_burst=int(2 * self.config.control_rate_per_s),
+            limits=self.config.limits,
             on_closed=self._peer_closed,
             pacer=self.pacer_for(session),
         )
@@ -191,6 +205,8 @@ class ServerContext:
             kv_slabs_free=slabs_free,
             kv_slabs_capacity=slabs_capacity,
             server_tasks=self.server_tasks(),
+            sse_streams=sum(self.sse_streams.values()),
+            peers=len(self.peers),
         )
 
     def server_tasks(self) -> int:
@@ -203,15 +219,19 @@ class ServerContext:
         return sum(1 for t in tasks if not t.done() and t.get_name().startswith(names))
 
 
-def _admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
+def resolve_admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
+    """The admin key of token mode: ``--admin-key``, ``$DREAMRT_ADMIN_KEY``, the data dir's
+    ``admin_key`` file, else a new one generated into that file. ``WeakAdminKeyError`` when
+    the one found is under ``MIN_ADMIN_KEY_BYTES``."""
     if mode is AuthMode.NONE:
         return None
-    key = config.admin_key or os.environ.get("DREAMRT_ADMIN_KEY")
-    if key:
-        return key
+    if config.admin_key:
+        return check_admin_key(config.admin_key, "--admin-key")
+    if os.environ.get("DREAMRT_ADMIN_KEY"):
+        return check_admin_key(os.environ["DREAMRT_ADMIN_KEY"], "$DREAMRT_ADMIN_KEY")
     path = config.data_dir / "admin_key"
     if path.exists():
-        return path.read_text().strip()
+        return check_admin_key(path.read_text().strip(), str(path))
     key = "drt_admin_" + secrets.token_urlsafe(32)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(key + "\n")
@@ -227,12 +247,14 @@ async def _build(config: ServerConfig) -> ServerContext:
     from runtime.admission import AdmissionConfig, AdmissionController
     from runtime.cost import CostModel, DeviceConstants
     from runtime.engine import Engine
+    from runtime.faults import FaultInjector
     from runtime.lead import AdaptiveLead, FixedLead
     from runtime.observers import NaNWatch, Profiler
     from runtime.policies import make_scheduler
     from server import spmd_serving
 
     mode = resolve_auth_mode(config.host, config.auth, force=config.force_no_auth)
+    admin_key = resolve_admin_key(config, mode)  # a weak key fails here, before the model loads
     # before any slow work: an unknown policy name fails here, naming the known ones
     scheduler = make_scheduler(config.scheduler, max_batch=config.max_batch)
     config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -261,7 +283,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         log.info(
             "warming up %s on %s (compiling every graph a session uses)", model_id, instance.device
         )
-        warm_s = await _warm_up(instance, profile, config.max_sessions)
+        warm_s = await warm_up(instance, profile, config.max_sessions)
         log.info("warm-up done in %.1f s", warm_s)
     on_gpu = device.startswith("cuda")
     cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
@@ -278,6 +300,9 @@ async def _build(config: ServerConfig) -> ServerContext:
     )
     # the metrics read live state through ``ctx`` (bound below, before the first scrape)
     metrics = ServerMetrics(lambda: ctx.metrics_snapshot())
+    faults = FaultInjector() if config.fault_injection else None
+    if faults is not None:
+        log.warning("fault injection is ON (POST /v1/faults): a test or drill setting")
     engine = Engine(
         cost=cost,
         scheduler=scheduler,
@@ -289,8 +314,9 @@ async def _build(config: ServerConfig) -> ServerContext:
         withdraw_on_input=fast,
         # The profiler calibrates the cost model from measured plan times (admission and
         # deadlines then use what this machine really does); NaNWatch fails a session whose
-        # step produced a non-finite value instead of streaming garbage.
-        observers=(Profiler(cost), NaNWatch()),
+        # step produced a non-finite value instead of streaming garbage. The fault injector
+        # sits before the watch, so an injected NaN is caught the way a real one is.
+        observers=(Profiler(cost), *(() if faults is None else (faults,)), NaNWatch()),
         listeners=(metrics,),
     )
     log.info(
@@ -319,12 +345,17 @@ async def _build(config: ServerConfig) -> ServerContext:
         slabs_per_geometry=config.max_sessions,
         action_validator=validate_action,
         admission_cost=config.admission_cost,
+        max_pending_inputs=config.limits.max_pending_inputs,
     )
     jobs = JobHost(
-        engine=engine, models=served, store=store, artifact_dir=config.data_dir / "artifacts"
+        engine=engine,
+        models=served,
+        store=store,
+        artifact_dir=config.data_dir / "artifacts",
+        recording=recording,
     )
     host.preallocate()  # the default profile's chunk-KV slabs exist before the first session
-    auth = Authenticator(mode, store=store, admin_key=_admin_key(config, mode))
+    auth = Authenticator(mode, store=store, admin_key=admin_key)
     ctx = ServerContext(
         config=config,
         store=store,
@@ -335,8 +366,10 @@ async def _build(config: ServerConfig) -> ServerContext:
         metrics=metrics,
         device=device,
         model_id=model_id,
+        faults=faults,
         forks=ForkRegistry(host) if channel is None else spmd_serving.NoForks(),
         trainer=TrainerControls.build(host, jobs, engine),
+        resumer=Resumer(host, config.data_dir, grace_s=config.resume_grace_s),
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
     if config.ice_hosts:
@@ -344,9 +377,17 @@ async def _build(config: ServerConfig) -> ServerContext:
     if config.video_bitrate_bps is not None:
         ctx.undo.append(configure_video_bitrate(config.video_bitrate_bps))
     jobs.resume_jobs(unfinished_jobs)
-    if config.unwatched_timeout_s > 0:
+    # ended sessions' freed native memory goes back to the OS (RSS does not ratchet up)
+    ctx.heap = HeapTrim(
+        lambda: sum(host.finished_states.values()), busy=lambda: bool(host.sessions())
+    )
+    ctx.heap.start()
+    timeouts = [t for t in (config.unwatched_timeout_s, config.limits.idle_timeout_s) if t > 0]
+    if timeouts:
         host.start_reaper(
-            config.unwatched_timeout_s, interval_s=min(5.0, config.unwatched_timeout_s / 2)
+            config.unwatched_timeout_s,
+            interval_s=min(5.0, min(timeouts) / 2),
+            max_idle_s=config.limits.idle_timeout_s,
         )
     log.info(
         "dreamrt ready: model %s on %s, auth %s, up to %d sessions",
@@ -384,66 +425,9 @@ def _save_cost(cost: Any, path: Path) -> None:
         log.warning("cost calibration not saved to %s: %s", path, exc)
 
 
-async def _warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
-    """Run short sessions of ``instance`` on a throwaway engine: through every K/V-prefix
-    length into steady state, with the first chunk's two decode parts, prompt switches that
-    re-cache at several prefix lengths (a restarted chunk runs the same graphs) and, with CUDA
-    graphs, one KV update into every ring position (``instance.warmup_chunks``), so a compiled
-    instance has traced, compiled and captured all its graphs before a user's session needs
-    them. One session on slab 0; with CUDA graphs one per slab, side by side, since graphs are
-    per slab. The serving engine (and its cost calibration) never sees them. -> seconds it
-    took."""
-    import time
-
-    from models.loops.requests import SessionRequest
-    from runtime.contract import InputEvent, InputKind, Priority, PromptInput
-    from runtime.cost import CostModel
-    from runtime.engine import Engine
-
-    chunks = instance.warmup_chunks(profile)
-    sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
-    fill = -(-(sink + ring) // profile.chunk_latent_frames)  # chunks until the cache is full
-    slabs = range(num_slabs) if instance.levers.get("cuda_graphs") else range(1)
-    # Sessions' caches are views of the preallocated slab buffer: warm up on them (free again
-    # afterwards) so the compiled graphs see exactly the tensors sessions will pass.
-    instance.reserve_kv_slabs(profile, num_slabs)
-    engine = Engine(cost=CostModel())
-    await engine.start()
-    handles: list[Any] = []
-    at = (0, fill // 2, fill) if "prompt.switch" in instance.card.capabilities else ()
-
-    def on_emit(index: int) -> Any:
-        def emitted(emission: Any) -> None:
-            meta = emission.spec.meta
-            if emission.spec.stream == "media" and meta.final and meta.chunk in at:
-                text = f"warm-up {meta.chunk}"  # a switch at the next chunk: a re-cache
-                handles[index].push_input(
-                    InputEvent(InputKind.PROMPT, meta.chunk + 1, PromptInput(text=text))
-                )
-
-        return emitted
-
-    start_s = time.perf_counter()
-    try:
-        for index, slab in enumerate(slabs):
-            handles.append(
-                engine.spawn(
-                    instance.loop("chunk_rollout"),
-                    SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks, kv_slab=slab),
-                    instance,
-                    loop_id=f"warm-up-{slab}",
-                    priority=Priority.BATCH,
-                    on_emit=on_emit(index),
-                )
-            )
-        for handle in handles:
-            await handle.result()
-    finally:
-        await engine.close()
-    return time.perf_counter() - start_s
-
-
 async def _teardown(ctx: ServerContext) -> None:
+    if ctx.heap is not None:
+        await ctx.heap.close()
     for participant in list(ctx.rooms.values()):
         with contextlib.suppress(Exception):
             await participant.close()
@@ -483,14 +467,25 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
 
     app = FastAPI(title="dreamrt", version="0.1.0", lifespan=lifespan)
     app.state.config = config
+    app.state.draining = False  # set when a graceful shutdown begins (server.shutdown)
+    app.add_middleware(
+        RequestGuard, limits=config.limits, draining=lambda: bool(app.state.draining)
+    )
 
     @app.exception_handler(routes_system.ApiError)
     async def api_error(request: Request, exc: routes_system.ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
+    @app.exception_handler(InputBacklogError)  # any input route: the loop has not caught up
+    async def backlog(request: Request, exc: InputBacklogError) -> JSONResponse:
+        body = {"detail": str(exc), "code": "input_backlog"}
+        return JSONResponse(body, status_code=429, headers={"Retry-After": "1"})
+
     app.include_router(routes_system.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_jobs.router)
     app.include_router(routes_trainer.router)
+    if config.fault_injection:
+        app.include_router(routes_system.faults_router)
     routes_system.mount_web(app, config.web_dir)
     return app

@@ -12,17 +12,26 @@ carries ``Authorization: Bearer <token>`` where the token is one of:
   long the session runs (it is not revoked when the session ends).
 
 Tokens are random (256 bits, ``drt_`` prefix); only their sha256 is stored (SQLite ``tokens``)
-and cached in memory, so a stolen database does not leak usable tokens. Missing or unknown
-tokens answer 401, a valid token used outside its scope 403.
+and cached in memory, so a stolen database does not leak usable tokens. Missing, unknown or
+expired tokens answer 401, a valid token used outside its scope 403.
+
+Comparisons are constant-time: the admin key is compared as sha256 digests with
+``hmac.compare_digest`` (so neither its bytes nor its length leak through timing), and an
+issued token is looked up by the sha256 of what the client sent (memory, then the store's
+index): timing can at most tell a guess's hash from another hash, which says nothing about
+any token. The admin key must be at least
+``MIN_ADMIN_KEY_BYTES`` (32) bytes: a shorter one is refused at start (``WeakAdminKeyError``).
 """
 
 from __future__ import annotations
 
+import collections
 import enum
 import hashlib
 import hmac
 import ipaddress
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,11 +44,15 @@ __all__ = [
     "Authenticator",
     "Grant",
     "InsecureBindError",
+    "MIN_ADMIN_KEY_BYTES",
+    "WeakAdminKeyError",
+    "check_admin_key",
     "is_loopback",
     "resolve_auth_mode",
 ]
 
 SESSION_TOKEN_TTL_S = 7 * 24 * 3600.0  # seconds from issue
+MIN_ADMIN_KEY_BYTES = 32
 
 
 class AuthMode(str, enum.Enum):
@@ -58,6 +71,21 @@ class AuthError(Exception):
 
 class InsecureBindError(ValueError):
     """``--auth none`` on a non-loopback address without ``--force-no-auth``."""
+
+
+class WeakAdminKeyError(ValueError):
+    """An admin key shorter than ``MIN_ADMIN_KEY_BYTES``."""
+
+
+def check_admin_key(key: str, source: str = "the admin key") -> str:
+    """``key`` if it is long enough to resist guessing; ``WeakAdminKeyError`` otherwise."""
+    size = len(key.encode("utf-8"))
+    if size < MIN_ADMIN_KEY_BYTES:
+        raise WeakAdminKeyError(
+            f"{source} is {size} bytes; an admin key needs at least {MIN_ADMIN_KEY_BYTES} "
+            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    return key
 
 
 def is_loopback(host: str) -> bool:
@@ -114,14 +142,21 @@ class Authenticator:
         store: Store | None,
         admin_key: str | None = None,
         clock: Callable[[], float] = time.time,
+        cache_size: int = 65_536,
     ) -> None:
         if mode is AuthMode.TOKEN and not admin_key:
             raise ValueError("token auth needs an admin key")
+        if admin_key is not None:
+            check_admin_key(admin_key)
         self.mode = mode
         self._store = store
-        self._admin_key = admin_key
+        self._admin_digest = None if admin_key is None else _digest(admin_key).encode()
         self._clock = clock
-        self._cache: dict[str, tuple[str, float]] = {}  # sha256 -> (scope, expires_at)
+        # sha256 -> (scope, expires_at), the most recently used ``cache_size``; older ones are
+        # read back from the store (a server that issues a token per session runs for months)
+        self._cache: collections.OrderedDict[str, tuple[str, float]] = collections.OrderedDict()
+        self.cache_size = cache_size
+        self._lock = threading.Lock()  # the event loop and the store's thread both use the cache
 
     def issue(self, scope: str, ttl_s: float) -> tuple[str, float]:
         """A new token for ``scope``; returns ``(token, expires_at)``. Stored hashed."""
@@ -132,32 +167,51 @@ class Authenticator:
         token = "drt_" + secrets.token_urlsafe(32)
         expires_at = self._clock() + ttl_s
         digest = _digest(token)
-        self._cache[digest] = (scope, expires_at)
+        self._remember(digest, (scope, expires_at))
         if self._store is not None:
             self._store.defer(
                 self._store.add_token, token_hash=digest, scope=scope, expires_at=expires_at
             )
         return token, expires_at
 
+    def _remember(self, digest: str, entry: tuple[str, float]) -> None:
+        with self._lock:
+            self._cache[digest] = entry
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+
+    def _cached(self, digest: str) -> tuple[str, float] | None:
+        with self._lock:
+            entry = self._cache.get(digest)
+            if entry is not None:
+                self._cache.move_to_end(digest)
+            return entry
+
     def issue_session_token(self, session_id: str) -> str:
         return self.issue(f"session:{session_id}", SESSION_TOKEN_TTL_S)[0]
 
-    def authenticate(self, authorization: str | None) -> Grant:
-        """The grant of an ``Authorization`` header value; ``AuthError(401)`` when invalid."""
+    def authenticate(self, authorization: str | None, *, lookup: bool = True) -> Grant | None:
+        """The grant of an ``Authorization`` header value; ``AuthError(401)`` when invalid.
+        ``lookup=False``: None where only the store could tell (the event loop then asks the
+        store's thread, ``authenticate`` with ``lookup=True``, rather than touch SQLite)."""
         if self.mode is AuthMode.NONE:
             return Grant("admin")
         if not authorization or not authorization.startswith("Bearer "):
             raise AuthError(401, "missing 'Authorization: Bearer <token>' header")
         token = authorization[len("Bearer ") :].strip()
-        if self._admin_key and hmac.compare_digest(token.encode(), self._admin_key.encode()):
-            return Grant("admin")
         digest = _digest(token)
-        entry = self._cache.get(digest)
+        if self._admin_digest is not None and hmac.compare_digest(
+            digest.encode(), self._admin_digest
+        ):
+            return Grant("admin")
+        entry = self._cached(digest)
         if entry is None and self._store is not None:
+            if not lookup:
+                return None
             row = self._store.get_token(digest)
             if row is not None:
                 entry = (row["scope"], row["expires_at"])
-                self._cache[digest] = entry
+                self._remember(digest, entry)
         if entry is None:
             raise AuthError(401, "unknown token")
         scope, expires_at = entry

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -45,7 +46,8 @@ def _build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="URL",
-        help="STUN/TURN server URL for the server's peers (default: none)",
+        help="STUN/TURN server URL for the server's peers, TURN credentials as "
+        "turn:USER:PASSWORD@host:port (default: none)",
     )
     serve.add_argument(
         "--auth",
@@ -124,6 +126,15 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --compile: skip the warm-up (the first session then pays compilation)",
     )
+    from server.limits import add_limit_arguments
+
+    add_limit_arguments(serve)
+    serve.add_argument(
+        "--fault-injection",
+        action="store_true",
+        help="tests and drills only: POST /v1/faults (admin) makes a session's or job's next "
+        "step fail with nan, exception or oom",
+    )
     serve.add_argument(
         "--chunk-frames",
         type=int,
@@ -184,6 +195,21 @@ def _build_parser() -> argparse.ArgumentParser:
         "fbcache, teacache (e.g. fbcache:threshold=0.05); jobs may override enabled ones",
     )
     serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="SIGTERM: snapshot, close every session and exit 0 within this",
+    )
+    serve.add_argument(
+        "--resume-grace",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="a session of the previous process resumes on an offer within this after "
+        "startup (0: never)",
+    )
+    serve.add_argument(
         "--livekit-key",
         default=None,
         help="LiveKit API key that mints the engine's join tokens (default: $LIVEKIT_API_KEY)",
@@ -239,8 +265,10 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     import uvicorn
 
     from server import spmd_serving
-    from server.app import ServerConfig, create_app
-    from server.auth import InsecureBindError, resolve_auth_mode
+    from server.app import ServerConfig, create_app, resolve_admin_key
+    from server.auth import InsecureBindError, WeakAdminKeyError, resolve_auth_mode
+    from server.limits import limits_from_args
+    from server.shutdown import GracefulServer
 
     rank, world_size, _ = spmd_serving.world()
     if args.gpus > 1 and world_size == 1:
@@ -258,7 +286,8 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
 
     try:
         mode = resolve_auth_mode(args.host, args.auth, force=args.force_no_auth)
-    except InsecureBindError as exc:
+        limits = limits_from_args(args)
+    except (InsecureBindError, ValueError) as exc:
         sys.stderr.write(f"dreamrt: {exc}\n")
         return 2
     from models.loops.extensions import deploy_extensions
@@ -301,13 +330,29 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
         livekit_secret=args.livekit_secret,
         extensions=tuple(args.extension),
         gpus=args.gpus,
+        limits=limits,
+        fault_injection=args.fault_injection,
+        shutdown_timeout_s=args.shutdown_timeout,
+        resume_grace_s=args.resume_grace,
     )
     if rank != 0:  # the server is rank 0's; the others run what it decides
         return spmd_serving.follow(config)
+    try:
+        resolve_admin_key(config, mode)
+    except WeakAdminKeyError as exc:
+        sys.stderr.write(f"dreamrt: {exc}\n")
+        return 2
     sys.stdout.write(f"dreamrt: open http://{args.host}:{args.port}/  (auth {mode.value})\n")
     sys.stdout.flush()
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    app = create_app(config)
+    server = GracefulServer(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level),
+        app,
+        timeout_s=args.shutdown_timeout,
+    )
+    with contextlib.suppress(KeyboardInterrupt):  # SIGINT: uvicorn raises it again at exit
+        server.run()
+    return 0 if server.started else 3
 
 
 def _models() -> int:

@@ -36,7 +36,9 @@ __all__ = [
 
 MAX_MESSAGE_BYTES = 16 * 1024
 
-Text = Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
+# The hard cap; the server's configured prompt limit (``server.limits.Limits``) is checked on
+# top of it by the inbox.
+Text = Annotated[str, msgspec.Meta(min_length=1, max_length=16_000)]
 Key = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
 Delta = Annotated[float, msgspec.Meta(ge=-10_000, le=10_000)]
 
@@ -89,12 +91,23 @@ class ControlError(ValueError):
         self.message = message
 
 
-def decode_control(data: str | bytes) -> ControlMessage:
-    """Validates one data-channel message; raises ``ControlError`` naming the problem."""
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    if len(raw) > MAX_MESSAGE_BYTES:
+def decode_control(data: str | bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> ControlMessage:
+    """Validates one data-channel message (at most ``max_bytes`` of UTF-8); raises
+    ``ControlError`` naming the problem."""
+    if isinstance(data, str):
+        if len(data) > max_bytes:  # a str is at least one byte per character: no encode needed
+            raise ControlError(
+                "message_too_large", f"message is over {max_bytes} bytes; the limit is {max_bytes}"
+            )
+        try:
+            raw = data.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate cannot come from valid UTF-8
+            raise ControlError("invalid_json", f"not a UTF-8 message: {exc}") from None
+    else:
+        raw = data
+    if len(raw) > max_bytes:
         raise ControlError(
-            "message_too_large", f"message is {len(raw)} bytes; the limit is {MAX_MESSAGE_BYTES}"
+            "message_too_large", f"message is {len(raw)} bytes; the limit is {max_bytes}"
         )
     try:
         return _decoder.decode(raw)

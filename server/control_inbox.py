@@ -6,6 +6,9 @@
 actions, pause/resume to the session; ``ping`` is answered with a ``pong`` through ``reply``;
 feedback is stored (a background task) and published as ``feedback.recorded``. A refused or
 malformed message becomes an ``error`` event on the session's stream; the session goes on.
+Messages over the rate are dropped and answered together: at most one ``rate_limited`` error
+per second, naming how many were dropped since the last one, so a flooding peer costs the
+session a bounded number of events (and store rows), however fast it sends.
 It returns the sequence number of an accepted input (prompt, action), so the caller can route
 that input's two-phase acks (``input.received``, then ``*.applied``) back to the sender.
 """
@@ -15,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from server.control import (
+    MAX_MESSAGE_BYTES,
     ActionMessage,
     ControlError,
     FeedbackMessage,
@@ -49,31 +54,55 @@ class ControlInbox:
         reply: Callable[[bytes], None],
         rate_per_s: float = 30.0,
         burst: int = 60,
+        max_bytes: int = MAX_MESSAGE_BYTES,
+        max_prompt_chars: int = 4000,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.session = session
         self._store = store
         self._reply = reply
-        self.bucket = TokenBucket(rate_per_s, burst)
+        self._clock = clock
+        self.bucket = TokenBucket(rate_per_s, burst, clock=clock)
+        self.max_bytes = max_bytes
+        self.max_prompt_chars = max_prompt_chars
+        self._dropped = 0  # over the rate since the last rate_limited report
+        self._reported_s: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     def handle(self, message: str | bytes) -> int | None:
         """Applies one message; returns the accepted input's seq (prompt/action) or None."""
         session = self.session
         if not self.bucket.take():
-            session.report_error(
-                "rate_limited", f"more than {self.bucket.rate_per_s:g} control messages per second"
-            )
+            self._rate_limited()
             return None
         try:
-            msg = decode_control(message)
+            msg = decode_control(message, max_bytes=self.max_bytes)
         except ControlError as exc:
             session.report_error(exc.code, exc.message)
+            return None
+        if isinstance(msg, PromptMessage) and len(msg.text) > self.max_prompt_chars:
+            session.report_error(
+                "prompt_too_long",
+                f"prompt is {len(msg.text)} characters; the limit is {self.max_prompt_chars}",
+            )
             return None
         try:
             return self._apply(msg)
         except (UnsupportedInputError, SessionStateError, ValueError) as exc:
             session.report_error("rejected", str(exc))
             return None
+
+    def _rate_limited(self) -> None:
+        self._dropped += 1
+        now = self._clock()
+        if self._reported_s is not None and now - self._reported_s < 1.0:
+            return
+        self.session.report_error(
+            "rate_limited",
+            f"more than {self.bucket.rate_per_s:g} control messages per second: "
+            f"{self._dropped} dropped",
+        )
+        self._reported_s, self._dropped = now, 0
 
     def _apply(self, msg: Any) -> int | None:
         session = self.session

@@ -8,6 +8,11 @@ frame in flight, so nothing is captured into a source that is gone); while a fra
 the pacer goes on and the sink later takes the newest frame, counting the skipped ones in
 ``dropped``: a sink that cannot keep up drops frames, it never blocks the engine or the other
 sink.
+
+A sink that raises (the SDK's capture fails, the room's encoder is gone) ends only itself: the
+session gets an ``error`` event (``sink_failed``) and is told this sink left, so it pauses once
+no other sink watches (and the unwatched timeout can reclaim it); the WebRTC viewer, if any,
+goes on at the session's pace.
 """
 
 from __future__ import annotations
@@ -71,8 +76,13 @@ class LiveKitVideoSink:
                 await self._publish(frame)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("session %s: LiveKit video sink failed", self._pacer.session.id)
+        except Exception as exc:
+            session = self._pacer.session
+            log.exception("session %s: LiveKit video sink failed", session.id)
+            self._reader.close()
+            if not session.terminal:
+                session.report_error("sink_failed", f"LiveKit video: {type(exc).__name__}: {exc}")
+                session.viewer_left("livekit video sink failed", viewer=self)
 
     async def _publish(self, frame: PacedFrame) -> None:
         stamp = timestamp_us(frame.pts_90k)

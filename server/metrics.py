@@ -18,7 +18,8 @@ Two sources, each counted once:
 - **Live state**, read at scrape time from a ``MetricsSnapshot`` (the composition root supplies
   ``snapshot_fn``): gauges ``sessions{state}``, ``jobs{state}``, ``scheduler_queue_depth``,
   ``engine_running_loops``, ``engine_executing``, ``kv_slabs_free`` / ``kv_slabs_capacity``,
-  ``server_tasks`` (background tasks the server owns: 0 when idle); and the session-side
+  ``server_tasks`` (background tasks the server owns: 0 when idle), ``sse_streams`` (open
+  event streams), ``webrtc_peers`` (viewer peer connections); and the session-side
   totals ``frames_sent_total``, ``stalls_total``, ``media_dropped_frames_total``,
   ``admission_rejections_total{reason}``. Sessions count those themselves (including ended
   sessions); the ``Counter``s here are advanced to their totals at each scrape.
@@ -81,6 +82,8 @@ class MetricsSnapshot:
     kv_slabs_free: int | None = None
     kv_slabs_capacity: int | None = None
     server_tasks: int = 0
+    sse_streams: int = 0
+    peers: int = 0
 
 
 class BatchReport(Protocol):
@@ -185,6 +188,10 @@ class _SnapshotCollector:
         yield GaugeMetricFamily(
             "dreamrt_server_tasks", "Background tasks owned by the server", value=s.server_tasks
         )
+        yield GaugeMetricFamily(
+            "dreamrt_sse_streams", "Open Server-Sent Event streams", value=s.sse_streams
+        )
+        yield GaugeMetricFamily("dreamrt_webrtc_peers", "Viewer peer connections", value=s.peers)
 
 
 class ServerMetrics:

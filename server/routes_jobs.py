@@ -16,6 +16,7 @@ from fastapi.responses import FileResponse
 from server.routes_system import (
     ApiError,
     AuthGrant,
+    check_prompt,
     creation_errors,
     ctx_of,
     require_general,
@@ -30,7 +31,20 @@ router = APIRouter(prefix="/v1/jobs")
 @router.post("", status_code=202)
 async def submit(body: JobBody, request: Request, grant: AuthGrant) -> JobCreated:
     require_general(grant)
-    jobs = ctx_of(request).jobs
+    ctx = ctx_of(request)
+    jobs = ctx.jobs
+    check_prompt(request, "prompt", body.prompt)
+    limit = ctx.config.limits.max_queued_jobs
+    waiting = [job for job in jobs.jobs() if not job.terminal]
+    if len(waiting) >= limit:
+        retry = _retry_after_s(waiting)
+        raise ApiError(
+            429,
+            "queue_full",
+            f"{len(waiting)} jobs are queued or running; the limit is {limit}",
+            headers={"Retry-After": str(retry)},
+            retry_after_s=retry,
+        )
     with creation_errors():
         job = jobs.submit_job(
             task=body.task,
@@ -45,6 +59,19 @@ async def submit(body: JobBody, request: Request, grant: AuthGrant) -> JobCreate
             exact=body.exact,
         )
     return JobCreated(id=job.id)
+
+
+def _retry_after_s(waiting: list[Any]) -> int:
+    """When a queue slot is likely free: the running job's remaining time at its pace so far
+    (progress per second since it was created), else 5 s; 1..600."""
+    import time
+
+    estimates = []
+    for job in waiting:
+        elapsed_s = time.time() - job.created_at
+        if 0 < job.progress < 1 and elapsed_s > 0:
+            estimates.append(elapsed_s * (1 - job.progress) / job.progress)
+    return int(min(600, max(1, round(min(estimates)) if estimates else 5)))
 
 
 async def _job_view(request: Request, job_id: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ forbids it (the message names the state), 422 invalid body or an input the model
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -31,6 +32,7 @@ from server.livekit_token import (
 from server.routes_system import (
     ApiError,
     AuthGrant,
+    check_prompt,
     creation_errors,
     ctx_of,
     field_error,
@@ -50,9 +52,10 @@ from server.schemas import (
     SessionCreated,
 )
 from server.webrtc import OfferError
-from sessions.audio import AudioFormatError, decode_audio
+from sessions.audio import AudioFormatError, AudioTooLongError, decode_audio
 from sessions.events import FeedbackRecorded, encode_event
 from sessions.forks import ForkError
+from sessions.resume import ResumeError
 from sessions.session import (
     InvalidInputError,
     Session,
@@ -63,9 +66,10 @@ from sessions.session import (
 
 __all__ = ["router"]
 
+log = logging.getLogger(__name__)
+
 router = APIRouter(prefix="/v1/sessions")
 
-MAX_AUDIO_BYTES = 8 * 1024 * 1024
 SSE_KEEPALIVE_S = 15.0
 
 
@@ -76,6 +80,17 @@ def _live(request: Request, session_id: str, grant: Grant) -> Session:
     if session is None:
         raise ApiError(404, "not_found", f"no live session {session_id!r}")
     return session
+
+
+async def _resumed(ctx: Any, session_id: str, not_live: ApiError) -> Session:
+    try:
+        answer = await ctx.resumer.resume(session_id)
+    except ResumeError as exc:
+        log.info("session %s not resumed: %s", session_id, exc)
+        raise not_live from None
+    if isinstance(answer, Reject):
+        raise _capacity(answer, f"no capacity to resume session {session_id!r}")
+    return answer
 
 
 def _conflict(exc: Exception) -> ApiError:
@@ -99,6 +114,7 @@ def _capacity(reject: Reject, what: str) -> ApiError:
 async def create_session(body: SessionBody, request: Request, grant: AuthGrant) -> SessionCreated:
     require_general(grant)
     ctx = ctx_of(request)
+    check_prompt(request, "prompt", body.prompt)
     livekit_token = _livekit_token_check(ctx, body)
     with creation_errors():
         answer = ctx.host.create_session(
@@ -194,9 +210,21 @@ async def get_session(session_id: str, request: Request, grant: AuthGrant) -> di
 
 @router.post("/{session_id}/offer")
 async def offer(session_id: str, body: OfferBody, request: Request, grant: AuthGrant) -> SdpAnswer:
-    session = _live(request, session_id, grant)
-    session.latency.offer()
+    """Answers the viewer's offer; a session of the previous process that is not live here
+    resumes from its last snapshot first, within the resume grace (``sessions.resume``)."""
     ctx = ctx_of(request)
+    limit = ctx.config.limits.max_sdp_bytes
+    if len(body.sdp) > limit:
+        raise ApiError(
+            413, "too_large", f"the offer's SDP is {len(body.sdp)} bytes; the limit is {limit}"
+        )
+    try:
+        session = _live(request, session_id, grant)
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        session = await _resumed(ctx, session_id, exc)
+    session.latency.offer()
     previous = ctx.peers.get(session_id)
     if previous is not None:
         await previous.close()  # one viewer per session: the new offer replaces the old peer
@@ -221,6 +249,7 @@ async def prompt(
     session_id: str, body: PromptBody, request: Request, grant: AuthGrant
 ) -> PromptAccepted:
     session = _live(request, session_id, grant)
+    check_prompt(request, "text", body.text)
     try:
         seq, applies_at = session.push_prompt(body.text, body.mode)
     except UnsupportedInputError as exc:
@@ -256,20 +285,20 @@ async def audio(session_id: str, request: Request, grant: AuthGrant) -> dict[str
             f"model {session.config.model_id!r} does not accept audio "
             "(no 'input.audio' capability)",
         )
-    declared = int(request.headers.get("content-length") or 0)
-    if declared > MAX_AUDIO_BYTES:
-        raise ApiError(
-            413, "too_large", f"audio body is {declared} bytes; the limit is {MAX_AUDIO_BYTES}"
-        )
+    limits = ctx_of(request).config.limits
+    # server.request_guard refuses a body over limits.max_audio_bytes before and while it is read
     body = bytearray()
     async for part in request.stream():
         body += part
-        if len(body) > MAX_AUDIO_BYTES:
-            raise ApiError(413, "too_large", f"audio body exceeds {MAX_AUDIO_BYTES} bytes")
     try:
         clip = await asyncio.to_thread(
-            decode_audio, bytes(body), content_type=request.headers.get("content-type", "")
+            decode_audio,
+            bytes(body),
+            content_type=request.headers.get("content-type", ""),
+            max_seconds=limits.max_audio_seconds,
         )
+    except AudioTooLongError as exc:
+        raise ApiError(413, "too_long", str(exc)) from None
     except AudioFormatError as exc:
         raise ApiError(400, "bad_audio", str(exc)) from None
     try:
@@ -300,6 +329,7 @@ async def fork(
     """N candidate sessions from this session's state at its next chunk boundary
     (``sessions.forks``); 201 once the fork row is committed, 503 when they do not all fit."""
     session = _live(request, session_id, grant)
+    check_prompt(request, "prompt", body.prompt)
     ctx = ctx_of(request)
     try:
         answer = await ctx.forks.fork(session, body.n, body.prompt, body.seeds)
@@ -405,10 +435,23 @@ async def events(session_id: str, request: Request, grant: AuthGrant) -> Streami
                 yield _sse(row["event_id"], row["type"], row["body"].encode())
 
         return StreamingResponse(replay(), media_type="text/event-stream", headers=_SSE_HEADERS)
+    limit = ctx.config.limits.max_sse_per_session
+    if ctx.sse_streams[session_id] >= limit:
+        raise ApiError(
+            429,
+            "too_many_streams",
+            f"session {session_id!r} already has {limit} event streams open",
+            headers={"Retry-After": str(int(SSE_KEEPALIVE_S))},
+        )
     subscription = session.events.subscribe(after_id=int(after))
 
     async def follow() -> AsyncIterator[bytes]:
+        # counted from the first byte (a response never started holds nothing) to the end,
+        # whichever way it ends: the session's end, a client gone mid-event, server shutdown
+        ctx.sse_streams[session_id] += 1
         try:
+            if ctx.sse_streams[session_id] > limit:  # two requests raced past the check
+                return
             yield b"retry: 2000\n\n"
             while True:
                 event = await subscription.next(SSE_KEEPALIVE_S)
@@ -420,6 +463,9 @@ async def events(session_id: str, request: Request, grant: AuthGrant) -> Streami
                 yield _sse(event.event_id, type(event).__struct_config__.tag, encode_event(event))
         finally:
             subscription.close()
+            ctx.sse_streams[session_id] -= 1
+            if ctx.sse_streams[session_id] <= 0:
+                del ctx.sse_streams[session_id]
 
     return StreamingResponse(follow(), media_type="text/event-stream", headers=_SSE_HEADERS)
 

@@ -17,11 +17,23 @@ from fastapi.staticfiles import StaticFiles
 
 from server.auth import AuthError, Grant, is_loopback
 from server.metrics import CONTENT_TYPE
-from server.schemas import ModelInfo, TokenBody, TokenIssued
+from server.schemas import FaultBody, ModelInfo, TokenBody, TokenIssued
 
-__all__ = ["ApiError", "AuthGrant", "authorize", "ctx_of", "field_error", "mount_web", "router"]
+__all__ = [
+    "ApiError",
+    "AuthGrant",
+    "authorize",
+    "check_prompt",
+    "ctx_of",
+    "faults_router",
+    "field_error",
+    "mount_web",
+    "router",
+]
 
 router = APIRouter()
+# only with ``dreamrt serve --fault-injection`` (server.app): absent from a normal server's schema
+faults_router = APIRouter()
 
 
 class ApiError(Exception):
@@ -79,6 +91,17 @@ def creation_errors() -> Iterator[None]:
         raise field_error(exc.field, str(exc)) from None
 
 
+def check_prompt(request: Request, field: str, text: str | None) -> None:
+    """422 naming ``field`` when ``text`` is longer than the configured prompt limit."""
+    limit = ctx_of(request).config.limits.max_prompt_chars
+    if text is not None and len(text) > limit:
+        raise field_error(
+            field,
+            f"prompt is {len(text)} characters; the limit is {limit}",
+            code="prompt_too_long",
+        )
+
+
 def ctx_of(request: Request) -> Any:
     ctx = getattr(request.app.state, "ctx", None)
     if ctx is None:
@@ -86,10 +109,16 @@ def ctx_of(request: Request) -> Any:
     return ctx
 
 
-def authorize(request: Request) -> Grant:
-    """FastAPI dependency: the request's grant, or 401."""
+async def authorize(request: Request) -> Grant:
+    """FastAPI dependency: the request's grant, or 401. On the event loop (no worker thread
+    per request); a token not cached yet is looked up on the store's thread."""
+    ctx = ctx_of(request)
+    header = request.headers.get("authorization")
     try:
-        return ctx_of(request).auth.authenticate(request.headers.get("authorization"))
+        grant = ctx.auth.authenticate(header, lookup=False)
+        if grant is None:
+            grant = await ctx.store.run(ctx.auth.authenticate, header)
+        return grant
     except AuthError as exc:
         raise ApiError(
             exc.status, "unauthorized", exc.message, headers={"WWW-Authenticate": "Bearer"}
@@ -105,25 +134,26 @@ def require_general(grant: Grant) -> None:
 
 
 @router.get("/healthz")
-def healthz(request: Request) -> dict[str, str]:
+async def healthz(request: Request) -> dict[str, str]:
     ctx = getattr(request.app.state, "ctx", None)
     config = request.app.state.config
     if ctx is None:
         return {"status": "starting", "model": config.model or "default", "device": config.device}
-    return {"status": "ok", "model": ctx.model_id, "device": ctx.device}
+    status = "draining" if request.app.state.draining else "ok"  # server.shutdown
+    return {"status": status, "model": ctx.model_id, "device": ctx.device}
 
 
 @router.get("/metrics")
-def metrics(request: Request) -> Response:
+async def metrics(request: Request) -> Response:
     client = request.client.host if request.client is not None else ""
     ctx = ctx_of(request)
     if not is_loopback(client):
-        require_general(authorize(request))
+        require_general(await authorize(request))
     return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
 
 
 @router.get("/v1/models", response_model=list[ModelInfo], response_model_exclude_none=True)
-def list_models(request: Request, grant: AuthGrant) -> list[dict[str, Any]]:
+async def list_models(request: Request, grant: AuthGrant) -> list[dict[str, Any]]:
     """Every card; ``served`` marks those this process serves, ``examples`` and ``controls``
     are what a page shows of a card (example prompts, the controls legend)."""
     require_general(grant)
@@ -143,11 +173,24 @@ def list_models(request: Request, grant: AuthGrant) -> list[dict[str, Any]]:
 
 
 @router.post("/v1/tokens", status_code=201)
-def issue_token(body: TokenBody, request: Request, grant: AuthGrant) -> TokenIssued:
+async def issue_token(body: TokenBody, request: Request, grant: AuthGrant) -> TokenIssued:
     if not grant.is_admin:
         raise ApiError(403, "forbidden", "issuing tokens needs the admin key or an admin token")
     token, expires_at = ctx_of(request).auth.issue(body.scope, body.ttl_s)
     return TokenIssued(token=token, scope=body.scope, expires_at=expires_at)
+
+
+@faults_router.post("/v1/faults", status_code=202)
+async def inject_fault(body: FaultBody, request: Request, grant: AuthGrant) -> dict[str, str]:
+    """Arms a fault on the next denoising step of session or job ``target`` (admin only; a
+    test and drill hook, runtime.faults)."""
+    if not grant.is_admin:
+        raise ApiError(403, "forbidden", "fault injection needs the admin key or an admin token")
+    ctx = ctx_of(request)
+    if ctx.engine.handle(body.target) is None:
+        raise ApiError(404, "not_found", f"no running session or job {body.target!r}")
+    ctx.faults.arm(body.target, body.kind)
+    return {"target": body.target, "kind": body.kind}
 
 
 def mount_web(app: FastAPI, web_dir: Path | None) -> None:

@@ -17,6 +17,7 @@ __all__ = [
     "ChooseBody",
     "ComponentsBody",
     "ControlInfo",
+    "FaultBody",
     "FeedbackBody",
     "ForkBody",
     "JobBody",
@@ -35,7 +36,9 @@ __all__ = [
     "WeightsBody",
 ]
 
-Text = Annotated[str, Field(min_length=1, max_length=4000)]
+# Hard caps; the configured limits (``server.limits.Limits``: prompt length, SDP size) are
+# checked by the routes on top of them, so they can be lowered without a schema change.
+Text = Annotated[str, Field(min_length=1, max_length=16_000)]
 Dimension = Annotated[int, Field(ge=8, le=4096)]
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
@@ -89,7 +92,7 @@ class SessionCreated(BaseModel):
 
 
 class OfferBody(_Body):
-    sdp: Annotated[str, Field(min_length=1, max_length=64 * 1024)]
+    sdp: Annotated[str, Field(min_length=1, max_length=256 * 1024)]
     type: Literal["offer"]
 
 
@@ -193,6 +196,11 @@ class TokenIssued(BaseModel):
     token: str
     scope: str
     expires_at: float
+
+
+class FaultBody(_Body):
+    target: Annotated[str, Field(min_length=1, max_length=64)]
+    kind: Literal["nan", "exception", "oom"]
 
 
 class ControlInfo(BaseModel):

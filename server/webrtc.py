@@ -18,7 +18,16 @@ limits the host candidates aioice gathers to the given addresses (``--ice-host``
 
 Lifecycle: ``close()`` is idempotent; it ends the forwarding and audio tasks (awaited),
 stops the track, closes the peer connection and tells the session its viewer left. A peer
-connection that fails or closes on its own triggers the same ``close()``.
+connection that fails or closes on its own triggers the same ``close()``, and so does one that
+is not connected (ICE + DTLS) ``limits.connect_timeout_s`` after its answer: a client that
+vanishes mid-negotiation or mid-DTLS never holds the session in ``negotiating``.
+
+Bounds (``server.limits.Limits``): events for a peer that does not read its data channel stop
+being queued once ``control_buffer_bytes`` wait in the channel (counted in
+``events_dropped``; the peer reads the rest from SSE with ``Last-Event-ID``); viewer audio for
+a session that is not live is kept for at most ``audio_buffer_s`` (the oldest goes first), and
+frames the audio track delivers faster than they are read are dropped past
+``AUDIO_QUEUE_FRAMES``.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from server.control_inbox import ControlInbox
 from server.frame_pacer import FramePacer
+from server.limits import Limits
 from server.media_track import SessionVideoTrack
 from sessions.audio import TARGET_RATE_HZ, AudioClip
 from sessions.events import encode_event
@@ -53,6 +63,7 @@ __all__ = [
     "OfferError",
     "ViewerPeer",
     "configure_video_bitrate",
+    "ice_server",
     "restrict_host_candidates",
     "video_codec_preferences",
 ]
@@ -60,6 +71,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 AUDIO_PUSH_S = 0.5
+AUDIO_QUEUE_FRAMES = 50  # 1 s of 20 ms frames waiting in the track: beyond, the oldest go
 CONTROL_LABEL = "control"
 
 
@@ -125,6 +137,17 @@ def restrict_host_candidates(addresses: Sequence[str]) -> Callable[[], None]:
     return undo
 
 
+def ice_server(spec: str) -> RTCIceServer:
+    """An ``--ice-server`` value: a STUN/TURN URL, with TURN credentials written in it as
+    ``turn:USER:PASSWORD@host:port[?transport=udp|tcp]`` (split at the last ``@``)."""
+    scheme, _, rest = spec.partition(":")
+    if "@" not in rest:
+        return RTCIceServer(urls=spec)
+    credentials, _, address = rest.rpartition("@")
+    username, _, password = credentials.partition(":")
+    return RTCIceServer(urls=f"{scheme}:{address}", username=username, credential=password)
+
+
 class ViewerPeer:
     """The WebRTC peer connection of one viewer of one session (see the module docstring)."""
 
@@ -134,21 +157,23 @@ class ViewerPeer:
         *,
         store: Store | None,
         ice_servers: Sequence[str] = (),
-        control_rate_per_s: float = 30.0,
-        control_burst: int = 60,
+        limits: Limits | None = None,
         on_closed: Callable[[ViewerPeer], None] | None = None,
         pacer: FramePacer | None = None,
     ) -> None:
         self.session = session
-        config = RTCConfiguration(iceServers=[RTCIceServer(urls=url) for url in ice_servers])
+        self.limits = limits = limits or Limits()
+        config = RTCConfiguration(iceServers=[ice_server(spec) for spec in ice_servers])
         self.pc = RTCPeerConnection(configuration=config)
         self.track = SessionVideoTrack(session, pacer=pacer)
         self.inbox = ControlInbox(
             session,
             store=store,
             reply=self._send,
-            rate_per_s=control_rate_per_s,
-            burst=control_burst,
+            rate_per_s=limits.control_rate_per_s,
+            burst=limits.control_burst,
+            max_bytes=limits.control_max_bytes,
+            max_prompt_chars=limits.max_prompt_chars,
         )
         self._on_closed = on_closed
         self._tasks: set[asyncio.Task[None]] = set()
@@ -157,6 +182,9 @@ class ViewerPeer:
         self._closed = False
         self._audio_wanted = "input.audio" in session.config.capabilities
         self.audio_frames_in = 0
+        self.audio_frames_dropped = 0
+        self.events_dropped = 0
+        self.connected = asyncio.Event()
 
         @self.pc.on("datachannel")
         def on_datachannel(channel: Any) -> None:
@@ -177,6 +205,7 @@ class ViewerPeer:
             log.info("session %s: peer connection %s", session.id, self.pc.connectionState)
             if self.pc.connectionState == "connected":
                 session.latency.connected()  # ICE and DTLS are up
+                self.connected.set()
             if self.pc.connectionState in ("failed", "closed"):
                 await self.close()
 
@@ -203,14 +232,43 @@ class ViewerPeer:
                 f"{video.currentDirection!r}); offer it recvonly"
             )
         local = self.pc.localDescription
+        if self.limits.connect_timeout_s > 0:
+            self._spawn(self._connect_watch(self.limits.connect_timeout_s), "connect")
         return RTCSessionDescription(sdp=local.sdp, type=local.type)
+
+    async def _connect_watch(self, timeout_s: float) -> None:
+        """Closes the peer when ICE + DTLS do not connect within ``timeout_s`` of the answer."""
+        try:
+            await asyncio.wait_for(self.connected.wait(), timeout_s)
+        except TimeoutError:
+            log.info(
+                "session %s: viewer not connected %.0f s after the answer (state %s); closing",
+                self.session.id,
+                timeout_s,
+                self.pc.connectionState,
+            )
+            # close() awaits this task's siblings; run it beside them, not inside this one
+            asyncio.get_running_loop().create_task(
+                self.close(), name=f"peer-{self.session.id}-timeout"
+            )
 
     # ---------------------------------------------------------------- control channel
 
     def _send(self, payload: bytes) -> None:
         channel = self._channel
-        if channel is not None and channel.readyState == "open":
-            channel.send(payload.decode("utf-8"))
+        if channel is None or channel.readyState != "open":
+            return
+        if channel.bufferedAmount + len(payload) > self.limits.control_buffer_bytes:
+            # the peer does not read (or cannot keep up): never queue without bound
+            if self.events_dropped == 0:
+                log.warning(
+                    "session %s: viewer's data channel holds %d bytes unread; dropping events",
+                    self.session.id,
+                    channel.bufferedAmount,
+                )
+            self.events_dropped += 1
+            return
+        channel.send(payload.decode("utf-8"))
 
     async def _forward_events(self, channel: Any) -> None:
         """Every session event, in order, as one JSON text message (once the channel is open)."""
@@ -237,15 +295,22 @@ class ViewerPeer:
         pending: list[np.ndarray] = []
         pending_n = 0
         push_n = int(AUDIO_PUSH_S * TARGET_RATE_HZ)
+        keep_n = max(push_n, int(self.limits.audio_buffer_s * TARGET_RATE_HZ))
+        queued = getattr(track, "_queue", None)  # aiortc's RemoteStreamTrack: unbounded
         try:
             while True:
+                while queued is not None and queued.qsize() > AUDIO_QUEUE_FRAMES:
+                    queued.get_nowait()  # a peer sending faster than real time
+                    self.audio_frames_dropped += 1
                 frame = await track.recv()
                 self.audio_frames_in += 1
                 for out in resampler.resample(frame):
                     samples = out.to_ndarray().reshape(-1).astype(np.float32)  # [n] 16 kHz mono
                     pending.append(samples)
                     pending_n += samples.shape[0]
-                if pending_n >= push_n and self.session.accepts_inputs:
+                while pending_n > keep_n and len(pending) > 1:  # not live: keep the newest only
+                    pending_n -= pending.pop(0).shape[0]
+                if pending_n >= push_n and self.session.playing:
                     clip = AudioClip(
                         np.clip(np.concatenate(pending), -1.0, 1.0),
                         frame.sample_rate,

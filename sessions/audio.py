@@ -23,6 +23,7 @@ __all__ = [
     "TARGET_RATE_HZ",
     "AudioClip",
     "AudioFormatError",
+    "AudioTooLongError",
     "decode_audio",
     "resample",
 ]
@@ -39,6 +40,10 @@ class AudioFormatError(ValueError):
     """The upload is not PCM s16le nor a WAV file this decoder understands."""
 
 
+class AudioTooLongError(AudioFormatError):
+    """The upload decodes to more seconds than the limit allows."""
+
+
 @dataclass(frozen=True, slots=True)
 class AudioClip:
     samples: np.ndarray  # [n] float32, mono, 16 kHz, in [-1, 1]
@@ -50,22 +55,25 @@ class AudioClip:
         return self.samples.shape[0] / TARGET_RATE_HZ
 
 
-def decode_audio(body: bytes, *, content_type: str = "") -> AudioClip:
-    """WAV (detected by its RIFF header) or raw s16le mono 16 kHz -> 16 kHz mono float32."""
+def decode_audio(
+    body: bytes, *, content_type: str = "", max_seconds: float = MAX_SECONDS
+) -> AudioClip:
+    """WAV (detected by its RIFF header) or raw s16le mono 16 kHz -> 16 kHz mono float32.
+    Longer than ``max_seconds``: ``AudioTooLongError``."""
     if not body:
         raise AudioFormatError("empty audio body")
     if body[:4] == b"RIFF" and body[8:12] == b"WAVE":
-        return _decode_wav(body)
+        return _decode_wav(body, max_seconds)
     if "wav" in content_type.lower():
         raise AudioFormatError("content-type says WAV but the body has no RIFF/WAVE header")
     if len(body) % 2:
         raise AudioFormatError(f"raw PCM s16le needs an even byte count, got {len(body)}")
     samples = np.frombuffer(body, dtype="<i2").astype(np.float32) / 32768.0  # [n]
-    _check_duration(samples.shape[0], TARGET_RATE_HZ)
+    _check_duration(samples.shape[0], TARGET_RATE_HZ, max_seconds)
     return AudioClip(samples, TARGET_RATE_HZ, 1)
 
 
-def _decode_wav(body: bytes) -> AudioClip:
+def _decode_wav(body: bytes, max_seconds: float) -> AudioClip:
     try:
         with av.open(io.BytesIO(body), format="wav") as container:
             if not container.streams.audio:
@@ -83,14 +91,14 @@ def _decode_wav(body: bytes) -> AudioClip:
         raise AudioFormatError(
             f"WAV file lacks a 'fmt ' or 'data' chunk, or they are malformed ({exc})"
         ) from None
-    _check_duration(sum(f.samples for f in frames), rate)
+    _check_duration(sum(f.samples for f in frames), rate, max_seconds)
     return AudioClip(_to_target(frames), rate, channels)
 
 
-def _check_duration(num_samples: int, rate_hz: int) -> None:
-    if num_samples / rate_hz > MAX_SECONDS:
-        raise AudioFormatError(
-            f"audio is {num_samples / rate_hz:.1f} s long; at most {MAX_SECONDS} s per upload"
+def _check_duration(num_samples: int, rate_hz: int, max_seconds: float) -> None:
+    if num_samples / rate_hz > max_seconds:
+        raise AudioTooLongError(
+            f"audio is {num_samples / rate_hz:.1f} s long; at most {max_seconds:g} s per upload"
         )
 
 

@@ -333,13 +333,14 @@ class EventStream:
         history: int = 512,
         max_backlog: int = 1024,
         clock: Callable[[], float] = time.time,
+        first_id: int = 1,
     ) -> None:
         self._history: collections.deque[Event] = collections.deque(maxlen=history)
         self._subscribers: list[Subscription] = []
         self._sinks: list[Callable[[Event], None]] = []
         self._max_backlog = max_backlog
         self._clock = clock
-        self._next_id = 1
+        self._next_id = first_id  # > 1: a resumed session's stream goes on after its stored one
         self._closed = False
 
     @property

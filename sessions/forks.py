@@ -200,6 +200,7 @@ class ForkRegistry:
             capabilities=cfg.capabilities,
             record_template=cfg.record_template,
             action_validator=cfg.action_validator,
+            max_pending_inputs=cfg.max_pending_inputs,
         )
         session = Session(
             config,

@@ -87,6 +87,7 @@ class SessionHost:
         media_seconds: float = 4.0,
         recording: Recording | None = None,
         admission_cost: str = "auto",
+        max_pending_inputs: int = 256,
     ) -> None:
         if admission_cost not in ADMISSION_COSTS:
             raise ValueError(
@@ -99,6 +100,7 @@ class SessionHost:
             admission_cost == "auto" and device != "cpu"
         )
         self.engine = engine
+        self.max_pending_inputs = max_pending_inputs
         self.models = models
         self.store = store
         self.slabs_per_geometry = slabs_per_geometry
@@ -134,13 +136,19 @@ class SessionHost:
         priority_class: Literal["realtime", "batch"] = "realtime",
         start: Literal["viewer", "now"] = "viewer",
         adapters: tuple[tuple[str, float], ...] = (),
+        session_id: str | None = None,
+        resume: Any = None,
+        first_event_id: int = 1,
     ) -> Session | Reject:
         """Admits and starts a session, or returns ``Reject`` (capacity). Raises ``KeyError``
         (unknown model), ``models.card.ProfileError`` (bad geometry) or ``UnsupportedTaskError``.
         ``start="now"``: the prompt encode and the first chunk run at once (then the loop
         waits for the viewer), so the offer and ICE overlap them; else nothing runs before the
         first pull of the video. ``adapters``: (name, strength) of LoRA adapters registered at
-        deploy scope (an unknown one: ``UnsupportedTaskError`` on field ``adapters``)."""
+        deploy scope (an unknown one: ``UnsupportedTaskError`` on field ``adapters``).
+        ``resume``: a restored loop state (``sessions.resume``) the loop is forked from, under
+        the old ``session_id`` (its store row is updated, not added; its events go on from
+        ``first_event_id``)."""
         self._check_open()
         served = self.models.resolve(model)
         card = served.card
@@ -156,7 +164,7 @@ class SessionHost:
                 served.adapters.check(adapters)
             except (AttributeError, ValueError) as exc:
                 raise UnsupportedTaskError("adapters", str(exc)) from None
-        session_id = new_id("ses")
+        session_id = session_id or new_id("ses")
         reservation_id, slab_id = None, None
         if self.engine.admission is not None:
             answer = self.engine.admission.admit(
@@ -178,14 +186,21 @@ class SessionHost:
             capabilities=card.capabilities,
             record_template=self.record_template(served, profile),
             action_validator=self._action_validator,
+            max_pending_inputs=self.max_pending_inputs,
         )
         frames_per_chunk = max(1, round(served.chunk_seconds(profile) * profile.fps))
         capacity = max(3 * frames_per_chunk, round(self._media_seconds * profile.fps))
         session = Session(
-            config, media_capacity_frames=capacity, store=self.store, recording=self.recording
+            config,
+            media_capacity_frames=capacity,
+            store=self.store,
+            recording=self.recording,
+            first_event_id=first_event_id,
         )
+        if resume is not None:
+            session.prompts.continue_segment(resume.segment)
         self.store.defer(
-            self.store.add_session,
+            self.store.add_session if resume is None else self._resumed_row,
             session_id=session_id,
             model_id=card.model_id,
             prompt=prompt,
@@ -214,6 +229,7 @@ class SessionHost:
                 priority=Priority.REALTIME if priority_class == "realtime" else Priority.BATCH,
                 on_emit=session.on_emission,
                 reservation_id=reservation_id,
+                fork_from=resume,  # the restored chunk-KV goes into this session's slab
             )
         except Exception:
             if reservation_id is not None:
@@ -235,6 +251,9 @@ class SessionHost:
             priority_class,
         )
         return session
+
+    def _resumed_row(self, *, session_id: str, state: str, prompt: str, **_: Any) -> None:
+        self.store.update_session(session_id, state=state, prompt=prompt, error=None)
 
     def admit(self, owner: str, served: ServedModel, profile: Profile) -> Any:
         """One session's reservation (``Admit``, with its slab) or ``Reject`` (counted)."""
@@ -343,16 +362,27 @@ class SessionHost:
         if self._closed:
             raise HostError("the session host is closed")
 
-    async def close_unwatched(self, max_unwatched_s: float) -> list[str]:
+    async def close_unwatched(self, max_unwatched_s: float, max_idle_s: float = 0.0) -> list[str]:
         """Closes the sessions nobody has watched for ``max_unwatched_s`` (a client that
-        vanished without DELETE must not hold a KV slab forever); returns their ids."""
-        stale = [
-            s for s in self.sessions() if s.accepts_inputs and s.unwatched_for_s() > max_unwatched_s
+        vanished without DELETE must not hold a KV slab forever) and, with ``max_idle_s`` > 0,
+        those that got no input for that long (reason ``idle timeout``); returns their ids."""
+        live = [s for s in self.sessions() if s.accepts_inputs]
+        unwatched = [
+            s for s in live if max_unwatched_s > 0 and s.unwatched_for_s() > max_unwatched_s
         ]
-        await asyncio.gather(*(s.close("unwatched timeout") for s in stale), return_exceptions=True)
-        return [s.id for s in stale]
+        idle = [
+            s
+            for s in live
+            if max_idle_s > 0 and s not in unwatched and s.ledger.idle_for_s() > max_idle_s
+        ]
+        closing = [s.close("unwatched timeout") for s in unwatched]
+        closing += [s.close("idle timeout") for s in idle]
+        await asyncio.gather(*closing, return_exceptions=True)
+        return [s.id for s in unwatched + idle]
 
-    def start_reaper(self, max_unwatched_s: float, *, interval_s: float = 5.0) -> None:
+    def start_reaper(
+        self, max_unwatched_s: float, *, interval_s: float = 5.0, max_idle_s: float = 0.0
+    ) -> None:
         """Runs ``close_unwatched`` every ``interval_s`` until ``close()``."""
         if self._reaper is not None:
             raise HostError("the unwatched-session reaper is already running")
@@ -361,7 +391,7 @@ class SessionHost:
             try:
                 while True:
                     await asyncio.sleep(interval_s)
-                    closed = await self.close_unwatched(max_unwatched_s)
+                    closed = await self.close_unwatched(max_unwatched_s, max_idle_s)
                     if closed:
                         log.info("closed %d unwatched sessions: %s", len(closed), closed)
             except asyncio.CancelledError:

@@ -45,13 +45,18 @@ from sessions.latency import SessionLatency
 from sessions.prompt_memory import PromptMemory
 from sessions.records import ChunkRecorder
 
-__all__ = ["InputLedger", "InvalidInputError", "UnsupportedInputError"]
+__all__ = ["InputBacklogError", "InputLedger", "InvalidInputError", "UnsupportedInputError"]
 
 ActionValidator = Callable[[list[str], tuple[float, float]], list[str]]
 
 
 class UnsupportedInputError(ValueError):
     """The session's model card does not declare the capability this input needs."""
+
+
+class InputBacklogError(ValueError):
+    """``max_pending`` inputs already wait for the loop (paused or busy): this one is refused
+    (429 on REST, an ``error`` event on the data channel) rather than held without bound."""
 
 
 class InvalidInputError(ValueError):
@@ -82,6 +87,8 @@ class InputLedger:
         clock: Callable[[], float],
         wall: Callable[[], float],
         action_validator: ActionValidator | None = None,
+        backlog: Callable[[], int] = lambda: 0,
+        max_pending: int = 0,
     ) -> None:
         self._model_id = model_id
         self._capabilities = capabilities
@@ -95,10 +102,13 @@ class InputLedger:
         self._clock = clock
         self._wall = wall
         self._action_validator = action_validator
+        self._backlog = backlog  # inputs sent that the loop has not taken yet
+        self.max_pending = max_pending  # 0: unbounded
         self._next_seq = 1
         # seq -> (kind, what the record keeps) of actions and audio until applied
         self._pending: dict[int, tuple[InputKind, Any]] = {}
         self.audio_samples_in = 0
+        self.last_input_s = clock()  # when the last input arrived (or the ledger was made)
 
     # ---------------------------------------------------------------- received
 
@@ -107,6 +117,7 @@ class InputLedger:
         capability = "prompt.cut" if mode == "cut" else "prompt.switch"
         self._require_capability(capability, f"prompt mode {mode!r}")
         self._require_open()
+        self._check_backlog()  # before prompt memory takes it
         entry = self._prompts.receive(self._next_seq, text, mode, received_s=self._wall())
         return self._receive(InputKind.PROMPT, PromptInput(text=text, mode=entry.mode))
 
@@ -143,6 +154,8 @@ class InputLedger:
         """Numbers an input and sends it; ``recorded`` is what the behaviour record keeps of an
         action or audio clip until it is applied (a prompt's text is in prompt memory)."""
         self._require_open()
+        self._check_backlog()
+        self.last_input_s = self._clock()
         seq = self._next_seq
         self._next_seq += 1
         self._latency.received(seq, kind.value)  # before the send: runtime stages count from it
@@ -151,6 +164,17 @@ class InputLedger:
             self._pending[seq] = (kind, recorded)
         self._events.publish(InputReceived(seq=seq, kind=kind.value))
         return seq
+
+    def idle_for_s(self) -> float:
+        """Seconds since the last input (or since the session began)."""
+        return self._clock() - self.last_input_s
+
+    def _check_backlog(self) -> None:
+        waiting = self._backlog()
+        if self.max_pending and waiting >= self.max_pending:
+            raise InputBacklogError(
+                f"{waiting} inputs already wait for the loop; the limit is {self.max_pending}"
+            )
 
     def _require_capability(self, capability: str, what: str) -> None:
         if capability not in self._capabilities:

@@ -74,6 +74,7 @@ class Job:
         self.error: str | None = None
         self.artifact: Artifact | None = None
         self._loop = LoopWatch(f"job {self.id}")
+        self.suspended = False  # stopped by a graceful shutdown, to resume in the next process
         self.events.publish(JobStateChanged(state=self._state.value))
 
     @property
@@ -123,7 +124,7 @@ class Job:
         await self._write_artifact(result)
 
     def loop_cancelled(self, reason: str) -> None:
-        if not self.terminal:
+        if not self.terminal and not self.suspended:
             self._transition(JobState.CANCELLED, reason)
 
     def loop_failed(self, code: str, message: str) -> None:
@@ -180,6 +181,20 @@ class Job:
             # The loop already finished and only the artifact write is pending.
             self._transition(JobState.CANCELLED, reason)
             await self._loop.wait()
+
+    @property
+    def handle(self) -> LoopHandleLike | None:
+        return self._loop.handle
+
+    async def suspend(self) -> None:
+        """Stops the loop for a shutdown without ending the job (no state change, nothing
+        written): its store row still says ``queued``/``running`` for the next process."""
+        handle = self._loop.handle
+        if self.terminal or handle is None:
+            return
+        self.suspended = True
+        handle.cancel("server shutdown")
+        await self._loop.wait()
 
     async def wait_finished(self) -> None:
         await self._loop.wait()

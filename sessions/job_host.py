@@ -22,6 +22,8 @@ from typing import Any, Literal
 from models.loops.requests import JobRequest
 from runtime.contract import Emission, Priority
 from sessions.job import Job, JobConfig
+from sessions.recording import Recording
+from sessions.resume import job_snapshot, snapshot_loop
 from sessions.served_models import (
     EngineLike,
     HostError,
@@ -50,12 +52,14 @@ class JobHost:
         store: Store,
         artifact_dir: str | Path,
         max_finished_jobs: int = 256,
+        recording: Recording | None = None,
     ) -> None:
         self.engine = engine
         self.models = models
         self.store = store
         self.artifact_dir = Path(artifact_dir)
         self.max_finished_jobs = max_finished_jobs
+        self.recording = recording  # where a shutdown's job snapshots go (sessions.resume)
         self._jobs: dict[str, Job] = {}
         self._closed = False
 
@@ -82,13 +86,15 @@ class JobHost:
         group: bool = False,
         tap: Callable[[Emission], None] | None = None,
         keep_latents: bool = False,
+        restore_from: bytes | None = None,
     ) -> Job:
         """Queues a job (batch class; never refused but while the model is held:
         ``ModelUnavailableError``). Raises ``KeyError``, ``ProfileError`` or
         ``UnsupportedTaskError`` for requests the model cannot serve. ``group``: a sample of a
         rollout group (the model's ``group_loop``: denoising steps batch with the group's
         other samples); ``tap`` also hears every emission of its loop (the group's records);
-        ``keep_latents``: each chunk's capture carries its per-step latents."""
+        ``keep_latents``: each chunk's capture carries its per-step latents; ``restore_from``:
+        the job's snapshot from a shutdown (it goes on from there)."""
         if self._closed:
             raise HostError("the job host is closed")
         served = self.models.resolve(model)
@@ -170,6 +176,7 @@ class JobHost:
             loop_id=job_id,
             priority=Priority.BATCH,
             on_emit=on_emit,
+            restore_from=restore_from,
         )
         self._jobs[job_id] = job
         job.attach(handle, on_finished=self._job_finished)
@@ -201,11 +208,18 @@ class JobHost:
             self.store.update_job(job_id, state=JobState.QUEUED.value, progress=0.0, error=None)
 
     def resume_jobs(self, rows: list[dict[str, Any]]) -> list[Job]:
-        """Queues again the jobs a previous process left unfinished (``Store.recover``)."""
+        """Queues again the jobs a previous process left unfinished (``Store.recover``): from
+        the snapshot a graceful shutdown took, else from their request; one that cannot be
+        queued ends ``failed`` with the reason (never left ``running``)."""
         resumed = []
         for row in rows:
             params = row["params"]
             try:
+                blob = None
+                if self.recording is not None:
+                    blob = job_snapshot(self.recording.data_dir, row["id"])
+                if blob is not None:
+                    log.info("job %s restored from its snapshot", row["id"])
                 resumed.append(
                     self.submit_job(
                         task=row["task"],
@@ -218,9 +232,10 @@ class JobHost:
                         job_id=row["id"],
                         extensions=params.get("extensions"),
                         exact=params.get("exact", False),
+                        restore_from=blob,
                     )
                 )
-            except (KeyError, ValueError) as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever it is, the job must not hang
                 log.warning("job %s cannot be resumed: %s", row["id"], exc)
                 self.store.defer(
                     self.store.update_job,
@@ -238,11 +253,35 @@ class JobHost:
         await job.cancel()
         return True
 
+    async def suspend(self, timeout_s: float) -> int:
+        """A graceful shutdown: refuses new jobs, snapshots every running job at its next step
+        boundary (waiting at most ``timeout_s``), then stops every unfinished one **without**
+        ending it: its row stays ``queued``/``running``, so the next process resumes it
+        (``resume_jobs``). Returns the snapshots taken."""
+        self._closed = True
+        live = [j for j in self._jobs.values() if not j.terminal and j.handle is not None]
+        taken = 0
+        if self.recording is not None:
+            running = [j for j in live if j.state.value == "running"]
+            futures = [
+                snapshot_loop(self.recording, j.handle, after_chunk=False, advance=False)
+                for j in running
+            ]
+            if futures:
+                done, _ = await asyncio.wait(futures, timeout=timeout_s)
+                taken = sum(1 for f in done if not f.cancelled() and f.exception() is None)
+        await asyncio.gather(*(j.suspend() for j in live), return_exceptions=True)
+        return taken
+
     async def close(self) -> None:
-        """Cancels every unfinished job and refuses new ones. Idempotent."""
+        """Cancels every unfinished job (not those suspended) and refuses new ones."""
         self._closed = True
         await asyncio.gather(
-            *(job.cancel("server shutdown") for job in self._jobs.values() if not job.terminal),
+            *(
+                job.cancel("server shutdown")
+                for job in self._jobs.values()
+                if not job.terminal and not job.suspended
+            ),
             return_exceptions=True,
         )
 

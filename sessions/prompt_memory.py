@@ -101,6 +101,10 @@ class PromptMemory:
     def segment(self) -> int:
         return self._segment
 
+    def continue_segment(self, segment: int) -> None:
+        """The stream goes on in ``segment`` (a session resumed from a snapshot)."""
+        self._segment = segment
+
     def continue_from(self, other: PromptMemory) -> None:
         """Becomes a copy of ``other`` (a fork candidate goes on with its parent's prompts)."""
         self._entries = {seq: dataclasses.replace(e) for seq, e in other._entries.items()}

@@ -87,6 +87,7 @@ class Session:
         wall_clock: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
         recording: Recording | None = None,
+        first_event_id: int = 1,
     ) -> None:
         self.config = config
         self.id = config.session_id
@@ -95,7 +96,7 @@ class Session:
         self._persistence = Persistence(
             store, self.id, row="session", event_types=SESSION_EVENT_TYPES
         )
-        self.events = EventStream(clock=wall_clock)
+        self.events = EventStream(clock=wall_clock, first_id=first_event_id)
         self.events.add_sink(self._persistence.event)
         self.media = MediaQueue(media_capacity_frames)
         self.prompts = PromptMemory(config.prompt, received_s=self.created_at)
@@ -132,6 +133,8 @@ class Session:
             clock=clock,
             wall=wall_clock,
             action_validator=config.action_validator,
+            backlog=lambda: getattr(self.handle, "pending_inputs", 0),
+            max_pending=config.max_pending_inputs,
         )
         self._emissions = LoopEmissions(
             f"session {self.id}",

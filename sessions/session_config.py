@@ -26,3 +26,4 @@ class SessionConfig:
     record_template: Mapping[str, Any] = field(default_factory=dict)
     # The model's check of an action (keys, (dx, dy)) -> canonical keys; raises ValueError.
     action_validator: Callable[[list[str], tuple[float, float]], list[str]] | None = None
+    max_pending_inputs: int = 256  # inputs the loop has not taken yet; beyond: refused

@@ -18,8 +18,8 @@ asyncio side calls them through the single writer thread: ``await store.run(stor
 resolves after COMMIT (durable before the answer), ``store.defer(...)`` is fire-and-forget
 (failures logged). ``close()`` drains the writer and is idempotent.
 
-Recovery (``recover()`` at startup): sessions a previous process left live are ``failed``
-(their viewers and loops are gone); its queued/running jobs are returned to be queued again.
+Recovery (``recover()``): sessions a previous process left live are ``failed`` (a client may
+resume one from its snapshot: ``sessions.resume``); its unfinished jobs are queued again.
 """
 
 from __future__ import annotations
@@ -415,14 +415,15 @@ class Store:
         )
         return int(cursor.lastrowid or 0)
 
-    def find_fork(self, session_id: str, candidate: str) -> dict[str, Any] | None:
-        for row in self._query(
+    def forks(self, session_id: str) -> list[dict[str, Any]]:
+        """The forks of ``session_id``, newest first (``candidates`` decoded)."""
+        rows = self._query(
             "SELECT * FROM forks WHERE session_id = ? ORDER BY id DESC", (session_id,)
-        ):
-            row["candidates"] = json.loads(row["candidates"])
-            if candidate in row["candidates"]:
-                return row
-        return None
+        )
+        return [{**row, "candidates": json.loads(row["candidates"])} for row in rows]
+
+    def find_fork(self, session_id: str, candidate: str) -> dict[str, Any] | None:
+        return next((r for r in self.forks(session_id) if candidate in r["candidates"]), None)
 
     def choose_fork(
         self,

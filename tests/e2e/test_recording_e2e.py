@@ -1,6 +1,7 @@
 """Behaviour recording end to end: a scripted tiny-world session on a real ``dreamrt serve``
 subprocess (real aiortc viewer, real SQLite file), then ``dreamrt replay`` and
-``dreamrt export`` on its data directory, and a SIGKILL right after a 201.
+``dreamrt export`` on its data directory, and a SIGKILL right after feedback, fork and choose
+were answered (then a restart: nothing acknowledged lost, the job and the session resume).
 
 The session: a prompt, then a prompt switch, held keys and an audio clip as it streams; it is
 closed after chunk 5, so the server writes its records, input log, replay snapshots (every 2
@@ -17,13 +18,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import wave
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aioice.ice
-import httpx
 import numpy as np
 import pytest
 
@@ -230,33 +231,78 @@ def test_export_round_trip_reads_back_with_pandas_and_datasets(
     assert len(pd.read_parquet(out / "records" / "part-00001.parquet")) == len(records)
 
 
-def test_feedback_answered_201_survives_sigkill(tmp_path: Path) -> None:
-    """201 means committed: the server is killed (SIGKILL) right after the answer."""
+async def test_acknowledged_rows_survive_sigkill_and_the_work_resumes(tmp_path: Path) -> None:
+    """201 means committed: the server is killed (SIGKILL) right after feedback, fork and
+    choose were answered, while a job runs and a session streams. After the restart no
+    acknowledged row is lost, the job ends (succeeded from its request, or failed with a
+    reason: never left running) and the session's client resumes it with its old id: it goes
+    on from its last periodic snapshot (chunk > 0; the chosen candidate's, if it was written
+    before the kill)."""
+    import sqlite3
+
     data = tmp_path / "data"
-    server = ServerProcess(data, tmp_path / "server.log").start()
+    args = ("--snapshot-every", "2", "--deterministic", "--max-sessions", "4")
+    server = ServerProcess(data, tmp_path / "server.log", extra_args=args).start()
     try:
-        created = httpx.post(f"{server.url}/v1/sessions", json={"prompt": "a red ball"}).json()
-        sid = created["id"]
-        answer = httpx.post(
-            f"{server.url}/v1/sessions/{sid}/feedback",
-            json={"rating": -1, "chunk": 0, "note": "too dark"},
-        )
-        os.killpg(server._proc.pid, signal.SIGKILL)  # noqa: SLF001 - the real process
+        async with DreamrtClient(server.url) as api:
+            viewer = Viewer(api)
+            await viewer.connect("a red ball", seed=5)
+            sid = viewer.session_id
+            job = await api.submit_job("t2v", "a slow pan", num_frames=120, seed=3)
+            await viewer.wait_event(lambda e: e["type"] == "media.chunk" and e["chunk"] >= 3, 60)
+            while (await api.job(job))["state"] != "running":
+                await asyncio.sleep(0.05)
+            feedback = await api.request(
+                "POST",
+                f"/v1/sessions/{sid}/feedback",
+                json={"rating": -1, "chunk": 0, "note": "too dark"},
+            )
+            forked = await api.request("POST", f"/v1/sessions/{sid}/fork", json={"n": 2})
+            chosen = forked.json()["candidates"][1]
+            choose = await api.request(
+                "POST", f"/v1/sessions/{sid}/choose", json={"candidate": chosen}
+            )
+            os.killpg(server._proc.pid, signal.SIGKILL)  # noqa: SLF001 - the real process
+            last = max(e["chunk"] for e in viewer.events if e["type"] == "media.chunk")
+            await viewer.close(delete=False)
     finally:
         server.stop()
-    assert answer.status_code == 201
-    restarted = ServerProcess(data, tmp_path / "server2.log").start()  # recovery runs
-    restarted.stop()
+    assert [feedback.status_code, forked.status_code, choose.status_code] == [201] * 3
+    assert choose.json() == {"chosen": chosen, "preferences": 1}
+    restarted = ServerProcess(data, tmp_path / "server2.log", extra_args=args).start()
+    try:
+        async with DreamrtClient(restarted.url) as api:
+            resumed = Viewer(api)
+            await resumed.connect(session_id=sid)  # the old id (auth none: no token needed)
+            first = await resumed.wait_event(lambda e: e["type"] == "media.chunk", 60)
+            deadline = time.monotonic() + 120
+            while (state := await api.job(job))["state"] not in ("succeeded", "failed"):
+                assert state["state"] in ("queued", "running") and time.monotonic() < deadline
+                await asyncio.sleep(0.2)
+            await resumed.close(delete=False)
+            await api.delete_session(sid)
+    finally:
+        restarted.stop(timeout_s=20.0)
+    log = (tmp_path / "server2.log").read_text(errors="replace")
+    assert "Traceback" not in log, log[-6000:]
+    assert state["state"] == "succeeded" or state.get("error"), state
+    assert 0 < first["chunk"] <= last + 1, (first, last)
+    db = sqlite3.connect(data / "dreamrt.sqlite3")
+    forks = db.execute("SELECT chosen FROM forks WHERE session_id = ?", (sid,)).fetchall()
+    pairs = db.execute("SELECT chosen_ref, rejected_ref FROM preferences").fetchall()
+    db.close()
+    assert forks == [(chosen,)] and len(pairs) == 1 and pairs[0][0].startswith(chosen)
     out = tmp_path / "dataset"
     exported = run_cli("export", "--data-dir", str(data), "--out", str(out))
     assert exported.returncode == 0, exported.stderr[-3000:]
     import pandas as pd
 
     prefs = pd.read_parquet(out / "preferences")
-    assert list(zip(prefs.context_ref, prefs.rating, prefs.note, strict=True)) == [
+    rated = prefs[prefs.rating.notna()]
+    assert list(zip(rated.context_ref, rated.rating, rated.note, strict=True)) == [
         (f"{sid}@0", -1, "too dark")
     ]
-    assert prefs.rejected_ref.iloc[0] == f"{sid}@0"
+    assert rated.rejected_ref.iloc[0] == f"{sid}@0"
 
 
 def test_export_latents_regenerates_each_chunks_final_latents(

@@ -88,3 +88,21 @@ def test_broken_observer_is_ignored() -> None:
 
     outcome = Executor(observers=[Broken()]).run_job(job(5))
     assert outcome.plans[0].output == 10 and outcome.plans[0].failure is None
+
+
+class OomOnItem(Doubler):
+    def __call__(self, args: Sequence[Any], *, deterministic: bool = False) -> list[Any]:
+        if "oom" in args:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().__call__(args, deterministic=deterministic)
+
+
+def test_out_of_memory_is_its_own_code_and_fails_only_that_plan() -> None:
+    j = job(1, "oom", 3)
+    j = ExecJob(info=j.info, op=OomOnItem(), args=j.args, plan_flops=j.plan_flops,
+                plan_bytes=j.plan_bytes)  # fmt: skip
+    outcome = Executor().run_job(j)
+    assert outcome.retried_solo
+    assert [p.output for p in outcome.plans] == [2, None, 6]
+    code, message = outcome.plans[1].failure  # type: ignore[misc]
+    assert code == "oom" and "OutOfMemoryError" in message

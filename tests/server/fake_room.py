@@ -11,8 +11,15 @@ from server.livekit_room import ByteStreamHandler, RoomConnectError, RoomEvents,
 
 
 class FakeRoom:
-    def __init__(self, *, connect_error: str | None = None, capture_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        connect_error: str | None = None,
+        capture_delay_s: float = 0.0,
+        capture_fails_after: int | None = None,
+    ) -> None:
         self.identity = ""
+        self.capture_fails_after = capture_fails_after
         self.connect_error = connect_error
         self.capture_delay_s = capture_delay_s
         self.events: RoomEvents | None = None
@@ -39,6 +46,8 @@ class FakeRoom:
             import time
 
             time.sleep(self.capture_delay_s)  # a slow encoder, in the sink's worker thread
+        if self.capture_fails_after is not None and len(self.captured) >= self.capture_fails_after:
+            raise RuntimeError("video source closed")
         self.captured.append((int(rgb[0, 0, 0]), timestamp_us))
 
     async def send(self, payload: bytes, *, topic: str, to: Sequence[str] = ()) -> None:

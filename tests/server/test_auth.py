@@ -11,7 +11,7 @@ from server.auth import (
 from sessions.store import Store
 from tests.server.conftest import make_client
 
-ADMIN = "admin-key-for-tests"
+ADMIN = "admin-key-for-tests-0123456789abcdef"  # >= 32 bytes
 
 
 def test_loopback_detection() -> None:

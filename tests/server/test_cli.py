@@ -119,9 +119,21 @@ def test_bench_rejects_an_unknown_name(capsys) -> None:
     assert "invalid choice: 'warp-speed'" in capsys.readouterr().err
 
 
-def test_serve_takes_a_scheduling_policy(monkeypatch) -> None:
-    import uvicorn
+def _capture_serve(monkeypatch) -> list:
+    """``dreamrt serve`` builds its app and server, which are captured instead of run."""
+    from server.shutdown import GracefulServer
 
+    served = []
+
+    def run(self, *args, **kwargs) -> None:
+        served.append(self._app)
+        self.started = True
+
+    monkeypatch.setattr(GracefulServer, "run", run)
+    return served
+
+
+def test_serve_takes_a_scheduling_policy(monkeypatch) -> None:
     from runtime.policies import SCHEDULER_POLICIES
     from server.cli import SCHEDULERS
 
@@ -130,8 +142,7 @@ def test_serve_takes_a_scheduling_policy(monkeypatch) -> None:
     assert parser.parse_args(["serve"]).scheduler == "step-edf"
     for name in SCHEDULERS:
         assert parser.parse_args(["serve", "--scheduler", name]).scheduler == name
-    served = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    served = _capture_serve(monkeypatch)
     assert main(["serve", "--scheduler", "chunk-rr", "--port", "9"]) == 0
     assert served[0].state.config.scheduler == "chunk-rr"
 
@@ -145,24 +156,21 @@ def test_serve_rejects_an_unknown_scheduler(capsys) -> None:
 
 
 def test_serve_takes_the_latency_mode_and_the_steering_path(monkeypatch) -> None:
-    import uvicorn
-
-    served = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    served = _capture_serve(monkeypatch)
     assert main(["serve", "--port", "9"]) == 0
     default = served[0].state.config
+    assert (default.shutdown_timeout_s, default.resume_grace_s) == (10.0, 120.0)
     assert (default.chunk_frames, default.random_weights, default.steering) == (None, False, "fast")
     argv = ["serve", "--chunk-frames", "1", "--random-weights", "--steering", "baseline"]
+    argv += ["--shutdown-timeout", "4", "--resume-grace", "0"]
     assert main([*argv, "--port", "9"]) == 0
     config = served[1].state.config
     assert (config.chunk_frames, config.random_weights, config.steering) == (1, True, "baseline")
+    assert (config.shutdown_timeout_s, config.resume_grace_s) == (4.0, 0.0)
 
 
 def test_serve_enables_extensions_and_refuses_bad_ones(monkeypatch, capsys) -> None:
-    import uvicorn
-
-    served = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    served = _capture_serve(monkeypatch)
     assert main(["serve", "--extension", "fbcache:threshold=0.05", "--port", "9"]) == 0
     assert served[0].state.config.extensions == ("fbcache:threshold=0.05",)
     assert main(["serve", "--extension", "taylorseer"]) == 2
@@ -173,10 +181,7 @@ def test_serve_enables_extensions_and_refuses_bad_ones(monkeypatch, capsys) -> N
 
 
 def test_serve_takes_the_admission_cost(monkeypatch, capsys) -> None:
-    import uvicorn
-
-    served = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    served = _capture_serve(monkeypatch)
     assert main(["serve", "--port", "9"]) == 0
     assert main(["serve", "--port", "9", "--admission-cost", "measured"]) == 0
     assert [app.state.config.admission_cost for app in served] == ["auto", "measured"]

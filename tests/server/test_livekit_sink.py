@@ -95,3 +95,24 @@ async def test_close_waits_for_the_frame_in_flight() -> None:
     await asyncio.sleep(0.3)
     assert after_close == 1 and len(room.captured) == 1
     await sink.close()  # idempotent
+
+
+async def test_a_sink_that_raises_ends_alone_and_the_session_knows() -> None:
+    session, handle = make_live_session(time.monotonic)
+    for k in range(4):
+        session.on_emission(chunk(k))
+    pacer = FramePacer(session)
+    track = SessionVideoTrack(session, pacer=pacer)
+    sink = LiveKitVideoSink(pacer, FakeRoom(capture_fails_after=3))
+    sink.start()
+    wire = [(await track.recv()).pts for _ in range(4 * N)]
+    assert wire == [i * 90_000 // FPS for i in range(4 * N)]  # the other viewer kept its pace
+    errors = [e for e in session.events.history() if type(e).__name__ == "ErrorEvent"]
+    assert [e.code for e in errors] == ["sink_failed"] and "video source closed" in errors[
+        0
+    ].message
+    assert session.state.value == "live"  # the WebRTC viewer still watches
+    track.stop()
+    session.viewer_left()
+    assert session.state.value == "paused"  # nobody watches: the dead sink does not count
+    await sink.close()

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from tests.server.conftest import make_client
 
-ADMIN = "admin-key-for-trainer-tests"
+ADMIN = "admin-key-for-trainer-tests-32-bytes-long"
 
 
 def _dit(client: TestClient):

@@ -8,6 +8,7 @@ from server.webrtc import (
     OfferError,
     ViewerPeer,
     configure_video_bitrate,
+    ice_server,
     restrict_host_candidates,
     video_codec_preferences,
 )
@@ -133,3 +134,11 @@ async def test_a_sendonly_video_offer_is_refused(monkeypatch) -> None:
         await peer.answer(sdp)
     await asyncio.gather(peer.close(), client.close())
     await session.close()
+
+
+def test_ice_server_urls_carry_turn_credentials() -> None:
+    stun = ice_server("stun:stun.example.com:3478")
+    assert stun.urls == "stun:stun.example.com:3478" and stun.username is None
+    turn = ice_server("turn:alice:s3cr:et@turn.example.com:3478?transport=udp")
+    assert turn.urls == "turn:turn.example.com:3478?transport=udp"
+    assert (turn.username, turn.credential) == ("alice", "s3cr:et")

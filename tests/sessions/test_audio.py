@@ -130,7 +130,7 @@ def test_many_channels_average_to_mono() -> None:
 def test_wavs_this_decoder_refuses_say_why() -> None:
     with pytest.raises(AudioFormatError, match="adpcm|unsupported"):
         decode_audio(riff(2, 4, 1, 16000, b"\x00" * 256))  # MS ADPCM
-    with pytest.raises(AudioFormatError, match="at most 30.0 s"):
+    with pytest.raises(AudioFormatError, match="at most 30 s"):
         decode_audio(riff(1, 16, 1, 16000, b"\x00" * (2 * 16000 * 31)))
-    with pytest.raises(AudioFormatError, match="at most 30.0 s"):
+    with pytest.raises(AudioFormatError, match="at most 30 s"):
         decode_audio(b"\x00" * (2 * 16000 * 31))

@@ -10,6 +10,7 @@ from models.card import ProfileError
 from runtime.admission import AdmissionConfig, AdmissionController, Reject
 from runtime.cost import CostModel, DeviceConstants
 from runtime.engine import Engine
+from sessions.events import SessionStateChanged
 from sessions.host import SessionHost, chunk_gpu_seconds
 from sessions.served_models import HostError, ServedModels
 from sessions.store import Store
@@ -97,6 +98,30 @@ async def test_sessions_nobody_watches_are_closed_and_their_slabs_return(host: S
     host.start_reaper(0.01, interval_s=0.02)
     await asyncio.wait_for(watched.wait_finished(), 5)
     assert watched.state.value == "closed" and host.slab_counts()[0] == 2
+
+
+async def test_sessions_without_input_close_on_the_idle_timeout(host: SessionHost) -> None:
+    quiet, busy = host.create_session(prompt="a"), host.create_session(prompt="b")
+    quiet.begin_negotiation()  # both are being watched: only the idle timeout applies
+    busy.begin_negotiation()
+    await asyncio.sleep(0.06)
+    busy.push_prompt("c")
+    assert await host.close_unwatched(0.0, max_idle_s=0.05) == [quiet.id]
+    history = [e.reason for e in quiet.events.history() if isinstance(e, SessionStateChanged)]
+    assert "idle timeout" in history and busy.state.value == "negotiating"
+    await host.close_session(busy.id)
+
+
+async def test_inputs_beyond_the_backlog_limit_are_refused(host: SessionHost) -> None:
+    from sessions.input_ledger import InputBacklogError
+
+    host.max_pending_inputs = 3
+    paused = host.create_session(prompt="a")  # its loop is paused: it takes no input
+    seqs = [paused.push_action(["w"]), paused.push_prompt("b")[0], paused.push_action(["a"])]
+    with pytest.raises(InputBacklogError):
+        paused.push_prompt("refused")
+    assert seqs == [1, 2, 3] and len(paused.prompts.history()) == 2  # memory did not take it
+    await host.close_session(paused.id)
 
 
 async def test_start_now_runs_the_first_chunk_before_any_viewer(host: SessionHost) -> None:
