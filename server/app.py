@@ -33,11 +33,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from server.auth import Authenticator, AuthMode, resolve_auth_mode
+from server.deployment import engine_id_for
 from server.frame_pacer import FramePacer
 from server.livekit_participant import LiveKitParticipant
 from server.livekit_room import LiveKitRoom, RoomConnection
 from server.livekit_token import LiveKitCredentials
 from server.metrics import MetricsSnapshot, ServerMetrics
+from server.warm_up import warm_up
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
 from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
@@ -93,6 +95,14 @@ class ServerConfig:
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
     snapshot_every: int = 8  # chunks between a loop's replay snapshots (0: none)
     snapshot_keep: int = 16  # newest replay snapshots kept per loop
+    # a fleet's shared storage: snapshots and session manifests there (sessions.handoff);
+    # None: snapshots under data_dir, no handoff
+    snapshot_dir: Path | None = None
+    fleet: str | None = None  # join this Dynamo namespace (server.fleet_worker); None: alone
+    fleet_discovery: str | None = None  # file | etcd | kubernetes; None: $DYN_DISCOVERY_BACKEND
+    fleet_dir: Path | None = None  # file discovery's shared directory; None: $DYN_FILE_KV
+    engine_id: str | None = None  # None: "<hostname>:<port>"
+    public_url: str | None = None  # the URL clients reach this engine at; None: from host/port
     control_rate_per_s: float = 30.0
     livekit_key: str | None = None  # None: LIVEKIT_API_KEY (to mint join tokens)
     livekit_secret: str | None = None  # None: LIVEKIT_API_SECRET
@@ -118,6 +128,10 @@ class ServerContext:
     pacers: dict[str, FramePacer] = field(default_factory=dict)
     room_factory: Callable[[], RoomConnection] = LiveKitRoom
     forks: Any = None  # sessions.forks.ForkRegistry
+    engine_id: str = ""
+    public_url: str = ""
+    draining: bool = False  # leaving the fleet: the card says so, the fleet worker unregistered
+    fleet: Any = None  # server.fleet_worker.FleetWorker when --fleet
 
     @property
     def livekit_credentials(self) -> LiveKitCredentials:
@@ -265,7 +279,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         log.info(
             "warming up %s on %s (compiling every graph a session uses)", model_id, instance.device
         )
-        warm_s = await _warm_up(instance, profile, config.max_sessions)
+        warm_s = await warm_up(instance, profile, config.max_sessions)
         log.info("warm-up done in %.1f s", warm_s)
     on_gpu = device.startswith("cuda")
     cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
@@ -311,7 +325,10 @@ async def _build(config: ServerConfig) -> ServerContext:
 
     served = ServedModels({model_id: instance}, default=model_id)
     recording = Recording(
-        config.data_dir, snapshot_every=config.snapshot_every, snapshot_keep=config.snapshot_keep
+        config.data_dir,
+        snapshot_every=config.snapshot_every,
+        snapshot_keep=config.snapshot_keep,
+        snapshot_dir=config.snapshot_dir,
     )
     host = SessionHost(
         engine=engine,
@@ -337,6 +354,8 @@ async def _build(config: ServerConfig) -> ServerContext:
         device=device,
         model_id=model_id,
         forks=ForkRegistry(host),
+        engine_id=config.engine_id or engine_id_for(config.host, config.port),
+        public_url=config.public_url or f"http://{config.host}:{config.port}",
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
     if config.ice_hosts:
@@ -348,6 +367,11 @@ async def _build(config: ServerConfig) -> ServerContext:
         host.start_reaper(
             config.unwatched_timeout_s, interval_s=min(5.0, config.unwatched_timeout_s / 2)
         )
+    if config.fleet is not None:  # after everything it serves exists
+        from server.fleet_worker import FleetWorker
+
+        ctx.fleet = FleetWorker(ctx)
+        await ctx.fleet.start()
     log.info(
         "dreamrt ready: model %s on %s, auth %s, up to %d sessions",
         model_id,
@@ -384,66 +408,11 @@ def _save_cost(cost: Any, path: Path) -> None:
         log.warning("cost calibration not saved to %s: %s", path, exc)
 
 
-async def _warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
-    """Run short sessions of ``instance`` on a throwaway engine: through every K/V-prefix
-    length into steady state, with the first chunk's two decode parts, prompt switches that
-    re-cache at several prefix lengths (a restarted chunk runs the same graphs) and, with CUDA
-    graphs, one KV update into every ring position (``instance.warmup_chunks``), so a compiled
-    instance has traced, compiled and captured all its graphs before a user's session needs
-    them. One session on slab 0; with CUDA graphs one per slab, side by side, since graphs are
-    per slab. The serving engine (and its cost calibration) never sees them. -> seconds it
-    took."""
-    import time
-
-    from models.loops.requests import SessionRequest
-    from runtime.contract import InputEvent, InputKind, Priority, PromptInput
-    from runtime.cost import CostModel
-    from runtime.engine import Engine
-
-    chunks = instance.warmup_chunks(profile)
-    sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
-    fill = -(-(sink + ring) // profile.chunk_latent_frames)  # chunks until the cache is full
-    slabs = range(num_slabs) if instance.levers.get("cuda_graphs") else range(1)
-    # Sessions' caches are views of the preallocated slab buffer: warm up on them (free again
-    # afterwards) so the compiled graphs see exactly the tensors sessions will pass.
-    instance.reserve_kv_slabs(profile, num_slabs)
-    engine = Engine(cost=CostModel())
-    await engine.start()
-    handles: list[Any] = []
-    at = (0, fill // 2, fill) if "prompt.switch" in instance.card.capabilities else ()
-
-    def on_emit(index: int) -> Any:
-        def emitted(emission: Any) -> None:
-            meta = emission.spec.meta
-            if emission.spec.stream == "media" and meta.final and meta.chunk in at:
-                text = f"warm-up {meta.chunk}"  # a switch at the next chunk: a re-cache
-                handles[index].push_input(
-                    InputEvent(InputKind.PROMPT, meta.chunk + 1, PromptInput(text=text))
-                )
-
-        return emitted
-
-    start_s = time.perf_counter()
-    try:
-        for index, slab in enumerate(slabs):
-            handles.append(
-                engine.spawn(
-                    instance.loop("chunk_rollout"),
-                    SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks, kv_slab=slab),
-                    instance,
-                    loop_id=f"warm-up-{slab}",
-                    priority=Priority.BATCH,
-                    on_emit=on_emit(index),
-                )
-            )
-        for handle in handles:
-            await handle.result()
-    finally:
-        await engine.close()
-    return time.perf_counter() - start_s
-
-
 async def _teardown(ctx: ServerContext) -> None:
+    ctx.draining = True
+    if ctx.fleet is not None:  # leave the fleet first: nothing new is placed here
+        with contextlib.suppress(Exception):
+            await ctx.fleet.close()
     for participant in list(ctx.rooms.values()):
         with contextlib.suppress(Exception):
             await participant.close()
@@ -465,7 +434,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     """The dreamrt app for ``config`` (keyword overrides replace its fields)."""
     from dataclasses import replace
 
-    from server import routes_jobs, routes_sessions, routes_system
+    from server import deployment, routes_jobs, routes_sessions, routes_system
 
     config = replace(config or ServerConfig(), **overrides)
     if isinstance(config.data_dir, str):
@@ -488,6 +457,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     app.include_router(routes_system.router)
+    app.include_router(deployment.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_jobs.router)
     routes_system.mount_web(app, config.web_dir)

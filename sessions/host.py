@@ -32,6 +32,7 @@ from models.loops.requests import SessionRequest
 from runtime.admission import AdmissionRequest, Reject
 from runtime.contract import Priority
 from runtime.pools import KVSlabPool
+from sessions.handoff import Resume
 from sessions.recording import Recording
 from sessions.served_models import (
     EngineLike,
@@ -105,12 +106,15 @@ class SessionHost:
         seed: int | None = None,
         priority_class: Literal["realtime", "batch"] = "realtime",
         start: Literal["viewer", "now"] = "viewer",
+        resume: Resume | None = None,
     ) -> Session | Reject:
         """Admits and starts a session, or returns ``Reject`` (capacity). Raises ``KeyError``
         (unknown model), ``models.card.ProfileError`` (bad geometry) or ``UnsupportedTaskError``.
         ``start="now"``: the prompt encode and the first chunk run at once (then the loop
         waits for the viewer), so the offer and ICE overlap them; else nothing runs before the
-        first pull of the video."""
+        first pull of the video. ``resume`` (``sessions.handoff``): the session keeps that id
+        and its loop continues the restored state (``loop.fork`` into this engine's slab, with
+        the session's own seed) instead of starting fresh."""
         self._check_open()
         served = self.models.resolve(model)
         card = served.card
@@ -119,7 +123,9 @@ class SessionHost:
                 "model", f"model {card.model_id!r} cannot stream sessions (no 'session.realtime')"
             )
         profile = card.resolve_profile(fps=fps, width=width, height=height)
-        session_id = new_id("ses")
+        session_id = resume.manifest.session_id if resume is not None else new_id("ses")
+        if session_id in self._sessions:
+            raise HostError(f"session {session_id!r} is already live here")
         reservation_id, slab_id = None, None
         if self.engine.admission is not None:
             answer = self.engine.admission.admit(
@@ -176,6 +182,7 @@ class SessionHost:
                 priority=Priority.REALTIME if priority_class == "realtime" else Priority.BATCH,
                 on_emit=session.on_emission,
                 reservation_id=reservation_id,
+                **({} if resume is None else {"fork_from": resume.state}),
             )
         except Exception:
             if reservation_id is not None:
@@ -188,8 +195,9 @@ class SessionHost:
         self._sessions[session_id] = _Live(session)
         session.attach(handle, on_finished=self._session_finished)
         log.info(
-            "session %s admitted: %s %dx%d@%dfps (%s)",
+            "session %s %s: %s %dx%d@%dfps (%s)",
             session_id,
+            "admitted" if resume is None else f"resumed from step {resume.step}",
             card.model_id,
             profile.width,
             profile.height,
@@ -208,6 +216,12 @@ class SessionHost:
         self._check_open()
         self._sessions[session.id] = _Live(session)
         session.attach(handle, on_finished=self._session_finished)
+
+    def compute_share(self, served: ServedModel, profile: Profile | None = None) -> float:
+        """GPU-s per media second one more session of ``profile`` (default: the card's) would
+        reserve: what admission checks against the remaining compute capacity."""
+        profile = profile or served.card.default_profile
+        return self._admission_request("share", served, profile).compute_gpu_s_per_s
 
     def _admission_request(
         self, owner: str, served: ServedModel, profile: Profile

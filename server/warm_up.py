@@ -1,0 +1,69 @@
+"""The serve warm-up: short sessions on a throwaway engine that compile every graph first.
+
+Split from ``server.app`` (the composition root calls it before serving a compiled instance).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["warm_up"]
+
+
+async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
+    """Run short sessions of ``instance`` on a throwaway engine: through every K/V-prefix
+    length into steady state, with the first chunk's two decode parts, prompt switches that
+    re-cache at several prefix lengths (a restarted chunk runs the same graphs) and, with CUDA
+    graphs, one KV update into every ring position (``instance.warmup_chunks``), so a compiled
+    instance has traced, compiled and captured all its graphs before a user's session needs
+    them. One session on slab 0; with CUDA graphs one per slab, side by side, since graphs are
+    per slab. The serving engine (and its cost calibration) never sees them. -> seconds it
+    took."""
+    import time
+
+    from models.loops.requests import SessionRequest
+    from runtime.contract import InputEvent, InputKind, Priority, PromptInput
+    from runtime.cost import CostModel
+    from runtime.engine import Engine
+
+    chunks = instance.warmup_chunks(profile)
+    sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
+    fill = -(-(sink + ring) // profile.chunk_latent_frames)  # chunks until the cache is full
+    slabs = range(num_slabs) if instance.levers.get("cuda_graphs") else range(1)
+    # Sessions' caches are views of the preallocated slab buffer: warm up on them (free again
+    # afterwards) so the compiled graphs see exactly the tensors sessions will pass.
+    instance.reserve_kv_slabs(profile, num_slabs)
+    engine = Engine(cost=CostModel())
+    await engine.start()
+    handles: list[Any] = []
+    at = (0, fill // 2, fill) if "prompt.switch" in instance.card.capabilities else ()
+
+    def on_emit(index: int) -> Any:
+        def emitted(emission: Any) -> None:
+            meta = emission.spec.meta
+            if emission.spec.stream == "media" and meta.final and meta.chunk in at:
+                text = f"warm-up {meta.chunk}"  # a switch at the next chunk: a re-cache
+                handles[index].push_input(
+                    InputEvent(InputKind.PROMPT, meta.chunk + 1, PromptInput(text=text))
+                )
+
+        return emitted
+
+    start_s = time.perf_counter()
+    try:
+        for index, slab in enumerate(slabs):
+            handles.append(
+                engine.spawn(
+                    instance.loop("chunk_rollout"),
+                    SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks, kv_slab=slab),
+                    instance,
+                    loop_id=f"warm-up-{slab}",
+                    priority=Priority.BATCH,
+                    on_emit=on_emit(index),
+                )
+            )
+        for handle in handles:
+            await handle.result()
+    finally:
+        await engine.close()
+    return time.perf_counter() - start_s
