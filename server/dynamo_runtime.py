@@ -24,6 +24,9 @@ def dynamo_runtime(discovery: str | None, fleet_dir: Any) -> Any:
     """A Dynamo ``DistributedRuntime`` on the running loop: discovery ``file`` (the
     directory ``fleet_dir``, else ``$DYN_FILE_KV``, else /tmp/dreamrt-fleet), ``etcd``
     (``$ETCD_ENDPOINTS``) or ``kubernetes``; TCP requests, ZMQ events."""
+    # Dynamo logs every routed request (a span event at info); dreamrt logs what it decides
+    os.environ.setdefault("DYN_LOG", "warn")
+    os.environ.setdefault("DYN_LOGGING_SPAN_EVENTS", "0")
     try:
         from dynamo.runtime import DistributedRuntime
     except ImportError as exc:  # the optional extra
