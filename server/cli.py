@@ -270,8 +270,6 @@ def _add_router_parser(sub: argparse._SubParsersAction, common: argparse.Argumen
 def _router(args: argparse.Namespace) -> int:
     import os
 
-    import uvicorn
-
     from server.router import RouterConfig, create_router_app
 
     config = RouterConfig(
@@ -283,16 +281,21 @@ def _router(args: argparse.Namespace) -> int:
         key=args.key or os.environ.get("DREAMRT_ROUTER_KEY"),
         poll_s=args.poll,
     )
-    sys.stdout.write(f"dreamrt router: fleet {args.fleet} at http://{args.host}:{args.port}/\n")
+    banner = f"dreamrt router: fleet {args.fleet} at http://{args.host}:{args.port}/"
+    return _run_app(create_router_app(config), args, banner)
+
+
+def _run_app(app: object, args: argparse.Namespace, banner: str) -> int:
+    import uvicorn
+
+    sys.stdout.write(banner + "\n")
     sys.stdout.flush()
-    app = create_router_app(config)
+    # loop="asyncio": the standard loop whatever is installed (the fleet extra brings uvloop)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, loop="asyncio")
     return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from server.app import ServerConfig, create_app
     from server.auth import InsecureBindError, resolve_auth_mode
 
@@ -336,12 +339,8 @@ def _serve(args: argparse.Namespace) -> int:
         engine_id=args.engine_id,
         public_url=args.public_url,
     )
-    sys.stdout.write(f"dreamrt: open http://{args.host}:{args.port}/  (auth {mode.value})\n")
-    sys.stdout.flush()
-    # loop="asyncio": the standard loop whatever is installed (the fleet extra brings uvloop)
-    app = create_app(config)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, loop="asyncio")
-    return 0
+    banner = f"dreamrt: open http://{args.host}:{args.port}/  (auth {mode.value})"
+    return _run_app(create_app(config), args, banner)
 
 
 def _models() -> int:

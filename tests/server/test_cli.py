@@ -154,3 +154,20 @@ def test_serve_takes_the_latency_mode_and_the_steering_path(monkeypatch) -> None
     assert main([*argv, "--port", "9"]) == 0
     config = served[1].state.config
     assert (config.chunk_frames, config.random_weights, config.steering) == (1, True, "baseline")
+
+
+def test_serve_takes_the_fleet_options_and_router_its_own(monkeypatch, tmp_path) -> None:
+    import uvicorn
+
+    served: list[tuple[object, dict]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append((app, kwargs)))
+    shared = tmp_path / "shared"
+    argv = ["serve", "--fleet", "prod", "--fleet-discovery", "etcd", "--snapshot-dir", str(shared)]
+    assert main([*argv, "--engine-id", "n1-gpu0", "--public-url", "https://n1:8000"]) == 0
+    config = served[0][0].state.config
+    assert (config.fleet, config.fleet_discovery, config.snapshot_dir) == ("prod", "etcd", shared)
+    assert (config.engine_id, config.public_url) == ("n1-gpu0", "https://n1:8000")
+    assert served[0][1]["loop"] == "asyncio"  # uvloop (from the fleet extra) is not picked up
+    assert main(["router", "--fleet", "prod", "--port", "8088", "--key", "k" * 32]) == 0
+    router_app, kwargs = served[1]
+    assert router_app.title == "dreamrt router" and kwargs["port"] == 8088
