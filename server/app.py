@@ -337,6 +337,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         store=store,
         slabs_per_geometry=config.max_sessions,
         action_validator=validate_action,
+        handoff_dir=config.snapshot_dir,
     )
     jobs = JobHost(
         engine=engine, models=served, store=store, artifact_dir=config.data_dir / "artifacts"

@@ -16,9 +16,11 @@ per engine (the three share the runtime's instance id):
 
 A place of a session or job goes through the engine's own REST API on loopback (admin
 token of this worker), so validation, admission and the answer are the engine's — the router
-learns nothing it would have to keep. Leaving (shutdown, drain) unregisters the endpoints
-first, so a router stops placing here before the engine stops; a killed engine disappears when
-its discovery lease expires (file discovery: about 10 s after the last keep-alive).
+learns nothing it would have to keep. A drain (``POST /v1/deployment/drain``) marks the card
+``draining`` (nothing new is placed here) and unregisters once the last session has ended; a
+shutdown unregisters first, before anything stops (the router then resumes the sessions that
+were live here elsewhere); a killed engine disappears when its discovery lease expires (file
+discovery: about 10 s after the last keep-alive).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class FleetWorker:
         self._tasks: list[asyncio.Task[None]] = []
         self._http: httpx.AsyncClient | None = None
         self.instance_id: int | None = None
+        self._drain: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         config = self._ctx.config
@@ -121,15 +124,32 @@ class FleetWorker:
         except Exception:  # the engine goes on serving REST; the fleet no longer sees it
             log.exception("fleet endpoint %s stopped", name)
 
+    def drain(self) -> None:
+        """Leave the fleet once this engine's last session has ended (``ctx.draining`` is set:
+        the card says so and nothing new is placed here meanwhile). Idempotent."""
+        if self._drain is None and self._runtime is not None:
+            self._drain = asyncio.create_task(self._leave_when_idle(), name="dreamrt-fleet-drain")
+
+    async def _leave_when_idle(self) -> None:
+        while any(not s.terminal for s in self._ctx.host.sessions()):
+            await asyncio.sleep(0.5)
+        await self._unregister()
+        log.info("drained: engine %s left fleet %r", self._ctx.engine_id, self._ctx.config.fleet)
+
+    async def _unregister(self) -> None:
+        for endpoint in self._endpoints.values():
+            with contextlib.suppress(Exception):
+                await endpoint.unregister_endpoint_instance()
+
     async def close(self) -> None:
         """Unregister every endpoint, then stop the runtime. Idempotent."""
         if self._runtime is None:
             return
         runtime, self._runtime = self._runtime, None
-        for endpoint in self._endpoints.values():
-            with contextlib.suppress(Exception):
-                await endpoint.unregister_endpoint_instance()
+        await self._unregister()
         runtime.shutdown()
+        if self._drain is not None:
+            self._tasks.append(self._drain)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -11,7 +11,9 @@ When the session's engine dies, the fleet router asks another engine to ``resume
 engine reads the manifest and the newest snapshot, admits the session like a new one (its own
 chunk-KV slab and compute share) and starts its loop as a continuation of the snapshot's state
 (``loop.fork`` with the session's own seed, so the stream goes on exactly as it would have
-from that chunk boundary), under the same id, accepting the same token. Its PTS go on from the
+from that chunk boundary), under the same id, accepting the same token. A session that ends
+while its engine runs (deleted, failed, timed out) loses its manifest: it is over, nobody
+resumes it; one still live when its engine stops or dies keeps it. Its PTS go on from the
 snapshot's chunk: the frames generated after the snapshot and before the crash are generated
 again (the newest snapshot is at most ``--snapshot-every`` chunks old). The event stream of the
 resumed session starts again at event 1 on its new engine.
@@ -28,7 +30,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HandoffError", "Resume", "SessionManifest", "load_resume", "write_manifest"]
+__all__ = [
+    "HandoffError",
+    "Resume",
+    "SessionManifest",
+    "forget_manifest",
+    "load_resume",
+    "read_manifest",
+    "write_manifest",
+]
 
 
 class HandoffError(LookupError):
@@ -73,6 +83,11 @@ def write_manifest(snapshot_dir: Path, manifest: SessionManifest) -> Path:
     tmp.write_text(json.dumps(asdict(manifest)))
     os.replace(tmp, path)
     return path
+
+
+def forget_manifest(snapshot_dir: Path, session_id: str) -> None:
+    """The session ended for good: no engine may resume it (its snapshots stay for replay)."""
+    manifest_path(snapshot_dir, session_id).unlink(missing_ok=True)
 
 
 def read_manifest(snapshot_dir: Path, session_id: str) -> SessionManifest:

@@ -25,6 +25,7 @@ import secrets
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from models.card import Profile
@@ -32,7 +33,7 @@ from models.loops.requests import SessionRequest
 from runtime.admission import AdmissionRequest, Reject
 from runtime.contract import Priority
 from runtime.pools import KVSlabPool
-from sessions.handoff import Resume
+from sessions.handoff import Resume, forget_manifest
 from sessions.recording import Recording
 from sessions.served_models import (
     EngineLike,
@@ -70,6 +71,7 @@ class SessionHost:
         action_validator: Callable[[list[str], tuple[float, float]], list[str]] | None = None,
         media_seconds: float = 4.0,
         recording: Recording | None = None,
+        handoff_dir: Path | None = None,
     ) -> None:
         self.engine = engine
         self.models = models
@@ -78,6 +80,9 @@ class SessionHost:
         self._action_validator = action_validator
         self._media_seconds = media_seconds
         self.recording = recording
+        # a fleet's shared storage (sessions.handoff): a session that ends while the host is
+        # open ended for good, so its manifest goes (one alive at shutdown may move elsewhere)
+        self.handoff_dir = handoff_dir
         self._sessions: dict[str, _Live] = {}
         self._closed = False
         self._reaper: asyncio.Task[None] | None = None
@@ -294,6 +299,8 @@ class SessionHost:
         live = self._sessions.pop(session.id, None)
         if live is None:
             return
+        if self.handoff_dir is not None and not self._closed:
+            forget_manifest(self.handoff_dir, session.id)
         self.finished_totals["frames_sent"] += session.frames_sent
         self.finished_totals["stalls"] += session.stalls
         self.finished_totals["media_dropped"] += session.media.dropped_overflow

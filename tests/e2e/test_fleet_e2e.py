@@ -13,7 +13,8 @@ before left:
    other engine with their ids and tokens, and a client that asks the router where its session
    is reconnects there: the stream goes on from the snapshot's chunk (generation PTS and
    chunk numbers continue, the chunk regenerated equals the one the dead engine made);
-3. the router restarted finds the engines and the resumed sessions again.
+3. the router restarted finds the engines and the resumed sessions again; a drained engine
+   takes no new session (503) and stays in the fleet while its sessions last.
 """
 
 from __future__ import annotations
@@ -221,6 +222,14 @@ async def test_two_engines_and_a_router_place_fail_over_and_restart(fleet: dict[
     router.start(engines=1)
     again = httpx.get(f"{router.url}/v1/sessions/{watched['id']}", timeout=5.0).json()
     assert again["url"] == survivor
+
+    # a drained engine takes nothing new, and stays in the fleet while its sessions last
+    assert httpx.post(f"{survivor}/v1/deployment/drain", timeout=5.0).status_code == 202
+    wait_for(
+        lambda: [c["health"] for c in cards(router.url).values()] == ["draining"], 10, "draining"
+    )
+    refused = httpx.post(f"{router.url}/v1/sessions", json={"prompt": "x"}, timeout=10.0)
+    assert refused.status_code == 503 and router.engines() == 1
     print(
         f"failover: sessions re-placed {failover_s:.1f} s after kill -9; the watched one "
         f"resumed at chunk {resumed_from} (chunks 0..{max(made_before)} seen before)"

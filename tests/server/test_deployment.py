@@ -68,3 +68,31 @@ def test_with_a_snapshot_dir_a_session_leaves_a_manifest_without_its_token(tmp_p
         "a red ball",
     )
     assert created["token"] not in json.dumps(manifest) and len(manifest["token_sha256"]) == 64
+
+
+def test_a_session_that_ends_loses_its_manifest_one_live_at_shutdown_keeps_it(
+    tmp_path: Path,
+) -> None:
+    shared = tmp_path / "shared"
+    with make_client(tmp_path, snapshot_dir=shared) as client:
+        ended = client.post("/v1/sessions", json={"prompt": "over"}).json()["id"]
+        live = client.post("/v1/sessions", json={"prompt": "still on"}).json()["id"]
+        assert (shared / "sessions" / f"{ended}.json").exists()
+        assert client.delete(f"/v1/sessions/{ended}").status_code == 204
+        assert not (shared / "sessions" / f"{ended}.json").exists()  # nobody may resume it
+    assert (shared / "sessions" / f"{live}.json").exists()  # another engine may
+
+
+def test_drain_marks_the_card_and_needs_the_admin(tmp_path: Path) -> None:
+    admin = {"Authorization": "Bearer " + "k" * 40}
+    with make_client(tmp_path, auth="token", admin_key="k" * 40) as client:
+        created = client.post("/v1/sessions", json={"prompt": "x"}, headers=admin).json()
+        session_only = {"Authorization": f"Bearer {created['token']}"}
+        assert client.post("/v1/deployment/drain", headers=session_only).status_code == 403
+        assert client.get("/v1/deployment", headers=admin).json()["health"] == "ok"
+        drained = client.post("/v1/deployment/drain", headers=admin)
+        assert drained.status_code == 202 and drained.json() == {
+            "health": "draining",
+            "sessions": 1,
+        }
+        assert client.get("/v1/deployment", headers=admin).json()["health"] == "draining"
