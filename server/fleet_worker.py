@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from runtime.admission import Reject
 from server.deployment import deployment_card
 from server.dynamo_runtime import dynamo_runtime
 from sessions.handoff import (
@@ -215,7 +216,7 @@ class FleetWorker:
             priority_class=m.priority_class,
             resume=resume,
         )
-        if not hasattr(answer, "id"):  # a Reject: capacity is a value
+        if isinstance(answer, Reject):  # capacity is a value
             return _refused(
                 503,
                 "capacity",
