@@ -206,6 +206,8 @@ class FleetWorker:
         except (HandoffError, KeyError, ValueError) as exc:
             return _refused(404, "not_resumable", str(exc))
         m = resume.manifest
+        if ctx.host.session(session_id) is not None:  # a second resume won the race meanwhile
+            return {"status": 200, "body": {"id": session_id, "resumed": False}}
         answer = ctx.host.create_session(
             prompt=m.prompt,
             model=m.model_id,
