@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import torch
 
 from models.card import KVUpdate, ModelCard, Profile
+from models.loops.chunk_plans import steady_chunk_plans
 from models.loops.chunk_restart import RegenerateWhenSooner, RestartPolicy
 from models.loops.ops import (
     ChunkDenoiseOp,
@@ -374,6 +375,18 @@ class WanInstance:
         spec = self.card.loops.get("chunk_rollout")
         kv_passes = 0 if spec is not None and spec.kv_update is KVUpdate.LAST_STEP else 1
         return per * (profile.steps + kv_passes) + self.decode_flops(profile)
+
+    def steady_chunk_plans(self, profile: Profile) -> tuple[tuple[str, str, int], ...]:
+        """(plan kind, shape signature, count) of one steady-state chunk of a session of
+        ``profile`` (``models.loops.chunk_plans.steady_chunk_plans``): what the cost model's
+        calibration prices a session's compute share from."""
+        lh, lw = self._latent_hw(profile)
+        spec = self.card.loops.get("chunk_rollout")
+        fold = spec is not None and spec.kv_update is KVUpdate.LAST_STEP
+        plans = steady_chunk_plans(
+            profile.chunk_latent_frames, lh, lw, steps=profile.steps, fold=fold
+        )
+        return tuple((kind.value, sig, n) for kind, sig, n in plans)
 
     def decode_flops(self, profile: Profile) -> float:
         """VAE-decode FLOPs of one steady-state chunk (0 for a codec that does not count them,

@@ -18,13 +18,14 @@ Scenarios (``--scenarios``; the card's default profile unless said):
   the card's ``loop_for("text_to_video")``); its completion time against the job alone.
 - ``n2switch``: N = 2, session 0 switches prompt every ``--switch-every`` seconds.
 - ``small``: ``--small-profile`` (480x272@16), the sessions admitted by an
-  ``AdmissionController`` as ``sessions.host`` builds the request (compute share = the cost
-  model's prior of ``chunk_flops`` / chunk seconds, a slab of the profile's pool, peak bytes):
+  ``AdmissionController`` as ``sessions.host`` builds the request once its cost model is
+  calibrated (compute share = the measured GPU-seconds of a steady chunk, the decode's
+  second-stream time included, / chunk seconds; a slab of the profile's pool; peak bytes):
   N = the admission limit, started one every ``--ramp`` seconds. Then ``small+1`` (policies in
   ``--refusal-schedulers``): the same, and after the ramp one more is asked for; it must be
   refused (``Reject`` with ``retry_after_s``), and the admitted sessions' numbers are compared
-  with the ``small`` run. The limit from the calibrated (measured) costs is reported beside it;
-  ``--admit-from measured`` admits from those instead.
+  with the ``small`` run. The limit from the analytic prior (what an uncalibrated server
+  admits) is reported beside it; ``--admit-from prior`` admits from that instead.
 - any of these with ``+batch`` (e.g. ``n3+batch``, ``small+batch``): the same with cross-session
   batching on (``WanInstance.batch_sessions``), under ``--batch-schedulers`` (step-edf); a
   batched warm-up compiles the batched forward first.
@@ -106,7 +107,7 @@ async def _bench(
             seconds = await warm_up_batched(bench, profile, CostModel(bench.cost.device), n)
             print(f"batched warm-up {profile_key(profile)} ({n}): {seconds:.1f} s", flush=True)
     small_limit = 0
-    if "small" in bases:  # the prior (as the server admits today) and the measured costs
+    if "small" in bases:  # the measured costs (as the server admits) and the prior
         measured = measured_share(inst, bench.cost, small)
         if args.admit_from == "measured" and measured is None:
             raise SystemExit("multisession: no measured costs of the small profile to admit from")
@@ -187,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--admit-from",
         choices=["prior", "measured"],
-        default="prior",
-        help="small's compute share: the prior (as sessions.host) or measured",
+        default="measured",
+        help="small's compute share: measured (as sessions.host once calibrated) or the prior",
     )
     parser.add_argument("--ramp", type=float, default=0.5, help="seconds between small's starts")
     parser.add_argument("--switch-every", type=float, default=3.0)

@@ -16,6 +16,7 @@ from models.instance import WanInstance
 from runtime.admission import AdmissionConfig, AdmissionController, AdmissionRequest, Reject
 from runtime.cost import CostModel
 from runtime.pools import KVSlabPool
+from sessions.host import chunk_gpu_seconds
 
 __all__ = ["admission_controller", "admission_limit", "measured_share", "session_request"]
 
@@ -32,7 +33,8 @@ def session_request(
     *,
     share: float | None = None,
 ) -> AdmissionRequest:
-    """``share``: the compute share to ask for (default: the prior, as ``sessions.host``)."""
+    """``share``: the compute share to ask for (default: the analytic prior, as
+    ``sessions.host`` does before its cost model is calibrated)."""
     if share is None:
         share = cost.prior(instance.chunk_flops(profile), 0.0) / instance.chunk_seconds(profile)
     return AdmissionRequest(
@@ -91,16 +93,9 @@ def admission_limit(
 
 def measured_share(instance: WanInstance, cost: CostModel, profile: Profile) -> float | None:
     """GPU-s per media second of a steady chunk from the calibrated costs, the asynchronous
-    part of the decode (second CUDA stream) included (None: unmeasured)."""
-    stride = instance.latent.spatial_stride
-    c = profile.chunk_latent_frames
-    sig = f"c{c}x{profile.height // stride}x{profile.width // stride}"
-    parts = [
-        ("chunk_step", sig, profile.steps),
-        ("kv_update", sig, 1),
-        ("vae_decode", f"decode:0:{c}:{sig}", 1),
-    ]
-    if any(cost.samples(kind, s) == 0 for kind, s, _ in parts):
+    part of the decode (second CUDA stream) included (None: unmeasured) - what
+    ``sessions.host`` admits from once the cost model is calibrated."""
+    plans = instance.steady_chunk_plans(profile)
+    if any(cost.samples(kind, sig) == 0 for kind, sig, _ in plans):
         return None
-    chunk_s = sum(n * cost.gpu_seconds(kind, s) for kind, s, n in parts)
-    return chunk_s / instance.chunk_seconds(profile)
+    return chunk_gpu_seconds(cost, instance, profile) / instance.chunk_seconds(profile)

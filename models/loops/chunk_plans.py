@@ -44,6 +44,30 @@ from runtime.contract import (
 __all__ = ["ChunkPlanner"]
 
 
+def chunk_shape_sig(chunk_frames: int, latent_h: int, latent_w: int) -> str:
+    """Shape signature of a chunk's DiT plans (steps, KV update): ``c{frames}x{h}x{w}``."""
+    return f"c{chunk_frames}x{latent_h}x{latent_w}"
+
+
+def decode_shape_sig(first: bool, latent_frames: int, chunk_sig: str) -> str:
+    """Shape signature of a decode of ``latent_frames`` (``first``: a stream's first part)."""
+    return f"decode:{int(first)}:{latent_frames}:{chunk_sig}"
+
+
+def steady_chunk_plans(
+    chunk_frames: int, latent_h: int, latent_w: int, *, steps: int, fold: bool
+) -> tuple[tuple[PlanKind, str, int], ...]:
+    """(kind, shape signature, count) of the plans of one steady-state chunk of a stream: the
+    denoising steps, the KV update (none when the last step writes the cache) and one decode
+    of the whole chunk. Admission prices a session's compute share from these."""
+    sig = chunk_shape_sig(chunk_frames, latent_h, latent_w)
+    plans = [(PlanKind.CHUNK_STEP, sig, steps)]
+    if not fold:
+        plans.append((PlanKind.KV_UPDATE, sig, 1))
+    plans.append((PlanKind.VAE_DECODE, decode_shape_sig(False, chunk_frames, sig), 1))
+    return tuple(plans)
+
+
 class ChunkPlanner:
     """Plans of one loop's streams (one planner per loop, the state says whose stream).
 
@@ -215,7 +239,7 @@ class ChunkPlanner:
             PlanKind.VAE_DECODE,
             self._m.decode_op,
             args,
-            f"decode:{int(first)}:{latent}:{self._shape(state)}",
+            decode_shape_sig(first, latent, self._shape(state)),
             emits=tuple(emits),
         )
 
@@ -266,7 +290,7 @@ class ChunkPlanner:
             steps_left = len(self._steps) - state.denoise_step - (kind is PlanKind.CHUNK_STEP)
             latent, first = self.decode_part(state)[0], int(state.frames_emitted == 0)
         steps = tuple(Followup(PlanKind.CHUNK_STEP, shape, flops) for _ in range(steps_left))
-        return (*steps, Followup(PlanKind.VAE_DECODE, f"decode:{first}:{latent}:{shape}"))
+        return (*steps, Followup(PlanKind.VAE_DECODE, decode_shape_sig(bool(first), latent, shape)))
 
     def _capture(self, state: ChunkRolloutState) -> dict[str, Any]:
         facts = chunk_capture(state, self._steps, self._m.precision)
@@ -281,7 +305,7 @@ class ChunkPlanner:
         return CrossKV(state.cross_k, state.cross_v)
 
     def _shape(self, state: ChunkRolloutState) -> str:
-        return f"c{state.chunk_frames}x{state.latent_h}x{state.latent_w}"
+        return chunk_shape_sig(state.chunk_frames, state.latent_h, state.latent_w)
 
     def _flops(self, state: ChunkRolloutState) -> float:
         t = self._m.tokens_per_frame(state.latent_h, state.latent_w)

@@ -10,7 +10,7 @@ from models.card import ProfileError
 from runtime.admission import AdmissionConfig, AdmissionController, Reject
 from runtime.cost import CostModel, DeviceConstants
 from runtime.engine import Engine
-from sessions.host import SessionHost
+from sessions.host import SessionHost, chunk_gpu_seconds
 from sessions.served_models import HostError, ServedModels
 from sessions.store import Store
 from tests.sessions.conftest import TINY_MODEL
@@ -110,3 +110,19 @@ async def test_start_now_runs_the_first_chunk_before_any_viewer(host: SessionHos
     assert early.chunks_generated == 1  # then it waits: nobody watches yet
     assert waiting.chunks_generated == 0 and len(waiting.media) == 0  # spawned paused
     assert host.engine.stats().paused_loops == 2
+
+
+def test_admission_prices_a_session_from_measurements_once_every_plan_has_one(instance) -> None:
+    cost = CostModel(DeviceConstants.cpu())
+    profile = instance.card.default_profile
+    prior = cost.prior(instance.chunk_flops(profile), 0.0)
+    assert chunk_gpu_seconds(cost, instance, profile) == prior  # nothing measured yet
+    plans = instance.steady_chunk_plans(profile)
+    for kind, sig, _ in plans[:-1]:
+        cost.observe(kind, sig, 0.010)
+    assert chunk_gpu_seconds(cost, instance, profile) == prior  # one plan still unmeasured
+    kind, sig, _ = plans[-1]
+    cost.observe(kind, sig, 0.002)
+    cost.observe_async(kind, sig, 0.030)  # the decode's second-stream time counts too
+    want = sum(n * 0.010 for _, _, n in plans[:-1]) + 0.002 + 0.030
+    assert chunk_gpu_seconds(cost, instance, profile) == pytest.approx(want)
