@@ -208,15 +208,17 @@ class FleetWorker:
         m = resume.manifest
         if ctx.host.session(session_id) is not None:  # a second resume won the race meanwhile
             return {"status": 200, "body": {"id": session_id, "resumed": False}}
+        state = resume.state
         answer = ctx.host.create_session(
-            prompt=m.prompt,
+            prompt=getattr(state, "active_prompt", "") or m.prompt,
             model=m.model_id,
             fps=m.fps,
             width=m.width,
             height=m.height,
             seed=m.seed,
             priority_class=m.priority_class,
-            resume=resume,
+            session_id=session_id,
+            resume=state,
         )
         if isinstance(answer, Reject):  # capacity is a value
             return _refused(

@@ -1,7 +1,5 @@
-"""The serve warm-up: short sessions on a throwaway engine that compile every graph first.
-
-Split from ``server.app`` (the composition root calls it before serving a compiled instance).
-"""
+"""The warm-up before serving: short throwaway sessions that trace, compile and capture every
+graph of a compiled instance, so no user's session waits for compilation (``server.app``)."""
 
 from __future__ import annotations
 

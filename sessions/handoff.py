@@ -15,11 +15,14 @@ from that chunk boundary), under the same id, accepting the same token. A sessio
 while its engine runs (deleted, failed, timed out) loses its manifest: it is over, nobody
 resumes it; one still live when its engine stops or dies keeps it. Its PTS go on from the
 snapshot's chunk: the frames generated after the snapshot and before the crash are generated
-again (the newest snapshot is at most ``--snapshot-every`` chunks old). The event stream of the
-resumed session starts again at event 1 on its new engine.
+again (the newest snapshot is at most ``--snapshot-every`` chunks old), and so is its prompt
+(the loop state's active prompt). Inputs that were waiting unacknowledged are dropped (the
+client sends them again). The event stream of the resumed session starts again at event 1 on
+its new engine.
 
-This is the minimal resume the fleet needs (issue 17); the engine's own restart/resume
-(issue 15) may replace the loading half of it.
+This is the minimal resume the fleet needs (issue 17). The engine's own restart/resume (issue
+15, ``sessions.resume.restore_session``) does the same from the engine's own store row, which
+another engine does not have: the manifest stands in for that row here.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 __all__ = [
     "HandoffError",
@@ -118,4 +123,6 @@ def load_resume(snapshot_dir: Path, session_id: str, loop: Any, *, device: Any) 
     step, path = newest_snapshot(snapshot_dir, session_id)
     blob = path.read_bytes()
     state = restore_state(blob, resolve_state_type(loop, blob, None), device=device)
+    # inputs waiting unacknowledged belong to the dead engine's ledger: the client resends them
+    state = msgspec.structs.replace(state, acks=[], next_acks=[])
     return Resume(manifest=manifest, state=state, step=step)

@@ -33,7 +33,7 @@ from models.loops.requests import SessionRequest
 from runtime.admission import AdmissionRequest, Reject
 from runtime.contract import Priority
 from runtime.pools import KVSlabPool
-from sessions.handoff import Resume, forget_manifest
+from sessions.handoff import forget_manifest
 from sessions.recording import Recording
 from sessions.served_models import (
     EngineLike,
@@ -123,15 +123,15 @@ class SessionHost:
         seed: int | None = None,
         priority_class: Literal["realtime", "batch"] = "realtime",
         start: Literal["viewer", "now"] = "viewer",
-        resume: Resume | None = None,
+        session_id: str | None = None,
+        resume: Any = None,
     ) -> Session | Reject:
         """Admits and starts a session, or returns ``Reject`` (capacity). Raises ``KeyError``
         (unknown model), ``models.card.ProfileError`` (bad geometry) or ``UnsupportedTaskError``.
         ``start="now"``: the prompt encode and the first chunk run at once (then the loop
         waits for the viewer), so the offer and ICE overlap them; else nothing runs before the
-        first pull of the video. ``resume`` (``sessions.handoff``): the session keeps that id
-        and its loop continues the restored state (``loop.fork`` into this engine's slab, with
-        the session's own seed) instead of starting fresh."""
+        first pull of the video. ``resume``: a restored loop state (``sessions.handoff``) the
+        loop is forked from (into this engine's slab, with ``seed``), under ``session_id``."""
         self._check_open()
         served = self.models.resolve(model)
         card = served.card
@@ -140,7 +140,7 @@ class SessionHost:
                 "model", f"model {card.model_id!r} cannot stream sessions (no 'session.realtime')"
             )
         profile = card.resolve_profile(fps=fps, width=width, height=height)
-        session_id = resume.manifest.session_id if resume is not None else new_id("ses")
+        session_id = session_id or new_id("ses")
         if session_id in self._sessions:
             raise HostError(f"session {session_id!r} is already live here")
         reservation_id, slab_id = None, None
@@ -199,7 +199,7 @@ class SessionHost:
                 priority=Priority.REALTIME if priority_class == "realtime" else Priority.BATCH,
                 on_emit=session.on_emission,
                 reservation_id=reservation_id,
-                **({} if resume is None else {"fork_from": resume.state}),
+                fork_from=resume,  # the restored chunk-KV goes into this session's slab
             )
         except Exception:
             if reservation_id is not None:
