@@ -121,11 +121,16 @@ class FleetView:
     # ------------------------------------------------------------------ placement
 
     async def place(self, kind: str, body: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
-        """Places a session or job: tries the ranked engines in turn until one admits it.
+        """Places a session or job: tries the ranked engines in turn until one admits it (with
+        no engine ranked, every card is read again first: a 503 never rests on a stale card).
         -> (the admitting engine's answer, its instance id), or (the last refusal, -1)."""
         request = PlacementRequest.of(kind, body)
         refusal: dict[str, Any] = {"status": 503, "body": _no_room(request), "retry_after_s": 1.0}
-        for candidate in self.placement.rank(self.cards, request):
+        candidates = self.placement.rank(self.cards, request)
+        if not candidates:  # the cards may be a poll old: read them again before a 503
+            await asyncio.gather(*(self.refresh_card(i) for i in list(self.cards)))
+            candidates = self.placement.rank(self.cards, request)
+        for candidate in candidates:
             answer = await self._try(candidate, {"kind": kind, "body": dict(body)})
             if answer is None:
                 continue

@@ -14,7 +14,8 @@ before left:
    is reconnects there: the stream goes on from the snapshot's chunk (generation PTS and
    chunk numbers continue, the chunk regenerated equals the one the dead engine made);
 3. the router restarted finds the engines and the resumed sessions again; a drained engine
-   takes no new session (503) and stays in the fleet while its sessions last.
+   takes no new session (503) and stays in the fleet while its sessions last; a viewer that
+   creates its session through the router watches it on the engine it was placed on.
 """
 
 from __future__ import annotations
@@ -222,6 +223,17 @@ async def test_two_engines_and_a_router_place_fail_over_and_restart(fleet: dict[
     router.start(engines=1)
     again = httpx.get(f"{router.url}/v1/sessions/{watched['id']}", timeout=5.0).json()
     assert again["url"] == survivor
+
+    # a viewer that creates its session through the router watches it on the placed engine
+    other = next(p for p in placed if p["id"] in lost and p["id"] != watched["id"])
+    async with DreamrtClient(survivor, token=other["token"]) as engine:
+        await engine.delete_session(other["id"])  # the resumed one keeps its token there
+    async with DreamrtClient(router.url) as front:
+        through = Viewer(front)
+        await through.connect("a blue bird")
+        assert through.api.base_url == survivor and through.api is not front
+        await through.wait_first_frame(30)
+        await through.close()  # deletes it on its engine
 
     # a drained engine takes nothing new, and stays in the fleet while its sessions last
     assert httpx.post(f"{survivor}/v1/deployment/drain", timeout=5.0).status_code == 202
