@@ -39,16 +39,24 @@ class ComponentSpec:
         object.__setattr__(self, "conditioning", frozenset(self.conditioning))
 
 
+# The fewest schedule steps a card may allow step skipping on.
+MIN_SKIPPING_STEPS = 20
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleSpec:
     """Denoising schedule: nominal ``timesteps`` on the ``num_train_timesteps`` grid, highest
     first; the sampler applies ``flow_shift``. ``guidance_scale`` 1.0 means no CFG (distilled
-    recipes bake guidance into the weights)."""
+    recipes bake guidance into the weights). ``step_skipping``: interceptors that reuse work
+    across steps (step/block caches, ``runtime.extensions``) may run; a card says so only for a
+    many-step schedule it was measured on (off for few-step distilled schedules, where every
+    step moves the sample a long way)."""
 
     timesteps: tuple[int, ...]
     flow_shift: float
     num_train_timesteps: int = 1000
     guidance_scale: float = 1.0
+    step_skipping: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "timesteps", tuple(int(t) for t in self.timesteps))
@@ -70,6 +78,11 @@ class ScheduleSpec:
             found.append(f"flow_shift={self.flow_shift} must be finite and > 0")
         if not (math.isfinite(self.guidance_scale) and self.guidance_scale >= 1.0):
             found.append(f"guidance_scale={self.guidance_scale} must be finite and >= 1")
+        if self.step_skipping and len(ts) < MIN_SKIPPING_STEPS:
+            found.append(
+                f"step_skipping on a {len(ts)}-step schedule (allowed from "
+                f"{MIN_SKIPPING_STEPS} steps: a few-step schedule has no step to spare)"
+            )
         return found
 
 

@@ -132,6 +132,10 @@ class WanInstance:
         self.levers: dict[str, Any] = {"attention": "auto", "overlap_decode": False}
         # content hash of the loaded weights (models.weights_digest), set by load_instance
         self.weights_digest = ""
+        # deploy-scope extensions (name -> default params; models/loops/extensions.py) and
+        # observers of every block of a hooked step (runtime.traces): set by the server
+        self.extensions: dict[str, Any] = {}
+        self.block_observers: tuple[Any, ...] = ()
 
     def configure(
         self,

@@ -44,6 +44,17 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
+from runtime.extensions import (  # hook points of the extensions (models implement them)
+    BlockInterceptor,
+    BlockObserver,
+    ExtensionRejected,
+    ExtensionSpec,
+    HookPoint,
+    ScheduleFacts,
+    StepInterceptor,
+    preflight,
+)
+from runtime.loop_failures import Cancelled, LoopFailed, PlanWithdrawn
 from runtime.media_clock import PTS_HZ, frame_of_pts, pts_of_frame
 
 __all__ = [
@@ -51,12 +62,17 @@ __all__ = [
     "ActionInput",
     "AppliedMeta",
     "AudioInput",
+    "BlockInterceptor",
+    "BlockObserver",
     "CacheKey",
     "Cancelled",
     "Done",
     "Emission",
     "EmitSpec",
+    "ExtensionRejected",
+    "ExtensionSpec",
     "Followup",
+    "HookPoint",
     "InputEvent",
     "InputKind",
     "InputTiming",
@@ -72,6 +88,8 @@ __all__ = [
     "PlanWithdrawn",
     "Priority",
     "ProgressMeta",
+    "ScheduleFacts",
+    "StepInterceptor",
     "PromptInput",
     "PromptMode",
     "StepOp",
@@ -80,6 +98,7 @@ __all__ = [
     "TimedPendingOutput",
     "WorkPlan",
     "frame_of_pts",
+    "preflight",
     "pts_of_frame",
 ]
 
@@ -132,9 +151,11 @@ class LoopState(msgspec.Struct, kw_only=True):
     ``dict[str, torch.Tensor]``). ``step`` counts completed plans and is maintained by the loop.
     A state must round-trip through ``runtime.driver.snapshot_state``/``restore_state``
     bit-identically; nothing else (no callables, no open handles) may live in it.
+    ``plugin_state``: each active interceptor's state by extension name (``runtime.extensions``).
     """
 
     step: int = 0
+    plugin_state: dict[str, Any] = {}
 
 
 S = TypeVar("S", bound=LoopState)
@@ -411,41 +432,6 @@ class InputEvent:
     seq: int
     payload: PromptInput | ActionInput | AudioInput
     received_s: float = 0.0
-
-
-# --------------------------------------------------------------------------------------------
-# Failures
-
-
-class Cancelled(Exception):
-    """Raised from ``ctx.execute`` when the loop was cancelled; lands at a step boundary."""
-
-    def __init__(self, loop_id: str, reason: str = "cancelled") -> None:
-        super().__init__(f"loop {loop_id!r} cancelled: {reason}")
-        self.loop_id = loop_id
-        self.reason = reason
-
-
-class PlanWithdrawn(Exception):
-    """From ``ctx.execute``: the runtime took the queued plan back before it ran (inputs came);
-    the driver returns to the step boundary, absorbs them and describes its next plan again."""
-
-    def __init__(self, loop_id: str) -> None:
-        super().__init__(f"loop {loop_id!r}: queued plan withdrawn for new inputs")
-        self.loop_id = loop_id
-
-
-class LoopFailed(Exception):
-    """Raised from ``ctx.execute`` when this loop's step failed (exception or NaN).
-
-    ``code`` is machine-readable (``"step_exception"``, ``"nan"``); other loops are unaffected.
-    """
-
-    def __init__(self, loop_id: str, code: str, message: str) -> None:
-        super().__init__(f"loop {loop_id!r} failed ({code}): {message}")
-        self.loop_id = loop_id
-        self.code = code
-        self.message = message
 
 
 # --------------------------------------------------------------------------------------------

@@ -106,6 +106,7 @@ class ServerConfig:
     control_rate_per_s: float = 30.0
     livekit_key: str | None = None  # None: LIVEKIT_API_KEY (to mint join tokens)
     livekit_secret: str | None = None  # None: LIVEKIT_API_SECRET
+    extensions: tuple[str, ...] = ()  # --extension NAME[:k=v,...] (models/loops/extensions.py)
     web_dir: Path | None = field(default=_WEB_DIR)
 
 
@@ -239,10 +240,12 @@ async def _build(config: ServerConfig) -> ServerContext:
     from models import registry
     from models.instance import load_instance
     from models.loops.chunk_restart import RestartCutsOnly
+    from models.loops.extensions import deploy_extensions
     from models.loops.inputs import action_vector, normalize_keys
     from runtime.admission import AdmissionConfig, AdmissionController
     from runtime.cost import CostModel, DeviceConstants
     from runtime.engine import Engine
+    from runtime.extensions import parse_extension_arg
     from runtime.lead import AdaptiveLead, FixedLead
     from runtime.observers import NaNWatch, Profiler
     from runtime.policies import make_scheduler
@@ -268,6 +271,7 @@ async def _build(config: ServerConfig) -> ServerContext:
     )
     if config.compile:
         instance.compile(attention=config.attention, cuda_graphs=config.cuda_graphs)
+    instance.extensions = deploy_extensions([parse_extension_arg(a) for a in config.extensions])
     fast = config.steering == "fast"
     if not fast:
         instance.chunk_restart = RestartCutsOnly()

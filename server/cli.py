@@ -153,6 +153,14 @@ def _build_parser() -> argparse.ArgumentParser:
         help="newest replay snapshots kept per loop (older chunks can no longer be replayed)",
     )
     serve.add_argument(
+        "--extension",
+        action="append",
+        default=[],
+        metavar="NAME[:k=v,...]",
+        help="enable an extension for this server, its params the defaults of every request: "
+        "fbcache, teacache (e.g. fbcache:threshold=0.05); jobs may override enabled ones",
+    )
+    serve.add_argument(
         "--livekit-key",
         default=None,
         help="LiveKit API key that mints the engine's join tokens (default: $LIVEKIT_API_KEY)",
@@ -304,6 +312,14 @@ def _serve(args: argparse.Namespace) -> int:
     except InsecureBindError as exc:
         sys.stderr.write(f"dreamrt: {exc}\n")
         return 2
+    from models.loops.extensions import deploy_extensions
+    from runtime.extensions import ExtensionRejected, parse_extension_arg
+
+    try:  # an unknown extension or invalid parameters: refuse to start
+        deploy_extensions([parse_extension_arg(a) for a in args.extension])
+    except ExtensionRejected as exc:
+        sys.stderr.write(f"dreamrt: {exc}\n")
+        return 2
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -338,6 +354,7 @@ def _serve(args: argparse.Namespace) -> int:
         fleet_dir=args.fleet_dir,
         engine_id=args.engine_id,
         public_url=args.public_url,
+        extensions=tuple(args.extension),
     )
     banner = f"dreamrt: open http://{args.host}:{args.port}/  (auth {mode.value})"
     return _run_app(create_app(config), args, banner)
@@ -419,6 +436,7 @@ BENCHMARKS = {
     "quality-guard": "infra.bench.quality_guard",
     "latency": "infra.bench.latency",
     "gpu-latency": "infra.bench.gpu_latency",
+    "extensions": "infra.bench.extensions",
 }
 
 

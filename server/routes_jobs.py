@@ -41,6 +41,8 @@ async def submit(body: JobBody, request: Request, grant: AuthGrant) -> JobCreate
             height=body.height,
             steps=body.steps,
             seed=body.seed,
+            extensions=body.extensions or {},
+            exact=body.exact,
         )
     return JobCreated(id=job.id)
 

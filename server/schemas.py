@@ -134,6 +134,10 @@ class JobBody(_Body):
     height: Dimension | None = None
     steps: Annotated[int, Field(ge=1, le=1000)] | None = None
     seed: Seed | None = None
+    # overrides of extensions the server enabled (each checked by its own schema), and
+    # exact: refuse distribution-altering extension parameters
+    extensions: dict[str, dict[str, Any]] | None = None
+    exact: bool = False
 
 
 class JobCreated(BaseModel):

@@ -76,6 +76,8 @@ class JobHost:
         steps: int | None = None,
         seed: int | None = None,
         job_id: str | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+        exact: bool = False,
     ) -> Job:
         """Queues a job (batch class; never refused). Raises ``KeyError``, ``ProfileError`` or
         ``UnsupportedTaskError`` for requests the model cannot serve."""
@@ -107,6 +109,24 @@ class JobHost:
             )
         job_id = job_id or new_id("job")
         seed = seed if seed is not None else secrets.randbelow(2**31)
+        request = JobRequest(
+            task=task,
+            prompt=prompt,
+            num_frames=num_frames,
+            width=profile.width,
+            height=profile.height,
+            steps=assumed_steps,
+            seed=seed,
+            extensions=extensions or {},
+            exact=exact,
+        )
+        loop = served.loop(spec.loop_id)
+        check = getattr(loop, "check_request", None)
+        if check is not None:  # extension pre-flight: refused here, before the job exists
+            try:
+                check(request)
+            except ValueError as exc:
+                raise UnsupportedTaskError("extensions", str(exc)) from None
         params = {
             "num_frames": num_frames,
             "width": profile.width,
@@ -114,6 +134,8 @@ class JobHost:
             "steps": assumed_steps,
             "seed": seed,
         }
+        if extensions or exact:  # kept so that a resumed job runs as it was asked
+            params |= {"extensions": extensions or {}, "exact": exact}
         config = JobConfig(
             job_id=job_id,
             task=task,
@@ -124,17 +146,8 @@ class JobHost:
         )
         job = Job(config, artifact_dir=self.artifact_dir, store=self.store)
         self.store.defer(self._upsert_job, job_id, task, card.model_id, prompt, params)
-        request = JobRequest(
-            task=task,
-            prompt=prompt,
-            num_frames=num_frames,
-            width=profile.width,
-            height=profile.height,
-            steps=assumed_steps,
-            seed=seed,
-        )
         handle = self.engine.spawn(
-            served.loop(spec.loop_id),  # the card says which loop serves the task
+            loop,  # the card says which loop serves the task
             request,
             served,
             loop_id=job_id,
@@ -186,6 +199,8 @@ class JobHost:
                         height=params.get("height"),
                         seed=params.get("seed"),
                         job_id=row["id"],
+                        extensions=params.get("extensions"),
+                        exact=params.get("exact", False),
                     )
                 )
             except (KeyError, ValueError) as exc:

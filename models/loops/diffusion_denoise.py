@@ -7,6 +7,11 @@ Distilled few-step schedules (``guidance_scale`` 1, x0-prediction + re-noising) 
 Euler schedules share the same body; ``renoise`` picks the update rule. A job may lower or raise
 the guidance scale (``JobRequest.guidance_scale``; 1 turns CFG off); the steps are the recipe's.
 
+Extensions (``models/loops/extensions.py``): a request's interceptors (step/block residual
+caches) pass the pre-flight rules in ``init``, before any plan; their state lives in
+``plugin_state`` and every step's hooks come from it, so a job with caching interleaves with
+others and snapshots like any job. ``finalize`` reports how many steps reused cached work.
+
 Causal (chunk-causal) cards do not use this loop for jobs: their recipe trained chunk by chunk,
 so their cards name ``chunk_rollout`` for jobs (``ModelCard.loop_for``).
 """
@@ -19,6 +24,7 @@ from typing import Any
 import torch
 
 from models.card import LoopSpec
+from models.loops.extensions import LoopExtensions, extension_summary
 from models.loops.model import LoopModel
 from models.loops.ops import DecodeArgs, DiffusionStepArgs
 from models.loops.requests import JobRequest
@@ -33,6 +39,7 @@ from runtime.contract import (
     LoopState,
     PlanKind,
     ProgressMeta,
+    ScheduleFacts,
     StepResult,
     Stream,
     WorkPlan,
@@ -77,6 +84,7 @@ class DiffusionDenoise:
         )
         # A distilled schedule (few steps, no CFG) predicts x0 and re-noises; else Euler.
         self._renoise = spec.schedule.guidance_scale == 1.0 and len(self._steps) <= 8
+        self._extensions = LoopExtensions(model)
 
     def init(
         self, request: JobRequest, model: Any, ctx: LoopContext | None = None
@@ -91,6 +99,7 @@ class DiffusionDenoise:
             else self._schedule.guidance_scale
         )
         self._check(request, num_frames, guidance)
+        plugin_state = self.check_request(request)
         latent_frames = 1 + math.ceil((num_frames - 1) / m.latent.temporal_stride)
         s = m.latent.spatial_stride
         lh, lw = profile.height // s, profile.width // s
@@ -105,7 +114,19 @@ class DiffusionDenoise:
             num_frames=num_frames,
             decode_chunk=profile.chunk_latent_frames,
             decoder=m.new_decoder_cache(lh, lw),
+            plugin_state=plugin_state,
         )
+
+    def check_request(self, request: JobRequest) -> dict[str, Any]:
+        """The extension pre-flight of ``request`` (``ExtensionRejected``, a ``ValueError``,
+        naming both sides) -> its initial ``plugin_state``; a host calls it before queuing."""
+        facts = ScheduleFacts(
+            model_id=self._m.card.model_id,
+            loop=self.name,
+            steps=len(self._steps),
+            step_skipping=self._schedule.step_skipping,
+        )
+        return self._extensions.start(request.extensions, facts, exact=request.exact)
 
     def absorb(self, state: DiffusionState, inputs: Any) -> DiffusionState:
         kinds = sorted({event.kind for event in inputs})
@@ -146,6 +167,9 @@ class DiffusionDenoise:
                 negative=state.negative if cfg else None,
                 guidance_scale=state.guidance_scale,
                 renoise=self._renoise,
+                hooks=self._extensions.call(
+                    state.plugin_state, state.loop_id, state.denoise_step, len(self._steps)
+                ),
             )
             # CFG doubles the batch: a different cost, so a different shape signature
             return self._plan(
@@ -177,7 +201,9 @@ class DiffusionDenoise:
         elif state.guidance_scale != 1.0 and state.negative is None:
             state.negative = result.output
         elif state.denoise_step < len(self._steps):
-            state.latents = result.output
+            state.plugin_state, state.latents = self._extensions.fold(
+                state.plugin_state, result.output
+            )
             state.denoise_step += 1
         else:
             state.frames.append(result.output)
@@ -188,7 +214,10 @@ class DiffusionDenoise:
 
     def finalize(self, state: DiffusionState) -> LoopResult:
         frames = torch.cat(state.frames)[: state.num_frames] if state.frames else None
-        return LoopResult({"frames": frames, "latents": state.latents})
+        outputs = {"frames": frames, "latents": state.latents}
+        if state.plugin_state:
+            outputs["extensions"] = extension_summary(state.plugin_state)
+        return LoopResult(outputs)
 
     # ---------------------------------------------------------------------------------------
 

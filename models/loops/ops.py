@@ -16,6 +16,7 @@ import torch
 
 from models.loops.digests import host_digest
 from models.wan.kv_cache import ChunkKVCache
+from models.wan.step_hooks import StepHookCall
 from models.wan.transformer import CrossKV, WanDiT
 from models.wan.vae import video_to_uint8
 from models.wan.vae_cache import DecoderCache
@@ -28,6 +29,7 @@ __all__ = [
     "DeviceFrames",
     "DiffusionStepArgs",
     "DiffusionStepOp",
+    "HookedStepOutput",
     "KVWriteArgs",
     "KVWriteOp",
     "LatentCodec",
@@ -421,24 +423,44 @@ class DiffusionStepArgs:
     negative: torch.Tensor | None
     guidance_scale: float
     renoise: bool  # True: x0-predict + fresh noise (distilled); False: Euler step along v
+    hooks: StepHookCall | None = None  # extensions (models/wan/step_hooks.py); None: plain
+
+
+@dataclass(frozen=True, slots=True)
+class HookedStepOutput:
+    """A hooked step's output: the latents and its interceptor's new branch states."""
+
+    latents: torch.Tensor  # [1, C, f, h, w]
+    name: str
+    branches: dict[str, Any]
+    reused: bool
 
 
 class DiffusionStepOp(_SoloOp):
-    """A bidirectional denoising step with classifier-free guidance as a policy."""
+    """A bidirectional denoising step with classifier-free guidance as a policy (with
+    ``hooks``: through the hooked forward, returning a ``HookedStepOutput``)."""
 
     name = "diffusion_step"
 
     def __init__(self, dit: WanDiT) -> None:
         self._dit = dit
 
-    def run(self, a: DiffusionStepArgs) -> torch.Tensor:
+    def run(self, a: DiffusionStepArgs) -> torch.Tensor | HookedStepOutput:
         # a.x: [1, C, f, h, w] -> [1, C, f, h, w]
         x = a.x if a.init_seed is None else _noise_like(a.x, a.init_seed)
         cfg = a.negative is not None and a.guidance_scale != 1.0
         x_in = torch.cat((x, x)) if cfg else x
         text = torch.cat((a.text, a.negative)) if cfg else a.text
         t = torch.full((x_in.shape[0],), a.timestep, device=x.device, dtype=torch.float32)
-        v = self._dit(x_in, t, text).float()
+        if a.hooks is not None:
+            v, branches, reused = a.hooks.hooks.forward(self._dit, x_in, t, text, a.hooks)
+            out = self._update(a, x, v.float())
+            return HookedStepOutput(out, a.hooks.name, branches, reused)
+        return self._update(a, x, self._dit(x_in, t, text).float())
+
+    def _update(self, a: DiffusionStepArgs, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # x, v: [1 | 2, C, f, h, w] -> the sample at sigma_next [1, C, f, h, w]
+        cfg = v.shape[0] == 2
         if cfg:
             v_c, v_u = v[:1], v[1:]
             v = v_u + a.guidance_scale * (v_c - v_u)

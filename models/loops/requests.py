@@ -11,6 +11,8 @@ latest wins; a change of the held keys may restart the chunk in flight too) or a
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -39,3 +41,7 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     steps: int | None = None
     seed: int = 0
     guidance_scale: float | None = None
+    # extension name -> parameter overrides (only of extensions the server enabled; each
+    # validated by the extension's schema before the loop starts, ``runtime.extensions``)
+    extensions: dict[str, dict[str, Any]] = {}
+    exact: bool = False  # refuse distribution-altering extension parameters

@@ -21,6 +21,8 @@ PURE = [
     "runtime.cost",
     "runtime.pools",
     "runtime.contract",
+    "runtime.extensions",
+    "runtime.loop_failures",
     "runtime.media_clock",
     "runtime.lead",
     "runtime.input_trace",

@@ -171,3 +171,17 @@ def test_serve_takes_the_fleet_options_and_router_its_own(monkeypatch, tmp_path)
     assert main(["router", "--fleet", "prod", "--port", "8088", "--key", "k" * 32]) == 0
     router_app, kwargs = served[1]
     assert router_app.title == "dreamrt router" and kwargs["port"] == 8088
+
+
+def test_serve_enables_extensions_and_refuses_bad_ones(monkeypatch, capsys) -> None:
+    import uvicorn
+
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    assert main(["serve", "--extension", "fbcache:threshold=0.05", "--port", "9"]) == 0
+    assert served[0].state.config.extensions == ("fbcache:threshold=0.05",)
+    assert main(["serve", "--extension", "taylorseer"]) == 2
+    assert "unknown extension 'taylorseer'" in capsys.readouterr().err
+    assert main(["serve", "--extension", "fbcache:threshold=-1"]) == 2
+    assert "threshold" in capsys.readouterr().err
+    assert len(served) == 1

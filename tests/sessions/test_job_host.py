@@ -91,3 +91,39 @@ async def test_close_cancels_unfinished_jobs_and_refuses_new_ones(jobs: JobHost)
     assert job.state.value == "cancelled" and not await jobs.cancel_job("job_none")
     with pytest.raises(HostError, match="closed"):
         jobs.submit_job(task="t2i", prompt="a")
+
+
+async def test_job_extensions_are_checked_before_the_job_exists(tmp_path) -> None:
+    from models.instance import load_instance
+    from models.loops.extensions import deploy_extensions
+    from models.registry import get
+
+    instance = load_instance(get("wan2.1-t2v-tiny-random"), device="cpu")
+    instance.extensions = deploy_extensions([("fbcache", {"threshold": 0.1})])
+    engine = Engine(cost=CostModel(DeviceConstants.cpu()))
+    await engine.start()
+    store = Store(tmp_path / "db.sqlite3")
+    model = instance.card.model_id
+    host = JobHost(
+        engine=engine,
+        models=ServedModels({model: instance}, default=model),
+        store=store,
+        artifact_dir=tmp_path / "artifacts",
+    )
+    try:
+        with pytest.raises(UnsupportedTaskError) as off:
+            host.submit_job(task="t2i", prompt="a", extensions={"teacache": {}}, job_id="job_x")
+        assert off.value.field == "extensions" and "'teacache' is not enabled" in str(off.value)
+        with pytest.raises(UnsupportedTaskError, match="exact request refuses fbcache"):
+            host.submit_job(task="t2i", prompt="a", exact=True)
+        assert host.jobs() == []
+        assert await store.run(store.get_job, "job_x") is None  # no row either
+        job = host.submit_job(task="t2i", prompt="a cat", extensions={"fbcache": {}})
+        await asyncio.wait_for(job.wait_finished(), 60)
+        assert job.state.value == "succeeded"
+        row = await store.run(store.get_job, job.id)
+        assert row["params"]["extensions"] == {"fbcache": {}}  # a resumed job asks the same
+    finally:
+        await host.close()
+        await engine.close()
+        store.close()
