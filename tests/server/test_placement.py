@@ -88,6 +88,7 @@ def test_the_router_side_imports_no_model_runtime_or_session_code() -> None:
     code = (
         "import sys\n"
         "import server.router, server.fleet_view, server.placement, server.dynamo_runtime\n"
+        "import server.fleet_cli, server.cli\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('runtime', 'models', 'sessions', 'torch', 'aiortc', 'av', 'dynamo'))\n"
         "print(bad)\n"
