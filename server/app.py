@@ -30,14 +30,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from server.auth import Authenticator, AuthMode, check_admin_key, resolve_auth_mode
+from server.deployment import engine_id_for
 from server.frame_pacer import FramePacer
 from server.heap_trim import HeapTrim
-from server.limits import Limits
 from server.livekit_participant import LiveKitParticipant
 from server.livekit_room import LiveKitRoom, RoomConnection
 from server.livekit_token import LiveKitCredentials
 from server.metrics import MetricsSnapshot, ServerMetrics
 from server.request_guard import RequestGuard
+from server.server_config import ServerConfig
 from server.warm_up import warm_up
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
 from sessions.forks import ForkRegistry
@@ -57,56 +58,6 @@ log = logging.getLogger(__name__)
 # The embedded default: trained weights shipped in the repository, real time on one CPU core
 # (its evaluation: infra/bench/RESULTS.md, tiny-world).
 DEFAULT_MODEL = "tiny-world"
-_WEB_DIR = Path(__file__).resolve().parent.parent / "clients" / "web"
-
-
-@dataclass(frozen=True, slots=True)
-class ServerConfig:
-    """Everything ``dreamrt serve`` can set. Units in names; ``None`` means "decide"."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    model: str | None = None
-    device: str = "auto"
-    data_dir: Path = Path("data")
-    ice_hosts: tuple[str, ...] = ()
-    ice_servers: tuple[str, ...] = ()
-    auth: str | None = None  # none | token; None: none on loopback, token elsewhere
-    force_no_auth: bool = False
-    admin_key: str | None = None
-    max_sessions: int = 4
-    video_bitrate_bps: int | None = None
-    playout_buffer_s: float = 0.25
-    max_lead_s: float = 1.0
-    max_batch: int = 8
-    # step-edf (default) | chunk-rr | fifo: the request-level baselines exist to be measured
-    scheduler: str = "step-edf"
-    deterministic: bool = False  # batched plans bit-identical to solo runs (replay, A/B tests)
-    compile: bool = False  # GPU serving: WanInstance.compile()
-    attention: str = "auto"  # with ``compile``: the kernel (models.wan.attention_kernels)
-    cuda_graphs: bool = False  # with ``compile``: CUDA graphs of the steady chunk forward
-    warmup: bool | None = None  # a session before serving compiles every graph (None: if compiled)
-    checkpoint_dir: Path | None = None  # weights of a card with external weights
-    adapters: tuple[str, ...] = ()  # "NAME=PATH": LoRA adapters sessions may name
-    random_weights: bool = False  # seeded random weights whatever the card says (benchmarks)
-    chunk_frames: int | None = None  # latent frames per chunk (1: the latency mode); None: card's
-    gpus: int = 1  # processes of one instance (Ulysses over them; server/spmd_serving.py)
-    # "fast": the time-to-steer cuts (adaptive lead, queued plans withdrawn for inputs, chunks
-    # restarted when regenerating is sooner); "baseline": the first build's input path
-    steering: str = "fast"
-    admission_cost: str = "auto"  # sessions.host.ADMISSION_COSTS
-    unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
-    limits: Limits = Limits()  # every bound on client input (server.limits, docs/api.md)
-    # ops/test hook: a FaultInjector observer and POST /v1/faults (never on by default)
-    fault_injection: bool = False
-    shutdown_timeout_s: float = 10.0  # SIGTERM: drained and exited within this (server.shutdown)
-    resume_grace_s: float = 120.0  # sessions of the previous process may resume this long
-    snapshot_every: int = 8  # chunks between a loop's replay snapshots (0: none)
-    snapshot_keep: int = 16  # newest replay snapshots kept per loop
-    livekit_key: str | None = None  # None: LIVEKIT_API_KEY (to mint join tokens)
-    livekit_secret: str | None = None  # None: LIVEKIT_API_SECRET
-    extensions: tuple[str, ...] = ()  # --extension NAME[:k=v,...] (models/loops/extensions.py)
-    web_dir: Path | None = field(default=_WEB_DIR)
 
 
 @dataclass
@@ -133,6 +84,10 @@ class ServerContext:
     forks: Any = None  # sessions.forks.ForkRegistry
     trainer: Any = None  # sessions.trainer_controls.TrainerControls
     resumer: Any = None  # sessions.resume.Resumer
+    engine_id: str = ""
+    public_url: str = ""
+    draining: bool = False  # leaving the fleet: the card says so, the fleet worker unregistered
+    fleet: Any = None  # server.fleet_worker.FleetWorker when --fleet
 
     @property
     def livekit_credentials(self) -> LiveKitCredentials:
@@ -335,7 +290,10 @@ async def _build(config: ServerConfig) -> ServerContext:
 
     served = ServedModels({model_id: instance}, default=model_id)
     recording = Recording(
-        config.data_dir, snapshot_every=config.snapshot_every, snapshot_keep=config.snapshot_keep
+        config.data_dir,
+        snapshot_every=config.snapshot_every,
+        snapshot_keep=config.snapshot_keep,
+        snapshot_dir=config.snapshot_dir,
     )
     host = SessionHost(
         engine=engine,
@@ -346,6 +304,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         action_validator=validate_action,
         admission_cost=config.admission_cost,
         max_pending_inputs=config.limits.max_pending_inputs,
+        handoff_dir=config.snapshot_dir,
     )
     jobs = JobHost(
         engine=engine,
@@ -370,6 +329,8 @@ async def _build(config: ServerConfig) -> ServerContext:
         forks=ForkRegistry(host) if channel is None else spmd_serving.NoForks(),
         trainer=TrainerControls.build(host, jobs, engine),
         resumer=Resumer(host, config.data_dir, grace_s=config.resume_grace_s),
+        engine_id=config.engine_id or engine_id_for(config.host, config.port),
+        public_url=config.public_url or f"http://{config.host}:{config.port}",
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
     if config.ice_hosts:
@@ -389,6 +350,11 @@ async def _build(config: ServerConfig) -> ServerContext:
             interval_s=min(5.0, min(timeouts) / 2),
             max_idle_s=config.limits.idle_timeout_s,
         )
+    if config.fleet is not None:  # after everything it serves exists
+        from server.fleet_worker import FleetWorker
+
+        ctx.fleet = FleetWorker(ctx)
+        await ctx.fleet.start()
     log.info(
         "dreamrt ready: model %s on %s, auth %s, up to %d sessions",
         model_id,
@@ -426,6 +392,10 @@ def _save_cost(cost: Any, path: Path) -> None:
 
 
 async def _teardown(ctx: ServerContext) -> None:
+    ctx.draining = True
+    if ctx.fleet is not None:  # leave the fleet first: nothing new is placed here
+        with contextlib.suppress(Exception):
+            await ctx.fleet.close()
     if ctx.heap is not None:
         await ctx.heap.close()
     for participant in list(ctx.rooms.values()):
@@ -450,7 +420,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     """The dreamrt app for ``config`` (keyword overrides replace its fields)."""
     from dataclasses import replace
 
-    from server import routes_jobs, routes_sessions, routes_system, routes_trainer
+    from server import deployment, routes_jobs, routes_sessions, routes_system, routes_trainer
 
     config = replace(config or ServerConfig(), **overrides)
     if isinstance(config.data_dir, str):
@@ -482,6 +452,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
         return JSONResponse(body, status_code=429, headers={"Retry-After": "1"})
 
     app.include_router(routes_system.router)
+    app.include_router(deployment.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_jobs.router)
     app.include_router(routes_trainer.router)

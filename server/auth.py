@@ -128,8 +128,12 @@ class Grant:
         return self.scope in ("admin", "user")
 
 
-def _digest(token: str) -> str:
+def token_digest(token: str) -> str:
+    """The SHA-256 hex digest a token is stored and looked up by."""
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+_digest = token_digest
 
 
 class Authenticator:
@@ -189,6 +193,15 @@ class Authenticator:
 
     def issue_session_token(self, session_id: str) -> str:
         return self.issue(f"session:{session_id}", SESSION_TOKEN_TTL_S)[0]
+
+    def adopt(self, token_sha256: str, scope: str, expires_at: float) -> None:
+        """Accept a token issued elsewhere, known by its digest (a session another engine of a
+        fleet created and this one resumes: ``sessions.handoff``)."""
+        self._remember(token_sha256, (scope, expires_at))
+        if self._store is not None:
+            self._store.defer(
+                self._store.add_token, token_hash=token_sha256, scope=scope, expires_at=expires_at
+            )
 
     def authenticate(self, authorization: str | None, *, lookup: bool = True) -> Grant | None:
         """The grant of an ``Authorization`` header value; ``AuthError(401)`` when invalid.

@@ -22,6 +22,7 @@ from fastapi.responses import StreamingResponse
 
 from runtime.admission import Reject
 from server.auth import Grant
+from server.fleet_worker import write_session_manifest
 from server.livekit_token import (
     AVATAR_ATTRIBUTE,
     LiveKitMissingError,
@@ -135,6 +136,8 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
     if body.livekit is not None:
         _join_room(ctx, session, body.livekit, livekit_token)
     token = ctx.auth.issue_session_token(session.id)
+    if ctx.config.snapshot_dir is not None:  # another engine of the fleet may resume it
+        await asyncio.to_thread(write_session_manifest, ctx, session, token)
     config = session.config
     return SessionCreated(
         id=session.id,

@@ -25,6 +25,7 @@ import secrets
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from models.card import Profile
@@ -32,6 +33,7 @@ from models.loops.requests import SessionRequest
 from runtime.admission import AdmissionRequest, Reject
 from runtime.contract import Priority
 from runtime.pools import KVSlabPool
+from sessions.handoff import forget_manifest
 from sessions.recording import Recording
 from sessions.served_models import (
     EngineLike,
@@ -88,6 +90,7 @@ class SessionHost:
         recording: Recording | None = None,
         admission_cost: str = "auto",
         max_pending_inputs: int = 256,
+        handoff_dir: Path | None = None,
     ) -> None:
         if admission_cost not in ADMISSION_COSTS:
             raise ValueError(
@@ -107,6 +110,9 @@ class SessionHost:
         self._action_validator = action_validator
         self._media_seconds = media_seconds
         self.recording = recording
+        # a fleet's shared storage (sessions.handoff): a session that ends while the host is
+        # open ended for good, so its manifest goes (one alive at shutdown may move elsewhere)
+        self.handoff_dir = handoff_dir
         self._sessions: dict[str, _Live] = {}
         self._closed = False
         self._reaper: asyncio.Task[None] | None = None
@@ -146,8 +152,9 @@ class SessionHost:
         waits for the viewer), so the offer and ICE overlap them; else nothing runs before the
         first pull of the video. ``adapters``: (name, strength) of LoRA adapters registered at
         deploy scope (an unknown one: ``UnsupportedTaskError`` on field ``adapters``).
-        ``resume``: a restored loop state (``sessions.resume``) the loop is forked from, under
-        the old ``session_id`` (its store row is updated, not added; its events go on from
+        ``resume``: a restored loop state (``sessions.resume`` after a restart of this engine,
+        ``sessions.handoff`` when a fleet re-places a session from another) the loop is forked
+        from, into this engine's slab, under the old ``session_id`` (its events go on from
         ``first_event_id``)."""
         self._check_open()
         served = self.models.resolve(model)
@@ -165,6 +172,8 @@ class SessionHost:
             except (AttributeError, ValueError) as exc:
                 raise UnsupportedTaskError("adapters", str(exc)) from None
         session_id = session_id or new_id("ses")
+        if session_id in self._sessions:
+            raise HostError(f"session {session_id!r} is already live here")
         reservation_id, slab_id = None, None
         if self.engine.admission is not None:
             answer = self.engine.admission.admit(
@@ -242,8 +251,9 @@ class SessionHost:
         self._sessions[session_id] = _Live(session)
         session.attach(handle, on_finished=self._session_finished)
         log.info(
-            "session %s admitted: %s %dx%d@%dfps (%s)",
+            "session %s %s: %s %dx%d@%dfps (%s)",
             session_id,
+            "admitted" if resume is None else f"resumed from step {resume.step}",
             card.model_id,
             profile.width,
             profile.height,
@@ -252,8 +262,13 @@ class SessionHost:
         )
         return session
 
-    def _resumed_row(self, *, session_id: str, state: str, prompt: str, **_: Any) -> None:
-        self.store.update_session(session_id, state=state, prompt=prompt, error=None)
+    def _resumed_row(self, *, session_id: str, state: str, prompt: str, **row: Any) -> None:
+        # this engine's own session after a restart: its row goes on; one a fleet re-placed
+        # here from another engine has none in this store yet
+        if self.store.get_session(session_id) is None:
+            self.store.add_session(session_id=session_id, state=state, prompt=prompt, **row)
+        else:
+            self.store.update_session(session_id, state=state, prompt=prompt, error=None)
 
     def admit(self, owner: str, served: ServedModel, profile: Profile) -> Any:
         """One session's reservation (``Admit``, with its slab) or ``Reject`` (counted)."""
@@ -267,6 +282,12 @@ class SessionHost:
         self._check_open()
         self._sessions[session.id] = _Live(session)
         session.attach(handle, on_finished=self._session_finished)
+
+    def compute_share(self, served: ServedModel, profile: Profile | None = None) -> float:
+        """GPU-s per media second one more session of ``profile`` (default: the card's) would
+        reserve: what admission checks against the remaining compute capacity."""
+        profile = profile or served.card.default_profile
+        return self._admission_request("share", served, profile).compute_gpu_s_per_s
 
     def _admission_request(
         self, owner: str, served: ServedModel, profile: Profile
@@ -343,6 +364,8 @@ class SessionHost:
         live = self._sessions.pop(session.id, None)
         if live is None:
             return
+        if self.handoff_dir is not None and not self._closed:
+            forget_manifest(self.handoff_dir, session.id)
         self.finished_totals["frames_sent"] += session.frames_sent
         self.finished_totals["stalls"] += session.stalls
         self.finished_totals["media_dropped"] += session.media.dropped_overflow

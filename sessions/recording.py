@@ -54,7 +54,8 @@ class Recording:
 
     ``snapshot_every``: chunks between replay snapshots of a loop (0: none, so no replay);
     ``snapshot_keep``: the newest snapshots kept per loop (older files are deleted: records
-    that name them can no longer be replayed); ``media``: keep chunk MP4s.
+    that name them can no longer be replayed); ``media``: keep chunk MP4s; ``snapshot_dir``:
+    where the snapshots go (default ``data_dir``; a fleet's shared storage, ``sessions.handoff``).
     """
 
     def __init__(
@@ -65,6 +66,7 @@ class Recording:
         snapshot_keep: int = 16,
         media: bool = True,
         max_pending_media: int = 64,
+        snapshot_dir: str | Path | None = None,
     ) -> None:
         if snapshot_every < 0 or snapshot_keep < 1:
             raise ValueError(
@@ -72,6 +74,7 @@ class Recording:
                 f"{snapshot_every} and {snapshot_keep}"
             )
         self.data_dir = Path(data_dir)
+        self.snapshot_dir = self.data_dir if snapshot_dir is None else Path(snapshot_dir)
         self.snapshot_every = snapshot_every
         self.snapshot_keep = snapshot_keep
         self.media = media
@@ -119,7 +122,7 @@ class Recording:
         self.submit(self._write_snapshot, replay_key, make_blob)
 
     def _write_snapshot(self, replay_key: str, make_blob: Callable[[], bytes]) -> None:
-        path = snapshot_path(self.data_dir, replay_key)
+        path = snapshot_path(self.snapshot_dir, replay_key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.partial")
         tmp.write_bytes(make_blob())

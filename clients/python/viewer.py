@@ -5,7 +5,9 @@ m-line, a ``control`` data channel and, with ``audio_track``, a sendonly audio m
 starts two background tasks: one receives decoded frames (``frames``: PTS, receive time, and the
 RGB array when ``keep_rgb``), one is the data channel's event log (``events``: every server
 event as a dict, in order). ``close()`` is idempotent: it ends both tasks, closes the peer
-connection and deletes the session it created.
+connection and deletes the session it created. A session created through a fleet router
+(``dreamrt router``: the answer names the engine's ``url``) is watched on that engine, with its
+session token: media never pass through the router.
 
 Frames that repeat the last picture while generation is late carry a PTS only one tick above
 the previous frame (docs/api.md "Video"); ``fresh_frames()`` leaves them out.
@@ -93,6 +95,7 @@ class Viewer:
             audio_track  # an aiortc audio MediaStreamTrack sent to the session (microphone)
         )
         self._owns_session = False
+        self._engine_api: DreamrtClient | None = None  # opened here to follow a fleet router
         self._pc = RTCPeerConnection(
             RTCConfiguration(iceServers=[RTCIceServer(urls=u) for u in ice_servers])
         )
@@ -150,6 +153,10 @@ class Viewer:
             created = await self.api.create_session(prompt, **session_params)
             session_id, self._owns_session = created["id"], True
             self.profile = created["profile"]
+            engine_url = created.get("url")  # a fleet router placed it: talk to that engine
+            if engine_url and engine_url.rstrip("/") != self.api.base_url:
+                self.api = DreamrtClient(engine_url, token=created["token"])
+                self._engine_api = self.api
         self.session_id = session_id
         self._pc.addTransceiver("video", direction="recvonly")
         if self._audio_track is not None:
@@ -273,3 +280,5 @@ class Viewer:
         await self._pc.close()
         if delete and self._owns_session and self.session_id is not None:
             await self.api.delete_session(self.session_id)
+        if self._engine_api is not None:
+            await self._engine_api.aclose()

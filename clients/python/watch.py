@@ -92,7 +92,7 @@ async def watch(
                     await asyncio.sleep(0.05)
                 frames = [f for f in viewer.frames if f.received_s >= watch_start]
                 fresh = [f for f in viewer.fresh_frames() if f.received_s >= watch_start]
-                status = await api.session(viewer.session_id)
+                status = await viewer.api.session(viewer.session_id)
                 summary = {
                     "session": viewer.session_id,
                     "seconds": seconds,

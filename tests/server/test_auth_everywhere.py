@@ -49,6 +49,8 @@ BODIES = {
     ("POST", "/v1/rollouts"): {"prompt": "a kite", "k": 2},
     ("GET", "/v1/rollouts/{group_id}"): None,
     ("GET", "/v1/rollouts/{group_id}/latents/{sample_id}/{chunk}"): None,
+    ("GET", "/v1/deployment"): None,
+    ("POST", "/v1/deployment/drain"): None,
 }
 ADMIN_ONLY = {
     ("POST", "/v1/tokens"),
@@ -57,6 +59,7 @@ ADMIN_ONLY = {
     ("POST", "/v1/weights"),
     ("POST", "/v1/sleep"),
     ("POST", "/v1/wake"),
+    ("POST", "/v1/deployment/drain"),
 }
 
 
@@ -112,7 +115,7 @@ def test_every_v1_route_refuses_missing_expired_and_wrong_scope_tokens(tmp_path)
             refused = call(client, method, path, wrong, **ids)
             assert refused.status_code == 403, (method, path, refused.text)
             checked += 1
-        assert checked == len(BODIES) == 27
+        assert checked == len(BODIES) == 29
         # and the right token gets past auth on a session route (the contrast that makes the
         # 403s above about scope): the session's own token reads it
         own = {"Authorization": f"Bearer {mine['token']}"}

@@ -169,6 +169,31 @@ def test_serve_takes_the_latency_mode_and_the_steering_path(monkeypatch) -> None
     assert (config.shutdown_timeout_s, config.resume_grace_s) == (4.0, 0.0)
 
 
+def test_serve_takes_the_fleet_options_and_router_its_own(monkeypatch, tmp_path) -> None:
+    import uvicorn
+
+    from server.shutdown import GracefulServer
+
+    served: list[tuple[object, dict]] = []
+
+    def run(self, *args, **kwargs) -> None:  # the engine's server, captured instead of run
+        served.append((self._app, {"loop": self.config.loop}))
+        self.started = True
+
+    monkeypatch.setattr(GracefulServer, "run", run)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append((app, kwargs)))
+    shared = tmp_path / "shared"
+    argv = ["serve", "--fleet", "prod", "--fleet-discovery", "etcd", "--snapshot-dir", str(shared)]
+    assert main([*argv, "--engine-id", "n1-gpu0", "--public-url", "https://n1:8000"]) == 0
+    config = served[0][0].state.config
+    assert (config.fleet, config.fleet_discovery, config.snapshot_dir) == ("prod", "etcd", shared)
+    assert (config.engine_id, config.public_url) == ("n1-gpu0", "https://n1:8000")
+    assert served[0][1]["loop"] == "asyncio"  # uvloop (from the fleet extra) is not picked up
+    assert main(["router", "--fleet", "prod", "--port", "8088", "--key", "k" * 32]) == 0
+    router_app, kwargs = served[1]
+    assert router_app.title == "dreamrt router" and kwargs["port"] == 8088
+
+
 def test_serve_enables_extensions_and_refuses_bad_ones(monkeypatch, capsys) -> None:
     served = _capture_serve(monkeypatch)
     assert main(["serve", "--extension", "fbcache:threshold=0.05", "--port", "9"]) == 0
