@@ -30,8 +30,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aioice.ice
-
 # The fleet extra is part of the test extra: without it this module fails to import (no skip).
 import dynamo.runtime  # noqa: E402,F401
 import httpx
@@ -45,11 +43,6 @@ from runtime.contract import frame_of_pts, pts_of_frame
 pytestmark = pytest.mark.slow
 
 NAMESPACE = "fleet-e2e"
-
-
-@pytest.fixture(autouse=True)
-def loopback_ice(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
 
 
 class RouterProcess:

@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import aioice.ice
 import httpx
 import pytest
 
@@ -28,11 +27,6 @@ from infra.browser_harness import ServerProcess
 pytestmark = pytest.mark.slow
 
 SEED = 5
-
-
-@pytest.fixture(autouse=True)
-def loopback_ice(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aioice.ice
 import numpy as np
 import pytest
 
@@ -58,11 +57,6 @@ def run_cli(*args: str, timeout_s: float = 240.0) -> subprocess.CompletedProcess
         timeout=timeout_s,
         check=False,
     )
-
-
-@pytest.fixture(autouse=True)
-def loopback_ice(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ import signal
 import time
 from pathlib import Path
 
-import aioice.ice
 import httpx
 import pytest
 
@@ -30,11 +29,6 @@ pytestmark = pytest.mark.slow
 ADMIN = "k" * 40
 SEED = 7
 PROMPT = "a red ball on grass"
-
-
-@pytest.fixture(autouse=True)
-def loopback_ice(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
 
 
 def serve(data: Path, log: Path) -> ServerProcess:

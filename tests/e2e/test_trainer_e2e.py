@@ -14,7 +14,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import aioice.ice
 import pytest
 from safetensors.torch import save_file
 
@@ -25,11 +24,6 @@ from infra.browser_harness import ServerProcess
 pytestmark = pytest.mark.slow
 
 PROMPT, SEED, CHUNKS = "a red ball on grass", 7, 4
-
-
-@pytest.fixture(autouse=True)
-def loopback_ice(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
 
 
 def _policy_files(root: Path) -> tuple[Path, Path]:

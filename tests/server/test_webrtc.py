@@ -2,7 +2,7 @@ import asyncio
 
 import aioice.ice
 import pytest
-from aiortc import RTCPeerConnection
+from aiortc import RTCConfiguration, RTCPeerConnection
 
 from server.webrtc import (
     OfferError,
@@ -61,7 +61,7 @@ def test_bitrate_and_host_restriction_are_undoable() -> None:
 async def offer_sdp(
     *, audio: bool, video: str | None = "recvonly"
 ) -> tuple[RTCPeerConnection, str]:
-    pc = RTCPeerConnection()
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # no STUN: nothing outside
     if video is not None:
         pc.addTransceiver("video", direction=video)
     if audio:
