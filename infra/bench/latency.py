@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import tempfile
 import time
@@ -219,6 +220,17 @@ def _run_variant(args: argparse.Namespace, variant: str, url: str) -> dict[str, 
     return report
 
 
+def _log_findings(text: str) -> dict[str, Any]:
+    """What the server's log says went wrong while it served: event-loop stalls (their
+    lengths, ``server.loop_watchdog``) and dynamo recompiles (with ``TORCH_LOGS=recompiles``)."""
+    stalls = [float(m) for m in re.findall(r"event loop stood still for ([0-9.]+) s", text)]
+    recompiles = re.findall(r"Recompiling function (\S+) in (\S+)", text)
+    findings = {"stalls_s": stalls, "recompiles": [" ".join(r) for r in recompiles]}
+    if stalls or recompiles:
+        print(f"server log: {len(stalls)} event-loop stalls {stalls}, {len(recompiles)} recompiles")
+    return findings
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dreamrt bench latency", description=__doc__)
     parser.add_argument("--url", default=None, help="a running server (default: start one)")
@@ -239,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-arg", action="append", default=[], help="extra serve argument")
     parser.add_argument("--startup-timeout-s", type=float, default=240.0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--keep-logs", type=Path, default=None, help="copy server logs here")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     report: dict[str, Any] = {"argv": argv, "variants": {}}
@@ -261,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
                     report["variants"][variant] = _run_variant(args, variant, server.url)
                 finally:
                     server.stop()
+                    log_text = (root / "server.log").read_text(errors="replace")
+                    if variant in report["variants"]:
+                        report["variants"][variant]["server_log"] = _log_findings(log_text)
+                    if args.keep_logs is not None:
+                        args.keep_logs.mkdir(parents=True, exist_ok=True)
+                        (args.keep_logs / f"server-{variant}.log").write_text(log_text)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1, default=str))
         print(f"\nwrote {args.json}")
