@@ -294,6 +294,8 @@ async def _build(config: ServerConfig) -> ServerContext:
         config.data_dir,
         snapshot_every=config.snapshot_every,
         snapshot_keep=config.snapshot_keep,
+        snapshot_mbps=config.snapshot_mbps,
+        snapshot_keep_gb=config.snapshot_keep_gb,
         snapshot_dir=config.snapshot_dir,
     )
     host = SessionHost(

@@ -186,6 +186,23 @@ def _build_parser() -> argparse.ArgumentParser:
         help="newest replay snapshots kept per loop (older chunks can no longer be replayed)",
     )
     serve.add_argument(
+        "--snapshot-mbps",
+        type=float,
+        default=64.0,
+        metavar="MB",
+        help="at most MB megabytes of snapshots per second per loop: a big state (a Wan "
+        "session's K/V cache, ~3.5 GB) is snapshotted less often than --snapshot-every (0: no "
+        "limit)",
+    )
+    serve.add_argument(
+        "--snapshot-keep-gb",
+        type=float,
+        default=8.0,
+        metavar="GB",
+        help="at most GB gigabytes of snapshots kept per loop, fewer than --snapshot-keep if "
+        "need be; the newest is always kept (0: no limit)",
+    )
+    serve.add_argument(
         "--extension",
         action="append",
         default=[],
