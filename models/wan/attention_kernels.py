@@ -260,7 +260,8 @@ class Fa3Attention(LowPrecisionAttention):
     name: str = "fa3"
     lossy: bool = False
     fp8: bool = False
-    head_dims: tuple[int, ...] = (64, 96, 128, 192, 256)
+    # FA3 rounds a head dim up to its kernels' (64 ... 256); 32 is left to the self-check
+    head_dims: tuple[int, ...] = (32, 64, 96, 128, 192, 256)
 
     def missing(self) -> str | None:
         from models.wan.library_attention import FA3_MODULE, library_missing
@@ -288,7 +289,7 @@ class CudnnFp8Attention(LowPrecisionAttention):
     libcudnn that torch loads; needs FP8 tensor cores (compute capability >= 8.9)."""
 
     name: str = "cudnn-fp8"
-    head_dims: tuple[int, ...] = (64, 128)
+    head_dims: tuple[int, ...] = (32, 64, 128)
 
     def missing(self) -> str | None:
         from models.wan.library_attention import CUDNN_MODULE, library_missing

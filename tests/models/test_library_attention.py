@@ -53,9 +53,9 @@ def test_a_library_backend_whose_package_is_missing_resolves_to_sdpa(
     [
         ("fa3", 64, torch.float32, "dtype torch.float32 (this FA3 build: bf16 only)"),
         ("fa3", 64, torch.bfloat16, "device cpu (CUDA only)"),
-        ("fa3-fp8", 32, torch.bfloat16, "head dim 32 not in (64, 96, 128, 192, 256)"),
+        ("fa3-fp8", 80, torch.bfloat16, "head dim 80 not in (32, 64, 96, 128, 192, 256)"),
         ("fa3-fp8", 128, torch.float32, "device cpu (CUDA only)"),
-        ("cudnn-fp8", 96, torch.bfloat16, "head dim 96 not in (64, 128)"),
+        ("cudnn-fp8", 96, torch.bfloat16, "head dim 96 not in (32, 64, 128)"),
         ("cudnn-fp8", 128, torch.bfloat16, "device cpu (CUDA only)"),
     ],
 )

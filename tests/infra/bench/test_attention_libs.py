@@ -33,3 +33,9 @@ def test_the_dry_run_records_every_backend_on_every_shape(tmp_path, capsys) -> N
         assert "cudnn" in alone["cudnn-fp8 graph alone"]["error"]
     out = capsys.readouterr().out
     assert out.count("| fa3-fp8 | SDPA (fa3-fwd not importable") == 3
+
+
+def test_dreamrt_bench_names_it() -> None:
+    from server.cli import BENCHMARKS
+
+    assert BENCHMARKS["attention-libs"] == "infra.bench.attention_libs"
