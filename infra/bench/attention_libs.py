@@ -12,7 +12,8 @@ row; the others go on.
 Then the FP8 library kernels without their quantisation (operands quantised once, outside the
 timing) and the quantisation alone: what a cached, fused quantisation would leave. First of
 all the environment (torch, CUDA, cuDNN, the GPU, the packages' versions, what
-``torch.nn.attention.list_flash_attention_impls`` lists), so the JSON says what ran.
+``torch.nn.attention.list_flash_attention_impls`` lists), so the JSON says what ran; last, what
+``activate_flash_attention_impl`` answers for each listed impl (SDPA's own FA3/FA4 route).
 
     python -m infra.bench.attention_libs [--backends ...] [--json F]   (default $OUT/...)
     python -m infra.bench.attention_libs --device cpu                  (a dry run, tiny shapes)
@@ -63,6 +64,27 @@ def environment() -> dict[str, Any]:
     except Exception as exc:
         env["cudnn_frontend_backend"] = f"{type(exc).__name__}: {exc}"
     return env
+
+
+def activation_probe() -> dict[str, str]:
+    """What ``torch.nn.attention.activate_flash_attention_impl`` says for each impl it lists
+    (FA3 wants ``flash_attn_interface``, FA4 ``flash_attn.cute``); run after the timings, and
+    an impl that does activate is put back (``restore_flash_attention_impl``)."""
+    attention = torch.nn.attention
+    lister = getattr(attention, "list_flash_attention_impls", None)
+    if lister is None:
+        return {}
+    found = {}
+    for impl in lister():
+        try:
+            attention.activate_flash_attention_impl(impl)
+            found[impl] = "activated"
+            restore = getattr(attention, "restore_flash_attention_impl", None)
+            if restore is not None:
+                restore()
+        except Exception as exc:
+            found[impl] = f"{type(exc).__name__}: {exc}"[:300]
+    return found
 
 
 def _operands(queries: int, keys: int, heads: int, device: str, key_scale: float):
@@ -162,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
         if path:
             with open(path, "w") as f:
                 json.dump(result, f, indent=2)
+    result["environment"]["flash_attention_activation"] = activation_probe()
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
+    print(json.dumps(result["environment"]["flash_attention_activation"]))
     for entry in result["shapes"]:
         if "rows" in entry:
             print_micro(entry)

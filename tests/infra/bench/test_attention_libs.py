@@ -15,6 +15,8 @@ def test_the_dry_run_records_every_backend_on_every_shape(tmp_path, capsys) -> N
     result = json.loads(path.read_text())
     assert set(result["environment"]["packages"]) == set(attention_libs.PACKAGES)
     assert "flash_attention_impls" in result["environment"]
+    activation = result["environment"]["flash_attention_activation"]
+    assert set(activation) == set(result["environment"]["flash_attention_impls"])
     shapes = [(e["shape"]["queries"], e["shape"]["keys"]) for e in result["shapes"]]
     assert shapes == list(attention_libs.CPU_SHAPES)
     names = attention_libs.BACKENDS.split(",")
