@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from infra.bench import attention_libs
 
 
+@pytest.mark.slow
 def test_the_dry_run_records_every_backend_on_every_shape(tmp_path, capsys) -> None:
     path = tmp_path / "libs.json"
     assert attention_libs.main(["--device", "cpu", "--json", str(path)]) == 0
