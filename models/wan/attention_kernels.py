@@ -122,6 +122,7 @@ class LowPrecisionAttention(AttentionBackend):
     name: str = ""
     lossy: bool = True
     head_dims: tuple[int, ...] = (64, 128)
+    fp8_cores: bool = False  # needs FP8 tensor cores (compute capability >= 8.9)
     # reason the kernel is off for good in this process (it raised, or failed its self-check)
     broken: str | None = None
     checked: set[tuple] = field(default_factory=set)  # (device, head dim, dtype) self-checked
@@ -143,6 +144,8 @@ class LowPrecisionAttention(AttentionBackend):
             return f"head dim {q.shape[3]} not in {self.head_dims}"
         if q.device.type != "cuda":
             return f"device {q.device.type} (CUDA only)"
+        if self.fp8_cores and torch.cuda.get_device_capability(q.device) < (8, 9):
+            return "no FP8 tensor cores (compute capability < 8.9)"
         return None
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -230,19 +233,13 @@ class Fp8TritonAttention(LowPrecisionAttention):
     name: str = "fp8-triton"
     pv_fp8: bool = True
     head_dims: tuple[int, ...] = (32, 64, 128)  # models.wan.fp8_attention.HEAD_DIMS
+    fp8_cores: bool = True
 
     def missing(self) -> str | None:
         try:
             importlib.import_module("models.wan.fp8_attention")
         except Exception as exc:  # Triton not installed
             return f"Triton kernel not importable ({type(exc).__name__}: {exc})"
-        return None
-
-    def unsupported(self, q, k, v, mask):
-        if (reason := super().unsupported(q, k, v, mask)) is not None:
-            return reason
-        if torch.cuda.get_device_capability(q.device) < (8, 9):
-            return "no FP8 tensor cores (compute capability < 8.9)"
         return None
 
     def run(self, q, k, v):
@@ -290,18 +287,12 @@ class CudnnFp8Attention(LowPrecisionAttention):
 
     name: str = "cudnn-fp8"
     head_dims: tuple[int, ...] = (32, 64, 128)
+    fp8_cores: bool = True
 
     def missing(self) -> str | None:
         from models.wan.library_attention import CUDNN_MODULE, library_missing
 
         return library_missing(CUDNN_MODULE, "nvidia-cudnn-frontend")
-
-    def unsupported(self, q, k, v, mask):
-        if (reason := super().unsupported(q, k, v, mask)) is not None:
-            return reason
-        if torch.cuda.get_device_capability(q.device) < (8, 9):
-            return "no FP8 tensor cores (compute capability < 8.9)"
-        return None
 
     def run(self, q, k, v):
         from models.wan.library_attention import cudnn_fp8_attention
