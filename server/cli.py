@@ -111,8 +111,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--attention",
         default="auto",
         metavar="NAME",
-        help="with --compile: the self-attention kernel (auto, flash, cudnn; lossy: sage, "
-        "fp8-triton, fp8qk-triton; one that cannot run falls back to SDPA, logged)",
+        help="with --compile: the self-attention kernel (auto, flash, cudnn, fa3; lossy: sage, "
+        "fp8-triton, fp8qk-triton, fa3-fp8, cudnn-fp8; one that cannot run falls back to "
+        "SDPA, logged)",
     )
     serve.add_argument(
         "--cuda-graphs",
@@ -355,6 +356,7 @@ BENCHMARKS = {
     "tiny-decoder": "infra.bench.tiny_decoder",
     "browser-latency": "infra.bench.browser_latency",
     "attention": "infra.bench.attention_bench",
+    "attention-libs": "infra.bench.attention_libs",
     "quality-guard": "infra.bench.quality_guard",
     "latency": "infra.bench.latency",
     "gpu-latency": "infra.bench.gpu_latency",
