@@ -111,7 +111,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--attention",
         default="auto",
         metavar="NAME",
-        help="with --compile: the self-attention kernel (auto, flash, cudnn, fa3; lossy: sage, "
+        help="with --compile: the self-attention kernel (auto: fa3 where fa3-fwd is installed, "
+        "else sdpa; exact: sdpa, flash, cudnn, fa3; lossy: sage, "
         "fp8-triton, fp8qk-triton, fa3-fp8, cudnn-fp8; one that cannot run falls back to "
         "SDPA, logged)",
     )

@@ -138,3 +138,17 @@ def test_fa3_is_called_in_our_layout_with_per_head_descales(monkeypatch, fp8) ->
     assert out.shape == q.shape and out.dtype == torch.bfloat16 and out.is_contiguous()
     cos = F.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0)
     assert cos > (0.995 if fp8 else 0.9999)
+
+
+def test_auto_is_fa3_where_its_package_is_installed_else_sdpa(monkeypatch) -> None:
+    fa3 = ATTENTION_BACKENDS["fa3"]
+    monkeypatch.setattr(type(fa3), "missing", lambda self: "no module named 'fa3_fwd_interface'")
+    assert select_backend("auto") is ATTENTION_BACKENDS["auto"]  # SDPA's choice
+    assert select_backend("fa3") is ATTENTION_BACKENDS["auto"]  # asked for, absent: auto
+    monkeypatch.setattr(type(fa3), "missing", lambda self: None)
+    assert select_backend("auto") is fa3
+    assert select_backend("sdpa") is ATTENTION_BACKENDS["sdpa"]  # SDPA whatever is installed
+    # where FA3 does not apply (here: the CPU), its calls are SDPA's, so auto stays exact
+    q, k, v = (torch.randn(1, 16, 2, 64, dtype=torch.bfloat16) for _ in range(3))
+    assert fa3.unsupported(q, k, v, None) is not None
+    assert torch.equal(fa3(q, k, v), ATTENTION_BACKENDS["sdpa"](q, k, v))
