@@ -8,7 +8,9 @@ A composition root beside ``server/app.py`` (it wires ``runtime/spmd.py`` to a l
 - every rank: ``join`` initialises the default process group (NCCL on CUDA with
   ``NCCL_NVLS_ENABLE=0`` unless set, gloo on CPU), checks the card's parallel plan (``sp`` = N)
   against the world and the DiT's heads before anything runs, builds the ``DeviceMesh``, shards
-  the DiT (Ulysses) and reserves the default profile's K/V slabs, then returns the ``Channel``.
+  the DiT (Ulysses), splits the Wan VAE decode by rows over the ``sp`` ranks
+  (``models/wan/vae_split.py``; another codec decodes on rank 0) and reserves the default
+  profile's K/V slabs, then returns the ``Channel``.
 - rank 0 runs the server: the engine's executor is a ``Leader``; the HTTP and WebRTC side
   talk only to rank 0. Every other rank runs ``follow``: the same instance, a ``Follower``
   (with ``NaNWatch``, so a NaN seen on any rank fails the session everywhere), no server.
@@ -62,6 +64,7 @@ def join(instance: Any, gpus: int, num_slabs: int) -> Any:
 
     from models.card_parallel import plan_for
     from models.instance import InstanceError
+    from models.parallel_decode import split_decode
     from runtime.spmd import Channel
 
     rank, size, _ = world()
@@ -71,8 +74,11 @@ def join(instance: Any, gpus: int, num_slabs: int) -> Any:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=size)
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    instance.shard_sequence(plan.mesh(device.type)["sp"].get_group())
+    sp_group = plan.mesh(device.type)["sp"].get_group()
+    instance.shard_sequence(sp_group)
     profile = instance.card.default_profile
+    latent_rows = profile.height // instance.card.latent.spatial_stride
+    split = split_decode(instance, sp_group, latent_rows)  # else rank 0 decodes alone
     reserved = instance.slab_geometry(profile)
     instance.reserve_kv_slabs(profile, num_slabs)
     reserve = instance.reserve_kv_slabs
@@ -86,7 +92,11 @@ def join(instance: Any, gpus: int, num_slabs: int) -> Any:
         return reserve(other, slabs)
 
     instance.reserve_kv_slabs = default_profile_only
-    log.info("rank %d of %d: %s under sp=%d", rank, size, instance.card.model_id, plan.sp)
+    log.info(
+        "rank %d of %d: %s under sp=%d, VAE decode %s",
+        *(rank, size, instance.card.model_id, plan.sp),
+        "split by rows" if split else "on rank 0",
+    )
     return Channel(device=device, local_buffers=instance.rank_local_buffers())
 
 

@@ -27,6 +27,15 @@ band (the cache is allocated for the band's grid, ``RowSplitVAE.new_decoder_cach
 is taken from the cached frames and the new ones together, after the cache is updated, so the
 neighbours' history rows arrive with the rest and no rank ever stores another's rows.
 
+**Under ``dreamrt serve --gpus N``** (``split_decode``, called by ``server/spmd_serving.py``)
+the instance's codec becomes a ``RowSplitVAE`` and its decode op (``SplitDecodeOp``) runs on
+every rank (``spmd = "all"``: it has collectives now). A stream's cache is a ``BandCache``:
+rank 0's loops hold it; over the SPMD channel (which pickles the op's arguments) it travels as
+its stream's key and frame count, and each follower decodes into its own band's cache of that
+stream (``_Streams``: made zeroed on first use, dropped when rank 0's is collected). Not
+mirrored: a cache copied or restored outside an op (forks are refused under ``--gpus``; a
+resumed session's decoder history would be rank 0's band only).
+
 Numerics: the same convolutions and attention on fewer output rows, with the same inputs; the
 gloo test states the tolerance against one process (tests/models/test_vae_split.py).
 Hooks: ``row_split`` on ``CausalConv3d``, ``Upsample`` and ``AttentionBlock``
@@ -35,6 +44,8 @@ Hooks: ``row_split`` on ``CausalConv3d``, ``Upsample`` and ``AttentionBlock``
 
 from __future__ import annotations
 
+import logging
+import weakref
 from typing import Any
 
 import torch
@@ -42,11 +53,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from models.loops.ops import DecodeOp
 from models.wan.vae import WanVAE
 from models.wan.vae_blocks import AttentionBlock, CausalConv3d, Upsample
 from models.wan.vae_cache import DecoderCache
 
-__all__ = ["RowBands", "RowSplitVAE", "enable"]
+__all__ = ["BandCache", "RowBands", "RowSplitVAE", "SplitDecodeOp", "enable", "split_decode"]
+
+log = logging.getLogger(__name__)
 
 
 class RowBands:
@@ -145,8 +159,19 @@ class RowSplitVAE:
         return latent_height // self.bands.size
 
     def new_decoder_cache(self, batch_size: int, latent_height: int, latent_width: int) -> Any:
-        """A zeroed cache for my band of a ``latent_height x latent_width`` stream."""
-        return self.vae.new_decoder_cache(batch_size, self._band_rows(latent_height), latent_width)
+        """A zeroed cache for my band of a new ``latent_height x latent_width`` stream."""
+        return _STREAMS.open(self, batch_size, (self._band_rows(latent_height), latent_width))
+
+    def band_cache(self, batch_size: int, band_hw: tuple[int, int], stream: int) -> BandCache:
+        plain = self.vae.new_decoder_cache(batch_size, *band_hw)
+        return BandCache(plain.specs, plain.buffers, plain.grid_hw, stream=stream)
+
+    def decode_flops(
+        self, latent_frames: int, latent_height: int, latent_width: int, *, first: bool = False
+    ) -> float:
+        """One rank's share (its band) of ``WanVAE.decode_flops``, for the cost prior."""
+        rows = self._band_rows(latent_height)
+        return self.vae.decode_flops(latent_frames, rows, latent_width, first=first)
 
     def decoder_cache_bytes(
         self, batch_size: int, latent_height: int, latent_width: int, dtype: torch.dtype
@@ -158,3 +183,83 @@ class RowSplitVAE:
         # z: [B, z_dim, c, h, w] -> rank 0: [B, 3, n, 8h, 8w]; others: [B, 3, n, 8h/sp, 8w]
         frames = self.vae.decode_chunk(self.bands.band(z), cache)
         return self.bands.gather_to_first(frames, dim=3)
+
+
+class BandCache(DecoderCache, weakref=True):
+    """One rank's decoder cache of stream ``stream`` under the row split (module docstring:
+    how it crosses the SPMD channel). ``stream`` -1: a copy, bound to no stream."""
+
+    stream: int = -1
+
+    def __reduce__(self) -> tuple:
+        dead = _STREAMS.take_dead()
+        return (_follow, (self.stream, self.frames_seen, self.grid_hw, self.batch_size, dead))
+
+
+class _Streams:
+    """This process's band caches by stream: rank 0 numbers the streams it opens and notes the
+    ones collected; a follower holds its own cache per stream until rank 0 drops it."""
+
+    def __init__(self) -> None:
+        self.codec: RowSplitVAE | None = None
+        self.held: dict[int, BandCache] = {}
+        self.dead: list[int] = []
+        self.next = 0
+
+    def open(self, codec: RowSplitVAE, batch: int, band_hw: tuple[int, int]) -> BandCache:
+        self.codec, (stream, self.next) = codec, (self.next, self.next + 1)
+        cache = codec.band_cache(batch, band_hw, stream)
+        weakref.finalize(cache, self._died, stream)
+        return cache
+
+    def _died(self, stream: int) -> None:
+        self.dead.append(stream)  # the list of now: take_dead swaps it
+
+    def take_dead(self) -> list[int]:
+        dead, self.dead = self.dead, []
+        return dead
+
+    def follow(self, stream: int, frames_seen: int, band_hw: tuple, batch: int) -> BandCache:
+        if self.codec is None:
+            raise RuntimeError("a band cache arrived before split_decode ran on this rank")
+        cache = self.held.get(stream)
+        if cache is None:
+            cache = self.held[stream] = self.codec.band_cache(batch, tuple(band_hw), stream)
+        elif frames_seen == 0:
+            cache.reset()  # rank 0 restarted the stream
+        cache.frames_seen = frames_seen
+        return cache
+
+
+_STREAMS = _Streams()
+
+
+def _follow(stream: int, frames_seen: int, band_hw: tuple, batch: int, dead: list) -> BandCache:
+    for key in dead:
+        _STREAMS.held.pop(key, None)
+    return _STREAMS.follow(stream, frames_seen, band_hw, batch)
+
+
+class SplitDecodeOp(DecodeOp):
+    """The decode op over a ``RowSplitVAE``: every rank runs it (collectives inside), always on
+    the main stream (a side stream would reorder the collectives)."""
+
+    spmd = "all"
+
+    def set_overlap(self, enabled: bool, device: torch.device) -> None:
+        super().set_overlap(False, device)
+
+
+def split_decode(instance: Any, group: Any, latent_height: int) -> bool:
+    """Decode ``instance``'s streams split by rows over ``group`` (every rank calls it alike);
+    False (nothing changes: rank 0 decodes alone) for a codec that is not a ``WanVAE`` or a
+    ``latent_height`` that does not split."""
+    size = dist.get_world_size(group)
+    if not isinstance(instance.vae, WanVAE) or latent_height % size:
+        log.info("VAE decode on rank 0 (%s)", type(instance.vae).__name__)
+        return False
+    codec = RowSplitVAE(instance.vae, group)
+    _STREAMS.codec = codec
+    instance.vae = codec
+    instance.decode_op = SplitDecodeOp(codec)
+    return True

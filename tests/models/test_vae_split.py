@@ -5,7 +5,8 @@ One stream of four chunks (1, 2, 3, 3 latent frames: a first frame alone, then w
 a 12x10 latent grid, so every causal cache carries over three times. Tolerance: 1e-5 absolute
 on frames in [-1, 1] (float32; measured about 2e-6 - the convolutions and the attention run on
 fewer rows, and the CPU kernels round a few values differently; on an 8x8 grid it is exact).
-About 10 s: two processes import torch and decode twice.
+A band cache pickled as the SPMD channel does resolves to the receiver's own cache of that
+stream. About 10-25 s (load): two processes import torch and decode the stream.
 """
 
 from __future__ import annotations
@@ -61,7 +62,34 @@ def _worker(rank: int, world: int) -> dict:
         out["got"] = [split.decode_chunk(z, cache).numpy() for z in zs]
         out["frames_seen"] = cache.frames_seen
         out["exchanges"] = split.bands.exchanges
+    out["crossing"] = _cross_the_channel(split)
     return out
+
+
+def _cross_the_channel(split) -> dict:
+    """A band cache pickled (as runtime/spmd.py's channel does) and loaded in this process,
+    standing in for a follower: it resolves to the follower's own cache of that stream."""
+    import gc
+    import pickle
+
+    from models.wan.vae_split import _STREAMS
+
+    first = split.new_decoder_cache(1, H, W)
+    first.buffers[0].fill_(1.0)
+    first.frames_seen = 3
+    mine = pickle.loads(pickle.dumps(first))
+    again = pickle.loads(pickle.dumps(first))
+    found = {
+        "own": mine is not first and not bool(mine.buffers[0].any()),
+        "same_stream": again is mine and mine.stream == first.stream,
+        "frames_seen": mine.frames_seen,
+    }
+    stream = first.stream
+    del first
+    gc.collect()
+    pickle.loads(pickle.dumps(split.new_decoder_cache(1, H, W)))  # carries the drop
+    found["dropped"] = stream not in _STREAMS.held
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +104,14 @@ def test_split_decode_equals_one_process_across_chunks(world: list[dict]) -> Non
         assert abs(got - ref).max() <= TOLERANCE
     # the carried caches matter: chunk 2 decoded without its history is another picture
     assert abs(lead["fresh"] - lead["ref"][2]).max() > 100 * TOLERANCE
+
+
+def test_a_band_cache_crosses_as_a_reference_to_the_receivers_own(world: list[dict]) -> None:
+    for rank in world:
+        crossing = rank["crossing"]
+        assert crossing["own"] and crossing["same_stream"]
+        assert crossing["frames_seen"] == 3  # the leader's count is every rank's
+        assert crossing["dropped"]  # collected on the leader: dropped with the next message
 
 
 def test_each_rank_keeps_its_band_of_caches_and_frames(world: list[dict]) -> None:
