@@ -6,11 +6,13 @@ A composition root beside ``server/app.py`` (it wires ``runtime/spmd.py`` to a l
   ``torch.distributed.run --standalone --nproc-per-node N`` (so torchrun's own launch works
   too: ``torchrun --nproc-per-node N -m server.cli serve --gpus N ...``).
 - every rank: ``join`` initialises the default process group (NCCL on CUDA with
-  ``NCCL_NVLS_ENABLE=0`` unless set, gloo on CPU), checks the card's parallel plan (``sp`` = N)
-  against the world and the DiT's heads before anything runs, builds the ``DeviceMesh``, shards
-  the DiT (Ulysses), splits the Wan VAE decode by rows over the ``sp`` ranks
-  (``models/wan/vae_split.py``; another codec decodes on rank 0) and reserves the default
-  profile's K/V slabs, then returns the ``Channel``.
+  ``NCCL_NVLS_ENABLE=0`` unless set, gloo on CPU), checks the parallel plan (``--parallel``,
+  else the card's, else ``sp`` = N) against the world and the DiT's heads before anything runs,
+  builds the ``DeviceMesh``; with ``sp > 1`` shards the DiT (Ulysses) and splits the Wan VAE
+  decode by rows over the ``sp`` ranks (``models/parallel_decode.py``; another codec decodes
+  on rank 0); with ``cfg = 2`` gives each rank of a ``cfg`` pair one guidance branch of a CFG
+  step (``models/loops/cfg_branches.py``); for a causal card reserves the default profile's K/V
+  slabs; then returns the ``Channel``. ``replica > 1`` is refused (not served yet).
 - rank 0 runs the server: the engine's executor is a ``Leader``; the HTTP and WebRTC side
   talk only to rank 0. Every other rank runs ``follow``: the same instance, a ``Follower``
   (with ``NaNWatch``, so a NaN seen on any rank fails the session everywhere), no server.
@@ -91,7 +93,6 @@ def join(instance: Any, gpus: int, num_slabs: int) -> Any:
     import torch.distributed as dist
 
     from models.card_parallel import plan_for
-    from models.instance import InstanceError
     from models.loops.cfg_branches import CfgBranches
     from models.parallel_decode import split_decode
     from runtime.spmd import Channel
@@ -113,6 +114,22 @@ def join(instance: Any, gpus: int, num_slabs: int) -> Any:
         split = split_decode(instance, sp_group, latent_rows)  # else rank 0 decodes alone
     if plan.cfg == 2:  # each rank of a cfg pair runs one guidance branch of a CFG step
         instance.diffusion_step_op.branches = CfgBranches(mesh["cfg"].get_group())
+    if "chunk_kv" in instance.card.caches:  # a causal card: its sessions' slabs on every rank
+        _reserve_default_slabs(instance, gpus, num_slabs)
+    log.info(
+        "rank %d of %d: %s under sp=%d cfg=%d, VAE decode %s",
+        *(rank, size, instance.card.model_id, plan.sp, plan.cfg),
+        "split by rows" if split else "on rank 0",
+    )
+    return Channel(device=device, local_buffers=instance.rank_local_buffers())
+
+
+def _reserve_default_slabs(instance: Any, gpus: int, num_slabs: int) -> None:
+    """The default profile's K/V slabs on this rank; a later reservation of another geometry
+    (a session at another resolution) raises the instance's error."""
+    from models.instance import InstanceError
+
+    profile = instance.card.default_profile
     reserved = instance.slab_geometry(profile)
     instance.reserve_kv_slabs(profile, num_slabs)
     reserve = instance.reserve_kv_slabs
@@ -126,12 +143,6 @@ def join(instance: Any, gpus: int, num_slabs: int) -> Any:
         return reserve(other, slabs)
 
     instance.reserve_kv_slabs = default_profile_only
-    log.info(
-        "rank %d of %d: %s under sp=%d cfg=%d, VAE decode %s",
-        *(rank, size, instance.card.model_id, plan.sp, plan.cfg),
-        "split by rows" if split else "on rank 0",
-    )
-    return Channel(device=device, local_buffers=instance.rank_local_buffers())
 
 
 class NoForks:
