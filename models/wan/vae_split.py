@@ -19,8 +19,10 @@ rows for the decoder's receptive field, cannot be exact here - the mid-block att
 the receptive field the whole frame - and even its convolutional part is about 17 latent rows
 each side for the Wan2.1 decoder (1 + 4 at the latent grid, then 6 convs + an upsampler per
 level at 2x, 4x, 8x: 5 + 6 + 3.5 + 1.75 + 1), i.e. a band of 30 rows (sp=2 at 480p) would
-decode 30 + 34 rows: no faster than one GPU. Per layer the exchange is ~33 small collectives a
-chunk (``exchanges``; measured in infra/bench/multi_gpu.py) and no redundant compute.
+decode 30 + 34 rows: no faster than one GPU. Per layer the exchange is 36 small collectives
+per decode call for Wan2.1 (30 convs + 3 upsamplers + 2 for the attention + the final gather;
+28 for the tiny preset; ``exchanges`` counts them, infra/bench/multi_gpu.py reports them and
+the decode time) and no redundant compute.
 
 **Causal temporal caches stay per rank**: each causal conv caches the last frames of its own
 band (the cache is allocated for the band's grid, ``RowSplitVAE.new_decoder_cache``); the halo
