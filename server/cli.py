@@ -153,6 +153,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "relaunches under torchrun; untested on GPUs so far)",
     )
     serve.add_argument(
+        "--parallel",
+        default="",
+        metavar="PLAN",
+        help="the parallel plan of --gpus N, e.g. 'cfg=2' or 'sp=2,cfg=2' (the degrees' product "
+        "is N; default: the card's plan, else sp=N)",
+    )
+    serve.add_argument(
         "--random-weights",
         action="store_true",
         help="seeded random weights instead of the card's (benchmarks of a card whose "
