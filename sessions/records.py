@@ -79,6 +79,8 @@ class ChunkRecorder:
         self._recording = recording
         self._base = {**template, "session_id": session_id, "model_id": model_id, "seed": seed}
         self._open: dict[str, Any] | None = None
+        # acks of a chunk whose record is not open yet (they came with its first part)
+        self._early: dict[int, list[tuple[InputKind, int, Mapping[str, Any] | None]]] = {}
         self.keeper: SnapshotKeeper | None = None
         self.loop_ref: str | None = None
         self.written = 0
@@ -144,6 +146,10 @@ class ChunkRecorder:
             rate = fps or int(self._base.get("fps", 0)) or 1
             if self._recording.write_media(ref, frames, rate):
                 self._open["media_ref"] = ref
+        for early in sorted(c for c in self._early if c <= chunk):  # older ones: never opened
+            for ack in self._early.pop(early):
+                if early == chunk:
+                    self._apply(self._open, *ack)
 
     def chunk_emitted(self) -> None:
         """The loop emitted a chunk's last frames (its record follows once its digest is
@@ -155,10 +161,24 @@ class ChunkRecorder:
     def applied(
         self, kind: InputKind, seq: int, chunk: int, payload: Mapping[str, Any] | None
     ) -> None:
-        """An input the loop reports as first reflected by ``chunk`` (a cut is a prompt)."""
+        """An input the loop reports as first reflected by ``chunk`` (a cut is a prompt). A
+        chunk that shows a changing input comes in parts, and its acks come with the first part,
+        before the record opens with the last one: they wait for it (``media``)."""
         record = self._open
-        if record is None or record["chunk"] != chunk:
+        if record is None or record["chunk"] < chunk:
+            self._early.setdefault(chunk, []).append((kind, seq, payload))
             return
+        if record["chunk"] != chunk:
+            return
+        self._apply(record, kind, seq, payload)
+
+    def _apply(
+        self,
+        record: dict[str, Any],
+        kind: InputKind,
+        seq: int,
+        payload: Mapping[str, Any] | None,
+    ) -> None:
         if kind is InputKind.PROMPT and payload is not None:
             record["prompt"], record["prompt_seq"] = str(payload["text"]), seq
         elif kind is InputKind.ACTION:

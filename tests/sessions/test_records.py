@@ -78,6 +78,33 @@ def test_records_are_completed_by_the_acks_that_follow_their_media(tmp_path) -> 
     assert recorder.written == 2
 
 
+def test_acks_that_come_before_their_chunks_record_still_land_in_it(tmp_path) -> None:
+    """A chunk that shows a changing input decodes in parts; its acks ride on the first part,
+    so they reach the recorder before the record opens with the last part."""
+    store = Store(tmp_path / "db.sqlite3")
+    recorder = ChunkRecorder(store, session_id="s1", model_id="m", seed=5, template=TEMPLATE)
+    common = {"segment": 0, "pts_start": 0, "pts_end": 1, "num_frames": 12, "prompt_seq": 0}
+    recorder.media(chunk=0, digest="d0", prompt="a", **common)
+    recorder.applied(InputKind.ACTION, 2, 1, {"keys": ["d", "shift"], "mouse": [0.0, 0.0]})
+    recorder.applied(InputKind.PROMPT, 3, 1, {"text": "b"})
+    recorder.media(chunk=1, digest="d1", prompt="a", **common)
+    recorder.applied(InputKind.AUDIO, 4, 1, {"seconds": 0.5})  # after the record opened
+    recorder.applied(InputKind.ACTION, 5, 3, {"keys": ["w"], "mouse": [0.0, 0.0]})
+    recorder.media(chunk=2, digest="d2", prompt="b", **common)
+    recorder.media(chunk=3, digest="d3", prompt="b", **common)
+    recorder.flush()
+    store.close()
+    rows = Store(tmp_path / "db.sqlite3").records("s1")
+    assert rows[0]["actions"] == {"action": None, "audio_seqs": []}
+    assert (rows[1]["prompt"], rows[1]["prompt_seq"]) == ("b", 3)
+    assert rows[1]["actions"] == {
+        "action": {"seq": 2, "keys": ["d", "shift"], "mouse": [0.0, 0.0]},
+        "audio_seqs": [4],
+    }
+    assert rows[2]["actions"]["action"] is None  # chunk 3's ack waited past chunk 2
+    assert rows[3]["actions"]["action"]["seq"] == 5
+
+
 class _Handle(FakeHandleBase):
     pass
 
