@@ -108,8 +108,11 @@ def rss_plot(samples: list[tuple[float, float, int, int]], height: int = 6, widt
 
 
 class _Soak:
-    def __init__(self, url: str, pid: int, stats: SoakStats, seed: int) -> None:
+    def __init__(
+        self, url: str, pid: int, stats: SoakStats, seed: int, churn_every_s: float = 30.0
+    ) -> None:
         self.url = url
+        self.churn_every_s = churn_every_s
         self.pid = pid
         self.stats = stats
         self.rng = random.Random(seed)
@@ -197,7 +200,7 @@ class _Soak:
     async def churn(self) -> None:
         from infra.load.churn import WAYS, ChurnResult, _one
 
-        while not await _sleep(self.stop, 30.0):
+        while not await _sleep(self.stop, self.churn_every_s):
             for way in WAYS:
                 try:
                     await _one(self.url, way, ChurnResult(), None)
@@ -229,13 +232,19 @@ class _Soak:
                     self.faulted.discard(target)
 
     async def sampler(self, start_s: float) -> None:
+        import httpx
+
         from infra.load.churn import sample_process
 
         while True:
-            s = await sample_process(self.url, self.pid)
-            self.stats.samples.append(
-                (time.monotonic() - start_s, s.rss_bytes / 2**20, s.fds, s.threads)
-            )
+            try:
+                s = await sample_process(self.url, self.pid)
+            except httpx.HTTPError as exc:  # a slow /metrics (e.g. under --debug-memory)
+                self.stats.findings.append(f"sample missed: {exc!r}")
+            else:
+                self.stats.samples.append(
+                    (time.monotonic() - start_s, s.rss_bytes / 2**20, s.fds, s.threads)
+                )
             if await _sleep(self.stop, 10.0):
                 return
 
@@ -257,13 +266,19 @@ async def _quietly(awaitable: Any) -> None:
 
 
 async def run_soak(
-    url: str, pid: int, *, minutes: float, watchers: int = 3, seed: int = 0
+    url: str,
+    pid: int,
+    *,
+    minutes: float,
+    watchers: int = 3,
+    seed: int = 0,
+    churn_every_s: float = 30.0,
 ) -> SoakStats:
     """The soak of the module docstring against a running server (``pid`` for ``/proc``)."""
     from infra.load.churn import SETTLE_S, WAYS, ChurnResult, _one, sample_process, wait_idle
 
     stats = SoakStats()
-    soak = _Soak(url, pid, stats, seed)
+    soak = _Soak(url, pid, stats, seed, churn_every_s)
     # the baseline: idle after a warm-up (every way of ending a session, two at a time), so the
     # pools that grow on demand to a fixed size are in it
     for _ in range(2):
@@ -315,6 +330,11 @@ def passed(stats: SoakStats) -> bool:
     )
 
 
+def _memory_env(every_s: float) -> dict[str, str]:
+    # the baseline two minutes in: after the warm-up and the first minute of load
+    return {"DREAMRT_DEBUG_MEMORY": str(every_s), "DREAMRT_DEBUG_MEMORY_BASELINE": "120"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.load.soak", description=__doc__)
     parser.add_argument("--minutes", type=float, default=15.0)
@@ -322,6 +342,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny-world")
     parser.add_argument("--max-sessions", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--churn-every", type=float, default=30.0, help="seconds between bursts")
+    parser.add_argument(
+        "--debug-memory",
+        type=float,
+        default=None,
+        metavar="K",
+        help="the server's memory diagnosis every K s (server/memory_watch.py), to its data dir",
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON of the stats")
     args = parser.parse_args(argv)
     import aioice.ice
@@ -338,11 +366,18 @@ def main(argv: list[str] | None = None) -> int:
             *("--fault-injection", "--unwatched-timeout", "2", "--connect-timeout", "2"),
             *("--rest-rate", "0"),
         ),
+        env=None if args.debug_memory is None else _memory_env(args.debug_memory),
     ).start()
+    print(f"server data dir and log: {root}", flush=True)
     try:
         stats = asyncio.run(
             run_soak(
-                server.url, server.pid, minutes=args.minutes, watchers=args.watchers, seed=args.seed
+                server.url,
+                server.pid,
+                minutes=args.minutes,
+                watchers=args.watchers,
+                seed=args.seed,
+                churn_every_s=args.churn_every,
             )
         )
     finally:
