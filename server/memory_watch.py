@@ -5,11 +5,14 @@ and now.
 starts with the server (``DREAMRT_DEBUG_MEMORY_FRAMES`` frames per traceback, default 8), a
 baseline is taken ``DREAMRT_DEBUG_MEMORY_BASELINE`` seconds after start (default ``K``), and
 every ``K`` seconds after it one report goes to the log and, as a JSON line, to
-``<data dir>/memory-debug.jsonl``:
+``<data dir>/memory-debug.jsonl``. ``SIGUSR1`` asks for one report now (the first one, if no
+baseline was taken yet, is the baseline); ``K = 0`` reports only then (``infra/load/soak.py
+--debug-memory`` signals at its idle checkpoints, so that reports compare idle with idle):
 
 - RSS (``/proc/self/status``) and glibc's own accounting (``mallinfo2``: bytes in use by
   malloc, bytes free but kept in its arenas, bytes in mmapped blocks), so that heap growth that
   is allocator retention (free pages held by arenas) is told apart from live objects;
+- the bytes of torch's live CPU tensor storages (allocated in C++, unseen by tracemalloc);
 - what tracemalloc traces now (every Python-level allocation, torch's CPU tensors included
   only as far as Python allocates them) and the top growers by traceback since the baseline;
 - the garbage-collected objects by type, the top growers in count since the baseline, and
@@ -31,6 +34,8 @@ import gc
 import json
 import logging
 import os
+import signal
+import sys
 import time
 import tracemalloc
 import types
@@ -112,10 +117,26 @@ def holders(obj: Any, *, depth: int = 6, skip: tuple[Any, ...] = ()) -> list[str
         if not refs:
             break
         holder = refs[0]
+        del refs  # this list holds ``current`` too: the next hop must not find it
         chain.append(_describe(holder, current))
         seen.add(id(holder))
         current = holder
     return chain
+
+
+def tensor_bytes(objects: list[Any]) -> dict[str, int]:
+    """Bytes and count of the distinct CPU storages of the live torch tensors among
+    ``objects`` (torch allocates them in C++: tracemalloc never sees them)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    storages: dict[int, int] = {}
+    for o in objects:
+        if isinstance(o, torch.Tensor) and o.device.type == "cpu":
+            with contextlib.suppress(RuntimeError):  # meta, sparse, tensors without storage
+                storage = o.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+    return {"bytes": sum(storages.values()), "storages": len(storages)}
 
 
 def _rss_bytes() -> int:
@@ -145,6 +166,7 @@ class MemoryWatch:
         self._baseline: tuple[tracemalloc.Snapshot, Counter[str], float] | None = None
         self._task: asyncio.Task[None] | None = None
         self._started_here = False
+        self._signal = False
 
     @classmethod
     def from_env(cls, data_dir: Path, env: Any = os.environ) -> MemoryWatch | None:
@@ -164,12 +186,18 @@ class MemoryWatch:
         if not tracemalloc.is_tracing():
             tracemalloc.start(self.frames)
             self._started_here = True
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="dreamrt-memwatch")
+        loop = asyncio.get_running_loop()
+        if self.every_s > 0:
+            self._task = loop.create_task(self._run(), name="dreamrt-memwatch")
+        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):  # main thread
+            loop.add_signal_handler(signal.SIGUSR1, self._on_signal)
+            self._signal = True
         log.warning(
-            "memory diagnosis on (%s): baseline in %.0f s, a report every %.0f s to %s",
+            "memory diagnosis on (%s): %s, and on SIGUSR1, to %s",
             ENV_EVERY,
-            self.baseline_s,
-            self.every_s,
+            f"baseline in {self.baseline_s:.0f} s, a report every {self.every_s:.0f} s"
+            if self.every_s > 0
+            else "reports",
             self.out,
         )
 
@@ -207,12 +235,14 @@ class MemoryWatch:
             if n > 0 and name not in _BUILTIN:
                 newest = next(o for o in reversed(objects) if type(o).__name__ == name)
                 held_by[name] = holders(newest, skip=(objects,))
+        tensors = tensor_bytes(objects)
         del objects
         traced, _peak = tracemalloc.get_traced_memory()
         report = {
             "since_baseline_s": round(time.monotonic() - t0, 1),
             "rss": _rss_bytes(),
             "malloc": mallinfo(),
+            "torch_cpu": tensors,
             "traced": traced,
             "traced_diff": sum(stat.size_diff for stat in diff),
             "objects": sum(counts.values()),
@@ -236,6 +266,9 @@ class MemoryWatch:
             with self.out.open("a") as out:
                 out.write(json.dumps(report) + "\n")
 
+    def _on_signal(self) -> None:
+        self._write(self.report())
+
     async def _run(self) -> None:
         await asyncio.sleep(self.baseline_s)
         self.take_baseline()
@@ -244,6 +277,9 @@ class MemoryWatch:
             self._write(self.report())
 
     async def close(self) -> None:
+        if self._signal:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGUSR1)
+            self._signal = False
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

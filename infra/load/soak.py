@@ -2,6 +2,7 @@
 injected fault per minute against one real ``dreamrt serve`` process, then a summary table.
 
     python -m infra.load.soak --minutes 15 [--watchers 3] [--model tiny-world] [--out F.json]
+        [--churn-every 30] [--checkpoints 2] [--debug-memory]
 
 starts the server itself (``--fault-injection``, short unwatched/connect timeouts so that
 abandoned sessions are reclaimed, the REST rate limit off for the load's own token-less client)
@@ -17,12 +18,17 @@ and runs, until the time is up:
   session, which must then end ``failed`` and nobody else;
 - a sample every 10 s of the server's RSS, file descriptors and threads (``/proc``).
 
-At the end it waits until the server is idle and checks what is left: every KV slab free, no
-task or peer, RSS / fds / threads within 10 % of the idle baseline (sampled after a warm-up).
+``--checkpoints N`` times during the run (default 2, evenly spread) the load pauses until the
+server is idle and has trimmed its heap, and RSS / fds / threads are sampled; at the end the
+same again. The check: every KV slab free, no task or peer, RSS within 5 % and fds / threads
+within 10 % of the first idle checkpoint (``leak_verdict``: caches and pools that fill up to a
+fixed size under load are full by then, so growth after it is growth with the load; the idle
+baseline before any load, also reported, includes that warm-up). ``--debug-memory`` has the
+server report its heap at every idle checkpoint (``server/memory_watch.py``, into its data dir).
 The table counts sessions served, frames received, stalls, jobs, faults and the sessions they
 failed (any other failure is a finding), HTTP 5xx (503 with ``Retry-After`` is admission
 refusing on a full server, counted apart), and plots RSS over time. Exit code 0 when nothing
-unexpected happened. ``tests/e2e/test_soak_e2e.py`` runs a short one.
+unexpected happened.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -41,6 +49,7 @@ from typing import Any
 __all__ = ["SoakStats", "main", "run_soak", "rss_plot"]
 
 FAULT_KINDS = ("nan", "exception", "oom")
+RSS_TOLERANCE = 0.05  # RSS growth allowed between the first idle checkpoint and the end
 KEYS = ("w", "a", "s", "d")
 
 
@@ -64,6 +73,7 @@ class SoakStats:
     findings: list[str] = field(default_factory=list)
     samples: list[tuple[float, float, int, int]] = field(default_factory=list)  # s, MiB, fds, thr
     leaks: dict[str, Any] = field(default_factory=dict)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # idle samples (Checkpoint)
 
     def table(self) -> str:
         leaks = self.leaks
@@ -81,6 +91,7 @@ class SoakStats:
             ("other failures", f"{self.failed_other}"),
             ("HTTP 5xx", f"{self.http_5xx} (+{self.refused} 503 full, with Retry-After)"),
             ("left when idle", leaks.get("summary", "?")),
+            ("idle RSS MiB", " -> ".join(f"{c['rss_mib']:.1f}" for c in self.checkpoints)),
         ]
         width = max(len(name) for name, _ in rows)
         out = [f"{name:<{width}}  {value}" for name, value in rows]
@@ -119,6 +130,8 @@ class _Soak:
         self.stop = asyncio.Event()
         self.watched: dict[str, float] = {}  # session watched now -> when its watcher ends it
         self.faulted: set[str] = set()
+        self.running = asyncio.Event()  # cleared at an idle checkpoint: no new work starts
+        self.running.set()
 
     def _http_error(self, exc: Any, what: str) -> None:
         status = getattr(exc, "status", None)
@@ -135,7 +148,7 @@ class _Soak:
         from clients.python.viewer import Viewer
 
         async with DreamrtClient(self.url) as api:
-            while not self.stop.is_set():
+            while await self._may_start():
                 viewer, sid, vanish = Viewer(api), None, self.rng.random() < 0.2
                 try:
                     await viewer.connect(f"soak {index}", seed=self.rng.randrange(1 << 16))
@@ -184,7 +197,7 @@ class _Soak:
         from clients.python.api import DreamrtClient
 
         async with DreamrtClient(self.url) as api:
-            while not self.stop.is_set():
+            while await self._may_start():
                 try:
                     task = self.rng.choice(("t2v", "t2i"))
                     frames = 8 if task == "t2v" else None
@@ -200,7 +213,7 @@ class _Soak:
     async def churn(self) -> None:
         from infra.load.churn import WAYS, ChurnResult, _one
 
-        while not await _sleep(self.stop, self.churn_every_s):
+        while not await _sleep(self.stop, self.churn_every_s) and await self._may_start():
             for way in WAYS:
                 try:
                     await _one(self.url, way, ChurnResult(), None)
@@ -221,7 +234,7 @@ class _Soak:
                     for s, until in self.watched.items()
                     if until - now > 3 and s not in self.faulted
                 )
-                if not targets:
+                if not targets or not self.running.is_set():
                     continue
                 target = self.rng.choice(targets)
                 self.faulted.add(target)
@@ -230,6 +243,12 @@ class _Soak:
                     self.stats.faults += 1
                 else:
                     self.faulted.discard(target)
+
+    async def _may_start(self) -> bool:
+        """Waits out an idle checkpoint; False once the soak is over."""
+        while not self.running.is_set() and not self.stop.is_set():
+            await _sleep(self.stop, 0.2)
+        return not self.stop.is_set()
 
     async def sampler(self, start_s: float) -> None:
         import httpx
@@ -273,6 +292,8 @@ async def run_soak(
     watchers: int = 3,
     seed: int = 0,
     churn_every_s: float = 30.0,
+    checkpoints: int = 2,
+    signal_report: bool = False,
 ) -> SoakStats:
     """The soak of the module docstring against a running server (``pid`` for ``/proc``)."""
     from infra.load.churn import SETTLE_S, WAYS, ChurnResult, _one, sample_process, wait_idle
@@ -290,35 +311,94 @@ async def run_soak(
     tasks = [asyncio.create_task(soak.watcher(i)) for i in range(watchers)]
     tasks += [asyncio.create_task(t) for t in (soak.jobs(), soak.churn(), soak.faults())]
     sampler = asyncio.create_task(soak.sampler(start_s))
-    await _sleep(soak.stop, minutes * 60)
+    segment_s = minutes * 60 / (checkpoints + 1)
+    marks: list[Checkpoint] = []
+    for _ in range(checkpoints):  # load, then an idle checkpoint; the pauses are not load time
+        await _sleep(soak.stop, segment_s)
+        soak.running.clear()
+        marks.append(await _idle_sample(url, pid, len(marks) + 1, stats, signal_report))
+        soak.running.set()
+    await _sleep(soak.stop, segment_s)
     soak.stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     stats.minutes = (time.monotonic() - start_s) / 60
     await sampler
-    idle_s = await wait_idle(url, 120.0)
-    await asyncio.sleep(SETTLE_S)
-    end = await sample_process(url, pid)
+    idle_start = time.monotonic()
+    end = await _idle_sample(url, pid, len(marks) + 1, stats, signal_report)
+    idle_s = time.monotonic() - idle_start
+    stats.checkpoints = [asdict(m) for m in (*marks, end)]
+    stats.leaks = leak_verdict(
+        Checkpoint(0, 0, base.rss_bytes / 2**20, base.fds, base.threads), marks, end
+    )
+    stats.leaks["idle_after_s"] = round(idle_s, 1)
+    stats.samples.append((time.monotonic() - start_s, end.rss_mib, end.fds, end.threads))
+    return stats
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """An idle sample: after ``load_segments`` segments of load and ``sessions`` served."""
+
+    load_segments: int
+    sessions: int
+    rss_mib: float
+    fds: int
+    threads: int
+    clean: bool = True  # every slab free, no server task, no peer
+
+
+async def _idle_sample(
+    url: str, pid: int, segments: int, stats: SoakStats, signal_report: bool
+) -> Checkpoint:
+    """Waits until the server is idle (and has trimmed its heap), then samples it."""
+    from infra.load.churn import SETTLE_S, sample_process, wait_idle
+
+    for _ in range(5):  # a session created just as the load paused: wait for it too
+        await wait_idle(url, 180.0)
+        await asyncio.sleep(SETTLE_S)
+        s = await sample_process(url, pid)
+        clean = s.slabs_free == s.slabs_capacity and s.server_tasks == 0 and s.peers == 0
+        if clean:
+            break
+    if signal_report:  # the server's memory report at this idle point (server/memory_watch.py)
+        os.kill(pid, signal.SIGUSR1)
+        await asyncio.sleep(SETTLE_S)
+    rss = s.rss_bytes / 2**20
+    return Checkpoint(segments, stats.sessions, round(rss, 1), s.fds, s.threads, clean)
+
+
+def leak_verdict(base: Checkpoint, marks: list[Checkpoint], end: Checkpoint) -> dict[str, Any]:
+    """Growth from the first idle checkpoint to the end, idle both times: the caches and
+    pools that fill to a fixed size under load (text embeddings, the default executor's
+    threads, the allocator's arenas) are full at the first one, so what grows after it grows
+    with the load. Without checkpoints, from the idle baseline (which includes that warm-up).
+    Passes when RSS grew at most ``RSS_TOLERANCE`` and fds / threads at most 10 %."""
+    ref = marks[0] if marks else base
     ratios = {
-        "rss": end.rss_bytes / base.rss_bytes,
-        "fds": end.fds / base.fds,
-        "threads": end.threads / base.threads,
+        "rss": end.rss_mib / ref.rss_mib,
+        "fds": end.fds / ref.fds,
+        "threads": end.threads / ref.threads,
     }
-    clean = end.slabs_free == end.slabs_capacity and end.server_tasks == 0 and end.peers == 0
-    stats.leaks = {
+    segments = max(1, end.load_segments - ref.load_segments)
+    sessions = max(1, end.sessions - ref.sessions)
+    grown = end.rss_mib - ref.rss_mib
+    since = "the first idle checkpoint" if marks else "the idle baseline after a warm-up"
+    return {
         **{k: round(v, 3) for k, v in ratios.items()},
-        "slabs": f"{end.slabs_free}/{end.slabs_capacity}",
-        "tasks": end.server_tasks,
-        "peers": end.peers,
-        "idle_after_s": round(idle_s, 1),
-        "ok": clean and all(r <= 1.10 for r in ratios.values()),
+        "rss_vs_baseline": round(end.rss_mib / base.rss_mib, 3),
+        "rss_mib_per_segment": round(grown / segments, 2),
+        "rss_mib_per_100_sessions": round(100 * grown / sessions, 2),
+        "ok": end.clean
+        and ratios["rss"] <= 1 + RSS_TOLERANCE
+        and ratios["fds"] <= 1.10
+        and ratios["threads"] <= 1.10,
         "summary": (
-            f"slabs {end.slabs_free}/{end.slabs_capacity} free, tasks {end.server_tasks}, "
-            f"peers {end.peers}; RSS x{ratios['rss']:.3f}, fds x{ratios['fds']:.3f}, "
-            f"threads x{ratios['threads']:.3f} of the idle baseline after a warm-up"
+            f"{'clean' if end.clean else 'NOT clean (slabs, tasks or peers left)'}; "
+            f"RSS x{ratios['rss']:.3f} ({grown:+.1f} MiB, {100 * grown / sessions:+.2f} MiB per "
+            f"100 sessions), fds x{ratios['fds']:.3f}, threads x{ratios['threads']:.3f} of "
+            f"{since}; RSS x{end.rss_mib / base.rss_mib:.3f} of the idle baseline"
         ),
     }
-    stats.samples.append((time.monotonic() - start_s, end.rss_bytes / 2**20, end.fds, end.threads))
-    return stats
 
 
 def passed(stats: SoakStats) -> bool:
@@ -330,11 +410,6 @@ def passed(stats: SoakStats) -> bool:
     )
 
 
-def _memory_env(every_s: float) -> dict[str, str]:
-    # the baseline two minutes in: after the warm-up and the first minute of load
-    return {"DREAMRT_DEBUG_MEMORY": str(every_s), "DREAMRT_DEBUG_MEMORY_BASELINE": "120"}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.load.soak", description=__doc__)
     parser.add_argument("--minutes", type=float, default=15.0)
@@ -344,11 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--churn-every", type=float, default=30.0, help="seconds between bursts")
     parser.add_argument(
+        "--checkpoints", type=int, default=2, help="idle checkpoints spread through the run"
+    )
+    parser.add_argument(
         "--debug-memory",
-        type=float,
-        default=None,
-        metavar="K",
-        help="the server's memory diagnosis every K s (server/memory_watch.py), to its data dir",
+        action="store_true",
+        help="the server's memory report (server/memory_watch.py) at every idle checkpoint",
     )
     parser.add_argument("--out", type=Path, default=None, help="JSON of the stats")
     args = parser.parse_args(argv)
@@ -366,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
             *("--fault-injection", "--unwatched-timeout", "2", "--connect-timeout", "2"),
             *("--rest-rate", "0"),
         ),
-        env=None if args.debug_memory is None else _memory_env(args.debug_memory),
+        env={"DREAMRT_DEBUG_MEMORY": "0"} if args.debug_memory else None,  # on SIGUSR1 only
     ).start()
     print(f"server data dir and log: {root}", flush=True)
     try:
@@ -378,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
                 watchers=args.watchers,
                 seed=args.seed,
                 churn_every_s=args.churn_every,
+                checkpoints=args.checkpoints,
+                signal_report=args.debug_memory,
             )
         )
     finally:
