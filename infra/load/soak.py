@@ -19,12 +19,10 @@ and runs, until the time is up:
 - a sample every 10 s of the server's RSS, file descriptors and threads (``/proc``).
 
 ``--checkpoints N`` times during the run (default 2, evenly spread) the load pauses until the
-server is idle and has trimmed its heap, and RSS / fds / threads are sampled; at the end the
-same again. The check: every KV slab free, no task or peer, RSS within 5 % and fds / threads
-within 10 % of the first idle checkpoint (``leak_verdict``: caches and pools that fill up to a
-fixed size under load are full by then, so growth after it is growth with the load; the idle
-baseline before any load, also reported, includes that warm-up). ``--debug-memory`` has the
-server report its heap at every idle checkpoint (``server/memory_watch.py``, into its data dir).
+server is idle and has trimmed its heap, and its memory, fds and threads are sampled; at the
+end the same again; ``infra.load.leak_check`` judges the growth between them.
+``--debug-memory`` has the server report its heap at every idle checkpoint
+(``server/memory_watch.py``, into its data dir).
 The table counts sessions served, frames received, stalls, jobs, faults and the sessions they
 failed (any other failure is a finding), HTTP 5xx (503 with ``Retry-After`` is admission
 refusing on a full server, counted apart), and plots RSS over time. Exit code 0 when nothing
@@ -46,10 +44,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infra.load.leak_check import Checkpoint, leak_verdict
+
 __all__ = ["SoakStats", "main", "run_soak", "rss_plot"]
 
 FAULT_KINDS = ("nan", "exception", "oom")
-RSS_TOLERANCE = 0.05  # RSS growth allowed between the first idle checkpoint and the end
 KEYS = ("w", "a", "s", "d")
 
 
@@ -71,7 +70,8 @@ class SoakStats:
     failed_by_fault: int = 0
     failed_other: int = 0
     findings: list[str] = field(default_factory=list)
-    samples: list[tuple[float, float, int, int]] = field(default_factory=list)  # s, MiB, fds, thr
+    # s, anonymous RSS MiB, fds, threads, RSS MiB (with file-backed pages)
+    samples: list[tuple[float, float, int, int, float]] = field(default_factory=list)
     leaks: dict[str, Any] = field(default_factory=dict)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)  # idle samples (Checkpoint)
 
@@ -91,16 +91,16 @@ class SoakStats:
             ("other failures", f"{self.failed_other}"),
             ("HTTP 5xx", f"{self.http_5xx} (+{self.refused} 503 full, with Retry-After)"),
             ("left when idle", leaks.get("summary", "?")),
-            ("idle RSS MiB", " -> ".join(f"{c['rss_mib']:.1f}" for c in self.checkpoints)),
+            ("idle anon RSS", " -> ".join(f"{c['rss_mib']:.1f}" for c in self.checkpoints)),
         ]
         width = max(len(name) for name, _ in rows)
         out = [f"{name:<{width}}  {value}" for name, value in rows]
-        out += ["", "RSS MiB over time", rss_plot(self.samples)]
+        out += ["", "anonymous RSS MiB over time", rss_plot(self.samples)]
         out += [f"finding: {f}" for f in self.findings[:20]]
         return "\n".join(out)
 
 
-def rss_plot(samples: list[tuple[float, float, int, int]], height: int = 6, width: int = 60) -> str:
+def rss_plot(samples: list[tuple[Any, ...]], height: int = 6, width: int = 60) -> str:
     """RSS over time as a text plot (one column per bucket of samples)."""
     if not samples:
         return "(no samples)"
@@ -262,7 +262,13 @@ class _Soak:
                 self.stats.findings.append(f"sample missed: {exc!r}")
             else:
                 self.stats.samples.append(
-                    (time.monotonic() - start_s, s.rss_bytes / 2**20, s.fds, s.threads)
+                    (
+                        time.monotonic() - start_s,
+                        s.rss_anon_bytes / 2**20,
+                        s.fds,
+                        s.threads,
+                        s.rss_bytes / 2**20,
+                    )
                 )
             if await _sleep(self.stop, 10.0):
                 return
@@ -328,23 +334,12 @@ async def run_soak(
     idle_s = time.monotonic() - idle_start
     stats.checkpoints = [asdict(m) for m in (*marks, end)]
     stats.leaks = leak_verdict(
-        Checkpoint(0, 0, base.rss_bytes / 2**20, base.fds, base.threads), marks, end
+        Checkpoint(0, 0, base.rss_anon_bytes / 2**20, base.fds, base.threads), marks, end
     )
     stats.leaks["idle_after_s"] = round(idle_s, 1)
-    stats.samples.append((time.monotonic() - start_s, end.rss_mib, end.fds, end.threads))
+    end_s = time.monotonic() - start_s
+    stats.samples.append((end_s, end.rss_mib, end.fds, end.threads, end.rss_total_mib))
     return stats
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """An idle sample: after ``load_segments`` segments of load and ``sessions`` served."""
-
-    load_segments: int
-    sessions: int
-    rss_mib: float
-    fds: int
-    threads: int
-    clean: bool = True  # every slab free, no server task, no peer
 
 
 async def _idle_sample(
@@ -363,42 +358,10 @@ async def _idle_sample(
     if signal_report:  # the server's memory report at this idle point (server/memory_watch.py)
         os.kill(pid, signal.SIGUSR1)
         await asyncio.sleep(SETTLE_S)
-    rss = s.rss_bytes / 2**20
-    return Checkpoint(segments, stats.sessions, round(rss, 1), s.fds, s.threads, clean)
-
-
-def leak_verdict(base: Checkpoint, marks: list[Checkpoint], end: Checkpoint) -> dict[str, Any]:
-    """Growth from the first idle checkpoint to the end, idle both times: the caches and
-    pools that fill to a fixed size under load (text embeddings, the default executor's
-    threads, the allocator's arenas) are full at the first one, so what grows after it grows
-    with the load. Without checkpoints, from the idle baseline (which includes that warm-up).
-    Passes when RSS grew at most ``RSS_TOLERANCE`` and fds / threads at most 10 %."""
-    ref = marks[0] if marks else base
-    ratios = {
-        "rss": end.rss_mib / ref.rss_mib,
-        "fds": end.fds / ref.fds,
-        "threads": end.threads / ref.threads,
-    }
-    segments = max(1, end.load_segments - ref.load_segments)
-    sessions = max(1, end.sessions - ref.sessions)
-    grown = end.rss_mib - ref.rss_mib
-    since = "the first idle checkpoint" if marks else "the idle baseline after a warm-up"
-    return {
-        **{k: round(v, 3) for k, v in ratios.items()},
-        "rss_vs_baseline": round(end.rss_mib / base.rss_mib, 3),
-        "rss_mib_per_segment": round(grown / segments, 2),
-        "rss_mib_per_100_sessions": round(100 * grown / sessions, 2),
-        "ok": end.clean
-        and ratios["rss"] <= 1 + RSS_TOLERANCE
-        and ratios["fds"] <= 1.10
-        and ratios["threads"] <= 1.10,
-        "summary": (
-            f"{'clean' if end.clean else 'NOT clean (slabs, tasks or peers left)'}; "
-            f"RSS x{ratios['rss']:.3f} ({grown:+.1f} MiB, {100 * grown / sessions:+.2f} MiB per "
-            f"100 sessions), fds x{ratios['fds']:.3f}, threads x{ratios['threads']:.3f} of "
-            f"{since}; RSS x{end.rss_mib / base.rss_mib:.3f} of the idle baseline"
-        ),
-    }
+    rss, total = s.rss_anon_bytes / 2**20, s.rss_bytes / 2**20
+    return Checkpoint(
+        segments, stats.sessions, round(rss, 1), s.fds, s.threads, clean, round(total, 1)
+    )
 
 
 def passed(stats: SoakStats) -> bool:

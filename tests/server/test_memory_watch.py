@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import tracemalloc
 
 from server.memory_watch import MemoryWatch, holders, mallinfo
@@ -23,24 +25,26 @@ def test_off_unless_the_environment_asks(tmp_path) -> None:
     assert watch.out == tmp_path / "memory-debug.jsonl"
 
 
-async def test_a_report_names_the_growing_type_and_line(tmp_path) -> None:
-    watch = MemoryWatch(0.05, baseline_s=0.0, out=tmp_path / "m.jsonl")
+async def test_a_report_on_sigusr1_names_the_growing_type_and_line(tmp_path) -> None:
+    watch = MemoryWatch(0, frames=2, out=tmp_path / "m.jsonl")  # 0: on the signal only
     watch.start()
     try:
-        await asyncio.sleep(0.02)  # the baseline is taken
+        os.kill(os.getpid(), signal.SIGUSR1)  # the first report is the baseline
+        await asyncio.sleep(0.05)
         held = [_Grower() for _ in range(5000)]  # the "leak"
         payload = [bytes(1000) for _ in range(200)]  # ~200 kB from one line
-        await asyncio.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        await asyncio.sleep(0.05)
     finally:
         await watch.close()
     assert not tracemalloc.is_tracing()  # stopped again: it was started here
     lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert lines, "no report written"
+    assert len(lines) == 2, lines
     report = lines[-1]
     assert dict(report["top_types"]).get("_Grower", 0) >= 5000
     assert report["traced_diff"] >= 200_000
     where = [frame for grower in report["top_growers"] for frame in grower["where"]]
-    assert any(frame.endswith("test_memory_watch.py:32") for frame in where), where
+    assert any(frame.endswith("test_memory_watch.py:35") for frame in where), where
     assert report["rss"] > 0
     assert report["held_by"]["_Grower"][0] == "list(len 5000)"
     assert len(held) + len(payload) == 5200

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infra.load.soak import Checkpoint, leak_verdict
+from infra.load.leak_check import Checkpoint, leak_verdict
 
 BASE = Checkpoint(0, 0, 340.0, 12, 11)
 
