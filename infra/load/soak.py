@@ -389,6 +389,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the server's memory report (server/memory_watch.py) at every idle checkpoint",
     )
+    parser.add_argument(
+        "--checkout",
+        type=Path,
+        default=None,
+        help="the checkout whose server runs (an A/B: the same soak against another commit)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON of the stats")
     args = parser.parse_args(argv)
     import aioice.ice
@@ -406,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             *("--rest-rate", "0"),
         ),
         env={"DREAMRT_DEBUG_MEMORY": "0"} if args.debug_memory else None,  # on SIGUSR1 only
+        **({} if args.checkout is None else {"cwd": args.checkout}),
     ).start()
     print(f"server data dir and log: {root}", flush=True)
     try:
