@@ -102,7 +102,14 @@ class ServerContext:
         pacer = self.pacers.get(session.id)
         if pacer is None or pacer.session is not session:
             pacer = self.pacers[session.id] = FramePacer(session)
+            # gone with the session, not at the next pacer_for: it holds the session (its event
+            # history, its last frame) and the node may stay idle for hours
+            session.loop_watch.on_finished(lambda: self._pacer_ended(pacer))
         return pacer
+
+    def _pacer_ended(self, pacer: FramePacer) -> None:
+        if self.pacers.get(pacer.session.id) is pacer:
+            del self.pacers[pacer.session.id]
 
     def open_room(
         self, session: Any, *, url: str, room: str, token: str, **options: Any
