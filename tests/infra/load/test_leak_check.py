@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infra.load.leak_check import Checkpoint, leak_verdict
+from infra.load.leak_check import THREAD_SLACK, Checkpoint, leak_verdict
 
 BASE = Checkpoint(0, 0, 340.0, 12, 11)
 
@@ -28,3 +28,9 @@ def test_left_peers_fail_and_no_checkpoints_judge_from_the_baseline() -> None:
     assert not leak_verdict(BASE, marks, Checkpoint(2, 120, 381.0, 12, 15, clean=False))["ok"]
     assert not leak_verdict(BASE, [], Checkpoint(1, 60, 381.0, 12, 11))["ok"]  # x1.12 of 340
     assert leak_verdict(BASE, [], Checkpoint(1, 60, 350.0, 12, 11))["ok"]
+
+
+def test_threads_may_grow_by_the_slack_not_more() -> None:
+    marks = [Checkpoint(1, 60, 381.0, 12, 12)]
+    assert leak_verdict(BASE, marks, Checkpoint(2, 120, 381.0, 12, 12 + THREAD_SLACK))["ok"]
+    assert not leak_verdict(BASE, marks, Checkpoint(2, 120, 381.0, 12, 13 + THREAD_SLACK))["ok"]
