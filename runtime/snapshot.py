@@ -1,8 +1,10 @@
 """Loop-state snapshots: bytes that let a loop resume at a step boundary, here or elsewhere.
 
-``snapshot_state`` encodes the state's structure with msgspec msgpack, each tensor replaced by
-a msgpack extension reference, and the tensors themselves as one safetensors blob (moved to
-CPU, made contiguous and cloned; dtype and bits are kept exactly). Fields annotated
+``write_snapshot`` streams the state into a file: its structure in msgspec msgpack, each tensor
+replaced by a msgpack extension reference, then the tensors' raw bytes (dtype and bits kept
+exactly), copied to the host a piece at a time (a Wan session's K/V cache is ~3.5 GB: it never
+exists as one bytes object, and the event loop is not held while it moves);
+``snapshot_state`` does the same into bytes. Fields annotated
 ``torch.Tensor``, ``torch.Tensor | None``, ``dict[str, torch.Tensor]``, ``list[torch.Tensor]``
 and tensors inside ``Any``-typed plain data all round-trip. The same tensor object referenced
 twice is stored once and restored as one object; distinct tensors that share storage are
@@ -15,8 +17,12 @@ different type. torch and safetensors are imported lazily.
 
 from __future__ import annotations
 
+import io
+import math
 import sys
-from typing import Any, TypeVar
+import warnings
+from collections.abc import Iterator
+from typing import Any, BinaryIO, TypeVar
 
 import msgspec
 
@@ -27,27 +33,46 @@ __all__ = [
     "clone_state",
     "resolve_state_type",
     "restore_state",
+    "snapshot_nbytes",
     "snapshot_state",
     "snapshot_type_name",
+    "write_snapshot",
 ]
 
 S = TypeVar("S", bound=LoopState)
 
 _TENSOR_EXT = 1
 _SNAPSHOT_FORMAT = "dreamrt.loopstate"
-_SNAPSHOT_VERSION = 1
+_SNAPSHOT_VERSION = 2  # 1: one msgpack envelope with a safetensors blob (read, not written)
+_MAGIC = b"DRTSNAP2"
+_ALIGN = 64
+PIECE_BYTES = 64 << 20  # host bytes per copy-and-write piece
 
 
 class SnapshotError(ValueError):
     """A snapshot cannot be made (unserializable field) or restored (corrupt, wrong type)."""
 
 
-class _Envelope(msgspec.Struct, frozen=True):
+class _Envelope(msgspec.Struct, frozen=True):  # version 1
     format: str
     version: int
     state_type: str
     structure: bytes
     tensors: bytes
+
+
+class _TensorEntry(msgspec.Struct, frozen=True, array_like=True):
+    dtype: str  # a torch dtype's name: "bfloat16"
+    shape: list[int]
+    offset: int  # from the start of the tensor bytes
+
+
+class _Header(msgspec.Struct, frozen=True):  # version 2
+    format: str
+    version: int
+    state_type: str
+    structure: bytes
+    tensors: list[_TensorEntry]
 
 
 def _type_name(tp: type) -> str:
@@ -80,23 +105,97 @@ def _encode_structure(state: LoopState) -> tuple[bytes, list[Any]]:
         raise SnapshotError(str(exc)) from exc
 
 
-def snapshot_state(state: LoopState) -> bytes:
-    """Serialize a loop state (msgspec structure + safetensors tensors) to bytes."""
-    import safetensors.torch
-    import torch
+def snapshot_nbytes(state: LoopState) -> int:
+    """Bytes the tensors of ``state`` take in a snapshot (what a snapshot of it writes, but for
+    its small structure and padding)."""
+    _, tensors = _encode_structure(state)
+    return sum(t.numel() * t.element_size() for t in tensors)
 
+
+def snapshot_state(state: LoopState) -> bytes:
+    """Serialize a loop state to bytes (``write_snapshot`` into memory: small states, tests)."""
+    buffer = io.BytesIO()
+    write_snapshot(state, buffer)
+    return buffer.getvalue()
+
+
+def write_snapshot(state: LoopState, fh: BinaryIO) -> int:
+    """Stream a snapshot of ``state`` into ``fh`` -> bytes written.
+
+    Layout: ``MAGIC``, the header's length (8 bytes, little-endian), the msgpack header
+    (structure + one ``(dtype, shape, offset)`` entry per tensor), then each tensor's
+    raw bytes at its offset from the first 64-byte boundary after the header. Tensors are
+    copied to the host a piece at a time (on a side stream through one pinned buffer for CUDA
+    tensors) and written from that buffer, so a state of many GiB never exists as one bytes
+    object, the GIL is free while bytes move (copies and file writes release it), and the
+    compute stream never waits for the copy."""
     structure, tensors = _encode_structure(state)
-    if any(t.is_cuda for t in tensors):
-        torch.cuda.synchronize()  # ops may still write state tensors on a second stream
-    named = {f"t{i}": t.detach().to("cpu").contiguous().clone() for i, t in enumerate(tensors)}
-    envelope = _Envelope(
-        format=_SNAPSHOT_FORMAT,
-        version=_SNAPSHOT_VERSION,
-        state_type=_type_name(type(state)),
-        structure=structure,
-        tensors=safetensors.torch.save(named),
+    entries, offset = [], 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        entries.append(_TensorEntry(str(t.dtype).removeprefix("torch."), list(t.shape), offset))
+        offset = _aligned(offset + nbytes)
+    header = msgspec.msgpack.encode(
+        _Header(
+            format=_SNAPSHOT_FORMAT,
+            version=_SNAPSHOT_VERSION,
+            state_type=_type_name(type(state)),
+            structure=structure,
+            tensors=entries,
+        )
     )
-    return msgspec.msgpack.encode(envelope)
+    fh.write(_MAGIC + len(header).to_bytes(8, "little") + header)
+    written = len(_MAGIC) + 8 + len(header)
+    base = _aligned(written)
+    copier = _HostCopier(tensors)
+    for t, entry in zip(tensors, entries, strict=True):
+        fh.write(bytes(base + entry.offset - written))  # padding up to the tensor's offset
+        written = base + entry.offset
+        for piece in copier.pieces(t):
+            fh.write(piece)
+            written += len(piece)
+    return written
+
+
+class _HostCopier:
+    """Host bytes of tensors, ``PIECE_BYTES`` at a time. CUDA tensors go through one pinned
+    staging buffer on a side stream that first waits for the work queued so far (the clone
+    this snapshot is of, on the compute stream), so the copy never blocks the compute."""
+
+    def __init__(self, tensors: list[Any]) -> None:
+        import torch
+
+        self._stream = self._stage = None
+        cuda = [t for t in tensors if t.is_cuda]
+        if cuda:
+            device = cuda[0].device
+            largest = max(t.numel() * t.element_size() for t in cuda)
+            self._stream = torch.cuda.Stream(device)
+            self._stream.wait_stream(torch.cuda.default_stream(device))
+            # ops may still write state tensors on a second stream (the overlapped decode)
+            torch.cuda.synchronize(device)
+            size = min(PIECE_BYTES, largest)
+            self._stage = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+
+    def pieces(self, t: Any) -> Iterator[memoryview]:
+        import torch
+
+        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        if not t.is_cuda or t.device != self._stream.device:  # (another GPU: plain copies)
+            for start in range(0, flat.numel(), PIECE_BYTES):
+                yield memoryview(flat[start : start + PIECE_BYTES].cpu().numpy())
+            return
+        with torch.cuda.stream(self._stream):
+            for start in range(0, flat.numel(), PIECE_BYTES):
+                piece = flat[start : start + PIECE_BYTES]
+                stage = self._stage[: piece.numel()]
+                stage.copy_(piece, non_blocking=True)
+                self._stream.synchronize()
+                yield memoryview(stage.numpy())
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
 
 
 def clone_state(state: S) -> S:
@@ -118,31 +217,29 @@ def clone_state(state: S) -> S:
 
 def snapshot_type_name(blob: bytes) -> str:
     """The ``module.QualName`` of the state type recorded in a snapshot."""
-    return _decode_envelope(blob).state_type
+    return _decode_header(blob)[0].state_type
 
 
 def restore_state(blob: bytes, state_type: type[S], *, device: Any = None) -> S:
-    """Rebuild a state from ``snapshot_state`` bytes; tensors land on ``device`` (default CPU)."""
-    import safetensors.torch
+    """Rebuild a state from snapshot bytes (``write_snapshot``'s layout, or version 1's
+    safetensors envelope); tensors land on ``device`` (default CPU)."""
     import torch
 
-    envelope = _decode_envelope(blob)
-    if envelope.state_type != _type_name(state_type):
+    header, base = _decode_header(blob)
+    if header.state_type != _type_name(state_type):
         raise SnapshotError(
-            f"snapshot holds a {envelope.state_type}, asked to restore a {_type_name(state_type)}"
+            f"snapshot holds a {header.state_type}, asked to restore a {_type_name(state_type)}"
         )
-    try:
-        loaded = safetensors.torch.load(envelope.tensors)
-    except Exception as exc:  # safetensors raises its own SafetensorError
-        raise SnapshotError(f"snapshot tensors are corrupt: {exc}") from exc
-    if device is not None:
-        loaded = {name: t.to(device) for name, t in loaded.items()}
+    if base is None:
+        loaded = [t if device is None else t.to(device) for t in _v1_tensors(header)]
+    else:
+        loaded = _tensors(blob, header.tensors, base, device)
 
     def ext_hook(code: int, data: memoryview) -> Any:
-        name = f"t{int.from_bytes(data, 'little')}"
-        if code != _TENSOR_EXT or name not in loaded:
-            raise SnapshotError(f"snapshot references unknown tensor {name} (ext code {code})")
-        return loaded[name]
+        index = int.from_bytes(data, "little")
+        if code != _TENSOR_EXT or index >= len(loaded):
+            raise SnapshotError(f"snapshot references unknown tensor {index} (ext code {code})")
+        return loaded[index]
 
     def dec_hook(tp: type, obj: Any) -> Any:
         if tp is torch.Tensor and isinstance(obj, torch.Tensor):
@@ -151,22 +248,73 @@ def restore_state(blob: bytes, state_type: type[S], *, device: Any = None) -> S:
 
     decoder = msgspec.msgpack.Decoder(state_type, dec_hook=dec_hook, ext_hook=ext_hook)
     try:
-        return decoder.decode(envelope.structure)
+        return decoder.decode(header.structure)
     except (msgspec.DecodeError, NotImplementedError) as exc:
         raise SnapshotError(f"cannot restore {_type_name(state_type)}: {exc}") from exc
 
 
-def _decode_envelope(blob: bytes) -> _Envelope:
+def _tensors(blob: bytes, entries: list[_TensorEntry], base: int, device: Any) -> list[Any]:
+    """The tensors of a version-2 snapshot, each owning its memory on ``device`` (CPU: None)."""
+    import torch
+
+    on_host = device is None or torch.device(device).type == "cpu"
+
+    view = memoryview(blob)
+    out = []
+    for entry in entries:
+        dtype = getattr(torch, entry.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise SnapshotError(f"snapshot tensor of unknown dtype {entry.dtype!r}")
+        count = math.prod(entry.shape)
+        nbytes = count * dtype.itemsize
+        start = base + entry.offset
+        if start + nbytes > len(view):
+            raise SnapshotError("snapshot tensors are corrupt: the file is truncated")
+        if count == 0:
+            out.append(torch.empty(entry.shape, dtype=dtype, device=device))
+            continue
+        with warnings.catch_warnings():  # a read-only buffer: the copy below owns its bytes
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.frombuffer(view[start : start + nbytes], dtype=torch.uint8)
+        tensor = raw.view(dtype).reshape(entry.shape)
+        out.append(tensor.clone() if on_host else tensor.to(device))
+    return out
+
+
+def _v1_tensors(envelope: _Envelope) -> list[Any]:
+    import safetensors.torch
+
     try:
-        envelope = msgspec.msgpack.decode(blob, type=_Envelope)
+        loaded = safetensors.torch.load(envelope.tensors)
+    except Exception as exc:  # safetensors raises its own SafetensorError
+        raise SnapshotError(f"snapshot tensors are corrupt: {exc}") from exc
+    return [loaded[f"t{i}"] for i in range(len(loaded))]
+
+
+def _decode_header(blob: bytes) -> tuple[Any, int | None]:
+    """(header, offset of the tensor bytes) of a snapshot; version 1 has no offset."""
+    if bytes(blob[: len(_MAGIC)]) != _MAGIC:
+        try:
+            envelope = msgspec.msgpack.decode(blob, type=_Envelope)
+        except msgspec.DecodeError as exc:
+            raise SnapshotError(f"not a loop-state snapshot: {exc}") from exc
+        _check_format(envelope.format, envelope.version, 1)
+        return envelope, None
+    length = int.from_bytes(blob[len(_MAGIC) : len(_MAGIC) + 8], "little")
+    start = len(_MAGIC) + 8
+    try:
+        header = msgspec.msgpack.decode(blob[start : start + length], type=_Header)
     except msgspec.DecodeError as exc:
-        raise SnapshotError(f"not a loop-state snapshot: {exc}") from exc
-    if envelope.format != _SNAPSHOT_FORMAT or envelope.version != _SNAPSHOT_VERSION:
+        raise SnapshotError(f"snapshot header is corrupt: {exc}") from exc
+    _check_format(header.format, header.version, _SNAPSHOT_VERSION)
+    return header, _aligned(start + length)
+
+
+def _check_format(fmt: str, version: int, expected: int) -> None:
+    if fmt != _SNAPSHOT_FORMAT or version != expected:
         raise SnapshotError(
-            f"snapshot format {envelope.format!r} v{envelope.version}, "
-            f"expected {_SNAPSHOT_FORMAT!r} v{_SNAPSHOT_VERSION}"
+            f"snapshot format {fmt!r} v{version}, expected {_SNAPSHOT_FORMAT!r} v{expected}"
         )
-    return envelope
 
 
 def resolve_state_type(

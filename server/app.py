@@ -36,6 +36,7 @@ from server.heap_trim import HeapTrim
 from server.livekit_participant import LiveKitParticipant
 from server.livekit_room import LiveKitRoom, RoomConnection
 from server.livekit_token import LiveKitCredentials
+from server.loop_watchdog import LoopWatchdog
 from server.memory_watch import MemoryWatch
 from server.metrics import MetricsSnapshot, ServerMetrics
 from server.request_guard import RequestGuard
@@ -302,6 +303,8 @@ async def _build(config: ServerConfig) -> ServerContext:
         config.data_dir,
         snapshot_every=config.snapshot_every,
         snapshot_keep=config.snapshot_keep,
+        snapshot_mbps=config.snapshot_mbps,
+        snapshot_keep_gb=config.snapshot_keep_gb,
         snapshot_dir=config.snapshot_dir,
     )
     host = SessionHost(
@@ -342,6 +345,10 @@ async def _build(config: ServerConfig) -> ServerContext:
         public_url=config.public_url or f"http://{config.host}:{config.port}",
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
+    # after the warm-up (whose compiles are expected): a stall now is one a viewer feels
+    watchdog = LoopWatchdog(on_stall=metrics.loop_stalled)
+    watchdog.start()
+    ctx.undo.append(watchdog.close)
     if config.ice_hosts:
         ctx.undo.append(restrict_host_candidates(config.ice_hosts))
     if config.video_bitrate_bps is not None:

@@ -111,8 +111,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--attention",
         default="auto",
         metavar="NAME",
-        help="with --compile: the self-attention kernel (auto, flash, cudnn; lossy: sage, "
-        "fp8-triton, fp8qk-triton; one that cannot run falls back to SDPA, logged)",
+        help="with --compile: the self-attention kernel (auto, flash, cudnn, fa3; lossy: sage, "
+        "fp8-triton, fp8qk-triton, fa3-fp8, cudnn-fp8; one that cannot run falls back to "
+        "SDPA, logged)",
     )
     serve.add_argument(
         "--cuda-graphs",
@@ -184,6 +185,23 @@ def _build_parser() -> argparse.ArgumentParser:
         default=16,
         metavar="K",
         help="newest replay snapshots kept per loop (older chunks can no longer be replayed)",
+    )
+    serve.add_argument(
+        "--snapshot-mbps",
+        type=float,
+        default=64.0,
+        metavar="MB",
+        help="at most MB megabytes of snapshots per second per loop: a big state (a Wan "
+        "session's K/V cache, ~3.5 GB) is snapshotted less often than --snapshot-every (0: no "
+        "limit)",
+    )
+    serve.add_argument(
+        "--snapshot-keep-gb",
+        type=float,
+        default=8.0,
+        metavar="GB",
+        help="at most GB gigabytes of snapshots kept per loop, fewer than --snapshot-keep if "
+        "need be; the newest is always kept (0: no limit)",
     )
     serve.add_argument(
         "--extension",
@@ -338,6 +356,7 @@ BENCHMARKS = {
     "tiny-decoder": "infra.bench.tiny_decoder",
     "browser-latency": "infra.bench.browser_latency",
     "attention": "infra.bench.attention_bench",
+    "attention-libs": "infra.bench.attention_libs",
     "quality-guard": "infra.bench.quality_guard",
     "latency": "infra.bench.latency",
     "gpu-latency": "infra.bench.gpu_latency",

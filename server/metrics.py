@@ -44,6 +44,7 @@ __all__ = [
     "FIRST_FRAME_STAGES",
     "INPUT_STAGES",
     "STEER_LATENCY_BUCKETS_S",
+    "STALL_BUCKETS_S",
     "STEP_LATENCY_BUCKETS_S",
     "MetricsSnapshot",
     "ServerMetrics",
@@ -57,6 +58,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 STEP_LATENCY_BUCKETS_S = (
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, float("inf")
 )  # fmt: skip
+# 0.5 s .. 30 s: a stall the watchdog reports (server/loop_watchdog.py) is at least its threshold.
+STALL_BUCKETS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, float("inf"))
 # 5 ms .. 10 s: a key on a GPU in the latency mode is ~0.2 s, a prompt on a busy CPU seconds.
 STEER_LATENCY_BUCKETS_S = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
@@ -230,7 +233,17 @@ class ServerMetrics:
             buckets=STEER_LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.loop_stalls = Histogram(
+            "dreamrt_event_loop_stall_seconds",
+            "Times the event loop stood still for 0.5 s or more, and for how long",
+            buckets=STALL_BUCKETS_S,
+            registry=r,
+        )
         r.register(_SnapshotCollector(snapshot_fn, _Totals()))
+
+    def loop_stalled(self, seconds: float) -> None:
+        """The event loop stood still for ``seconds`` (``server.loop_watchdog``; on the loop)."""
+        self.loop_stalls.observe(seconds)
 
     def watch(self, session: Any) -> None:
         """Observe ``session``'s time-to-steer events (a sink on its event stream)."""

@@ -88,6 +88,8 @@ def serve(args: argparse.Namespace, argv: list[str]) -> int:
         unwatched_timeout_s=args.unwatched_timeout,
         snapshot_every=args.snapshot_every,
         snapshot_keep=args.snapshot_keep,
+        snapshot_mbps=args.snapshot_mbps,
+        snapshot_keep_gb=args.snapshot_keep_gb,
         livekit_key=args.livekit_key,
         livekit_secret=args.livekit_secret,
         snapshot_dir=args.snapshot_dir,

@@ -57,6 +57,8 @@ class ServerConfig:
     resume_grace_s: float = 120.0  # sessions of the previous process may resume this long
     snapshot_every: int = 8  # chunks between a loop's replay snapshots (0: none)
     snapshot_keep: int = 16  # newest replay snapshots kept per loop
+    snapshot_mbps: float = 64.0  # at most this many MB of snapshots per second per loop
+    snapshot_keep_gb: float = 8.0  # and at most this many GB of them kept per loop
     # a fleet's shared storage: snapshots and session manifests there (sessions.handoff);
     # None: snapshots under data_dir, no handoff
     snapshot_dir: Path | None = None

@@ -16,7 +16,9 @@ temporary name and renamed (a crash leaves the old file or the new one, never a 
 Chunk media are encoded with libx264's ``ultrafast`` preset (a 64x64 chunk of 12 frames costs
 ~6 ms of CPU) and at most ``max_pending_media`` chunks wait for the writer: beyond that a
 chunk's media is not kept (its record says ``media_ref`` null, and the loss is logged), so a
-writer that falls behind never grows memory without bound. Snapshots are always queued.
+writer that falls behind never grows memory without bound. Snapshots are always queued, and
+streamed into their file (a Wan session's state is ~3.5 GB; ``runtime.snapshot``); their size
+paces them (``snapshot_mbps``) and bounds how many are kept (``snapshot_keep_gb``).
 ``close()`` drains the queue (server shutdown); a killed process loses what was still queued.
 """
 
@@ -28,7 +30,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -53,8 +55,11 @@ class Recording:
     """A server's recording settings and its writer thread (module docstring).
 
     ``snapshot_every``: chunks between replay snapshots of a loop (0: none, so no replay);
-    ``snapshot_keep``: the newest snapshots kept per loop (older files are deleted: records
-    that name them can no longer be replayed); ``media``: keep chunk MP4s; ``snapshot_dir``:
+    ``snapshot_mbps``: at most this many MB of snapshots per second of wall time per loop (a
+    big state waits longer than ``snapshot_every`` chunks; 0: no limit); ``snapshot_keep``: the
+    newest snapshots kept per loop (older files are deleted: records that name them can no
+    longer be replayed), fewer if they would take more than ``snapshot_keep_gb`` GB (0: no
+    limit; the newest is always kept); ``media``: keep chunk MP4s; ``snapshot_dir``:
     where the snapshots go (default ``data_dir``; a fleet's shared storage, ``sessions.handoff``).
     """
 
@@ -64,19 +69,24 @@ class Recording:
         *,
         snapshot_every: int = 8,
         snapshot_keep: int = 16,
+        snapshot_mbps: float = 64.0,
+        snapshot_keep_gb: float = 8.0,
         media: bool = True,
         max_pending_media: int = 64,
         snapshot_dir: str | Path | None = None,
     ) -> None:
-        if snapshot_every < 0 or snapshot_keep < 1:
+        if snapshot_every < 0 or snapshot_keep < 1 or snapshot_mbps < 0 or snapshot_keep_gb < 0:
             raise ValueError(
-                f"snapshot_every must be >= 0 and snapshot_keep >= 1, got "
-                f"{snapshot_every} and {snapshot_keep}"
+                f"snapshot_every, snapshot_mbps and snapshot_keep_gb must be >= 0 and "
+                f"snapshot_keep >= 1, got {snapshot_every}, {snapshot_mbps}, "
+                f"{snapshot_keep_gb} and {snapshot_keep}"
             )
         self.data_dir = Path(data_dir)
         self.snapshot_dir = self.data_dir if snapshot_dir is None else Path(snapshot_dir)
         self.snapshot_every = snapshot_every
         self.snapshot_keep = snapshot_keep
+        self.snapshot_mbps = snapshot_mbps
+        self.snapshot_keep_gb = snapshot_keep_gb
         self.media = media
         self.max_pending_media = max_pending_media
         self._pending_media = 0  # chunks queued, not yet written (event-loop side count)
@@ -116,20 +126,39 @@ class Recording:
             with self._lock:
                 self._pending_media -= 1
 
-    def write_snapshot(self, replay_key: str, make_blob: Callable[[], bytes]) -> None:
-        """Queue ``make_blob()`` (serialise on the writer thread) into the key's file, then
-        apply the retention limit to its loop's snapshots."""
-        self.submit(self._write_snapshot, replay_key, make_blob)
+    def write_snapshot(self, replay_key: str, write: Callable[[BinaryIO], int]) -> None:
+        """Queue ``write(file)`` (``runtime.snapshot.write_snapshot`` of a clone: it serialises
+        on the writer thread) into the key's file, then apply the retention limits to its
+        loop's snapshots."""
+        self.submit(self._write_snapshot, replay_key, write)
 
-    def _write_snapshot(self, replay_key: str, make_blob: Callable[[], bytes]) -> None:
+    def snapshot_pause_s(self, nbytes: int) -> float:
+        """Seconds a loop waits after a snapshot of ``nbytes`` before its next one, so that
+        snapshots write at most ``snapshot_mbps`` MB per second of wall time (0: no pause)."""
+        return nbytes / (self.snapshot_mbps * 1e6) if self.snapshot_mbps > 0 else 0.0
+
+    def _write_snapshot(self, replay_key: str, write: Callable[[BinaryIO], int]) -> None:
         path = snapshot_path(self.snapshot_dir, replay_key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.partial")
-        tmp.write_bytes(make_blob())
+        try:
+            with tmp.open("wb") as fh:
+                write(fh)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a failed write leaves no partial file behind
+            raise
         os.replace(tmp, path)
-        kept = sorted(path.parent.glob("*.snap"))
-        for old in kept[: max(0, len(kept) - self.snapshot_keep)]:
-            old.unlink(missing_ok=True)
+        self._retain(path.parent)
+
+    def _retain(self, folder: Path) -> None:
+        """Keeps the newest ``snapshot_keep`` snapshots of a loop, fewer if they would take
+        more than ``snapshot_keep_gb`` together (never fewer than the newest one)."""
+        kept = sorted(folder.glob("*.snap"), reverse=True)
+        budget, total = self.snapshot_keep_gb * 1e9, 0
+        for i, snap in enumerate(kept):
+            total += snap.stat().st_size
+            if i >= self.snapshot_keep or (i > 0 and self.snapshot_keep_gb > 0 and total > budget):
+                snap.unlink(missing_ok=True)
 
     def close(self) -> None:
         """Waits for every queued write. Idempotent."""

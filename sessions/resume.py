@@ -34,13 +34,14 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from runtime.admission import Reject
-from runtime.snapshot import clone_state, resolve_state_type, restore_state, snapshot_state
+from runtime.snapshot import clone_state, resolve_state_type, restore_state, write_snapshot
 from sessions.recording import Recording
 
 __all__ = [
@@ -84,7 +85,7 @@ def snapshot_loop(
     def take(state: Any) -> int:
         step = int(state.step)
         clone = clone_state(state)
-        recording.write_snapshot(f"{handle.loop_id}@{step}", lambda: snapshot_state(clone))
+        recording.write_snapshot(f"{handle.loop_id}@{step}", partial(write_snapshot, clone))
         return step
 
     return handle.at_boundary(take, after_chunk=after_chunk, advance=advance)

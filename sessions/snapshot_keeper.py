@@ -1,11 +1,13 @@
 """Replay snapshots of one engine loop, and the replay key of each chunk it generates.
 
 A snapshot is taken at the loop's first boundary (before chunk 0) and then at the chunk
-boundary after every ``Recording.snapshot_every`` chunks. Taking one costs the event loop a
-state clone on the device (``runtime.snapshot.clone_state``: no host copy, no sync); the
-serialisation and the file write run on the recording writer thread. The key of a chunk is the
-newest snapshot taken at or before the step its decode was described at (the ``step`` of its
-capture): replaying from there with the loop's input log regenerates it
+boundary after every ``Recording.snapshot_every`` chunks, but no sooner than its size allows
+(``Recording.snapshot_pause_s``: a 3.5-GB Wan state at 64 MB/s waits ~55 s, a tiny-world state
+of a few MB never waits). Taking one costs the event loop a state clone on the device
+(``runtime.snapshot.clone_state``: no host copy, no sync); the host copy and the file write
+run on the recording writer thread (``runtime.snapshot.write_snapshot``, streamed). The key of
+a chunk is the newest snapshot taken at or before the step its decode was described at (the
+``step`` of its capture): replaying from there with the loop's input log regenerates it
 (``server.replay``). A key names its file (``recording.snapshot_path``) as soon as the clone is
 taken; a write that then fails (logged) leaves a key whose replay reports the missing file.
 """
@@ -15,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import time
+from functools import partial
 from typing import Any
 
 from runtime.loop_handle import LoopStatusError
-from runtime.snapshot import clone_state, snapshot_state
+from runtime.snapshot import clone_state, snapshot_nbytes, write_snapshot
 from sessions.loop_handle import LoopHandleLike
 from sessions.recording import Recording
 
@@ -36,6 +40,7 @@ class SnapshotKeeper:
         self.loop_id = handle.loop_id
         self._steps: list[int] = []  # steps of the snapshots taken, ascending
         self._chunks_since = 0
+        self._not_before_s = 0.0  # monotonic time the size of the last snapshot paces to
         self._pending: asyncio.Future[Any] | None = None
 
     def start(self) -> None:
@@ -44,7 +49,10 @@ class SnapshotKeeper:
     def chunk_done(self) -> None:
         """A chunk of this loop was recorded: request a snapshot every ``snapshot_every``."""
         self._chunks_since += 1
-        if self._chunks_since >= self._recording.snapshot_every:
+        if (
+            self._chunks_since >= self._recording.snapshot_every
+            and time.monotonic() >= self._not_before_s
+        ):
             self._request()
 
     def key_for(self, step: int) -> str:
@@ -71,4 +79,6 @@ class SnapshotKeeper:
         if not self._steps or step > self._steps[-1]:
             self._steps.append(step)
         self._chunks_since = 0
-        self._recording.write_snapshot(f"{self.loop_id}@{step}", lambda: snapshot_state(clone))
+        pause_s = self._recording.snapshot_pause_s(snapshot_nbytes(clone))
+        self._not_before_s = time.monotonic() + pause_s
+        self._recording.write_snapshot(f"{self.loop_id}@{step}", partial(write_snapshot, clone))

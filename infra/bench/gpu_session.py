@@ -18,7 +18,9 @@ fresh instance with the same seeded random weights:
   (one graph for all 30) and of the VAE decoder (3D conv weights channels-last).
 - options joined with ``+``: attention ``+cudnn`` / ``+flash`` (SDPA kernel preference),
   ``+sage`` (sageattention: INT8 Q K^T, FP16 P V), ``+fp8attn`` / ``+fp8qk`` (our Triton e4m3
-  attention, P V in FP8 / in bf16) - at most one; ``+overlap`` (the VAE decode on a second
+  attention, P V in FP8 / in bf16), ``+fa3`` / ``+fa3fp8`` (FlashAttention-3's Hopper forward
+  from ``fa3-fwd``, bf16 / e4m3), ``+cudnnfp8`` (cuDNN's FP8 attention through
+  ``nvidia-cudnn-frontend``) - at most one; ``+overlap`` (the VAE decode on a second
   CUDA stream); ``+graphs`` (CUDA graphs of the steady-state chunk forwards); ``+convbench``
   (``torch.backends.cudnn.benchmark``; stays on for later variants); ``+fp8`` / ``+fp8t`` (FP8
   linears, row-wise / per-tensor scales); ``+fold`` (the K/V update in the last denoising
@@ -89,6 +91,9 @@ _ATTENTION = {
     "sage": "sage",
     "fp8attn": "fp8-triton",
     "fp8qk": "fp8qk-triton",
+    "fa3": "fa3",
+    "fa3fp8": "fa3-fp8",
+    "cudnnfp8": "cudnn-fp8",
 }
 _OPTIONS = {*_ATTENTION, "fp8", "fp8t", "overlap", "convbench", "fold", "graphs", "taehv"}
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import tempfile
 import time
@@ -219,6 +220,25 @@ def _run_variant(args: argparse.Namespace, variant: str, url: str) -> dict[str, 
     return report
 
 
+def _log_findings(text: str, ready_at: str = "") -> dict[str, Any]:
+    """What the server's log says went wrong while it served: event-loop stalls (their
+    lengths, ``server.loop_watchdog``) and dynamo recompiles after ``ready_at`` (the time of
+    day, ``HH:MM:SS``, the server answered its health check; with ``TORCH_LOGS=recompiles``:
+    the warm-up's own compiles before it are expected)."""
+    stalls = [float(m) for m in re.findall(r"event loop stood still for ([0-9.]+) s", text)]
+    recompiles = [
+        f"{clock} {fn} {where}"
+        for clock, fn, where in re.findall(
+            r"^V\d{4} (\d\d:\d\d:\d\d)\S* .*Recompiling function (\S+) in (\S+)", text, re.M
+        )
+        if clock >= ready_at
+    ]
+    findings = {"stalls_s": stalls, "recompiles_after_ready": recompiles}
+    if stalls or recompiles:
+        print(f"server log: {len(stalls)} event-loop stalls {stalls}, {len(recompiles)} recompiles")
+    return findings
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dreamrt bench latency", description=__doc__)
     parser.add_argument("--url", default=None, help="a running server (default: start one)")
@@ -239,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-arg", action="append", default=[], help="extra serve argument")
     parser.add_argument("--startup-timeout-s", type=float, default=240.0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--keep-logs", type=Path, default=None, help="copy server logs here")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     report: dict[str, Any] = {"argv": argv, "variants": {}}
@@ -256,11 +277,19 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 began_s = time.monotonic()
                 server.start(timeout_s=args.startup_timeout_s)
+                ready_at = time.strftime("%H:%M:%S")
                 print(f"\n{variant}: server ready after {time.monotonic() - began_s:.1f} s")
                 try:
                     report["variants"][variant] = _run_variant(args, variant, server.url)
                 finally:
                     server.stop()
+                    log_text = (root / "server.log").read_text(errors="replace")
+                    if variant in report["variants"]:
+                        findings = _log_findings(log_text, ready_at)
+                        report["variants"][variant]["server_log"] = findings
+                    if args.keep_logs is not None:
+                        args.keep_logs.mkdir(parents=True, exist_ok=True)
+                        (args.keep_logs / f"server-{variant}.log").write_text(log_text)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1, default=str))
         print(f"\nwrote {args.json}")

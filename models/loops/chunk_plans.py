@@ -129,10 +129,13 @@ class ChunkPlanner:
 
     def decode_part(self, state: ChunkRolloutState) -> tuple[int, int]:
         """(latent frames, pixel frames) the next decode plan of the current chunk covers: a
-        session's very first latent frame alone, else the rest of the chunk."""
+        session's very first latent frame alone, and so the first latent frame of a chunk that
+        shows a changing input (a switch, a cut, a changed key: its first picture goes out one
+        part's decode sooner, time to steer), else the rest of the chunk."""
         first = state.frames_emitted == 0
         latent = state.chunk_frames - state.decoded
-        if first and not state.collect_frames:
+        steered = state.decoded == 0 and any(changes for _, _, changes in state.acks)
+        if (first or steered) and not state.collect_frames:
             latent = 1
         return latent, self._m.latent.pixel_frames(latent, includes_first=first)
 

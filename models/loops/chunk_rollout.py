@@ -15,7 +15,8 @@ Per chunk (``c`` latent frames) the loop plans, in order::
 Decoding before the KV update puts frames out one DiT forward earlier (first frame and every
 chunk); nothing else changes, since both read only the chunk's final latents. A session's first
 chunk decodes in two parts, its first latent frame (one picture: the stream's first frame out
-as soon as possible) and then the rest; the causal decoder makes the parts equal to one decode
+as soon as possible) and then the rest; so does a chunk that shows a changing input (its first
+four frames out a part's decode sooner). The causal decoder makes the parts equal to one decode
 (up to float rounding).
 Media emissions carry ``final`` (False on a part that leaves frames of the chunk to come).
 

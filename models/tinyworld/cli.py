@@ -131,7 +131,7 @@ def add_recipe_parsers(
         "--attention",
         default=None,
         metavar="NAME",
-        help="self-attention kernel (auto, sage, fp8-triton, fp8qk-triton, ...; tiny-world's "
+        help="self-attention kernel (auto, sage, fp8-triton, fa3-fp8, cudnn-fp8, ...; tiny-world's "
         "head dim is 32: kernels without it fall back to SDPA, logged)",
     )
     ev.add_argument("--fp8", default=None, choices=["row", "tensor"], help="FP8 linear layers")

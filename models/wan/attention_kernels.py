@@ -7,6 +7,12 @@
 | ``sage`` | ``sageattention`` 1.0.x (PyPI; pure Triton): INT8 Q K^T per block, FP16 P V | lossy |
 | ``fp8-triton`` | ours (``models/wan/fp8_attention.py``): e4m3 Q K^T and P V | lossy |
 | ``fp8qk-triton`` | ours: e4m3 Q K^T, P V in V's 16-bit dtype | lossy |
+| ``fa3`` | FlashAttention-3's Hopper forward (PyPI ``fa3-fwd``, prebuilt), bf16 | exact |
+| ``fa3-fp8`` | the same, e4m3 Q, K, V with per-(batch, head) scales, bf16 out | lossy |
+| ``cudnn-fp8`` | cuDNN's FP8 attention (``nvidia-cudnn-frontend``), per-tensor scales | lossy |
+
+The library backends and what each candidate library needs on the H200 (sizes, JIT, FP8):
+``models/wan/library_attention.py``.
 
 "exact" means bf16 SDPA, which earlier measurements compare against (frames differ only by
 kernel rounding). A lossy backend changes the frames by design; the GPU session bench reports
@@ -14,12 +20,13 @@ how much and the tiny-world quality guard (``infra/bench/quality_guard.py``) dec
 may be a default.
 
 **Fallback, never a crash.** A backend whose package cannot be imported resolves to ``auto`` at
-selection (``select_backend``, logged). At call time a lossy backend runs only where it applies
+selection (``select_backend``, logged). At call time a kernel backend (every one but SDPA's)
+runs only where it applies
 (CUDA, no mask, its head dims and dtypes, a first-use self-check against SDPA passed); any other
 call runs SDPA instead, and the first such call per (backend, reason) logs why. A kernel that
 raises is disabled for the process (logged) and SDPA serves from then on.
 
-Under ``torch.compile`` a lossy backend is one opaque custom op (``dreamrt::lowp_attention``):
+Under ``torch.compile`` a kernel backend is one opaque custom op (``dreamrt::lowp_attention``):
 its support checks and logging run in eager Python at call time, never as graph breaks, and
 CUDA-graph capture records whatever kernels the op launched.
 """
@@ -37,6 +44,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 __all__ = [
     "ATTENTION_BACKENDS",
     "AttentionBackend",
+    "CudnnFp8Attention",
+    "Fa3Attention",
     "Fp8TritonAttention",
     "LowPrecisionAttention",
     "SageAttention",
@@ -106,12 +115,14 @@ class SdpaAttention(AttentionBackend):
 
 @dataclass(eq=False)
 class LowPrecisionAttention(AttentionBackend):
-    """A lossy kernel behind the ``dreamrt::lowp_attention`` custom op, with fallback to SDPA
-    (module docstring). Subclasses say where they apply (``unsupported``) and run (``run``)."""
+    """A kernel outside SDPA (lossy unless it says otherwise: ``fa3``) behind the
+    ``dreamrt::lowp_attention`` custom op, with fallback to SDPA (module docstring). Subclasses
+    say where they apply (``unsupported``) and run (``run``)."""
 
     name: str = ""
     lossy: bool = True
     head_dims: tuple[int, ...] = (64, 128)
+    fp8_cores: bool = False  # needs FP8 tensor cores (compute capability >= 8.9)
     # reason the kernel is off for good in this process (it raised, or failed its self-check)
     broken: str | None = None
     checked: set[tuple] = field(default_factory=set)  # (device, head dim, dtype) self-checked
@@ -133,6 +144,8 @@ class LowPrecisionAttention(AttentionBackend):
             return f"head dim {q.shape[3]} not in {self.head_dims}"
         if q.device.type != "cuda":
             return f"device {q.device.type} (CUDA only)"
+        if self.fp8_cores and torch.cuda.get_device_capability(q.device) < (8, 9):
+            return "no FP8 tensor cores (compute capability < 8.9)"
         return None
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -220,6 +233,7 @@ class Fp8TritonAttention(LowPrecisionAttention):
     name: str = "fp8-triton"
     pv_fp8: bool = True
     head_dims: tuple[int, ...] = (32, 64, 128)  # models.wan.fp8_attention.HEAD_DIMS
+    fp8_cores: bool = True
 
     def missing(self) -> str | None:
         try:
@@ -228,17 +242,62 @@ class Fp8TritonAttention(LowPrecisionAttention):
             return f"Triton kernel not importable ({type(exc).__name__}: {exc})"
         return None
 
-    def unsupported(self, q, k, v, mask):
-        if (reason := super().unsupported(q, k, v, mask)) is not None:
-            return reason
-        if torch.cuda.get_device_capability(q.device) < (8, 9):
-            return "no FP8 tensor cores (compute capability < 8.9)"
-        return None
-
     def run(self, q, k, v):
         from models.wan.fp8_attention import fp8_attention
 
         return fp8_attention(q, k, v, pv_fp8=self.pv_fp8)
+
+
+@dataclass(eq=False)
+class Fa3Attention(LowPrecisionAttention):
+    """FlashAttention-3's Hopper forward from the ``fa3-fwd`` wheel (prebuilt sm90 kernels, no
+    JIT); ``fp8``: e4m3 operands (``library_attention.quantize`` per batch and head). Its
+    build has no FP16 kernels, so the bf16 mode takes bf16 only."""
+
+    name: str = "fa3"
+    lossy: bool = False
+    fp8: bool = False
+    # FA3 rounds a head dim up to its kernels' (64 ... 256); 32 is left to the self-check
+    head_dims: tuple[int, ...] = (32, 64, 96, 128, 192, 256)
+
+    def missing(self) -> str | None:
+        from models.wan.library_attention import FA3_MODULE, library_missing
+
+        return library_missing(FA3_MODULE, "fa3-fwd")
+
+    def unsupported(self, q, k, v, mask):
+        if not self.fp8 and q.dtype != torch.bfloat16:
+            return f"dtype {q.dtype} (this FA3 build: bf16 only)"
+        if (reason := super().unsupported(q, k, v, mask)) is not None:
+            return reason
+        if torch.cuda.get_device_capability(q.device)[0] != 9:
+            return "not a Hopper GPU (FA3's kernels are sm90)"
+        return None
+
+    def run(self, q, k, v):
+        from models.wan.library_attention import fa3_attention
+
+        return fa3_attention(q, k, v, fp8=self.fp8)
+
+
+@dataclass(eq=False)
+class CudnnFp8Attention(LowPrecisionAttention):
+    """cuDNN's FP8 fused attention through ``nvidia-cudnn-frontend`` (``sdpa_fp8``), over the
+    libcudnn that torch loads; needs FP8 tensor cores (compute capability >= 8.9)."""
+
+    name: str = "cudnn-fp8"
+    head_dims: tuple[int, ...] = (32, 64, 128)
+    fp8_cores: bool = True
+
+    def missing(self) -> str | None:
+        from models.wan.library_attention import CUDNN_MODULE, library_missing
+
+        return library_missing(CUDNN_MODULE, "nvidia-cudnn-frontend")
+
+    def run(self, q, k, v):
+        from models.wan.library_attention import cudnn_fp8_attention
+
+        return cudnn_fp8_attention(q, k, v)
 
 
 ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
@@ -260,6 +319,9 @@ ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
         SageAttention(),
         Fp8TritonAttention(),
         Fp8TritonAttention(name="fp8qk-triton", pv_fp8=False),
+        Fa3Attention(),
+        Fa3Attention(name="fa3-fp8", lossy=True, fp8=True),
+        CudnnFp8Attention(),
     )
 }
 

@@ -43,6 +43,9 @@ def test_every_backend_is_registered_and_an_unknown_name_lists_them() -> None:
     assert sorted(ATTENTION_BACKENDS) == [
         "auto",
         "cudnn",
+        "cudnn-fp8",
+        "fa3",
+        "fa3-fp8",
         "flash",
         "fp8-triton",
         "fp8qk-triton",
@@ -52,6 +55,8 @@ def test_every_backend_is_registered_and_an_unknown_name_lists_them() -> None:
         "sage",
         "fp8-triton",
         "fp8qk-triton",
+        "fa3-fp8",
+        "cudnn-fp8",
     ]
     with pytest.raises(UnknownBackendError, match=r"'int4'.*'auto'.*'sage'"):
         select_backend("int4")

@@ -171,8 +171,47 @@ def test_a_cut_after_decode_starts_the_next_chunk_as_a_new_segment(instance) -> 
     cut = InputEvent(InputKind.PROMPT, 5, PromptInput(text="snow", mode=PromptMode.CUT))
     ctx, state = _run(instance, {6: [cut]})  # between chunk 0's decode parts: frames are out
     assert _applied(ctx)[0]["chunk"] == 1
-    assert [e.spec.meta.segment for e in ctx.emissions if e.spec.stream == "media"] == [0, 0, 1]
+    # the cut's chunk shows a change: like the stream's first chunk, its first latent frame
+    # decodes alone (its first pictures out sooner), then the rest
+    media = [e.spec.meta for e in ctx.emissions if e.spec.stream == "media"]
+    assert [(m.segment, m.num_frames, m.final) for m in media] == [
+        (0, 1, False),
+        (0, 8, True),
+        (1, 4, False),
+        (1, 8, True),
+    ]
     assert state.segment == 1
+
+
+def test_only_a_chunk_that_shows_a_change_decodes_its_first_latent_frame_first(instance) -> None:
+    def press(seq: int, keys: tuple[str, ...]) -> InputEvent:
+        return InputEvent(InputKind.ACTION, seq, ActionInput(keys=keys))
+
+    # w pressed in chunk 0 (a change: chunk 0 restarts), then sent again while held (no change)
+    held = {2: [press(1, ("w",))], 4: [press(2, ("w",))]}
+    ctx, _ = _run(instance, held, chunks=3)
+    parts = [
+        (e.spec.meta.chunk, e.spec.meta.num_frames)
+        for e in ctx.emissions
+        if e.spec.stream == "media"
+    ]
+    # chunk 0: the stream's first picture alone, then 8; chunk 1 carries only the repeat: whole
+    assert parts == [(0, 1), (0, 8), (1, 12), (2, 12)]
+    switch = InputEvent(InputKind.PROMPT, 3, PromptInput(text="a blue square on sand"))
+    ctx, _ = _run(instance, {10: [switch]}, chunks=3)  # during chunk 1: a switch
+    parts = [
+        (e.spec.meta.chunk, e.spec.meta.num_frames, e.spec.meta.final)
+        for e in ctx.emissions
+        if e.spec.stream == "media"
+    ]
+    (ack,) = _applied(ctx)
+    assert ack["pts_90k"] == next(
+        e.spec.meta.pts_90k
+        for e in ctx.emissions
+        if e.spec.stream == "media" and e.spec.meta.chunk == ack["chunk"]
+    )  # the ack rides on the chunk's first part
+    shown = [p for p in parts if p[0] == ack["chunk"]]
+    assert shown == [(ack["chunk"], 4, False), (ack["chunk"], 8, True)]
 
 
 def test_a_restarted_chunks_capture_is_what_its_decoded_attempt_used(instance) -> None:
