@@ -2,7 +2,7 @@
 injected fault per minute against one real ``dreamrt serve`` process, then a summary table.
 
     python -m infra.load.soak --minutes 15 [--watchers 3] [--model tiny-world] [--out F.json]
-        [--churn-every 30] [--checkpoints 2] [--debug-memory]
+        [--churn-every 30] [--checkpoints 2] [--debug-memory] [--checkout DIR]
 
 starts the server itself (``--fault-injection``, short unwatched/connect timeouts so that
 abandoned sessions are reclaimed, the REST rate limit off for the load's own token-less client)
