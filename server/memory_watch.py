@@ -88,7 +88,6 @@ def type_counts(objects: list[Any] | None = None) -> Counter[str]:
     return Counter(type(o).__name__ for o in (gc.get_objects() if objects is None else objects))
 
 
-HOLDER_TYPES = 5
 _BUILTIN = frozenset(
     ("tuple", "dict", "list", "set", "frozenset", "function", "cell", "method", "ReferenceType")
 )
@@ -156,12 +155,14 @@ class MemoryWatch:
         baseline_s: float | None = None,
         frames: int = 8,
         top: int = 12,
+        holder_types: int = 5,
         out: Path | None = None,
     ) -> None:
         self.every_s = every_s
         self.baseline_s = every_s if baseline_s is None else baseline_s
         self.frames = frames
         self.top = top
+        self.holder_types = holder_types  # each hop of a chain walks every object: a few only
         self.out = out
         self.reports: list[dict[str, Any]] = []
         self._baseline: tuple[tracemalloc.Snapshot, Counter[str], float] | None = None
@@ -233,7 +234,7 @@ class MemoryWatch:
         )
         held_by = {}
         grown = [name for name, n in types[: self.top] if n > 0 and name not in _BUILTIN]
-        for name in grown[:HOLDER_TYPES]:  # each hop walks every object: a few types only
+        for name in grown[: self.holder_types]:
             newest = next(o for o in reversed(objects) if type(o).__name__ == name)
             held_by[name] = holders(newest, skip=(objects,))
         tensors = tensor_bytes(objects)

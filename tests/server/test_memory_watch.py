@@ -26,7 +26,7 @@ def test_off_unless_the_environment_asks(tmp_path) -> None:
 
 
 async def test_a_report_on_sigusr1_names_the_growing_type_and_line(tmp_path) -> None:
-    watch = MemoryWatch(0, frames=2, out=tmp_path / "m.jsonl")  # 0: on the signal only
+    watch = MemoryWatch(0, frames=2, holder_types=1, out=tmp_path / "m.jsonl")  # 0: on SIGUSR1
     watch.start()
     try:
         os.kill(os.getpid(), signal.SIGUSR1)  # the first report is the baseline
