@@ -14,9 +14,10 @@ product must equal the world size and the attention heads must divide by ``sp`` 
 never split). ``mesh()`` builds the ``torch.distributed.DeviceMesh`` of the three axes, ``sp``
 innermost so its ranks are the nearest ones (one NVLink hop on an 8-GPU node).
 
-What runs today: ``sp`` (the Wan DiT, chunk-causal mode). ``cfg`` and ``replica`` are validated
-and get their mesh axes, but serving refuses a degree above 1 for them (``serving_problems``)
-until an engine path exists: no silent fallback.
+What runs today: ``sp`` (the Wan DiT; its VAE decode split by rows) and ``cfg`` (the two
+branches of a CFG step on two ranks: ``models/loops/cfg_branches.py``). ``replica`` is
+validated and gets its mesh axis, but serving refuses a degree above 1 for it
+(``serving_problems``) until an engine path exists: no silent fallback.
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ class ParallelPlan:
     def serving_problems(self) -> list[str]:
         """Axes this build validates but cannot serve yet (see the module docstring)."""
         return [
-            f"{axis}={getattr(self, axis)} is not served yet (only sp runs across ranks)"
-            for axis in ("cfg", "replica")
+            f"{axis}={getattr(self, axis)} is not served yet (sp and cfg run across ranks)"
+            for axis in ("replica",)
             if getattr(self, axis) > 1
         ]
 

@@ -111,7 +111,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--attention",
         default="auto",
         metavar="NAME",
-        help="with --compile: the self-attention kernel (auto, flash, cudnn, fa3; lossy: sage, "
+        help="with --compile: the self-attention kernel (auto: fa3 where fa3-fwd is installed, "
+        "else sdpa; exact: sdpa, flash, cudnn, fa3; lossy: sage, "
         "fp8-triton, fp8qk-triton, fa3-fp8, cudnn-fp8; one that cannot run falls back to "
         "SDPA, logged)",
     )
@@ -150,6 +151,13 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="spread one instance over N processes of this node (Ulysses sequence parallelism; "
         "relaunches under torchrun; untested on GPUs so far)",
+    )
+    serve.add_argument(
+        "--parallel",
+        default="",
+        metavar="PLAN",
+        help="the parallel plan of --gpus N, e.g. 'cfg=2' or 'sp=2,cfg=2' (the degrees' product "
+        "is N; default: the card's plan, else sp=N)",
     )
     serve.add_argument(
         "--random-weights",

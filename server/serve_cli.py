@@ -37,7 +37,7 @@ def serve(args: argparse.Namespace, argv: list[str]) -> int:
         from models.card_parallel import ParallelPlanError
 
         try:  # before any process starts or any weight loads
-            spmd_serving.plan_for(args.model, args.gpus)
+            spmd_serving.plan_for(args.model, args.gpus, args.parallel)
         except (ParallelPlanError, LookupError) as exc:
             sys.stderr.write(f"dreamrt: {exc}\n")
             return 2
@@ -100,6 +100,7 @@ def serve(args: argparse.Namespace, argv: list[str]) -> int:
         public_url=args.public_url,
         extensions=tuple(args.extension),
         gpus=args.gpus,
+        parallel=args.parallel,
         limits=limits,
         fault_injection=args.fault_injection,
         shutdown_timeout_s=args.shutdown_timeout,

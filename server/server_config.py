@@ -45,6 +45,7 @@ class ServerConfig:
     random_weights: bool = False  # seeded random weights whatever the card says (benchmarks)
     chunk_frames: int | None = None  # latent frames per chunk (1: the latency mode); None: card's
     gpus: int = 1  # processes of one instance (Ulysses over them; server/spmd_serving.py)
+    parallel: str = ""  # the plan of those processes, e.g. "cfg=2" ("": the card's, else sp=N)
     # "fast": the time-to-steer cuts (adaptive lead, queued plans withdrawn for inputs, chunks
     # restarted when regenerating is sooner); "baseline": the first build's input path
     steering: str = "fast"

@@ -6,9 +6,13 @@ A composition root beside ``server/app.py`` (it wires ``runtime/spmd.py`` to a l
   ``torch.distributed.run --standalone --nproc-per-node N`` (so torchrun's own launch works
   too: ``torchrun --nproc-per-node N -m server.cli serve --gpus N ...``).
 - every rank: ``join`` initialises the default process group (NCCL on CUDA with
-  ``NCCL_NVLS_ENABLE=0`` unless set, gloo on CPU), checks the card's parallel plan (``sp`` = N)
-  against the world and the DiT's heads before anything runs, builds the ``DeviceMesh``, shards
-  the DiT (Ulysses) and reserves the default profile's K/V slabs, then returns the ``Channel``.
+  ``NCCL_NVLS_ENABLE=0`` unless set, gloo on CPU), checks the parallel plan (``--parallel``,
+  else the card's, else ``sp`` = N) against the world and the DiT's heads before anything runs,
+  builds the ``DeviceMesh``; with ``sp > 1`` shards the DiT (Ulysses) and splits the Wan VAE
+  decode by rows over the ``sp`` ranks (``models/parallel_decode.py``; another codec decodes
+  on rank 0); with ``cfg = 2`` gives each rank of a ``cfg`` pair one guidance branch of a CFG
+  step (``models/loops/cfg_branches.py``); for a causal card reserves the default profile's K/V
+  slabs; then returns the ``Channel``. ``replica > 1`` is refused (not served yet).
 - rank 0 runs the server: the engine's executor is a ``Leader``; the HTTP and WebRTC side
   talk only to rank 0. Every other rank runs ``follow``: the same instance, a ``Follower``
   (with ``NaNWatch``, so a NaN seen on any rank fails the session everywhere), no server.
@@ -27,7 +31,17 @@ import os
 import sys
 from typing import Any, NoReturn
 
-__all__ = ["NoForks", "follow", "join", "lead", "load", "plan_for", "relaunch", "world"]
+__all__ = [
+    "NoForks",
+    "follow",
+    "join",
+    "lead",
+    "load",
+    "plan_for",
+    "relaunch",
+    "with_plan",
+    "world",
+]
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +52,31 @@ def world() -> tuple[int, int, int]:
     return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0))
 
 
-def plan_for(model_id: str | None, gpus: int) -> Any:
-    """The checked parallel plan of card ``model_id`` (None: the default) on ``gpus`` ranks."""
+def plan_for(model_id: str | None, gpus: int, parallel: str = "") -> Any:
+    """The checked parallel plan of card ``model_id`` (None: the default) on ``gpus`` ranks;
+    ``parallel`` (``--parallel``, e.g. ``"cfg=2"``) overrides the card's."""
     from models import registry
     from models.card_parallel import plan_for as card_plan
     from server.app import DEFAULT_MODEL
 
-    return card_plan(registry.get(model_id or DEFAULT_MODEL), gpus)
+    return card_plan(with_plan(registry.get(model_id or DEFAULT_MODEL), parallel, gpus), gpus)
+
+
+def with_plan(card: Any, parallel: str, gpus: int) -> Any:
+    """``card`` with the plan ``parallel`` (``""``: unchanged); ``ParallelPlanError`` for a plan
+    that does not parse or does not span ``gpus`` processes."""
+    import dataclasses
+
+    from models.card_parallel import ParallelPlan, ParallelPlanError
+
+    if not parallel:
+        return card
+    plan = ParallelPlan.parse(parallel)
+    if plan.world_size != gpus:
+        raise ParallelPlanError(
+            [f"--parallel {parallel!r} spans {plan.world_size} processes, --gpus is {gpus}"]
+        )
+    return dataclasses.replace(card, parallel=plan)
 
 
 def relaunch(gpus: int, argv: list[str]) -> NoReturn:
@@ -61,7 +93,8 @@ def join(instance: Any, gpus: int, num_slabs: int) -> Any:
     import torch.distributed as dist
 
     from models.card_parallel import plan_for
-    from models.instance import InstanceError
+    from models.loops.cfg_branches import CfgBranches
+    from models.parallel_decode import split_decode
     from runtime.spmd import Channel
 
     rank, size, _ = world()
@@ -71,7 +104,31 @@ def join(instance: Any, gpus: int, num_slabs: int) -> Any:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=size)
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    instance.shard_sequence(plan.mesh(device.type)["sp"].get_group())
+    mesh = plan.mesh(device.type)
+    profile = instance.card.default_profile
+    split = False
+    if plan.sp > 1:
+        sp_group = mesh["sp"].get_group()
+        instance.shard_sequence(sp_group)
+        latent_rows = profile.height // instance.card.latent.spatial_stride
+        split = split_decode(instance, sp_group, latent_rows)  # else rank 0 decodes alone
+    if plan.cfg == 2:  # each rank of a cfg pair runs one guidance branch of a CFG step
+        instance.diffusion_step_op.branches = CfgBranches(mesh["cfg"].get_group())
+    if "chunk_kv" in instance.card.caches:  # a causal card: its sessions' slabs on every rank
+        _reserve_default_slabs(instance, gpus, num_slabs)
+    log.info(
+        "rank %d of %d: %s under sp=%d cfg=%d, VAE decode %s",
+        *(rank, size, instance.card.model_id, plan.sp, plan.cfg),
+        "split by rows" if split else "on rank 0",
+    )
+    return Channel(device=device, local_buffers=instance.rank_local_buffers())
+
+
+def _reserve_default_slabs(instance: Any, gpus: int, num_slabs: int) -> None:
+    """The default profile's K/V slabs on this rank; a later reservation of another geometry
+    (a session at another resolution) raises the instance's error."""
+    from models.instance import InstanceError
+
     profile = instance.card.default_profile
     reserved = instance.slab_geometry(profile)
     instance.reserve_kv_slabs(profile, num_slabs)
@@ -86,8 +143,6 @@ def join(instance: Any, gpus: int, num_slabs: int) -> Any:
         return reserve(other, slabs)
 
     instance.reserve_kv_slabs = default_profile_only
-    log.info("rank %d of %d: %s under sp=%d", rank, size, instance.card.model_id, plan.sp)
-    return Channel(device=device, local_buffers=instance.rank_local_buffers())
 
 
 class NoForks:
@@ -127,6 +182,7 @@ def load(config: Any, model_id: str) -> tuple[Any, Any]:
     if config.chunk_frames is not None:  # e.g. 1: the latency mode (4 video frames per chunk)
         card = card.with_chunk_frames(config.chunk_frames)
     if config.gpus > 1:  # the plan is checked before any weight loads
+        card = with_plan(card, config.parallel, config.gpus)
         plan_for(card, config.gpus)
     instance = load_instance(
         card,

@@ -447,11 +447,17 @@ class DiffusionStepOp(_SoloOp):
 
     def __init__(self, dit: WanDiT) -> None:
         self._dit = dit
+        # the cfg axis (models/loops/cfg_branches.py): my branch here, the other on a peer rank
+        self.branches: Any = None
 
     def run(self, a: DiffusionStepArgs) -> torch.Tensor | HookedStepOutput:
         # a.x: [1, C, f, h, w] -> [1, C, f, h, w]
         x = a.x if a.init_seed is None else _noise_like(a.x, a.init_seed)
         cfg = a.negative is not None and a.guidance_scale != 1.0
+        if cfg and self.branches is not None and a.hooks is None:
+            t = torch.full((1,), a.timestep, device=x.device, dtype=torch.float32)
+            v = self._dit(x, t, self.branches.text(a.text, a.negative)).float()
+            return self._update(a, x, self.branches.gather(v))  # [2, ...]: both branches
         x_in = torch.cat((x, x)) if cfg else x
         text = torch.cat((a.text, a.negative)) if cfg else a.text
         t = torch.full((x_in.shape[0],), a.timestep, device=x.device, dtype=torch.float32)

@@ -2,7 +2,8 @@
 
 | name | kernel | numerics |
 | --- | --- | --- |
-| ``auto`` | SDPA, PyTorch's choice (cuDNN's fused kernel on the H200 with torch 2.11) | exact |
+| ``auto`` | ``fa3`` where ``fa3-fwd`` is installed, else ``sdpa`` (``select_backend``) | exact |
+| ``sdpa`` | SDPA, PyTorch's choice (cuDNN's fused kernel on the H200 with torch 2.11) | exact |
 | ``flash`` / ``cudnn`` | SDPA with that kernel tried first | exact |
 | ``sage`` | ``sageattention`` 1.0.x (PyPI; pure Triton): INT8 Q K^T per block, FP16 P V | lossy |
 | ``fp8-triton`` | ours (``models/wan/fp8_attention.py``): e4m3 Q K^T and P V | lossy |
@@ -13,6 +14,11 @@
 
 The library backends and what each candidate library needs on the H200 (sizes, JIT, FP8):
 ``models/wan/library_attention.py``.
+
+``auto`` prefers FA3 because it is the fastest exact kernel measured on the H200 (1.05 ms per
+call against cuDNN's 1.10 at 4,680 x 18,720; 28.8 FPS against 27.1 in the GPU-session bench,
+infra/bench/RESULTS.md) and, being bf16, needs no quality guard; where it does not apply (not
+Hopper, not bf16, a mask) its calls fall back to SDPA like any kernel backend's.
 
 "exact" means bf16 SDPA, which earlier measurements compare against (frames differ only by
 kernel rounding). A lossy backend changes the frames by design; the GPU session bench reports
@@ -303,7 +309,8 @@ class CudnnFp8Attention(LowPrecisionAttention):
 ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
     b.name: b
     for b in (
-        SdpaAttention("auto", None),
+        SdpaAttention("auto", None),  # what select_backend("auto") is without FA3
+        SdpaAttention("sdpa", None),
         SdpaAttention(
             "flash", (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
         ),
@@ -327,16 +334,24 @@ ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
 
 
 def select_backend(name: str) -> AttentionBackend:
-    """The backend called ``name``; one that cannot be imported here resolves to ``auto``
-    (logged). ``UnknownBackendError`` names the known ones."""
+    """The backend called ``name``: ``auto`` is FA3 where its package is installed, else
+    SDPA's choice; one that cannot be imported here resolves to ``auto`` (logged).
+    ``UnknownBackendError`` names the known ones."""
     backend = ATTENTION_BACKENDS.get(name)
     if backend is None:
         raise UnknownBackendError(f"attention {name!r} is not one of {sorted(ATTENTION_BACKENDS)}")
+    if name == "auto":
+        return _auto()
     problem = backend.missing()
     if problem is not None:
-        log.warning("attention backend %r unavailable: %s; self-attention uses SDPA", name, problem)
-        return ATTENTION_BACKENDS["auto"]
+        log.warning("attention backend %r unavailable: %s; self-attention uses auto", name, problem)
+        return _auto()
     return backend
+
+
+def _auto() -> AttentionBackend:
+    fa3 = ATTENTION_BACKENDS["fa3"]
+    return fa3 if fa3.missing() is None else ATTENTION_BACKENDS["auto"]
 
 
 def _note_fallback(name: str, reason: str) -> None:

@@ -68,7 +68,7 @@ FA3_MODULE = "fa3_fwd_interface"  # the fa3-fwd wheel
 CUDNN_MODULE = "cudnn"  # the nvidia-cudnn-frontend wheel
 E4M3_MAX = 448.0
 _CUDNN_GRAPHS: dict[tuple, _CudnnFp8Graph] = {}
-_CUDNN_HANDLES: dict[int, object] = {}
+_CUDNN_HANDLES: dict[torch.device, object] = {}  # one cuDNN handle per device
 
 
 def library_missing(module: str, package: str) -> str | None:
@@ -143,11 +143,10 @@ class _CudnnFp8Graph:
         import cudnn
 
         self.cudnn = cudnn
-        device = q8.device
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if index not in _CUDNN_HANDLES:
-            _CUDNN_HANDLES[index] = cudnn.create_handle()
-        self.handle = _CUDNN_HANDLES[index]
+        device = q8.device  # a tensor's CUDA device always has its index
+        if device not in _CUDNN_HANDLES:
+            _CUDNN_HANDLES[device] = cudnn.create_handle()
+        self.handle = _CUDNN_HANDLES[device]
         self.p_scale = torch.full((1, 1, 1, 1), E4M3_MAX, device=device)  # P in [0, 1]
         self.p_descale = self.p_scale.reciprocal()
         self.amax = torch.empty((2, 1, 1, 1, 1), device=device)  # amax S, amax O (unused)
@@ -214,7 +213,8 @@ class _CudnnFp8Graph:
         else:
             o_scale = torch.ones_like(dv)
             out = torch.empty(q8.shape, device=q8.device, dtype=self.out_dtype)
-        self.cudnn.set_stream(self.handle, torch.cuda.current_stream(q8.device).cuda_stream)
+        if q8.is_cuda:  # kernels go on torch's stream (a CUDA graph being captured, too)
+            self.cudnn.set_stream(self.handle, torch.cuda.current_stream(q8.device).cuda_stream)
         pack = dict(zip((self.tq, self.tk, self.tv), (q8, k8, v8), strict=True))
         values = (dq, dk, dv, self.p_descale, self.p_scale, o_scale)
         pack.update(zip(self.scales, values, strict=True))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import pairwise
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,10 @@ __all__ = [
 
 NO_SLOT = -1
 
+# ``row_split`` hooks (a ``models.wan.vae_split.RowBands``, set by ``vae_split.enable`` on the
+# decoder's modules; None = one process, the unchanged path): the modules that look across
+# rows - 3x3 convs and the mid-block attention - fetch their neighbours' rows through it.
+
 
 class CausalConv3d(nn.Conv3d):
     """A 3D conv that is causal in time: output frame t sees input frames t-k+1 .. t.
@@ -46,6 +51,7 @@ class CausalConv3d(nn.Conv3d):
         super().__init__(in_channels, out_channels, (kt, kh, kw), padding=(0, kh // 2, kw // 2))
         self.history_frames = kt - 1
         self.slot = NO_SLOT
+        self.row_split: Any = None
 
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, cache: CausalCache
@@ -56,6 +62,8 @@ class CausalConv3d(nn.Conv3d):
         history = cache.buffers[self.slot]  # [B, C_in, k-1, H, W]
         padded = torch.cat([history, x], dim=2)  # [B, C_in, k-1+T, H, W]
         history.copy_(padded[:, :, -self.history_frames :])
+        if self.row_split is not None:  # a band of rows: the halo comes from the neighbours
+            return self.row_split.conv(self, padded)
         return super().forward(padded)
 
 
@@ -105,6 +113,7 @@ class AttentionBlock(nn.Module):
         self.norm = RMSNorm(dim, video=False)
         self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
         self.proj = nn.Conv2d(dim, dim, 1)
+        self.row_split: Any = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, C, T, H, W] -> same
@@ -113,6 +122,8 @@ class AttentionBlock(nn.Module):
         qkv = self.to_qkv(self.norm(frames))  # [BT, 3C, H, W]
         qkv = qkv.reshape(b * t, 1, 3 * c, h * w).transpose(2, 3)  # [BT, 1, HW, 3C]
         q, k, v = qkv.chunk(3, dim=-1)  # each [BT, 1, HW, C]
+        if self.row_split is not None:  # my rows' queries attend to every rank's positions
+            k, v = self.row_split.gather(k, dim=2), self.row_split.gather(v, dim=2)
         out = F.scaled_dot_product_attention(q, k, v)  # [BT, 1, HW, C]
         out = out.squeeze(1).transpose(1, 2).reshape(b * t, c, h, w)  # [BT, C, H, W]
         out = self.proj(out).reshape(b, t, c, h, w).permute(0, 2, 1, 3, 4)
@@ -153,6 +164,7 @@ class Upsample(nn.Module):
         super().__init__()
         self.spatial_conv = nn.Conv2d(dim, dim // 2, 3, padding=1)
         self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1)) if temporal else None
+        self.row_split: Any = None
 
     def _double_in_time(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
         # x: [B, C, T, H, W] -> [B, C, 2T, H, W]
@@ -171,9 +183,13 @@ class Upsample(nn.Module):
             else:
                 x = self._double_in_time(x, cache)
         # nearest-exact at 2x copies values, so it is exact in any dtype
+        conv = self.spatial_conv if self.row_split is None else self._split_conv
         return _per_frame(
-            lambda f: self.spatial_conv(F.interpolate(f, scale_factor=2.0, mode="nearest-exact")), x
+            lambda f: conv(F.interpolate(f, scale_factor=2.0, mode="nearest-exact")), x
         )
+
+    def _split_conv(self, f: torch.Tensor) -> torch.Tensor:
+        return self.row_split.conv(self.spatial_conv, f)
 
 
 class Downsample(nn.Module):

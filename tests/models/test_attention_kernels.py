@@ -50,6 +50,7 @@ def test_every_backend_is_registered_and_an_unknown_name_lists_them() -> None:
         "fp8-triton",
         "fp8qk-triton",
         "sage",
+        "sdpa",
     ]
     assert [n for n, b in ATTENTION_BACKENDS.items() if b.lossy] == [
         "sage",

@@ -56,6 +56,7 @@ def test_check_refuses_axes_not_served() -> None:
         ParallelPlan(sp=2, replica=2).check(world_size=4, num_heads=12, model_id="m")
     assert "model card 'm'" in str(err.value)
     assert ParallelPlan(sp=2).check(world_size=2, num_heads=12) == ParallelPlan(sp=2)
+    assert ParallelPlan(cfg=2).check(world_size=2, num_heads=12) == ParallelPlan(cfg=2)
 
 
 def test_cards_default_to_one_process() -> None:

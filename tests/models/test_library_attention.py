@@ -138,3 +138,106 @@ def test_fa3_is_called_in_our_layout_with_per_head_descales(monkeypatch, fp8) ->
     assert out.shape == q.shape and out.dtype == torch.bfloat16 and out.is_contiguous()
     cos = F.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0)
     assert cos > (0.995 if fp8 else 0.9999)
+
+
+class _FakeCudnn(types.SimpleNamespace):
+    """The slice of cudnn-frontend's graph API that ``sdpa_fp8`` uses, computing what cuDNN
+    documents: S = Q K^T dq dk scale, P = softmax(S) (e4m3 after * scale_s), O = P V ds dv so;
+    like Hopper it refuses a bf16 output, so the e4m3-output path is what runs."""
+
+    def __init__(self):
+        dt = types.SimpleNamespace(FP8_E4M3="e4m3", FLOAT="fp32", BFLOAT16="bf16")
+        super().__init__(data_type=dt, heur_mode=types.SimpleNamespace(A="A", FALLBACK="F"))
+        self.builds, self.streams = [], []
+        self.create_handle = lambda: "handle"
+        self.set_stream = lambda handle, stream: self.streams.append(stream)
+        self.pygraph = lambda **kw: _FakeGraph(self)
+
+
+class _FakeTensor:
+    def __init__(self, name, dim=None, data_type=None):
+        self.name, self.dim, self.data_type = name, dim, data_type
+
+    def set_output(self, _):
+        return self
+
+    def set_dim(self, dim):
+        self.dim = dim
+        return self
+
+    def set_stride(self, _):
+        return self
+
+    def set_data_type(self, data_type):
+        self.data_type = data_type
+        return self
+
+
+class _FakeGraph:
+    def __init__(self, cudnn):
+        self.cudnn = cudnn
+
+    def tensor(self, name, dim, stride, data_type):
+        return _FakeTensor(name, dim, data_type)
+
+    def sdpa_fp8(self, q, k, v, *scales, generate_stats, attn_scale, use_causal_mask, name):
+        assert generate_stats is False and use_causal_mask is False and len(scales) == 6
+        self.inputs, self.scales, self.attn_scale = (q, k, v), scales, attn_scale
+        self.o = _FakeTensor("o")
+        return self.o, None, _FakeTensor("amax_s"), _FakeTensor("amax_o")
+
+    def validate(self):
+        pass
+
+    build_operation_graph = create_execution_plans = build_plans = lambda self, *a: None
+
+    def check_support(self):
+        self.cudnn.builds.append(self.o.data_type)
+        if self.o.data_type == "bf16":
+            raise RuntimeError("No valid engine configs for SDPA_FP8 with BF16 O")
+
+    def get_workspace_size(self):
+        return 0
+
+    def execute(self, pack, workspace, handle):
+        def bhsd(t):  # our [B, N, H, D] memory as cuDNN's [b, h, s, d]
+            return pack[t].float().transpose(1, 2)
+
+        q, k, v = (bhsd(t) for t in self.inputs)
+        dq, dk, dv, ds, ss, so = (pack[t].item() for t in self.scales)
+        p = torch.softmax(q @ k.transpose(-1, -2) * dq * dk * self.attn_scale, dim=-1)
+        p8 = (p * ss).to(torch.float8_e4m3fn).float()
+        o = (p8 @ v) * ds * dv * so  # [b, h, s, d]
+        pack[self.o].copy_(o.transpose(1, 2).to(pack[self.o].dtype))
+
+
+def test_cudnn_fp8_wires_its_scales_and_dequantises_an_e4m3_output(monkeypatch) -> None:
+    from models.wan import library_attention
+
+    fake = _FakeCudnn()
+    monkeypatch.setitem(sys.modules, "cudnn", fake)
+    monkeypatch.setattr(library_attention, "_CUDNN_GRAPHS", {})
+    monkeypatch.setattr(library_attention, "_CUDNN_HANDLES", {})
+    q, k, v = qkv(d=64, nq=40, nk=96, heads=3, dtype=torch.bfloat16)
+    v = v * 5.0  # O's e4m3 scale follows V's range
+    out = library_attention.cudnn_fp8_attention(q, k, v)
+    again = library_attention.cudnn_fp8_attention(q, k, v)
+    assert fake.builds == ["bf16", "e4m3"]  # bf16 out refused, then e4m3 out, built once
+    assert torch.equal(out, again) and out.shape == q.shape and out.dtype == torch.bfloat16
+    ref = ATTENTION_BACKENDS["auto"](q.float(), k.float(), v.float()).unflatten(-1, (3, 64))
+    rel = ((out.float() - ref).norm() / ref.norm()).item()
+    assert rel < 0.08  # e4m3 Q, K, V, P and O
+
+
+def test_auto_is_fa3_where_its_package_is_installed_else_sdpa(monkeypatch) -> None:
+    fa3 = ATTENTION_BACKENDS["fa3"]
+    monkeypatch.setattr(type(fa3), "missing", lambda self: "no module named 'fa3_fwd_interface'")
+    assert select_backend("auto") is ATTENTION_BACKENDS["auto"]  # SDPA's choice
+    assert select_backend("fa3") is ATTENTION_BACKENDS["auto"]  # asked for, absent: auto
+    monkeypatch.setattr(type(fa3), "missing", lambda self: None)
+    assert select_backend("auto") is fa3
+    assert select_backend("sdpa") is ATTENTION_BACKENDS["sdpa"]  # SDPA whatever is installed
+    # where FA3 does not apply (here: the CPU), its calls are SDPA's, so auto stays exact
+    q, k, v = (torch.randn(1, 16, 2, 64, dtype=torch.bfloat16) for _ in range(3))
+    assert fa3.unsupported(q, k, v, None) is not None
+    assert torch.equal(fa3(q, k, v), ATTENTION_BACKENDS["sdpa"](q, k, v))
