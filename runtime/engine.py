@@ -286,6 +286,7 @@ class Engine:
         )
         if self._loops.get(record.loop_id) is record:
             del self._loops[record.loop_id]
+        record.release_state()
         record.finished.set()
         self._poke()  # a policy that reserved the executor for this loop may now pick another
 

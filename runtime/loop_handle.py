@@ -202,6 +202,20 @@ class LoopRecord:
                 call.future.set_exception(error)
         self.boundary_calls.clear()
 
+    def release_state(self) -> None:
+        """At the loop's end: its handle outlives it with the owner (a job stays listed long
+        after it ended), so the record keeps the result and status and lets the loop's state
+        go (the driver holds the latents, chunk-KV views, the rollout and its last plan; the
+        traceback of the error it ended with holds the driver's frames)."""
+        self.driver = None
+        self.inputs.clear()
+        self.on_inputs = None
+        error, seen = self.error, set()
+        while error is not None and id(error) not in seen:  # the error, its cause, its context
+            seen.add(id(error))
+            error.__traceback__ = None
+            error = error.__cause__ or error.__context__
+
     def transition(self, new: LoopStatus) -> None:
         old = self.status
         if new not in _ALLOWED[old]:

@@ -37,6 +37,7 @@ from server.livekit_participant import LiveKitParticipant
 from server.livekit_room import LiveKitRoom, RoomConnection
 from server.livekit_token import LiveKitCredentials
 from server.loop_watchdog import LoopWatchdog
+from server.memory_watch import MemoryWatch
 from server.metrics import MetricsSnapshot, ServerMetrics
 from server.request_guard import RequestGuard
 from server.server_config import ServerConfig
@@ -76,6 +77,7 @@ class ServerContext:
     model_id: str
     faults: Any = None  # runtime.faults.FaultInjector with --fault-injection
     heap: HeapTrim | None = None
+    memory: MemoryWatch | None = None  # $DREAMRT_DEBUG_MEMORY: the heap's growers, logged
     peers: dict[str, ViewerPeer] = field(default_factory=dict)
     undo: list[Callable[[], None]] = field(default_factory=list)
     rooms: dict[str, LiveKitParticipant] = field(default_factory=dict)
@@ -101,7 +103,14 @@ class ServerContext:
         pacer = self.pacers.get(session.id)
         if pacer is None or pacer.session is not session:
             pacer = self.pacers[session.id] = FramePacer(session)
+            # gone with the session, not at the next pacer_for: it holds the session (its event
+            # history, its last frame) and the node may stay idle for hours
+            session.loop_watch.on_finished(lambda: self._pacer_ended(pacer))
         return pacer
+
+    def _pacer_ended(self, pacer: FramePacer) -> None:
+        if self.pacers.get(pacer.session.id) is pacer:
+            del self.pacers[pacer.session.id]
 
     def open_room(
         self, session: Any, *, url: str, room: str, token: str, **options: Any
@@ -350,6 +359,9 @@ async def _build(config: ServerConfig) -> ServerContext:
         lambda: sum(host.finished_states.values()), busy=lambda: bool(host.sessions())
     )
     ctx.heap.start()
+    ctx.memory = MemoryWatch.from_env(config.data_dir)
+    if ctx.memory is not None:
+        ctx.memory.start()
     timeouts = [t for t in (config.unwatched_timeout_s, config.limits.idle_timeout_s) if t > 0]
     if timeouts:
         host.start_reaper(
@@ -405,6 +417,8 @@ async def _teardown(ctx: ServerContext) -> None:
             await ctx.fleet.close()
     if ctx.heap is not None:
         await ctx.heap.close()
+    if ctx.memory is not None:
+        await ctx.memory.close()
     for participant in list(ctx.rooms.values()):
         with contextlib.suppress(Exception):
             await participant.close()

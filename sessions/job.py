@@ -137,6 +137,10 @@ class Job:
 
     def loop_ended(self) -> None:
         self.events.close()
+        if self.terminal:  # (a suspended job keeps its handle: the shutdown snapshots it)
+            # listed long after (JobHost keeps the newest finished jobs): keep nothing of the
+            # loop, whose handle holds its result, every frame of it (the artifact is on disk)
+            self._loop.release()
 
     async def _write_artifact(self, result: LoopResult) -> None:
         if "frames" not in result.outputs:

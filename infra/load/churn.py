@@ -51,14 +51,19 @@ class ProcessSample:
     slabs_free: int
     slabs_capacity: int
     peers: int
+    # the process's own memory (malloc, torch): RSS less file-backed pages (libraries, mmapped
+    # weights), which the kernel drops and reads back with other processes' memory pressure
+    rss_anon_bytes: int = 0
 
 
 async def sample_process(base_url: str, pid: int) -> ProcessSample:
     status = open(f"/proc/{pid}/status").read()
     rss_kb = int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1])
+    anon = [line for line in status.splitlines() if line.startswith("RssAnon")]
     metrics = await _metrics(base_url)
     return ProcessSample(
         rss_bytes=rss_kb * 1024,
+        rss_anon_bytes=int(anon[0].split()[1]) * 1024 if anon else rss_kb * 1024,
         fds=len(os.listdir(f"/proc/{pid}/fd")),
         threads=len(os.listdir(f"/proc/{pid}/task")),
         server_tasks=int(metrics["dreamrt_server_tasks"]),

@@ -2,6 +2,7 @@
 injected fault per minute against one real ``dreamrt serve`` process, then a summary table.
 
     python -m infra.load.soak --minutes 15 [--watchers 3] [--model tiny-world] [--out F.json]
+        [--churn-every 30] [--checkpoints 2] [--debug-memory] [--checkout DIR]
 
 starts the server itself (``--fault-injection``, short unwatched/connect timeouts so that
 abandoned sessions are reclaimed, the REST rate limit off for the load's own token-less client)
@@ -17,12 +18,15 @@ and runs, until the time is up:
   session, which must then end ``failed`` and nobody else;
 - a sample every 10 s of the server's RSS, file descriptors and threads (``/proc``).
 
-At the end it waits until the server is idle and checks what is left: every KV slab free, no
-task or peer, RSS / fds / threads within 10 % of the idle baseline (sampled after a warm-up).
+``--checkpoints N`` times during the run (default 2, evenly spread) the load pauses until the
+server is idle and has trimmed its heap, and its memory, fds and threads are sampled; at the
+end the same again; ``infra.load.leak_check`` judges the growth between them.
+``--debug-memory`` has the server report its heap at every idle checkpoint
+(``server/memory_watch.py``, into its data dir).
 The table counts sessions served, frames received, stalls, jobs, faults and the sessions they
 failed (any other failure is a finding), HTTP 5xx (503 with ``Retry-After`` is admission
 refusing on a full server, counted apart), and plots RSS over time. Exit code 0 when nothing
-unexpected happened. ``tests/e2e/test_soak_e2e.py`` runs a short one.
+unexpected happened.
 """
 
 from __future__ import annotations
@@ -30,13 +34,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
+import signal
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from infra.load.leak_check import Checkpoint, leak_verdict
 
 __all__ = ["SoakStats", "main", "run_soak", "rss_plot"]
 
@@ -62,8 +70,10 @@ class SoakStats:
     failed_by_fault: int = 0
     failed_other: int = 0
     findings: list[str] = field(default_factory=list)
-    samples: list[tuple[float, float, int, int]] = field(default_factory=list)  # s, MiB, fds, thr
+    # s, anonymous RSS MiB, fds, threads, RSS MiB (with file-backed pages)
+    samples: list[tuple[float, float, int, int, float]] = field(default_factory=list)
     leaks: dict[str, Any] = field(default_factory=dict)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # idle samples (Checkpoint)
 
     def table(self) -> str:
         leaks = self.leaks
@@ -81,15 +91,16 @@ class SoakStats:
             ("other failures", f"{self.failed_other}"),
             ("HTTP 5xx", f"{self.http_5xx} (+{self.refused} 503 full, with Retry-After)"),
             ("left when idle", leaks.get("summary", "?")),
+            ("idle anon RSS", " -> ".join(f"{c['rss_mib']:.1f}" for c in self.checkpoints)),
         ]
         width = max(len(name) for name, _ in rows)
         out = [f"{name:<{width}}  {value}" for name, value in rows]
-        out += ["", "RSS MiB over time", rss_plot(self.samples)]
+        out += ["", "anonymous RSS MiB over time", rss_plot(self.samples)]
         out += [f"finding: {f}" for f in self.findings[:20]]
         return "\n".join(out)
 
 
-def rss_plot(samples: list[tuple[float, float, int, int]], height: int = 6, width: int = 60) -> str:
+def rss_plot(samples: list[tuple[Any, ...]], height: int = 6, width: int = 60) -> str:
     """RSS over time as a text plot (one column per bucket of samples)."""
     if not samples:
         return "(no samples)"
@@ -108,14 +119,19 @@ def rss_plot(samples: list[tuple[float, float, int, int]], height: int = 6, widt
 
 
 class _Soak:
-    def __init__(self, url: str, pid: int, stats: SoakStats, seed: int) -> None:
+    def __init__(
+        self, url: str, pid: int, stats: SoakStats, seed: int, churn_every_s: float = 30.0
+    ) -> None:
         self.url = url
+        self.churn_every_s = churn_every_s
         self.pid = pid
         self.stats = stats
         self.rng = random.Random(seed)
         self.stop = asyncio.Event()
         self.watched: dict[str, float] = {}  # session watched now -> when its watcher ends it
         self.faulted: set[str] = set()
+        self.running = asyncio.Event()  # cleared at an idle checkpoint: no new work starts
+        self.running.set()
 
     def _http_error(self, exc: Any, what: str) -> None:
         status = getattr(exc, "status", None)
@@ -132,7 +148,7 @@ class _Soak:
         from clients.python.viewer import Viewer
 
         async with DreamrtClient(self.url) as api:
-            while not self.stop.is_set():
+            while await self._may_start():
                 viewer, sid, vanish = Viewer(api), None, self.rng.random() < 0.2
                 try:
                     await viewer.connect(f"soak {index}", seed=self.rng.randrange(1 << 16))
@@ -181,7 +197,7 @@ class _Soak:
         from clients.python.api import DreamrtClient
 
         async with DreamrtClient(self.url) as api:
-            while not self.stop.is_set():
+            while await self._may_start():
                 try:
                     task = self.rng.choice(("t2v", "t2i"))
                     frames = 8 if task == "t2v" else None
@@ -197,7 +213,7 @@ class _Soak:
     async def churn(self) -> None:
         from infra.load.churn import WAYS, ChurnResult, _one
 
-        while not await _sleep(self.stop, 30.0):
+        while not await _sleep(self.stop, self.churn_every_s) and await self._may_start():
             for way in WAYS:
                 try:
                     await _one(self.url, way, ChurnResult(), None)
@@ -218,7 +234,7 @@ class _Soak:
                     for s, until in self.watched.items()
                     if until - now > 3 and s not in self.faulted
                 )
-                if not targets:
+                if not targets or not self.running.is_set():
                     continue
                 target = self.rng.choice(targets)
                 self.faulted.add(target)
@@ -228,14 +244,32 @@ class _Soak:
                 else:
                     self.faulted.discard(target)
 
+    async def _may_start(self) -> bool:
+        """Waits out an idle checkpoint; False once the soak is over."""
+        while not self.running.is_set() and not self.stop.is_set():
+            await _sleep(self.stop, 0.2)
+        return not self.stop.is_set()
+
     async def sampler(self, start_s: float) -> None:
+        import httpx
+
         from infra.load.churn import sample_process
 
         while True:
-            s = await sample_process(self.url, self.pid)
-            self.stats.samples.append(
-                (time.monotonic() - start_s, s.rss_bytes / 2**20, s.fds, s.threads)
-            )
+            try:
+                s = await sample_process(self.url, self.pid)
+            except httpx.HTTPError as exc:  # a slow /metrics (e.g. under --debug-memory)
+                self.stats.findings.append(f"sample missed: {exc!r}")
+            else:
+                self.stats.samples.append(
+                    (
+                        time.monotonic() - start_s,
+                        s.rss_anon_bytes / 2**20,
+                        s.fds,
+                        s.threads,
+                        s.rss_bytes / 2**20,
+                    )
+                )
             if await _sleep(self.stop, 10.0):
                 return
 
@@ -257,13 +291,21 @@ async def _quietly(awaitable: Any) -> None:
 
 
 async def run_soak(
-    url: str, pid: int, *, minutes: float, watchers: int = 3, seed: int = 0
+    url: str,
+    pid: int,
+    *,
+    minutes: float,
+    watchers: int = 3,
+    seed: int = 0,
+    churn_every_s: float = 30.0,
+    checkpoints: int = 2,
+    signal_report: bool = False,
 ) -> SoakStats:
     """The soak of the module docstring against a running server (``pid`` for ``/proc``)."""
     from infra.load.churn import SETTLE_S, WAYS, ChurnResult, _one, sample_process, wait_idle
 
     stats = SoakStats()
-    soak = _Soak(url, pid, stats, seed)
+    soak = _Soak(url, pid, stats, seed, churn_every_s)
     # the baseline: idle after a warm-up (every way of ending a session, two at a time), so the
     # pools that grow on demand to a fixed size are in it
     for _ in range(2):
@@ -275,35 +317,51 @@ async def run_soak(
     tasks = [asyncio.create_task(soak.watcher(i)) for i in range(watchers)]
     tasks += [asyncio.create_task(t) for t in (soak.jobs(), soak.churn(), soak.faults())]
     sampler = asyncio.create_task(soak.sampler(start_s))
-    await _sleep(soak.stop, minutes * 60)
+    segment_s = minutes * 60 / (checkpoints + 1)
+    marks: list[Checkpoint] = []
+    for _ in range(checkpoints):  # load, then an idle checkpoint; the pauses are not load time
+        await _sleep(soak.stop, segment_s)
+        soak.running.clear()
+        marks.append(await _idle_sample(url, pid, len(marks) + 1, stats, signal_report))
+        soak.running.set()
+    await _sleep(soak.stop, segment_s)
     soak.stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     stats.minutes = (time.monotonic() - start_s) / 60
     await sampler
-    idle_s = await wait_idle(url, 120.0)
-    await asyncio.sleep(SETTLE_S)
-    end = await sample_process(url, pid)
-    ratios = {
-        "rss": end.rss_bytes / base.rss_bytes,
-        "fds": end.fds / base.fds,
-        "threads": end.threads / base.threads,
-    }
-    clean = end.slabs_free == end.slabs_capacity and end.server_tasks == 0 and end.peers == 0
-    stats.leaks = {
-        **{k: round(v, 3) for k, v in ratios.items()},
-        "slabs": f"{end.slabs_free}/{end.slabs_capacity}",
-        "tasks": end.server_tasks,
-        "peers": end.peers,
-        "idle_after_s": round(idle_s, 1),
-        "ok": clean and all(r <= 1.10 for r in ratios.values()),
-        "summary": (
-            f"slabs {end.slabs_free}/{end.slabs_capacity} free, tasks {end.server_tasks}, "
-            f"peers {end.peers}; RSS x{ratios['rss']:.3f}, fds x{ratios['fds']:.3f}, "
-            f"threads x{ratios['threads']:.3f} of the idle baseline after a warm-up"
-        ),
-    }
-    stats.samples.append((time.monotonic() - start_s, end.rss_bytes / 2**20, end.fds, end.threads))
+    idle_start = time.monotonic()
+    end = await _idle_sample(url, pid, len(marks) + 1, stats, signal_report)
+    idle_s = time.monotonic() - idle_start
+    stats.checkpoints = [asdict(m) for m in (*marks, end)]
+    stats.leaks = leak_verdict(
+        Checkpoint(0, 0, base.rss_anon_bytes / 2**20, base.fds, base.threads), marks, end
+    )
+    stats.leaks["idle_after_s"] = round(idle_s, 1)
+    end_s = time.monotonic() - start_s
+    stats.samples.append((end_s, end.rss_mib, end.fds, end.threads, end.rss_total_mib))
     return stats
+
+
+async def _idle_sample(
+    url: str, pid: int, segments: int, stats: SoakStats, signal_report: bool
+) -> Checkpoint:
+    """Waits until the server is idle (and has trimmed its heap), then samples it."""
+    from infra.load.churn import SETTLE_S, sample_process, wait_idle
+
+    for _ in range(5):  # a session created just as the load paused: wait for it too
+        await wait_idle(url, 180.0)
+        await asyncio.sleep(SETTLE_S)
+        s = await sample_process(url, pid)
+        clean = s.slabs_free == s.slabs_capacity and s.server_tasks == 0 and s.peers == 0
+        if clean:
+            break
+    if signal_report:  # the server's memory report at this idle point (server/memory_watch.py)
+        os.kill(pid, signal.SIGUSR1)
+        await asyncio.sleep(SETTLE_S)
+    rss, total = s.rss_anon_bytes / 2**20, s.rss_bytes / 2**20
+    return Checkpoint(
+        segments, stats.sessions, round(rss, 1), s.fds, s.threads, clean, round(total, 1)
+    )
 
 
 def passed(stats: SoakStats) -> bool:
@@ -322,6 +380,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny-world")
     parser.add_argument("--max-sessions", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--churn-every", type=float, default=30.0, help="seconds between bursts")
+    parser.add_argument(
+        "--checkpoints", type=int, default=2, help="idle checkpoints spread through the run"
+    )
+    parser.add_argument(
+        "--debug-memory",
+        action="store_true",
+        help="the server's memory report (server/memory_watch.py) at every idle checkpoint",
+    )
+    parser.add_argument(
+        "--checkout",
+        type=Path,
+        default=None,
+        help="the checkout whose server runs (an A/B: the same soak against another commit)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON of the stats")
     args = parser.parse_args(argv)
     import aioice.ice
@@ -338,11 +411,21 @@ def main(argv: list[str] | None = None) -> int:
             *("--fault-injection", "--unwatched-timeout", "2", "--connect-timeout", "2"),
             *("--rest-rate", "0"),
         ),
+        env={"DREAMRT_DEBUG_MEMORY": "0"} if args.debug_memory else None,  # on SIGUSR1 only
+        **({} if args.checkout is None else {"cwd": args.checkout}),
     ).start()
+    print(f"server data dir and log: {root}", flush=True)
     try:
         stats = asyncio.run(
             run_soak(
-                server.url, server.pid, minutes=args.minutes, watchers=args.watchers, seed=args.seed
+                server.url,
+                server.pid,
+                minutes=args.minutes,
+                watchers=args.watchers,
+                seed=args.seed,
+                churn_every_s=args.churn_every,
+                checkpoints=args.checkpoints,
+                signal_report=args.debug_memory,
             )
         )
     finally:

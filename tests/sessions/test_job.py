@@ -89,3 +89,25 @@ async def test_missing_frames_output_fails_the_job(tmp_path) -> None:
     handle.finish({"latents": 1})
     await job.wait_finished()
     assert job.state.value == "failed" and "frames" in job.error
+
+
+async def test_a_finished_job_keeps_nothing_of_its_loop(tmp_path) -> None:
+    # JobHost keeps the newest finished jobs listed: the loop's result (every frame) must not
+    # stay with each of them
+    import gc
+    import weakref
+
+    job = make_job(tmp_path)
+    handle = FakeHandle()
+    job.attach(handle)
+    frames = np.zeros((5, 16, 16, 3), np.uint8)
+    gone = weakref.ref(frames)
+    handle.finish({"frames": frames})
+    del frames
+    await job.wait_finished()
+    assert job.state.value == "succeeded" and job.handle is None
+    del handle
+    gc.collect()
+    assert gone() is None, [type(r).__name__ for r in gc.get_referrers(gone())]
+    await job.cancel()  # a finished job without its handle still answers
+    assert job.state.value == "succeeded"
