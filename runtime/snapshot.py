@@ -159,8 +159,9 @@ def write_snapshot(state: LoopState, fh: BinaryIO) -> int:
 
 class _HostCopier:
     """Host bytes of tensors, ``PIECE_BYTES`` at a time. CUDA tensors go through one pinned
-    staging buffer on a side stream that first waits for the work queued so far (the clone
-    this snapshot is of, on the compute stream), so the copy never blocks the compute."""
+    staging buffer on a side stream, after the device has finished the work queued so far
+    (the clone this snapshot is of, and any op still writing state tensors on a second
+    stream, such as the overlapped decode); the compute stream never waits for the copy."""
 
     def __init__(self, tensors: list[Any]) -> None:
         import torch
@@ -170,10 +171,8 @@ class _HostCopier:
         if cuda:
             device = cuda[0].device
             largest = max(t.numel() * t.element_size() for t in cuda)
+            torch.cuda.synchronize(device)  # on this writer thread: no other thread waits
             self._stream = torch.cuda.Stream(device)
-            self._stream.wait_stream(torch.cuda.default_stream(device))
-            # ops may still write state tensors on a second stream (the overlapped decode)
-            torch.cuda.synchronize(device)
             size = min(PIECE_BYTES, largest)
             self._stage = torch.empty(size, dtype=torch.uint8, pin_memory=True)
 
