@@ -71,18 +71,28 @@ class KVSlabBuffer:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.valid = torch.zeros((num_slabs, slots), device=device, dtype=torch.bool)
+        # an e4m3 buffer's descales: [layers, N slabs, heads] fp32 (models/wan/kv_fp8.py)
+        self.k_descale: torch.Tensor | None = None
+        self.v_descale: torch.Tensor | None = None
+        if dtype == torch.float8_e4m3fn:
+            scales = (config.num_layers, num_slabs, config.num_heads)
+            self.k_descale = torch.zeros(scales, device=device)
+            self.v_descale = torch.zeros(scales, device=device)
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + self.valid.nbytes
+        scales = sum(d.nbytes for d in (self.k_descale, self.v_descale) if d is not None)
+        return self.k.nbytes + self.v.nbytes + self.valid.nbytes + scales
 
     @property
     def slab_bytes(self) -> int:
         return self.nbytes // self.num_slabs
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """The K and V buffers by a name unique to the geometry (``kv:<key>:k`` / ``:v``)."""
-        return {f"kv:{self.geometry.key}:k": self.k, f"kv:{self.geometry.key}:v": self.v}
+        """The K and V buffers (and an e4m3 buffer's descales) by a name unique to the geometry
+        (``kv:<key>:k`` / ``:v`` / ``:k_descale`` / ``:v_descale``)."""
+        named = {"k": self.k, "v": self.v, "k_descale": self.k_descale, "v_descale": self.v_descale}
+        return {f"kv:{self.geometry.key}:{n}": t for n, t in named.items() if t is not None}
 
     def cache(self, slab_id: int) -> ChunkKVCache:
         """A fresh (reset) cache over slab ``slab_id``: views, no allocation."""
@@ -102,6 +112,8 @@ class KVSlabBuffer:
             sink_frames=g.sink_frames,
             window_frames=g.window_frames,
             tokens_per_frame=g.tokens_per_frame,
+            k_descale=None if self.k_descale is None else self.k_descale[:, i : i + 1],
+            v_descale=None if self.v_descale is None else self.v_descale[:, i : i + 1],
         )
 
     def owns(self, cache: ChunkKVCache) -> int | None:
@@ -118,6 +130,9 @@ class KVSlabBuffer:
         self.k[:, dst].copy_(self.k[:, src])
         self.v[:, dst].copy_(self.v[:, src])
         self.valid[dst].copy_(self.valid[src])
+        for descale in (self.k_descale, self.v_descale):
+            if descale is not None:
+                descale[:, dst].copy_(descale[:, src])
 
     def gather(
         self, layer: int, slab_ids: Sequence[int], tokens: int | None = None
