@@ -1,7 +1,7 @@
 """docs/architecture.md §1: in server/, only the composition roots import runtime/ or model code.
 
 Every other server module sees the engine and the models through sessions/, and may import
-from models/ only the card data sessions/ itself imports (the registry and the card types).
+from models/ only card data: the registry and the card types.
 The walk reads every import statement, those inside functions included.
 """
 
