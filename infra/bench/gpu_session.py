@@ -27,8 +27,8 @@ fresh instance with the same seeded random weights:
   FA3's FP8 kernel: ``models/wan/kv_fp8.py``); ``+fold`` (the K/V update in the last denoising
   step: one forward less per chunk, not what the recipe trained); ``+taehv`` (the VAE decoder
   swapped for the component ``--tiny-decoder MODULE:FACTORY`` names, called as
-  ``FACTORY(instance, weights=--tiny-decoder-weights)`` and returning a VAE-like codec; for the
-  tiny streaming decoder of issue 16, built elsewhere).
+  ``FACTORY(instance, weights=--tiny-decoder-weights)`` and returning a VAE-like codec; for a
+  tiny streaming decoder built elsewhere).
 
 A variant that fails (an option that cannot run here, a kernel error) gets its error string in
 the table and the JSON; the others still run. The JSON is rewritten after every variant.

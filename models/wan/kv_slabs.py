@@ -15,12 +15,12 @@ frames W, T tokens per latent frame) shares two tensors, allocated once when the
 A slab view keeps the ``[layers, 1, tokens, heads, head_dim]`` shape of a session's own cache and
 each of its layers is one contiguous block, so attention reads it as fast as a private buffer.
 Nothing is allocated per session or per plan; fork copies one slab into another
-(``copy_slab``); several sessions' K/V of one layer come out as one batch with ``gather``.
+(``copy_slab``). A batched forward of several sessions concatenates their views' K/V per layer
+(``WanDiT.forward_chunks``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -133,24 +133,6 @@ class KVSlabBuffer:
         for descale in (self.k_descale, self.v_descale):
             if descale is not None:
                 descale[:, dst].copy_(descale[:, src])
-
-    def gather(
-        self, layer: int, slab_ids: Sequence[int], tokens: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Several sessions' K/V of one layer as one batch: 2 x [B, tokens, heads, head_dim]
-        (a view when the slabs are consecutive, else a gathered copy)."""
-        for i in slab_ids:
-            self._check(i)
-        end = self.k.shape[2] if tokens is None else tokens
-        ids = list(slab_ids)
-        if ids == list(range(ids[0], ids[0] + len(ids))):
-            rows = slice(ids[0], ids[0] + len(ids))
-            return self.k[layer, rows, :end], self.v[layer, rows, :end]
-        index = torch.tensor(ids, device=self.k.device)
-        return (
-            self.k[layer, :, :end].index_select(0, index),
-            self.v[layer, :, :end].index_select(0, index),
-        )
 
     def _check(self, slab_id: int) -> None:
         if not 0 <= slab_id < self.num_slabs:
