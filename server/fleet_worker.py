@@ -72,7 +72,7 @@ def write_session_manifest(ctx: Any, session: Any, token: str) -> None:
         token_expires_at=session.created_at + SESSION_TOKEN_TTL_S,
         engine_id=ctx.engine_id,
     )
-    write_manifest(ctx.config.snapshot_dir, manifest)
+    write_manifest(ctx.config.recording.snapshot_dir, manifest)
 
 
 class FleetWorker:
@@ -89,7 +89,7 @@ class FleetWorker:
 
     async def start(self) -> None:
         config = self._ctx.config
-        self._runtime = dynamo_runtime(config.fleet_discovery, config.fleet_dir)
+        self._runtime = dynamo_runtime(config.fleet.discovery, config.fleet.discovery_dir)
         headers = {}
         if self._ctx.auth.mode.value == "token":  # this worker's own way into the REST API
             token, _ = self._ctx.auth.issue("admin", 30 * 24 * 3600.0)
@@ -101,7 +101,7 @@ class FleetWorker:
         )
         handlers = {"card": self._card, "health": self._health, "place": self._place}
         for name in ENDPOINTS:
-            endpoint = self._runtime.endpoint(f"{config.fleet}.{COMPONENT}.{name}")
+            endpoint = self._runtime.endpoint(f"{config.fleet.namespace}.{COMPONENT}.{name}")
             self._endpoints[name] = endpoint
             self._tasks.append(
                 asyncio.create_task(
@@ -111,7 +111,7 @@ class FleetWorker:
         self.instance_id = self._endpoints["card"].connection_id()
         log.info(
             "joined fleet %r as engine %s (Dynamo instance %x, %s)",
-            config.fleet,
+            config.fleet.namespace,
             self._ctx.engine_id,
             self.instance_id,
             self._ctx.public_url,
@@ -135,7 +135,11 @@ class FleetWorker:
         while any(not s.terminal for s in self._ctx.host.sessions()):
             await asyncio.sleep(0.5)
         await self._unregister()
-        log.info("drained: engine %s left fleet %r", self._ctx.engine_id, self._ctx.config.fleet)
+        log.info(
+            "drained: engine %s left fleet %r",
+            self._ctx.engine_id,
+            self._ctx.config.fleet.namespace,
+        )
 
     async def _unregister(self) -> None:
         for endpoint in self._endpoints.values():
@@ -156,7 +160,7 @@ class FleetWorker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._http is not None:
             await self._http.aclose()
-        log.info("left fleet %r", self._ctx.config.fleet)
+        log.info("left fleet %r", self._ctx.config.fleet.namespace)
 
     # ------------------------------------------------------------------ endpoint handlers
 
@@ -188,17 +192,17 @@ class FleetWorker:
 
     async def _resume(self, session_id: str) -> dict[str, Any]:
         ctx = self._ctx
-        if ctx.config.snapshot_dir is None:
+        if ctx.config.recording.snapshot_dir is None:
             return _refused(409, "no_snapshot_dir", "this engine has no --snapshot-dir")
         if ctx.host.session(session_id) is not None:  # asked twice: it is here already
             return {"status": 200, "body": {"id": session_id, "resumed": False}}
         try:
             served = ctx.host.models.resolve(
-                read_manifest(ctx.config.snapshot_dir, session_id).model_id
+                read_manifest(ctx.config.recording.snapshot_dir, session_id).model_id
             )
             resume = await asyncio.to_thread(
                 load_resume,
-                ctx.config.snapshot_dir,
+                ctx.config.recording.snapshot_dir,
                 session_id,
                 served.loop(SESSION_LOOP),
                 device=getattr(served, "device", None),

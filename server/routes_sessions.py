@@ -136,7 +136,7 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
     if body.livekit is not None:
         _join_room(ctx, session, body.livekit, livekit_token)
     token = ctx.auth.issue_session_token(session.id)
-    if ctx.config.snapshot_dir is not None:  # another engine of the fleet may resume it
+    if ctx.config.recording.snapshot_dir is not None:  # another engine of the fleet may resume it
         await asyncio.to_thread(write_session_manifest, ctx, session, token)
     config = session.config
     return SessionCreated(

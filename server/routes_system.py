@@ -138,7 +138,11 @@ async def healthz(request: Request) -> dict[str, str]:
     ctx = getattr(request.app.state, "ctx", None)
     config = request.app.state.config
     if ctx is None:
-        return {"status": "starting", "model": config.model or "default", "device": config.device}
+        return {
+            "status": "starting",
+            "model": config.model.card or "default",
+            "device": config.model.device,
+        }
     status = "draining" if request.app.state.draining else "ok"  # server.shutdown
     return {"status": status, "model": ctx.model_id, "device": ctx.device}
 
