@@ -29,6 +29,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from runtime.errors import DreamrtError
 from server.auth import Authenticator, AuthMode, check_admin_key, resolve_auth_mode
 from server.deployment import engine_id_for
 from server.frame_pacer import FramePacer
@@ -45,7 +46,6 @@ from server.warm_up import warm_up
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
 from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
-from sessions.input_ledger import InputBacklogError
 from sessions.job_host import JobHost
 from sessions.recording import Recording
 from sessions.resume import Resumer
@@ -461,14 +461,9 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
         RequestGuard, limits=config.limits, draining=lambda: bool(app.state.draining)
     )
 
-    @app.exception_handler(routes_system.ApiError)
-    async def api_error(request: Request, exc: routes_system.ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-    @app.exception_handler(InputBacklogError)  # any input route: the loop has not caught up
-    async def backlog(request: Request, exc: InputBacklogError) -> JSONResponse:
-        body = {"detail": str(exc), "code": "input_backlog"}
-        return JSONResponse(body, status_code=429, headers={"Retry-After": "1"})
+    @app.exception_handler(DreamrtError)  # every error a client is told about (docs/api.md)
+    async def dreamrt_error(request: Request, exc: DreamrtError) -> JSONResponse:
+        return routes_system.error_response(exc)
 
     app.include_router(routes_system.router)
     app.include_router(deployment.router)

@@ -49,6 +49,7 @@ from aiortc import (
 )
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from runtime.errors import DreamrtError
 from server.control_inbox import ControlInbox
 from server.frame_pacer import FramePacer
 from server.limits import Limits
@@ -75,8 +76,11 @@ AUDIO_QUEUE_FRAMES = 50  # 1 s of 20 ms frames waiting in the track: beyond, the
 CONTROL_LABEL = "control"
 
 
-class OfferError(ValueError):
-    """The offer cannot be answered (malformed SDP, no video m-line, no common codec)."""
+class OfferError(DreamrtError, ValueError):
+    """The offer cannot be answered (malformed SDP, no video m-line, no common codec): 400."""
+
+    code = "bad_offer"
+    status = 400
 
 
 def video_codec_preferences() -> list[Any]:
