@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from runtime.admission import Reject
+from runtime.task_set import TaskSet
 from server.deployment import deployment_card
 from server.dynamo_runtime import dynamo_runtime
 from sessions.handoff import (
@@ -82,7 +83,7 @@ class FleetWorker:
         self._ctx = ctx
         self._runtime: Any = None
         self._endpoints: dict[str, Any] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskSet()  # the endpoints' servers and the drain
         self._http: httpx.AsyncClient | None = None
         self.instance_id: int | None = None
         self._drain: asyncio.Task[None] | None = None
@@ -103,11 +104,7 @@ class FleetWorker:
         for name in ENDPOINTS:
             endpoint = self._runtime.endpoint(f"{config.fleet.namespace}.{COMPONENT}.{name}")
             self._endpoints[name] = endpoint
-            self._tasks.append(
-                asyncio.create_task(
-                    self._serve(name, endpoint, handlers[name]), name=f"dreamrt-fleet-{name}"
-                )
-            )
+            self._tasks.spawn(self._serve(name, endpoint, handlers[name]), f"dreamrt-fleet-{name}")
         self.instance_id = self._endpoints["card"].connection_id()
         log.info(
             "joined fleet %r as engine %s (Dynamo instance %x, %s)",
@@ -129,7 +126,7 @@ class FleetWorker:
         """Leave the fleet once this engine's last session has ended (``ctx.draining`` is set:
         the card says so and nothing new is placed here meanwhile). Idempotent."""
         if self._drain is None and self._runtime is not None:
-            self._drain = asyncio.create_task(self._leave_when_idle(), name="dreamrt-fleet-drain")
+            self._drain = self._tasks.spawn(self._leave_when_idle(), "dreamrt-fleet-drain")
 
     async def _leave_when_idle(self) -> None:
         while any(not s.terminal for s in self._ctx.host.sessions()):
@@ -153,11 +150,7 @@ class FleetWorker:
         runtime, self._runtime = self._runtime, None
         await self._unregister()
         runtime.shutdown()
-        if self._drain is not None:
-            self._tasks.append(self._drain)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()
         if self._http is not None:
             await self._http.aclose()
         log.info("left fleet %r", self._ctx.config.fleet.namespace)
