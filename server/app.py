@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -185,15 +184,14 @@ class ServerContext:
 
 
 def resolve_admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
-    """The admin key of token mode: ``--admin-key``, ``$DREAMRT_ADMIN_KEY``, the data dir's
+    """The admin key of token mode: the ``admin_key`` setting (``--admin-key``,
+    ``$DREAMRT_ADMIN_KEY`` or the config file: ``server.config_sources``), the data dir's
     ``admin_key`` file, else a new one generated into that file. ``WeakAdminKeyError`` when
     the one found is under ``MIN_ADMIN_KEY_BYTES``."""
     if mode is AuthMode.NONE:
         return None
     if config.admin_key:
-        return check_admin_key(config.admin_key, "--admin-key")
-    if os.environ.get("DREAMRT_ADMIN_KEY"):
-        return check_admin_key(os.environ["DREAMRT_ADMIN_KEY"], "$DREAMRT_ADMIN_KEY")
+        return check_admin_key(config.admin_key, "the admin key (--admin-key, $DREAMRT_ADMIN_KEY)")
     path = config.data_dir / "admin_key"
     if path.exists():
         return check_admin_key(path.read_text().strip(), str(path))

@@ -151,14 +151,16 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, defaults: bool = Tr
         metavar="FILE",
         help="a TOML file of settings; flags and $DREAMRT_* variables override it",
     )
+    sections = {group: parser.add_argument_group(f"{group} settings") for group in GROUPS}
     for s in settings().values():
         if s.flag is None:
             continue
         shown = list(s.default) if s.many else s.default
+        told = s.default not in (None, (), "") and s.kind is not bool
         options: dict[str, Any] = {
             "dest": s.dest,
             "default": shown if defaults else argparse.SUPPRESS,
-            "help": f"{s.help} (${s.env})" if s.help else f"${s.env}",
+            "help": f"{s.help} ({'default %(default)s, ' if told else ''}${s.env})",
         }
         if s.kind is bool:
             options["action"] = "store_true"
@@ -169,7 +171,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, defaults: bool = Tr
                 options["metavar"] = s.metavar
             if s.choices:
                 options["choices"] = s.choices
-        parser.add_argument(s.flag, **options)
+        group = KEYS[s.key][0]
+        (sections[group] if group else parser).add_argument(s.flag, **options)
 
 
 def flag_values(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None]:

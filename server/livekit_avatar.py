@@ -78,6 +78,7 @@ class AvatarBridge:
         self._cleared = False
         self._playing = False  # a segment is being read or played out
         self._tasks = TaskSet()  # the playout task and the RPCs to the agent
+        self._task: asyncio.Task[None] | None = None  # the playout task, once started
         self.segments_played = 0
         self.segments_interrupted = 0
         self.samples_in = 0
@@ -88,7 +89,7 @@ class AvatarBridge:
         self.room.register_byte_stream(AUDIO_STREAM_TOPIC, self._on_stream)
 
     def start(self) -> None:
-        self._tasks.spawn(self._play(), f"peer-{self.session.id}-livekit-avatar")
+        self._task = self._tasks.spawn(self._play(), f"peer-{self.session.id}-livekit-avatar")
 
     # ---------------------------------------------------------------- agent -> worker
 
@@ -203,3 +204,4 @@ class AvatarBridge:
 
     async def close(self) -> None:
         await self._tasks.close()
+        self._task = None
