@@ -7,6 +7,8 @@ its choices); ``RecipeMismatchError`` by ``ModelCard.check_serving()``; ``Profil
 
 from __future__ import annotations
 
+from runtime.contract import DreamrtError
+
 __all__ = ["CardError", "ProfileError", "RecipeMismatchError"]
 
 
@@ -46,8 +48,11 @@ class RecipeMismatchError(ValueError):
         )
 
 
-class ProfileError(ValueError):
-    """A requested profile field is invalid for the card (``field`` names it)."""
+class ProfileError(DreamrtError, ValueError):
+    """A requested profile field is invalid for the card (``field`` names it): a 422."""
+
+    code = "invalid_field"
+    status = 422
 
     def __init__(self, model_id: str, field_name: str, message: str) -> None:
         self.model_id = model_id

@@ -106,6 +106,9 @@ class WanInstance(InstanceSizing):
         *,
         device: torch.device,
         precision: str,
+        chunk_restart: RestartPolicy | None = None,
+        extensions: dict[str, Any] | None = None,
+        block_observers: tuple[Any, ...] = (),
     ) -> None:
         self.card = card
         self.instance_id = f"{card.model_id}@{device}"
@@ -130,8 +133,10 @@ class WanInstance(InstanceSizing):
         self.kv_write_op = KVWriteOp(dit)
         self.decode_op = DecodeOp(vae)
         self.diffusion_step_op = DiffusionStepOp(dit)
-        # when an input restarts the chunk in flight: a serving policy the server may swap
-        self.chunk_restart: RestartPolicy = RegenerateWhenSooner()
+        # when an input restarts the chunk in flight: a serving policy of the server's
+        self.chunk_restart: RestartPolicy = (
+            RegenerateWhenSooner() if chunk_restart is None else chunk_restart
+        )
         self._compiled = False
         self._fp8 = False
         self.levers: dict[str, Any] = {"attention": "auto", "overlap_decode": False}
@@ -139,9 +144,9 @@ class WanInstance(InstanceSizing):
         self.weights = ResidentWeights(self)  # updates, sleep, wake
         self.adapters = LoRAAdapters(dit, device=device, dtype=self.dtype)  # models/lora.py
         # deploy-scope extensions (name -> default params; models/loops/extensions.py) and
-        # observers of every block of a hooked step (runtime.traces): set by the server
-        self.extensions: dict[str, Any] = {}
-        self.block_observers: tuple[Any, ...] = ()
+        # observers of every block of a hooked step (runtime.traces): the server's choices
+        self.extensions: dict[str, Any] = dict(extensions or {})
+        self.block_observers: tuple[Any, ...] = tuple(block_observers)
 
     def configure(
         self,
@@ -415,12 +420,19 @@ def load_instance(
     seed: int = 0,
     random_weights: bool = False,
     compile: bool = False,
+    chunk_restart: RestartPolicy | None = None,
+    extensions: dict[str, Any] | None = None,
+    block_observers: tuple[Any, ...] = (),
 ) -> WanInstance:
     """Validate ``card`` and build its components (see module docstring).
 
     ``random_weights`` builds seeded random weights whatever the card's ``weights`` say - for
     benchmarks and smoke tests of an architecture whose checkpoint is not at hand.
-    ``compile`` compiles the DiT blocks (``WanInstance.compile``).
+    ``compile`` compiles the DiT blocks (``WanInstance.compile``). The serving choices of the
+    caller: ``chunk_restart`` (when an input restarts the chunk in flight; None: regenerate
+    when sooner), ``extensions`` (deploy-scope extensions, name -> default params,
+    ``models.loops.extensions.deploy_extensions``) and ``block_observers`` (of every block of a
+    hooked step, ``runtime.traces``).
     """
     card.validate()
     dev = _pick_device(device)
@@ -441,7 +453,17 @@ def load_instance(
     text = CachedTextEncoder(
         encoder, TextEmbeddingCache(), model_id=card.model_id, weights_version=card.weights_version
     )
-    instance = WanInstance(card, dit, vae, text, device=dev, precision=prec)
+    instance = WanInstance(
+        card,
+        dit,
+        vae,
+        text,
+        device=dev,
+        precision=prec,
+        chunk_restart=chunk_restart,
+        extensions=extensions,
+        block_observers=block_observers,
+    )
     instance.weights_digest = _weights_digest(card, seed, random_weights, checkpoint_dir)
     text.weights_version = instance.weights_digest or card.weights_version
     if compile:

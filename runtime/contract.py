@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_check
 
 import msgspec
 
+from runtime.errors import DreamrtError  # the root of client-facing errors, every layer's
 from runtime.extensions import (  # hook points of the extensions (models implement them)
     BlockInterceptor,
     BlockObserver,
@@ -67,6 +68,7 @@ __all__ = [
     "CacheKey",
     "Cancelled",
     "Done",
+    "DreamrtError",
     "Emission",
     "EmitSpec",
     "ExtensionRejected",

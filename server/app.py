@@ -4,11 +4,11 @@ loads the model and wires sessions, store, auth, WebRTC and metrics together.
 ``create_app(ServerConfig(...))`` returns an app whose lifespan does the work. Startup: store
 (SQLite under ``data_dir``) + recovery -> model instance(s), their LoRA adapters and extensions
 -> engine (cost model calibrated from ``data_dir/cost/<card>@<device>.json`` when present, the
-policy ``config.scheduler``, admission, one executor thread, metrics as a batch listener) -> KV
-slab pool -> session host, job host (resumes unfinished jobs) and trainer controls on the same
-served models -> ICE host restriction and encoder bitrate. Shutdown: viewers' peers ->
-sessions, jobs -> engine -> store; the process-wide aiortc/aioice settings restored, the cost
-calibration saved to that file: nothing of the server keeps running.
+policy ``config.engine.scheduler``, admission, one executor thread, metrics as a batch
+listener) -> KV slab pool -> session host, job host (resumes unfinished jobs) and trainer
+controls on the same served models -> ICE host restriction and encoder bitrate. Shutdown:
+viewers' peers -> sessions, jobs -> engine -> store; the process-wide aiortc/aioice settings
+restored, the cost calibration saved to that file: nothing of the server keeps running.
 
 Routes (``server.routes_*``) reach these objects through ``request.app.state.ctx``.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -29,6 +28,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from runtime.errors import DreamrtError
 from server.auth import Authenticator, AuthMode, check_admin_key, resolve_auth_mode
 from server.deployment import engine_id_for
 from server.frame_pacer import FramePacer
@@ -45,7 +45,6 @@ from server.warm_up import warm_up
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
 from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
-from sessions.input_ledger import InputBacklogError
 from sessions.job_host import JobHost
 from sessions.recording import Recording
 from sessions.resume import Resumer
@@ -185,15 +184,14 @@ class ServerContext:
 
 
 def resolve_admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
-    """The admin key of token mode: ``--admin-key``, ``$DREAMRT_ADMIN_KEY``, the data dir's
+    """The admin key of token mode: the ``admin_key`` setting (``--admin-key``,
+    ``$DREAMRT_ADMIN_KEY`` or the config file: ``server.config_sources``), the data dir's
     ``admin_key`` file, else a new one generated into that file. ``WeakAdminKeyError`` when
     the one found is under ``MIN_ADMIN_KEY_BYTES``."""
     if mode is AuthMode.NONE:
         return None
     if config.admin_key:
-        return check_admin_key(config.admin_key, "--admin-key")
-    if os.environ.get("DREAMRT_ADMIN_KEY"):
-        return check_admin_key(os.environ["DREAMRT_ADMIN_KEY"], "$DREAMRT_ADMIN_KEY")
+        return check_admin_key(config.admin_key, "the admin key (--admin-key, $DREAMRT_ADMIN_KEY)")
     path = config.data_dir / "admin_key"
     if path.exists():
         return check_admin_key(path.read_text().strip(), str(path))
@@ -207,7 +205,6 @@ def resolve_admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
 
 async def _build(config: ServerConfig) -> ServerContext:
     # Heavy imports stay inside the lifespan: `dreamrt models` and the CLI parser do not pay them.
-    from models.loops.chunk_restart import RestartCutsOnly
     from models.loops.inputs import action_vector, normalize_keys
     from runtime.admission import AdmissionConfig, AdmissionController
     from runtime.cost import CostModel, DeviceConstants
@@ -221,21 +218,19 @@ async def _build(config: ServerConfig) -> ServerContext:
     mode = resolve_auth_mode(config.host, config.auth, force=config.force_no_auth)
     admin_key = resolve_admin_key(config, mode)  # a weak key fails here, before the model loads
     # before any slow work: an unknown policy name fails here, naming the known ones
-    scheduler = make_scheduler(config.scheduler, max_batch=config.max_batch)
+    scheduler = make_scheduler(config.engine.scheduler, max_batch=config.engine.max_batch)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(config.data_dir / "dreamrt.sqlite3")
     unfinished_jobs = store.recover()
-    if config.steering not in ("fast", "baseline"):
-        raise ValueError(f"steering={config.steering!r}; expected 'fast' or 'baseline'")
-    model_id = config.model or DEFAULT_MODEL
+    model_id = config.model.card or DEFAULT_MODEL
     card, instance = await asyncio.to_thread(spmd_serving.load, config, model_id)
     # more GPUs: every rank joins the world; this one (rank 0) leads, the others follow
     channel = (
-        spmd_serving.join(instance, config.gpus, config.max_sessions) if config.gpus > 1 else None
+        spmd_serving.join(instance, config.model.gpus, config.engine.max_sessions)
+        if config.model.gpus > 1
+        else None
     )
-    fast = config.steering == "fast"
-    if not fast:
-        instance.chunk_restart = RestartCutsOnly()
+    fast = config.engine.steering == "fast"
     device = str(instance.device)
     profile = card.default_profile
     # a job-only card (bidirectional) has no sessions: no chunk-KV, no session warm-up
@@ -243,12 +238,12 @@ async def _build(config: ServerConfig) -> ServerContext:
     if (
         streams
         and channel is None
-        and (config.warmup if config.warmup is not None else config.compile)
+        and (config.model.warmup if config.model.warmup is not None else config.model.compile)
     ):
         log.info(
             "warming up %s on %s (compiling every graph a session uses)", model_id, instance.device
         )
-        warm_s = await warm_up(instance, profile, config.max_sessions)
+        warm_s = await warm_up(instance, profile, config.engine.max_sessions)
         log.info("warm-up done in %.1f s", warm_s)
     on_gpu = device.startswith("cuda")
     cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
@@ -258,24 +253,26 @@ async def _build(config: ServerConfig) -> ServerContext:
     admission = AdmissionController(
         AdmissionConfig(
             peak_capacity_bytes=(instance.peak_bytes(profile) if streams else 0)
-            * config.max_batch
+            * config.engine.max_batch
             * 4,
-            peak_concurrency=config.max_batch,
+            peak_concurrency=config.engine.max_batch,
         )
     )
     # the metrics read live state through ``ctx`` (bound below, before the first scrape)
     metrics = ServerMetrics(lambda: ctx.metrics_snapshot())
-    faults = FaultInjector() if config.fault_injection else None
+    faults = FaultInjector() if config.engine.fault_injection else None
     if faults is not None:
         log.warning("fault injection is ON (POST /v1/faults): a test or drill setting")
     engine = Engine(
         cost=cost,
         scheduler=scheduler,
         admission=admission,
-        deterministic=config.deterministic,
-        playout_buffer_s=config.playout_buffer_s,
-        max_lead_s=config.max_lead_s,
-        lead=AdaptiveLead(config.max_lead_s) if fast else FixedLead(config.max_lead_s),
+        deterministic=config.engine.deterministic,
+        playout_buffer_s=config.engine.playout_buffer_s,
+        max_lead_s=config.engine.max_lead_s,
+        lead=AdaptiveLead(config.engine.max_lead_s)
+        if fast
+        else FixedLead(config.engine.max_lead_s),
         withdraw_on_input=fast,
         # The profiler calibrates the cost model from measured plan times (admission and
         # deadlines then use what this machine really does); NaNWatch fails a session whose
@@ -287,7 +284,7 @@ async def _build(config: ServerConfig) -> ServerContext:
     log.info(
         "scheduling policy: %s; steering %s (chunks of %d latent frames)",
         scheduler.name,
-        config.steering,
+        config.engine.steering,
         card.default_profile.chunk_latent_frames,
     )
     if channel is not None:
@@ -301,22 +298,22 @@ async def _build(config: ServerConfig) -> ServerContext:
     served = ServedModels({model_id: instance}, default=model_id)
     recording = Recording(
         config.data_dir,
-        snapshot_every=config.snapshot_every,
-        snapshot_keep=config.snapshot_keep,
-        snapshot_mbps=config.snapshot_mbps,
-        snapshot_keep_gb=config.snapshot_keep_gb,
-        snapshot_dir=config.snapshot_dir,
+        snapshot_every=config.recording.snapshot_every,
+        snapshot_keep=config.recording.snapshot_keep,
+        snapshot_mbps=config.recording.snapshot_mbps,
+        snapshot_keep_gb=config.recording.snapshot_keep_gb,
+        snapshot_dir=config.recording.snapshot_dir,
     )
     host = SessionHost(
         engine=engine,
         models=served,
         recording=recording,
         store=store,
-        slabs_per_geometry=config.max_sessions,
+        slabs_per_geometry=config.engine.max_sessions,
         action_validator=validate_action,
-        admission_cost=config.admission_cost,
+        admission_cost=config.engine.admission_cost,
         max_pending_inputs=config.limits.max_pending_inputs,
-        handoff_dir=config.snapshot_dir,
+        handoff_dir=config.recording.snapshot_dir,
     )
     jobs = JobHost(
         engine=engine,
@@ -340,9 +337,9 @@ async def _build(config: ServerConfig) -> ServerContext:
         faults=faults,
         forks=ForkRegistry(host) if channel is None else spmd_serving.NoForks(),
         trainer=TrainerControls.build(host, jobs, engine),
-        resumer=Resumer(host, config.data_dir, grace_s=config.resume_grace_s),
-        engine_id=config.engine_id or engine_id_for(config.host, config.port),
-        public_url=config.public_url or f"http://{config.host}:{config.port}",
+        resumer=Resumer(host, config.data_dir, grace_s=config.recording.resume_grace_s),
+        engine_id=config.fleet.engine_id or engine_id_for(config.host, config.port),
+        public_url=config.fleet.public_url or f"http://{config.host}:{config.port}",
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
     # after the warm-up (whose compiles are expected): a stall now is one a viewer feels
@@ -369,7 +366,7 @@ async def _build(config: ServerConfig) -> ServerContext:
             interval_s=min(5.0, min(timeouts) / 2),
             max_idle_s=config.limits.idle_timeout_s,
         )
-    if config.fleet is not None:  # after everything it serves exists
+    if config.fleet.namespace is not None:  # after everything it serves exists
         from server.fleet_worker import FleetWorker
 
         ctx.fleet = FleetWorker(ctx)
@@ -379,7 +376,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         model_id,
         device,
         mode.value,
-        config.max_sessions,
+        config.engine.max_sessions,
     )
     return ctx
 
@@ -438,14 +435,13 @@ async def _teardown(ctx: ServerContext) -> None:
 
 
 def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
-    """The dreamrt app for ``config`` (keyword overrides replace its fields)."""
-    from dataclasses import replace
-
+    """The dreamrt app for ``config`` (keyword overrides replace its settings, by key:
+    ``create_app(data_dir=..., device="cpu")``)."""
     from server import deployment, routes_jobs, routes_sessions, routes_system, routes_trainer
 
-    config = replace(config or ServerConfig(), **overrides)
+    config = (config or ServerConfig()).replace(**overrides)
     if isinstance(config.data_dir, str):
-        config = replace(config, data_dir=Path(config.data_dir))
+        config = config.replace(data_dir=Path(config.data_dir))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -463,21 +459,16 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
         RequestGuard, limits=config.limits, draining=lambda: bool(app.state.draining)
     )
 
-    @app.exception_handler(routes_system.ApiError)
-    async def api_error(request: Request, exc: routes_system.ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-    @app.exception_handler(InputBacklogError)  # any input route: the loop has not caught up
-    async def backlog(request: Request, exc: InputBacklogError) -> JSONResponse:
-        body = {"detail": str(exc), "code": "input_backlog"}
-        return JSONResponse(body, status_code=429, headers={"Retry-After": "1"})
+    @app.exception_handler(DreamrtError)  # every error a client is told about (docs/api.md)
+    async def dreamrt_error(request: Request, exc: DreamrtError) -> JSONResponse:
+        return routes_system.error_response(exc)
 
     app.include_router(routes_system.router)
     app.include_router(deployment.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_jobs.router)
     app.include_router(routes_trainer.router)
-    if config.fault_injection:
+    if config.engine.fault_injection:
         app.include_router(routes_system.faults_router)
     routes_system.mount_web(app, config.web_dir)
     return app

@@ -15,13 +15,12 @@ that input's two-phase acks (``input.received``, then ``*.applied``) back to the
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+from runtime.task_set import TaskSet
 from server.control import (
     MAX_MESSAGE_BYTES,
     ActionMessage,
@@ -67,7 +66,7 @@ class ControlInbox:
         self.max_prompt_chars = max_prompt_chars
         self._dropped = 0  # over the rate since the last rate_limited report
         self._reported_s: float | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
 
     def handle(self, message: str | bytes) -> int | None:
         """Applies one message; returns the accepted input's seq (prompt/action) or None."""
@@ -117,11 +116,7 @@ class ControlInbox:
         elif isinstance(msg, ResumeMessage):
             session.resume()
         elif isinstance(msg, FeedbackMessage):
-            task = asyncio.get_running_loop().create_task(
-                self._record_feedback(msg), name=f"peer-{session.id}-feedback"
-            )
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks.spawn(self._record_feedback(msg), f"peer-{session.id}-feedback")
         return None
 
     async def _record_feedback(self, msg: FeedbackMessage) -> None:
@@ -141,9 +136,4 @@ class ControlInbox:
 
     async def close(self) -> None:
         """Cancels feedback writes still in flight (idempotent)."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._tasks.close()

@@ -34,6 +34,7 @@ def engine_id_for(host: str, port: int) -> str:
 def deployment_card(ctx: Any) -> dict[str, Any]:
     """The engine's DeploymentCard as JSON-able data (see the module docstring)."""
     config = ctx.config
+    snapshot_dir = config.recording.snapshot_dir
     engine = ctx.engine
     usage = engine.admission.usage()
     capacity = usage.effective_compute_capacity
@@ -50,8 +51,8 @@ def deployment_card(ctx: Any) -> dict[str, Any]:
         "slo_classes": [
             {
                 "name": "realtime",
-                "playout_buffer_s": config.playout_buffer_s,
-                "max_lead_s": config.max_lead_s,
+                "playout_buffer_s": config.engine.playout_buffer_s,
+                "max_lead_s": config.engine.max_lead_s,
             },
             {"name": "batch", "runs_in": "slack"},
         ],
@@ -70,7 +71,7 @@ def deployment_card(ctx: Any) -> dict[str, Any]:
             "jobs_running": jobs.get("running", 0),
         },
         "sessions": sorted(s.id for s in sessions if not s.terminal),
-        "snapshot_dir": None if config.snapshot_dir is None else str(config.snapshot_dir),
+        "snapshot_dir": None if snapshot_dir is None else str(snapshot_dir),
     }
 
 

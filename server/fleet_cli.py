@@ -1,40 +1,13 @@
-"""The fleet's command line: ``dreamrt serve``'s fleet options and ``dreamrt router``
-(docs/api.md "Command line", "Fleet"). The router imports no model, runtime or session code.
+"""The fleet's command line: ``dreamrt router`` (docs/api.md "Command line", "Fleet");
+``dreamrt serve``'s fleet options are ``server.config_groups.FleetConfig``. The router
+imports no model, runtime or session code.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-__all__ = ["add_router_parser", "add_serve_options", "main"]
-
-
-def add_serve_options(serve: argparse.ArgumentParser) -> None:
-    """``dreamrt serve``'s fleet options (docs/api.md "Command line")."""
-    serve.add_argument(
-        "--fleet",
-        default=None,
-        metavar="NAMESPACE",
-        help="join this fleet (a Dynamo namespace): serve place/card/health endpoints on "
-        "NVIDIA Dynamo's distributed runtime for `dreamrt router` (needs dreamrt[fleet])",
-    )
-    _add_discovery_options(serve)
-    serve.add_argument(
-        "--snapshot-dir",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="shared storage every engine of the fleet sees: replay snapshots and session "
-        "manifests go there, so another engine can resume a session of a dead one",
-    )
-    serve.add_argument("--engine-id", default=None, help="default: <hostname>:<port>")
-    serve.add_argument(
-        "--public-url",
-        default=None,
-        metavar="URL",
-        help="the base URL clients reach this engine at (default: http://HOST:PORT)",
-    )
+__all__ = ["add_router_parser", "main"]
 
 
 def _add_discovery_options(parser: argparse.ArgumentParser) -> None:

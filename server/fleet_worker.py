@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from runtime.task_set import TaskSet
 from server.deployment import deployment_card
 from server.dynamo_runtime import dynamo_runtime
 from sessions.handoff import (
@@ -71,7 +72,7 @@ def write_session_manifest(ctx: Any, session: Any, token: str) -> None:
         token_expires_at=session.created_at + SESSION_TOKEN_TTL_S,
         engine_id=ctx.engine_id,
     )
-    write_manifest(ctx.config.snapshot_dir, manifest)
+    write_manifest(ctx.config.recording.snapshot_dir, manifest)
 
 
 class FleetWorker:
@@ -81,14 +82,14 @@ class FleetWorker:
         self._ctx = ctx
         self._runtime: Any = None
         self._endpoints: dict[str, Any] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskSet()  # the endpoints' servers and the drain
         self._http: httpx.AsyncClient | None = None
         self.instance_id: int | None = None
         self._drain: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         config = self._ctx.config
-        self._runtime = dynamo_runtime(config.fleet_discovery, config.fleet_dir)
+        self._runtime = dynamo_runtime(config.fleet.discovery, config.fleet.discovery_dir)
         headers = {}
         if self._ctx.auth.mode.value == "token":  # this worker's own way into the REST API
             token, _ = self._ctx.auth.issue("admin", 30 * 24 * 3600.0)
@@ -100,17 +101,13 @@ class FleetWorker:
         )
         handlers = {"card": self._card, "health": self._health, "place": self._place}
         for name in ENDPOINTS:
-            endpoint = self._runtime.endpoint(f"{config.fleet}.{COMPONENT}.{name}")
+            endpoint = self._runtime.endpoint(f"{config.fleet.namespace}.{COMPONENT}.{name}")
             self._endpoints[name] = endpoint
-            self._tasks.append(
-                asyncio.create_task(
-                    self._serve(name, endpoint, handlers[name]), name=f"dreamrt-fleet-{name}"
-                )
-            )
+            self._tasks.spawn(self._serve(name, endpoint, handlers[name]), f"dreamrt-fleet-{name}")
         self.instance_id = self._endpoints["card"].connection_id()
         log.info(
             "joined fleet %r as engine %s (Dynamo instance %x, %s)",
-            config.fleet,
+            config.fleet.namespace,
             self._ctx.engine_id,
             self.instance_id,
             self._ctx.public_url,
@@ -128,13 +125,17 @@ class FleetWorker:
         """Leave the fleet once this engine's last session has ended (``ctx.draining`` is set:
         the card says so and nothing new is placed here meanwhile). Idempotent."""
         if self._drain is None and self._runtime is not None:
-            self._drain = asyncio.create_task(self._leave_when_idle(), name="dreamrt-fleet-drain")
+            self._drain = self._tasks.spawn(self._leave_when_idle(), "dreamrt-fleet-drain")
 
     async def _leave_when_idle(self) -> None:
         while any(not s.terminal for s in self._ctx.host.sessions()):
             await asyncio.sleep(0.5)
         await self._unregister()
-        log.info("drained: engine %s left fleet %r", self._ctx.engine_id, self._ctx.config.fleet)
+        log.info(
+            "drained: engine %s left fleet %r",
+            self._ctx.engine_id,
+            self._ctx.config.fleet.namespace,
+        )
 
     async def _unregister(self) -> None:
         for endpoint in self._endpoints.values():
@@ -148,14 +149,10 @@ class FleetWorker:
         runtime, self._runtime = self._runtime, None
         await self._unregister()
         runtime.shutdown()
-        if self._drain is not None:
-            self._tasks.append(self._drain)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()
         if self._http is not None:
             await self._http.aclose()
-        log.info("left fleet %r", self._ctx.config.fleet)
+        log.info("left fleet %r", self._ctx.config.fleet.namespace)
 
     # ------------------------------------------------------------------ endpoint handlers
 
@@ -187,17 +184,17 @@ class FleetWorker:
 
     async def _resume(self, session_id: str) -> dict[str, Any]:
         ctx = self._ctx
-        if ctx.config.snapshot_dir is None:
+        if ctx.config.recording.snapshot_dir is None:
             return _refused(409, "no_snapshot_dir", "this engine has no --snapshot-dir")
         if ctx.host.session(session_id) is not None:  # asked twice: it is here already
             return {"status": 200, "body": {"id": session_id, "resumed": False}}
         try:
             served = ctx.host.models.resolve(
-                read_manifest(ctx.config.snapshot_dir, session_id).model_id
+                read_manifest(ctx.config.recording.snapshot_dir, session_id).model_id
             )
             resume = await asyncio.to_thread(
                 load_resume,
-                ctx.config.snapshot_dir,
+                ctx.config.recording.snapshot_dir,
                 session_id,
                 served.loop(SESSION_LOOP),
                 device=getattr(served, "device", None),

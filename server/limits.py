@@ -15,16 +15,16 @@ first, so a client that sprays tokens cannot grow the table either.
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
+from server.config_fields import setting
 from server.control import MAX_MESSAGE_BYTES, TokenBucket
 
-__all__ = ["Limits", "RateLimiter", "add_limit_arguments", "limits_from_args"]
+__all__ = ["Limits", "RateLimiter"]
 
 # The schemas' hard caps (server.schemas): a configured limit may be lower, never higher.
 PROMPT_HARD_MAX_CHARS = 16_000
@@ -33,25 +33,68 @@ SDP_HARD_MAX_BYTES = 256 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The defaults are what docs/api.md "Limits" lists; 0 turns a timeout or a rate off."""
+    """The defaults are what docs/api.md "Limits" lists; 0 turns a timeout or a rate off.
+    Each field is a ``dreamrt serve`` setting (``server.config_fields``): its flag, its
+    ``DREAMRT_*`` variable, its key in the ``[limits]`` table of a config file."""
 
-    max_queued_jobs: int = 16  # jobs queued or running; beyond: 429 + Retry-After
-    max_body_bytes: int = 256 * 1024  # any request body but audio (413)
-    max_sdp_bytes: int = 64 * 1024  # an offer's SDP (413)
-    max_prompt_chars: int = 4000  # a prompt, on every path (422 / error event)
-    max_audio_bytes: int = 8 * 1024 * 1024  # one audio upload (413)
-    max_audio_seconds: float = 30.0  # one audio upload, decoded (413)
-    max_pending_inputs: int = 256  # inputs waiting for a paused or busy loop (429)
-    control_max_bytes: int = MAX_MESSAGE_BYTES  # one data-channel message
-    control_rate_per_s: float = 30.0  # data-channel messages per peer, sustained
-    control_burst: int = 60
-    control_buffer_bytes: int = 1024 * 1024  # events queued to a peer that does not read
-    rest_rate_per_s: float = 20.0  # /v1 requests per token (or client address without one)
-    rest_burst: int = 40
-    max_sse_per_session: int = 4  # concurrent event streams of one session (429)
-    connect_timeout_s: float = 20.0  # offer answered -> ICE + DTLS connected, else closed
-    idle_timeout_s: float = 3600.0  # close a session that got no input for this long
-    audio_buffer_s: float = 2.0  # viewer audio held for a session that is not live
+    max_queued_jobs: int = setting(
+        16, "jobs queued or running; beyond: 429", flag="--max-queued-jobs", metavar="N"
+    )
+    max_body_bytes: int = setting(
+        256 * 1024, "a request body other than audio (413)", flag="--max-body-bytes", metavar="N"
+    )
+    max_sdp_bytes: int = setting(
+        64 * 1024, "an offer's SDP (413)", flag="--max-sdp-bytes", metavar="N"
+    )
+    max_prompt_chars: int = setting(
+        4000, "a prompt on any path (422 / error event)", flag="--max-prompt-chars", metavar="N"
+    )
+    max_audio_bytes: int = setting(
+        8 * 1024 * 1024, "one audio upload (413)", flag="--max-audio-bytes", metavar="N"
+    )
+    max_audio_seconds: float = setting(
+        30.0, "one audio upload, decoded (413)", flag="--max-audio-seconds", metavar="N"
+    )
+    max_pending_inputs: int = setting(
+        256, "inputs waiting for the loop (429)", flag="--max-pending-inputs", metavar="N"
+    )
+    control_max_bytes: int = setting(
+        MAX_MESSAGE_BYTES, "one data-channel message", flag="--control-max-bytes", metavar="N"
+    )
+    control_rate_per_s: float = setting(
+        30.0, "data-channel messages/s per peer", flag="--control-rate", metavar="N"
+    )
+    control_burst: int = setting(
+        60, "data-channel burst per peer", flag="--control-burst", metavar="N"
+    )
+    control_buffer_bytes: int = setting(
+        1024 * 1024,
+        "events queued to a peer that does not read them",
+        flag="--control-buffer-bytes",
+        metavar="N",
+    )
+    rest_rate_per_s: float = setting(
+        20.0, "/v1 requests/s per token (0: off)", flag="--rest-rate", metavar="N"
+    )
+    rest_burst: int = setting(40, "/v1 burst per token", flag="--rest-burst", metavar="N")
+    max_sse_per_session: int = setting(
+        4, "open event streams per session (429)", flag="--max-sse-per-session", metavar="N"
+    )
+    connect_timeout_s: float = setting(
+        20.0, "seconds from answer to ICE+DTLS connected", flag="--connect-timeout", metavar="N"
+    )
+    idle_timeout_s: float = setting(
+        3600.0,
+        "close a session without input this long (0: never)",
+        flag="--idle-timeout",
+        metavar="N",
+    )
+    audio_buffer_s: float = setting(
+        2.0,
+        "seconds of viewer audio held for a session not live",
+        flag="--audio-buffer",
+        metavar="N",
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -86,47 +129,6 @@ class Limits:
             raise ValueError(f"max_prompt_chars is at most {PROMPT_HARD_MAX_CHARS}")
         if self.max_sdp_bytes > SDP_HARD_MAX_BYTES:
             raise ValueError(f"max_sdp_bytes is at most {SDP_HARD_MAX_BYTES}")
-
-
-# ``dreamrt serve`` flag -> (Limits field, help); the default is the field's.
-_FLAGS = {
-    "--max-queued-jobs": ("max_queued_jobs", "jobs queued or running; beyond: 429"),
-    "--max-body-bytes": ("max_body_bytes", "a request body other than audio (413)"),
-    "--max-sdp-bytes": ("max_sdp_bytes", "an offer's SDP (413)"),
-    "--max-prompt-chars": ("max_prompt_chars", "a prompt on any path (422 / error event)"),
-    "--max-audio-bytes": ("max_audio_bytes", "one audio upload (413)"),
-    "--max-audio-seconds": ("max_audio_seconds", "one audio upload, decoded (413)"),
-    "--max-pending-inputs": ("max_pending_inputs", "inputs waiting for the loop (429)"),
-    "--control-max-bytes": ("control_max_bytes", "one data-channel message"),
-    "--control-rate": ("control_rate_per_s", "data-channel messages/s per peer"),
-    "--control-burst": ("control_burst", "data-channel burst per peer"),
-    "--rest-rate": ("rest_rate_per_s", "/v1 requests/s per token (0: off)"),
-    "--rest-burst": ("rest_burst", "/v1 burst per token"),
-    "--max-sse-per-session": ("max_sse_per_session", "open event streams per session (429)"),
-    "--connect-timeout": ("connect_timeout_s", "seconds from answer to ICE+DTLS connected"),
-    "--idle-timeout": ("idle_timeout_s", "close a session without input this long (0: never)"),
-}
-
-
-def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``dreamrt serve`` flags of every limit (defaults: ``Limits()``)."""
-    defaults = Limits()
-    types = {f.name: f.type for f in fields(Limits)}
-    for flag, (name, help_text) in _FLAGS.items():
-        kind = float if types[name] in (float, "float") else int
-        parser.add_argument(
-            flag,
-            dest=f"limit_{name}",
-            type=kind,
-            default=getattr(defaults, name),
-            metavar="N",
-            help=f"{help_text} (default %(default)s)",
-        )
-
-
-def limits_from_args(args: argparse.Namespace) -> Limits:
-    """``Limits`` from parsed flags; ``ValueError`` names a limit out of range."""
-    return Limits(**{name: getattr(args, f"limit_{name}") for name, _ in _FLAGS.values()})
 
 
 class RateLimiter:

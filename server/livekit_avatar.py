@@ -32,10 +32,10 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
 
 import numpy as np
 
+from runtime.task_set import TaskSet
 from server.livekit_inputs import AUDIO_PUSH_S
 from server.livekit_room import RoomConnection
 from sessions.audio import TARGET_RATE_HZ, AudioClip, resample
@@ -77,8 +77,8 @@ class AvatarBridge:
         )
         self._cleared = False
         self._playing = False  # a segment is being read or played out
-        self._task: asyncio.Task[None] | None = None
-        self._rpc_tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()  # the playout task and the RPCs to the agent
+        self._task: asyncio.Task[None] | None = None  # the playout task, once started
         self.segments_played = 0
         self.segments_interrupted = 0
         self.samples_in = 0
@@ -89,9 +89,7 @@ class AvatarBridge:
         self.room.register_byte_stream(AUDIO_STREAM_TOPIC, self._on_stream)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(
-            self._play(), name=f"peer-{self.session.id}-livekit-avatar"
-        )
+        self._task = self._tasks.spawn(self._play(), f"peer-{self.session.id}-livekit-avatar")
 
     # ---------------------------------------------------------------- agent -> worker
 
@@ -194,11 +192,7 @@ class AvatarBridge:
         return frames.shape[0] / rate
 
     def _notify(self, method: str, payload: str) -> None:
-        task = asyncio.get_running_loop().create_task(
-            self._call(method, payload), name=f"peer-{self.session.id}-livekit-rpc"
-        )
-        self._rpc_tasks.add(task)
-        task.add_done_callback(self._rpc_tasks.discard)
+        self._tasks.spawn(self._call(method, payload), f"peer-{self.session.id}-livekit-rpc")
 
     async def _call(self, method: str, payload: str) -> None:
         try:
@@ -209,8 +203,5 @@ class AvatarBridge:
             )
 
     async def close(self) -> None:
-        tasks: list[Any] = [*self._rpc_tasks, *([self._task] if self._task else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.close()
         self._task = None

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from runtime.task_set import TaskSet
 from server.control_inbox import ControlInbox
 from server.livekit_room import AUDIO_RATE_HZ, CONTROL_TOPIC, RoomConnection
 from sessions.audio import AudioClip
@@ -70,7 +70,7 @@ class RoomInputs:
         )
         self._outbox_ready = asyncio.Event()
         self._subscription = session.events.subscribe(after_id=session.events.last_id)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet(log, f"session {session.id}")
         self._closed = False
         self.messages_in = 0
         self.outbox_dropped = 0
@@ -171,18 +171,7 @@ class RoomInputs:
     # ---------------------------------------------------------------- lifecycle
 
     def _spawn(self, coro: Any, what: str) -> None:
-        task = asyncio.get_running_loop().create_task(
-            coro, name=f"peer-{self.session.id}-livekit-{what}"
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error(
-                "session %s: %s failed", self.session.id, task.get_name(), exc_info=task.exception()
-            )
+        self._tasks.spawn(coro, f"peer-{self.session.id}-livekit-{what}")
 
     async def close(self) -> None:
         """Ends the forwarding and audio tasks (idempotent)."""
@@ -190,11 +179,6 @@ class RoomInputs:
             return
         self._closed = True
         self._subscription.close()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._tasks.close()
         for inbox in self._inboxes.values():
             await inbox.close()

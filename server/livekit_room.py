@@ -31,6 +31,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from runtime.task_set import TaskSet
+
 __all__ = [
     "CONTROL_TOPIC",
     "LiveKitRoom",
@@ -135,7 +137,7 @@ class LiveKitRoom:
         self._room: Any = None
         self._source: Any = None
         self._events: RoomEvents | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         self._rpc: dict[str, RpcHandler] = {}
         self._byte_streams: dict[str, ByteStreamHandler] = {}
 
@@ -287,14 +289,11 @@ class LiveKitRoom:
     # ---------------------------------------------------------------- leaving
 
     def _spawn(self, coro: Any, what: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=f"livekit-room-{what}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro, f"livekit-room-{what}")
 
     async def disconnect(self) -> None:
         """Leaves the room (idempotent); the SDK then reports ``disconnected``."""
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
         room, self._room = self._room, None
         self._events = None
         if room is not None:

@@ -15,6 +15,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from runtime.errors import DreamrtError
+
 __all__ = [
     "AVATAR_ATTRIBUTE",
     "LiveKitCredentials",
@@ -30,8 +32,11 @@ DEFAULT_TTL = datetime.timedelta(hours=6)
 AVATAR_ATTRIBUTE = "lk.publish_on_behalf"
 
 
-class LiveKitMissingError(RuntimeError):
-    """The ``livekit`` extra is not installed (``pip install 'dreamrt[livekit]'``)."""
+class LiveKitMissingError(DreamrtError, RuntimeError):
+    """The ``livekit`` extra is not installed (``pip install 'dreamrt[livekit]'``): 501."""
+
+    code = "livekit_unavailable"
+    status = 501
 
 
 def require_sdk() -> None:

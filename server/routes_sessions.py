@@ -5,7 +5,10 @@ Status codes: 201 created, 202 accepted (the two-phase ack follows on the event 
 deleted, 400 malformed offer/audio, 401/403 auth, 404 unknown id, 409 the session's state
 forbids it (the message names the state), 422 invalid body or an input the model cannot take
 (naming the field), 501 LiveKit (the ``livekit`` extra is not installed), 503 +
-``Retry-After`` when admission refuses. A ``livekit`` block joins the room in the background
+``Retry-After`` when admission refuses. The domain's refusals (a state that forbids the
+request, an input the model cannot take, a bad offer or audio upload) are
+``runtime.errors.DreamrtError``s that carry their code and status: ``server.app``'s handler
+answers them, the routes do not catch them. A ``livekit`` block joins the room in the background
 (``server.livekit_participant``): a failed join makes the session ``failed``, after its 201.
 """
 
@@ -22,13 +25,7 @@ from fastapi.responses import StreamingResponse
 
 from server.auth import Grant
 from server.fleet_worker import write_session_manifest
-from server.livekit_token import (
-    AVATAR_ATTRIBUTE,
-    LiveKitMissingError,
-    identity_for,
-    mint_join_token,
-    require_sdk,
-)
+from server.livekit_token import AVATAR_ATTRIBUTE, identity_for, mint_join_token, require_sdk
 from server.routes_system import (
     ApiError,
     AuthGrant,
@@ -52,18 +49,11 @@ from server.schemas import (
     SessionCreated,
 )
 from server.webrtc import OfferError
-from sessions.audio import AudioFormatError, AudioTooLongError, decode_audio
+from sessions.audio import decode_audio
 from sessions.events import FeedbackRecorded, encode_event
-from sessions.forks import ForkError
 from sessions.host import Reject
 from sessions.resume import ResumeError
-from sessions.session import (
-    InvalidInputError,
-    Session,
-    SessionClosedError,
-    SessionStateError,
-    UnsupportedInputError,
-)
+from sessions.session import Session, SessionStateError
 
 __all__ = ["router"]
 
@@ -92,10 +82,6 @@ async def _resumed(ctx: Any, session_id: str, not_live: ApiError) -> Session:
     if isinstance(answer, Reject):
         raise _capacity(answer, f"no capacity to resume session {session_id!r}")
     return answer
-
-
-def _conflict(exc: Exception) -> ApiError:
-    return ApiError(409, "conflict", str(exc))
 
 
 def _capacity(reject: Reject, what: str) -> ApiError:
@@ -136,7 +122,7 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
     if body.livekit is not None:
         _join_room(ctx, session, body.livekit, livekit_token)
     token = ctx.auth.issue_session_token(session.id)
-    if ctx.config.snapshot_dir is not None:  # another engine of the fleet may resume it
+    if ctx.config.recording.snapshot_dir is not None:  # another engine of the fleet may resume it
         await asyncio.to_thread(write_session_manifest, ctx, session, token)
     config = session.config
     return SessionCreated(
@@ -151,10 +137,7 @@ def _livekit_token_check(ctx: Any, body: SessionBody) -> str | None:
     """Before admission: 501 without the SDK, 422 when no token can be had for the room."""
     if body.livekit is None:
         return None
-    try:
-        require_sdk()
-    except LiveKitMissingError as exc:
-        raise ApiError(501, "livekit_unavailable", str(exc)) from None
+    require_sdk()  # LiveKitMissingError: 501
     if body.livekit.token is None and not ctx.livekit_credentials.complete:
         raise field_error(
             "livekit.token",
@@ -234,15 +217,15 @@ async def offer(session_id: str, body: OfferBody, request: Request, grant: AuthG
     peer = ctx.open_peer(session)  # subscribes to the events first: the viewer sees "negotiating"
     try:
         session.begin_negotiation()
-    except SessionStateError as exc:
+    except SessionStateError:  # a 409; the peer opened for it goes
         await peer.close()
-        raise _conflict(exc) from None
+        raise
     try:
         answer = await peer.answer(body.sdp)
-    except OfferError as exc:
+    except OfferError as exc:  # a 400; the session and the peer are told first
         session.negotiation_failed(str(exc))
         await peer.close()
-        raise ApiError(400, "bad_offer", str(exc)) from None
+        raise
     session.latency.answered()
     return SdpAnswer(sdp=answer.sdp, type="answer")
 
@@ -253,12 +236,7 @@ async def prompt(
 ) -> PromptAccepted:
     session = _live(request, session_id, grant)
     check_prompt(request, "text", body.text)
-    try:
-        seq, applies_at = session.push_prompt(body.text, body.mode)
-    except UnsupportedInputError as exc:
-        raise field_error("mode", str(exc), code="unsupported_input") from None
-    except SessionClosedError as exc:
-        raise _conflict(exc) from None
+    seq, applies_at = session.push_prompt(body.text, body.mode)
     return PromptAccepted(applies_at_chunk=applies_at, seq=seq)
 
 
@@ -267,15 +245,7 @@ async def actions(
     session_id: str, body: ActionsBody, request: Request, grant: AuthGrant
 ) -> dict[str, int]:
     session = _live(request, session_id, grant)
-    try:
-        seq = session.push_action(body.keys, body.mouse)
-    except UnsupportedInputError as exc:
-        raise field_error("keys", str(exc), code="unsupported_input") from None
-    except InvalidInputError as exc:
-        raise field_error("keys", str(exc)) from None
-    except SessionClosedError as exc:
-        raise _conflict(exc) from None
-    return {"seq": seq}
+    return {"seq": session.push_action(body.keys, body.mouse)}
 
 
 @router.post("/{session_id}/audio", status_code=202)
@@ -293,21 +263,13 @@ async def audio(session_id: str, request: Request, grant: AuthGrant) -> dict[str
     body = bytearray()
     async for part in request.stream():
         body += part
-    try:
-        clip = await asyncio.to_thread(
-            decode_audio,
-            bytes(body),
-            content_type=request.headers.get("content-type", ""),
-            max_seconds=limits.max_audio_seconds,
-        )
-    except AudioTooLongError as exc:
-        raise ApiError(413, "too_long", str(exc)) from None
-    except AudioFormatError as exc:
-        raise ApiError(400, "bad_audio", str(exc)) from None
-    try:
-        seq = session.push_audio(clip)
-    except SessionClosedError as exc:
-        raise _conflict(exc) from None
+    clip = await asyncio.to_thread(
+        decode_audio,
+        bytes(body),
+        content_type=request.headers.get("content-type", ""),
+        max_seconds=limits.max_audio_seconds,
+    )
+    seq = session.push_audio(clip)
     return {"seq": seq, "seconds": round(clip.duration_s, 4)}
 
 
@@ -334,12 +296,7 @@ async def fork(
     session = _live(request, session_id, grant)
     check_prompt(request, "prompt", body.prompt)
     ctx = ctx_of(request)
-    try:
-        answer = await ctx.forks.fork(session, body.n, body.prompt, body.seeds)
-    except ForkError as exc:
-        raise field_error(exc.field, str(exc)) from None
-    except SessionStateError as exc:
-        raise _conflict(exc) from None
+    answer = await ctx.forks.fork(session, body.n, body.prompt, body.seeds)
     if isinstance(answer, Reject):
         raise _capacity(answer, f"no capacity for {body.n} fork candidates")
     config = session.config
@@ -367,32 +324,21 @@ async def choose(
     """The chosen candidate's state continues this session; the others close; one preference
     pair per rejected candidate is committed before the 201."""
     session = _live(request, session_id, grant)
-    try:
-        chosen, pairs = await ctx_of(request).forks.choose(session, body.candidate)
-    except ForkError as exc:
-        raise field_error(exc.field, str(exc)) from None
-    except SessionStateError as exc:
-        raise _conflict(exc) from None
+    chosen, pairs = await ctx_of(request).forks.choose(session, body.candidate)
     return {"chosen": chosen, "preferences": pairs}
 
 
 @router.post("/{session_id}/pause", status_code=202)
 async def pause(session_id: str, request: Request, grant: AuthGrant) -> dict[str, str]:
     session = _live(request, session_id, grant)
-    try:
-        session.pause()
-    except SessionStateError as exc:
-        raise _conflict(exc) from None
+    session.pause()
     return {"state": session.state.value}
 
 
 @router.post("/{session_id}/resume", status_code=202)
 async def resume(session_id: str, request: Request, grant: AuthGrant) -> dict[str, str]:
     session = _live(request, session_id, grant)
-    try:
-        session.resume()
-    except SessionStateError as exc:
-        raise _conflict(exc) from None
+    session.resume()
     return {"state": session.state.value}
 
 

@@ -1,7 +1,10 @@
 """Routes that are not about one session or job: health, metrics, models, tokens, the web page.
 
-Also the shared edge helpers: ``ApiError`` (an error answer with a machine-readable ``code``;
-422s name the field in FastAPI's own ``detail`` shape) and the ``authorize`` dependency.
+Also the shared edge helpers: ``ApiError`` (an error the edge itself raises, a
+``runtime.errors.DreamrtError`` like every domain error), ``error_response`` (the documented
+body of any ``DreamrtError``: ``{"detail", "code", ...}``, a 422 naming the field in FastAPI's
+own ``detail`` shape; ``server.app``'s one handler answers with it) and the ``authorize``
+dependency.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
+from runtime.errors import DreamrtError
 from server.auth import AuthError, Grant, is_loopback
 from server.metrics import CONTENT_TYPE
 from server.schemas import FaultBody, ModelInfo, TokenBody, TokenIssued
@@ -25,6 +30,7 @@ __all__ = [
     "authorize",
     "check_prompt",
     "ctx_of",
+    "error_response",
     "faults_router",
     "field_error",
     "mount_web",
@@ -36,8 +42,9 @@ router = APIRouter()
 faults_router = APIRouter()
 
 
-class ApiError(Exception):
-    """An error answer: ``status``, a ``code`` and a human message (plus optional headers)."""
+class ApiError(DreamrtError):
+    """An error the edge raises: ``status``, a ``code`` and a human message, plus optional
+    headers and further body members (``extra``, e.g. ``retry_after_s``)."""
 
     def __init__(
         self,
@@ -46,49 +53,42 @@ class ApiError(Exception):
         message: str,
         *,
         headers: dict[str, str] | None = None,
-        detail: Any = None,
+        field: str | None = None,
         **extra: Any,
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+        super().__init__(message, code=code, status=status, field=field)
         self.headers = headers
-        self._detail = detail
-        self.extra = extra
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "detail": self._detail if self._detail is not None else self.message,
-            "code": self.code,
-            **self.extra,
-        }
+        self.extra = extra  # body members, not DreamrtError's keywords (retry_after_s among them)
 
 
 def field_error(field: str, message: str, *, code: str = "invalid_field") -> ApiError:
     """A 422 whose ``detail`` names ``field`` exactly like FastAPI's validation errors do."""
-    return ApiError(
-        422, code, message, detail=[{"loc": ["body", field], "msg": message, "type": code}]
-    )
+    return ApiError(422, code, message, field=field)
+
+
+def error_response(exc: DreamrtError) -> JSONResponse:
+    """The documented answer of ``exc`` (docs/api.md "REST", its errors paragraph): the body
+    ``{"detail", "code", ...}``, ``detail`` FastAPI's list naming the field when ``exc``
+    concerns one; ``Retry-After`` when it says when to retry."""
+    message = str(exc.args[0]) if exc.args else exc.code
+    detail: Any = message
+    if exc.field is not None:
+        detail = [{"loc": ["body", exc.field], "msg": message, "type": exc.code}]
+    headers = dict(getattr(exc, "headers", None) or {})
+    if exc.retry_after_s is not None:
+        headers.setdefault("Retry-After", str(max(1, math.ceil(exc.retry_after_s))))
+    body = {"detail": detail, "code": exc.code, **exc.extra}
+    return JSONResponse(body, status_code=exc.status, headers=headers or None)
 
 
 @contextlib.contextmanager
 def creation_errors() -> Iterator[None]:
-    """Maps what the host refuses while creating a session or job to 422s naming the field:
-    an unknown model, a profile the card cannot serve, a task the card does not offer; and a
-    model that takes no new work for now (a weight sync, a sleep) to 503 + Retry-After."""
-    from models.card import ProfileError
-    from sessions.served_models import ModelUnavailableError, UnsupportedTaskError
-
+    """An unknown model (the registry's ``KeyError``) while creating a session or job is a
+    422 naming ``model``; what else the host refuses is a ``DreamrtError`` already."""
     try:
         yield
-    except ModelUnavailableError as exc:
-        retry = str(max(1, math.ceil(exc.retry_after_s)))
-        raise ApiError(503, "unavailable", str(exc), headers={"Retry-After": retry}) from None
     except KeyError as exc:
         raise field_error("model", str(exc.args[0])) from None
-    except (ProfileError, UnsupportedTaskError) as exc:
-        raise field_error(exc.field, str(exc)) from None
 
 
 def check_prompt(request: Request, field: str, text: str | None) -> None:
@@ -121,7 +121,7 @@ async def authorize(request: Request) -> Grant:
         return grant
     except AuthError as exc:
         raise ApiError(
-            exc.status, "unauthorized", exc.message, headers={"WWW-Authenticate": "Bearer"}
+            exc.status, "unauthorized", str(exc), headers={"WWW-Authenticate": "Bearer"}
         ) from None
 
 
@@ -138,7 +138,11 @@ async def healthz(request: Request) -> dict[str, str]:
     ctx = getattr(request.app.state, "ctx", None)
     config = request.app.state.config
     if ctx is None:
-        return {"status": "starting", "model": config.model or "default", "device": config.device}
+        return {
+            "status": "starting",
+            "model": config.model.card or "default",
+            "device": config.model.device,
+        }
     status = "draining" if request.app.state.draining else "ok"  # server.shutdown
     return {"status": status, "model": ctx.model_id, "device": ctx.device}
 

@@ -11,13 +11,15 @@ DiT cannot take, an unknown component: nothing changed), 409 a sync while a comp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 
+from runtime.errors import DreamrtError
 from server.routes_system import ApiError, AuthGrant, creation_errors, ctx_of, require_general
 from server.schemas import ComponentsBody, RolloutBody, WeightsBody
 
@@ -32,38 +34,34 @@ def _trainer(request: Request, grant: Any) -> Any:
     return ctx_of(request).trainer
 
 
-def _refused(exc: Exception) -> ApiError:
-    from sessions.model_hold import HoldTimeout
-    from sessions.weight_sync import WeightSyncError
-
-    if isinstance(exc, KeyError):
-        return ApiError(422, "invalid_field", str(exc.args[0]))
-    if isinstance(exc, ValueError):  # InvalidWeightsError, an unknown component
-        return ApiError(422, "invalid", str(exc))
-    if isinstance(exc, WeightSyncError):
-        return ApiError(409, "conflict", str(exc))
-    if isinstance(exc, HoldTimeout):
-        return ApiError(503, "busy", str(exc), headers={"Retry-After": "5"})
-    raise exc
+@contextlib.contextmanager
+def _refusals() -> Iterator[None]:
+    """An unknown model (``KeyError``) or component (``ValueError``) is a 422; the trainer's
+    own refusals (invalid weights 422, a sync while asleep 409, a hold timeout 503) are
+    ``DreamrtError``s the app's handler answers."""
+    try:
+        yield
+    except DreamrtError:
+        raise
+    except KeyError as exc:
+        raise ApiError(422, "invalid_field", str(exc.args[0])) from None
+    except ValueError as exc:
+        raise ApiError(422, "invalid", str(exc)) from None
 
 
 @router.get("/weights")
 def weights_info(request: Request, grant: AuthGrant, model: str | None = None) -> dict[str, Any]:
     trainer = _trainer(request, grant)
-    try:
+    with _refusals():
         return {
             "weights_version": trainer.weights.version(model),
             "asleep": list(trainer.sleep.asleep(model)),
         }
-    except KeyError as exc:
-        raise _refused(exc) from None
 
 
 async def _answer(call: Awaitable[Any]) -> dict[str, Any]:
-    try:
+    with _refusals():
         result = await call
-    except Exception as exc:
-        raise _refused(exc) from None
     return dataclasses.asdict(result)
 
 

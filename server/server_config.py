@@ -1,15 +1,25 @@
-"""``ServerConfig``: everything ``dreamrt serve`` can set, as one frozen value (``server/cli.py``
-builds it from the flags, ``server.app.create_app`` serves it; docs/api.md lists the flags).
+"""``ServerConfig``: everything ``dreamrt serve`` can set, as one frozen value.
+
+Its own fields are the server's edge (address, auth, WebRTC, shutdown); the rest is in its
+groups: ``model``, ``engine``, ``recording``, ``fleet`` (``server.config_groups``) and
+``limits`` (``server.limits``). Every field is declared once, as a setting
+(``server.config_fields``), and ``server.config_sources`` reads it from the flags, the
+``DREAMRT_*`` environment and a TOML file (docs/configuration.md). ``ServerConfig.of`` builds
+one from flat keys (``max_sessions=2``), the way every source and the tests name a setting.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from server.config_fields import ConfigError, check_choices, setting
+from server.config_groups import EngineConfig, FleetConfig, ModelConfig, RecordingConfig
 from server.limits import Limits
 
-__all__ = ["ServerConfig"]
+__all__ = ["GROUPS", "ServerConfig"]
 
 _WEB_DIR = Path(__file__).resolve().parent.parent / "clients" / "web"
 
@@ -18,57 +28,127 @@ _WEB_DIR = Path(__file__).resolve().parent.parent / "clients" / "web"
 class ServerConfig:
     """Everything ``dreamrt serve`` can set. Units in names; ``None`` means "decide"."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    model: str | None = None
-    device: str = "auto"
-    data_dir: Path = Path("data")
-    ice_hosts: tuple[str, ...] = ()
-    ice_servers: tuple[str, ...] = ()
-    auth: str | None = None  # none | token; None: none on loopback, token elsewhere
-    force_no_auth: bool = False
-    admin_key: str | None = None
-    max_sessions: int = 4
-    video_bitrate_bps: int | None = None
-    playout_buffer_s: float = 0.25
-    max_lead_s: float = 1.0
-    max_batch: int = 8
-    # step-edf (default) | chunk-rr | fifo: the request-level baselines exist to be measured
-    scheduler: str = "step-edf"
-    deterministic: bool = False  # batched plans bit-identical to solo runs (replay, A/B tests)
-    compile: bool = False  # GPU serving: WanInstance.compile()
-    attention: str = "auto"  # with ``compile``: the kernel (models.wan.attention_kernels)
-    cuda_graphs: bool = False  # with ``compile``: CUDA graphs of the steady chunk forward
-    warmup: bool | None = None  # a session before serving compiles every graph (None: if compiled)
-    checkpoint_dir: Path | None = None  # weights of a card with external weights
-    adapters: tuple[str, ...] = ()  # "NAME=PATH": LoRA adapters sessions may name
-    random_weights: bool = False  # seeded random weights whatever the card says (benchmarks)
-    chunk_frames: int | None = None  # latent frames per chunk (1: the latency mode); None: card's
-    gpus: int = 1  # processes of one instance (Ulysses over them; server/spmd_serving.py)
-    parallel: str = ""  # the plan of those processes, e.g. "cfg=2" ("": the card's, else sp=N)
-    # "fast": the time-to-steer cuts (adaptive lead, queued plans withdrawn for inputs, chunks
-    # restarted when regenerating is sooner); "baseline": the plain input path
-    steering: str = "fast"
-    admission_cost: str = "auto"  # sessions.host.ADMISSION_COSTS
-    unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
-    limits: Limits = Limits()  # every bound on client input (server.limits, docs/api.md)
-    # ops/test hook: a FaultInjector observer and POST /v1/faults (never on by default)
-    fault_injection: bool = False
-    shutdown_timeout_s: float = 10.0  # SIGTERM: drained and exited within this (server.shutdown)
-    resume_grace_s: float = 120.0  # sessions of the previous process may resume this long
-    snapshot_every: int = 8  # chunks between a loop's replay snapshots (0: none)
-    snapshot_keep: int = 16  # newest replay snapshots kept per loop
-    snapshot_mbps: float = 64.0  # at most this many MB of snapshots per second per loop
-    snapshot_keep_gb: float = 8.0  # and at most this many GB of them kept per loop
-    # a fleet's shared storage: snapshots and session manifests there (sessions.handoff);
-    # None: snapshots under data_dir, no handoff
-    snapshot_dir: Path | None = None
-    fleet: str | None = None  # join this Dynamo namespace (server.fleet_worker); None: alone
-    fleet_discovery: str | None = None  # file | etcd | kubernetes; None: $DYN_DISCOVERY_BACKEND
-    fleet_dir: Path | None = None  # file discovery's shared directory; None: $DYN_FILE_KV
-    engine_id: str | None = None  # None: "<hostname>:<port>"
-    public_url: str | None = None  # the URL clients reach this engine at; None: from host/port
-    livekit_key: str | None = None  # None: LIVEKIT_API_KEY (to mint join tokens)
-    livekit_secret: str | None = None  # None: LIVEKIT_API_SECRET
-    extensions: tuple[str, ...] = ()  # --extension NAME[:k=v,...] (models/loops/extensions.py)
-    web_dir: Path | None = field(default=_WEB_DIR)
+    host: str = setting("127.0.0.1", "the address to listen on", metavar="ADDRESS")
+    port: int = setting(8000, "the port to listen on", metavar="PORT")
+    data_dir: Path = setting(
+        Path("data"), "the store, artifacts, recordings, admin key", metavar="DIR"
+    )
+    # none | token; None: none on loopback, token elsewhere (server.auth.resolve_auth_mode)
+    auth: str | None = setting(
+        None, "default: none on a loopback address, token elsewhere", choices=("none", "token")
+    )
+    force_no_auth: bool = setting(False, "allow --auth none on a non-loopback address")
+    admin_key: str | None = setting(None, "admin key for --auth token", metavar="KEY")
+    ice_hosts: tuple[str, ...] = setting(
+        (),
+        "offer ICE host candidates only on this address (repeatable)",
+        flag="--ice-host",
+        metavar="IP",
+    )
+    ice_servers: tuple[str, ...] = setting(
+        (),
+        "STUN/TURN server URL for the server's peers, TURN credentials as "
+        "turn:USER:PASSWORD@host:port (default: none)",
+        flag="--ice-server",
+        metavar="URL",
+    )
+    video_bitrate_bps: int | None = setting(
+        None, "video encoder bitrate cap", flag="--bitrate", metavar="BPS"
+    )
+    unwatched_timeout_s: float = setting(
+        300.0,
+        "close sessions without a viewer for this long (0: never)",
+        flag="--unwatched-timeout",
+        metavar="SECONDS",
+    )
+    shutdown_timeout_s: float = setting(
+        10.0,
+        "SIGTERM: snapshot, close every session and exit 0 within this",
+        flag="--shutdown-timeout",
+        metavar="SECONDS",
+    )
+    livekit_key: str | None = setting(
+        None,
+        "LiveKit API key that mints the engine's join tokens (default: $LIVEKIT_API_KEY)",
+        metavar="KEY",
+    )
+    livekit_secret: str | None = setting(
+        None, "LiveKit API secret (default: $LIVEKIT_API_SECRET)", metavar="SECRET"
+    )
+    # the web client's files (None: no page at /); code and tests set it, no source does
+    web_dir: Path | None = setting(_WEB_DIR, "", flag=None)
+    model: ModelConfig = ModelConfig()
+    engine: EngineConfig = EngineConfig()
+    recording: RecordingConfig = RecordingConfig()
+    fleet: FleetConfig = FleetConfig()
+    limits: Limits = Limits()
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        for key in ("unwatched_timeout_s", "shutdown_timeout_s"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)}")
+
+    @classmethod
+    def of(cls, **values: Any) -> ServerConfig:
+        """A config from flat keys (``max_sessions=2``, ``model="tiny-world"``) or whole groups
+        (``limits=Limits(...)``); ``ConfigError`` names an unknown key."""
+        return cls().replace(**values)
+
+    def replace(self, **values: Any) -> ServerConfig:
+        """This config with the settings of ``values`` (keys as in ``of``) replaced."""
+        own: dict[str, Any] = {}
+        grouped: dict[str, dict[str, Any]] = {}
+        for key, value in values.items():
+            if key in GROUPS and isinstance(value, GROUPS[key]):
+                own[key] = value
+                continue
+            place = KEYS.get(key)
+            if place is None:
+                raise ConfigError(f"unknown setting {key!r}")
+            group, name = place
+            if group:
+                grouped.setdefault(group, {})[name] = value
+            else:
+                own[name] = value
+        for group, changes in grouped.items():
+            own[group] = dataclasses.replace(own.get(group, getattr(self, group)), **changes)
+        return dataclasses.replace(self, **own)
+
+    def flat(self) -> dict[str, Any]:
+        """Every setting by its key (what ``of`` takes back)."""
+        out: dict[str, Any] = {}
+        for key, (group, name) in KEYS.items():
+            holder = getattr(self, group) if group else self
+            out[key] = getattr(holder, name)
+        return out
+
+
+# the groups by attribute name; a group's field is keyed by its own name unless it says
+GROUPS: dict[str, type] = {
+    "model": ModelConfig,
+    "engine": EngineConfig,
+    "recording": RecordingConfig,
+    "fleet": FleetConfig,
+    "limits": Limits,
+}
+
+
+def _keys() -> dict[str, tuple[str, str]]:
+    """key -> (group attribute or "", field name); keys are unique over every group."""
+    keys: dict[str, tuple[str, str]] = {}
+    owners = [("", ServerConfig), *GROUPS.items()]
+    for group, cls in owners:
+        for f in dataclasses.fields(cls):
+            if group == "" and f.name in GROUPS:
+                continue
+            key = f.metadata.get("key") or f.name
+            if key in keys:
+                raise TypeError(f"setting key {key!r} is declared twice")
+            keys[key] = (group, f.name)
+    return keys
+
+
+KEYS = _keys()

@@ -175,25 +175,30 @@ def load(config: Any, model_id: str) -> tuple[Any, Any]:
     from models import registry
     from models.card_parallel import plan_for
     from models.instance import load_instance
+    from models.loops.chunk_restart import RegenerateWhenSooner, RestartCutsOnly
     from models.loops.extensions import deploy_extensions
     from runtime.extensions import parse_extension_arg
 
+    options = config.model
     card = registry.get(model_id)
-    if config.chunk_frames is not None:  # e.g. 1: the latency mode (4 video frames per chunk)
-        card = card.with_chunk_frames(config.chunk_frames)
-    if config.gpus > 1:  # the plan is checked before any weight loads
-        card = with_plan(card, config.parallel, config.gpus)
-        plan_for(card, config.gpus)
+    if options.chunk_frames is not None:  # e.g. 1: the latency mode (4 video frames per chunk)
+        card = card.with_chunk_frames(options.chunk_frames)
+    if options.gpus > 1:  # the plan is checked before any weight loads
+        card = with_plan(card, options.parallel, options.gpus)
+        plan_for(card, options.gpus)
+    fast = config.engine.steering == "fast"
     instance = load_instance(
         card,
-        device=config.device,
-        checkpoint_dir=config.checkpoint_dir,
-        random_weights=config.random_weights,
+        device=options.device,
+        checkpoint_dir=options.checkpoint_dir,
+        random_weights=options.random_weights,
+        # baseline steering: only a cut restarts the chunk in flight
+        chunk_restart=RegenerateWhenSooner() if fast else RestartCutsOnly(),
+        extensions=deploy_extensions([parse_extension_arg(a) for a in options.extensions]),
     )
-    if config.compile:
-        instance.compile(attention=config.attention, cuda_graphs=config.cuda_graphs)
-    instance.adapters.register_specs(config.adapters)  # AdapterError: a bad one, before serving
-    instance.extensions = deploy_extensions([parse_extension_arg(a) for a in config.extensions])
+    if options.compile:
+        instance.compile(attention=options.attention, cuda_graphs=options.cuda_graphs)
+    instance.adapters.register_specs(options.adapters)  # AdapterError: a bad one, before serving
     return card, instance
 
 
@@ -205,12 +210,12 @@ def follow(config: Any) -> int:
     from runtime.observers import NaNWatch
     from runtime.spmd import Follower, model_ops
 
-    if config.device in ("auto", "cuda") and torch.cuda.is_available():
+    if config.model.device in ("auto", "cuda") and torch.cuda.is_available():
         torch.cuda.set_device(world()[2])
     from server.app import DEFAULT_MODEL
 
-    _, instance = load(config, config.model or DEFAULT_MODEL)
-    channel = join(instance, config.gpus, config.max_sessions)
+    _, instance = load(config, config.model.card or DEFAULT_MODEL)
+    channel = join(instance, config.model.gpus, config.engine.max_sessions)
     try:
         Follower(channel, model_ops(instance), observers=(NaNWatch(),)).serve()
     finally:

@@ -33,7 +33,6 @@ frames the audio track delivers faster than they are read are dropped past
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -49,6 +48,8 @@ from aiortc import (
 )
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from runtime.errors import DreamrtError
+from runtime.task_set import TaskSet
 from server.control_inbox import ControlInbox
 from server.frame_pacer import FramePacer
 from server.limits import Limits
@@ -75,8 +76,11 @@ AUDIO_QUEUE_FRAMES = 50  # 1 s of 20 ms frames waiting in the track: beyond, the
 CONTROL_LABEL = "control"
 
 
-class OfferError(ValueError):
-    """The offer cannot be answered (malformed SDP, no video m-line, no common codec)."""
+class OfferError(DreamrtError, ValueError):
+    """The offer cannot be answered (malformed SDP, no video m-line, no common codec): 400."""
+
+    code = "bad_offer"
+    status = 400
 
 
 def video_codec_preferences() -> list[Any]:
@@ -176,7 +180,7 @@ class ViewerPeer:
             max_prompt_chars=limits.max_prompt_chars,
         )
         self._on_closed = on_closed
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet(log, f"session {session.id}")
         self._channel: Any = None
         self._subscription = session.events.subscribe(after_id=session.events.last_id)
         self._closed = False
@@ -324,16 +328,7 @@ class ViewerPeer:
     # ---------------------------------------------------------------- lifecycle
 
     def _spawn(self, coro: Any, what: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=f"peer-{self.session.id}-{what}")
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error(
-                "session %s: %s failed", self.session.id, task.get_name(), exc_info=task.exception()
-            )
+        self._tasks.spawn(coro, f"peer-{self.session.id}-{what}")
 
     @property
     def closed(self) -> bool:
@@ -368,12 +363,7 @@ class ViewerPeer:
             await self._drain_events()
         self._subscription.close()
         self.track.stop()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._tasks.close()
         await self.inbox.close()
         await self.pc.close()
         if not self.session.terminal:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import av
 import numpy as np
 
+from runtime.errors import DreamrtError
+
 __all__ = [
     "TARGET_RATE_HZ",
     "AudioClip",
@@ -36,12 +38,18 @@ MAX_SECONDS = 30.0  # per upload; longer streams arrive as several uploads
 _WAV_CODECS = frozenset({"pcm_u8", "pcm_s16le", "pcm_s24le", "pcm_s32le", "pcm_f32le", "pcm_f64le"})
 
 
-class AudioFormatError(ValueError):
-    """The upload is not PCM s16le nor a WAV file this decoder understands."""
+class AudioFormatError(DreamrtError, ValueError):
+    """The upload is not PCM s16le nor a WAV file this decoder understands (400)."""
+
+    code = "bad_audio"
+    status = 400
 
 
 class AudioTooLongError(AudioFormatError):
-    """The upload decodes to more seconds than the limit allows."""
+    """The upload decodes to more seconds than the limit allows (413)."""
+
+    code = "too_long"
+    status = 413
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from typing import Any
 from models.loops.requests import SessionRequest
 from runtime.admission import Reject
 from runtime.contract import Priority
+from runtime.errors import DreamrtError
 from sessions.session import Session, SessionClosedError, SessionConfig, SessionStateError
 
 __all__ = ["Fork", "ForkError", "ForkRegistry"]
@@ -43,8 +44,11 @@ __all__ = ["Fork", "ForkError", "ForkRegistry"]
 log = logging.getLogger(__name__)
 
 
-class ForkError(ValueError):
-    """A fork or choice the request cannot have (``field`` names the request field)."""
+class ForkError(DreamrtError, ValueError):
+    """A fork or choice the request cannot have (``field`` names the request field: a 422)."""
+
+    code = "invalid_field"
+    status = 422
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)

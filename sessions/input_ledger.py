@@ -30,6 +30,7 @@ from runtime.contract import (
     InputTiming,
     PromptInput,
 )
+from runtime.errors import DreamrtError
 from sessions.audio import TARGET_RATE_HZ, AudioClip
 from sessions.emission_order import EmissionOrder
 from sessions.events import (
@@ -50,17 +51,29 @@ __all__ = ["InputBacklogError", "InputLedger", "InvalidInputError", "Unsupported
 ActionValidator = Callable[[list[str], tuple[float, float]], list[str]]
 
 
-class UnsupportedInputError(ValueError):
-    """The session's model card does not declare the capability this input needs."""
+class UnsupportedInputError(DreamrtError, ValueError):
+    """The session's model card does not declare the capability this input needs (a 422;
+    ``field`` names the request field that asks for it, if one does)."""
+
+    code = "unsupported_input"
+    status = 422
 
 
-class InputBacklogError(ValueError):
+class InputBacklogError(DreamrtError, ValueError):
     """``max_pending`` inputs already wait for the loop (paused or busy): this one is refused
     (429 on REST, an ``error`` event on the data channel) rather than held without bound."""
 
+    code = "input_backlog"
+    status = 429
+    retry_after_s = 1.0
 
-class InvalidInputError(ValueError):
-    """The input's payload is not one the model accepts (e.g. an unknown action key)."""
+
+class InvalidInputError(DreamrtError, ValueError):
+    """The input's payload is not one the model accepts (e.g. an unknown action key): a 422
+    naming the field."""
+
+    code = "invalid_field"
+    status = 422
 
 
 class InputLedger:
@@ -115,7 +128,7 @@ class InputLedger:
     def prompt(self, text: str, mode: Literal["switch", "cut"] = "switch") -> int:
         """Queues a prompt (``mode`` switch or cut); returns its sequence number."""
         capability = "prompt.cut" if mode == "cut" else "prompt.switch"
-        self._require_capability(capability, f"prompt mode {mode!r}")
+        self._require_capability(capability, f"prompt mode {mode!r}", field="mode")
         self._require_open()
         self._check_backlog()  # before prompt memory takes it
         entry = self._prompts.receive(self._next_seq, text, mode, received_s=self._wall())
@@ -123,14 +136,14 @@ class InputLedger:
 
     def action(self, keys: list[str], mouse: tuple[float, float] | None = None) -> int:
         """Queues held keys and a mouse move (dx, dy pixels), checked by the model first."""
-        self._require_capability("input.action", "actions")
+        self._require_capability("input.action", "actions", field="keys")
         dx, dy = mouse if mouse is not None else (0.0, 0.0)
         keys = list(keys)
         if self._action_validator is not None:
             try:
                 keys = self._action_validator(keys, (float(dx), float(dy)))
             except ValueError as exc:
-                raise InvalidInputError(str(exc)) from None
+                raise InvalidInputError(str(exc), field="keys") from None
         payload = ActionInput(keys=tuple(keys), mouse=(float(dx), float(dy)))
         return self._receive(InputKind.ACTION, payload, {"keys": keys, "mouse": [*payload.mouse]})
 
@@ -176,12 +189,13 @@ class InputLedger:
                 f"{waiting} inputs already wait for the loop; the limit is {self.max_pending}"
             )
 
-    def _require_capability(self, capability: str, what: str) -> None:
+    def _require_capability(self, capability: str, what: str, field: str | None = None) -> None:
         if capability not in self._capabilities:
             raise UnsupportedInputError(
                 f"model {self._model_id!r} does not accept {what} "
                 f"(it lacks the {capability!r} capability; "
-                f"it has {sorted(self._capabilities)})"
+                f"it has {sorted(self._capabilities)})",
+                field=field,
             )
 
     def inherit(self, parent: InputLedger) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.admission import Reject
+from runtime.errors import DreamrtError
 from sessions.loop_handle import LoopHandleLike
 from sessions.served_models import ServedModels
 
@@ -34,8 +35,12 @@ __all__ = ["HeldLoop", "HoldTimeout", "ModelControl", "ModelHold"]
 log = logging.getLogger(__name__)
 
 
-class HoldTimeout(RuntimeError):
-    """Some loop did not reach its boundary in time; nothing was changed."""
+class HoldTimeout(DreamrtError, RuntimeError):
+    """Some loop did not reach its boundary in time; nothing was changed (503: retry)."""
+
+    code = "busy"
+    status = 503
+    retry_after_s = 5.0
 
 
 @dataclass(frozen=True, slots=True)

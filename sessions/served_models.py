@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from models.card import ModelCard, Profile
 from runtime.admission import Reject
 from runtime.contract import Loop
+from runtime.errors import DreamrtError
 
 __all__ = [
     "EngineLike",
@@ -31,9 +32,12 @@ class HostError(RuntimeError):
     """A host is closed, or an id is already in use."""
 
 
-class UnsupportedTaskError(ValueError):
+class UnsupportedTaskError(DreamrtError, ValueError):
     """The model card cannot serve this request (capability or recipe); ``field`` names the
-    request field at fault."""
+    request field at fault (a 422)."""
+
+    code = "invalid_field"
+    status = 422
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
@@ -71,9 +75,12 @@ class EngineLike(Protocol):
     def spawn(self, loop: Any, request: Any, model: Any, **kwargs: Any) -> Any: ...
 
 
-class ModelUnavailableError(HostError):
+class ModelUnavailableError(DreamrtError, HostError):
     """The model takes no new work for now (a weight sync, a sleeping component): retry after
-    ``retry_after_s`` seconds."""
+    ``retry_after_s`` seconds (a 503 + ``Retry-After``)."""
+
+    code = "unavailable"
+    status = 503
 
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)

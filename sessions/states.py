@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import enum
 
+from runtime.errors import DreamrtError
+
 __all__ = [
     "JOB_TERMINAL",
     "SESSION_TERMINAL",
@@ -41,8 +43,12 @@ class TransitionError(RuntimeError):
         self.target = target
 
 
-class SessionStateError(RuntimeError):
-    """The request does not fit the session's current state (e.g. resume without a viewer)."""
+class SessionStateError(DreamrtError, RuntimeError):
+    """The request does not fit the session's current state (e.g. resume without a viewer): a
+    409 whose message names the state."""
+
+    code = "conflict"
+    status = 409
 
 
 class SessionClosedError(SessionStateError):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runtime.errors import DreamrtError
 from sessions.events import WeightsUpdated
 from sessions.model_hold import ModelControl
 
@@ -34,13 +35,19 @@ __all__ = ["InvalidWeightsError", "SyncResult", "WeightSync", "WeightSyncError"]
 log = logging.getLogger(__name__)
 
 
-class WeightSyncError(RuntimeError):
-    """The model cannot take an update now (e.g. a component is asleep); nothing changed."""
+class WeightSyncError(DreamrtError, RuntimeError):
+    """The model cannot take an update now (e.g. a component is asleep); nothing changed (409)."""
+
+    code = "conflict"
+    status = 409
 
 
-class InvalidWeightsError(ValueError):
+class InvalidWeightsError(DreamrtError, ValueError):
     """The update does not fit the model (the reader's message: names, shapes, values, an
-    unreadable file); nothing changed."""
+    unreadable file); nothing changed (422)."""
+
+    code = "invalid"
+    status = 422
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,9 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     cuda = args.device == "cuda"
     card = get(args.model)
     instance = load_instance(
-        card, device=args.device, precision="bf16" if cuda else "fp32", random_weights=True
+        card,
+        device=args.device,
+        precision="bf16" if cuda else "fp32",
+        random_weights=True,
+        extensions=deploy_extensions([("fbcache", {}), ("teacache", {})]),
     )
-    instance.extensions = deploy_extensions([("fbcache", {}), ("teacache", {})])
     json_path = args.json or os.path.join(os.environ.get("OUT", "."), "extensions.json")
     header = {
         "model": card.model_id,

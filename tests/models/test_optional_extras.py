@@ -37,7 +37,7 @@ instance = load_instance(get(DEFAULT_MODEL), device="cpu")
 result, emissions = asyncio.run(run_inline(
     instance.loop("chunk_rollout"), SessionRequest(prompt="a red ball", max_chunks=1), instance))
 frames = sum(e.output.shape[0] for e in emissions if e.spec.stream == "media")
-config = ServerConfig(data_dir=r"{tmp_path}", device="cpu", web_dir=None)
+config = ServerConfig.of(data_dir=r"{tmp_path}", device="cpu", web_dir=None)
 with TestClient(create_app(config)) as client:
     created = client.post("/v1/sessions", json={{"prompt": "a red ball"}}).status_code
 print(DEFAULT_MODEL, frames > 0, created, [m for m in ("transformers", "diffusers")

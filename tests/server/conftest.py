@@ -12,7 +12,7 @@ from server.app import ServerConfig, create_app
 
 
 def make_client(tmp_path: Path, **overrides) -> TestClient:
-    config = ServerConfig(data_dir=tmp_path / "data", device="cpu", web_dir=None, **overrides)
+    config = ServerConfig.of(data_dir=tmp_path / "data", device="cpu", web_dir=None, **overrides)
     return TestClient(create_app(config))
 
 

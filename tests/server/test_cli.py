@@ -144,7 +144,7 @@ def test_serve_takes_a_scheduling_policy(monkeypatch) -> None:
         assert parser.parse_args(["serve", "--scheduler", name]).scheduler == name
     served = _capture_serve(monkeypatch)
     assert main(["serve", "--scheduler", "chunk-rr", "--port", "9"]) == 0
-    assert served[0].state.config.scheduler == "chunk-rr"
+    assert served[0].state.config.engine.scheduler == "chunk-rr"
 
 
 def test_serve_rejects_an_unknown_scheduler(capsys) -> None:
@@ -158,15 +158,17 @@ def test_serve_rejects_an_unknown_scheduler(capsys) -> None:
 def test_serve_takes_the_latency_mode_and_the_steering_path(monkeypatch) -> None:
     served = _capture_serve(monkeypatch)
     assert main(["serve", "--port", "9"]) == 0
-    default = served[0].state.config
-    assert (default.shutdown_timeout_s, default.resume_grace_s) == (10.0, 120.0)
-    assert (default.chunk_frames, default.random_weights, default.steering) == (None, False, "fast")
+    default = served[0].state.config.flat()
+    assert (default["shutdown_timeout_s"], default["resume_grace_s"]) == (10.0, 120.0)
+    assert (default["chunk_frames"], default["random_weights"]) == (None, False)
+    assert default["steering"] == "fast"
     argv = ["serve", "--chunk-frames", "1", "--random-weights", "--steering", "baseline"]
     argv += ["--shutdown-timeout", "4", "--resume-grace", "0"]
     assert main([*argv, "--port", "9"]) == 0
     config = served[1].state.config
-    assert (config.chunk_frames, config.random_weights, config.steering) == (1, True, "baseline")
-    assert (config.shutdown_timeout_s, config.resume_grace_s) == (4.0, 0.0)
+    assert (config.model.chunk_frames, config.model.random_weights) == (1, True)
+    assert config.engine.steering == "baseline"
+    assert (config.shutdown_timeout_s, config.recording.resume_grace_s) == (4.0, 0.0)
 
 
 def test_serve_takes_the_fleet_options_and_router_its_own(monkeypatch, tmp_path) -> None:
@@ -185,9 +187,10 @@ def test_serve_takes_the_fleet_options_and_router_its_own(monkeypatch, tmp_path)
     shared = tmp_path / "shared"
     argv = ["serve", "--fleet", "prod", "--fleet-discovery", "etcd", "--snapshot-dir", str(shared)]
     assert main([*argv, "--engine-id", "n1-gpu0", "--public-url", "https://n1:8000"]) == 0
-    config = served[0][0].state.config
-    assert (config.fleet, config.fleet_discovery, config.snapshot_dir) == ("prod", "etcd", shared)
-    assert (config.engine_id, config.public_url) == ("n1-gpu0", "https://n1:8000")
+    fleet = served[0][0].state.config.fleet
+    assert (fleet.namespace, fleet.discovery) == ("prod", "etcd")
+    assert served[0][0].state.config.recording.snapshot_dir == shared
+    assert (fleet.engine_id, fleet.public_url) == ("n1-gpu0", "https://n1:8000")
     assert served[0][1]["loop"] == "asyncio"  # uvloop (from the fleet extra) is not picked up
     assert main(["router", "--fleet", "prod", "--port", "8088", "--key", "k" * 32]) == 0
     router_app, kwargs = served[1]
@@ -197,7 +200,7 @@ def test_serve_takes_the_fleet_options_and_router_its_own(monkeypatch, tmp_path)
 def test_serve_enables_extensions_and_refuses_bad_ones(monkeypatch, capsys) -> None:
     served = _capture_serve(monkeypatch)
     assert main(["serve", "--extension", "fbcache:threshold=0.05", "--port", "9"]) == 0
-    assert served[0].state.config.extensions == ("fbcache:threshold=0.05",)
+    assert served[0].state.config.model.extensions == ("fbcache:threshold=0.05",)
     assert main(["serve", "--extension", "taylorseer"]) == 2
     assert "unknown extension 'taylorseer'" in capsys.readouterr().err
     assert main(["serve", "--extension", "fbcache:threshold=-1"]) == 2
@@ -209,7 +212,7 @@ def test_serve_takes_the_admission_cost(monkeypatch, capsys) -> None:
     served = _capture_serve(monkeypatch)
     assert main(["serve", "--port", "9"]) == 0
     assert main(["serve", "--port", "9", "--admission-cost", "measured"]) == 0
-    assert [app.state.config.admission_cost for app in served] == ["auto", "measured"]
+    assert [app.state.config.engine.admission_cost for app in served] == ["auto", "measured"]
     with pytest.raises(SystemExit):
         main(["serve", "--admission-cost", "fast"])
     assert "--admission-cost" in capsys.readouterr().err
