@@ -73,6 +73,17 @@ class ModelConfig:
         "with --compile: replay CUDA graphs of steady-state chunk forwards (the warm-up "
         "captures them for every slab)",
     )
+    kv_cache: str = setting(
+        "model",
+        "the chunk-K/V cache's storage: model (the model's dtype) or fp8 (e4m3 with per-head "
+        "scales, read by FA3's FP8 kernel on Hopper; half the bytes; lossy)",
+        choices=("model", "fp8"),
+    )
+    fp8_linears: str = setting(
+        "off",
+        "with --compile: FP8 linears in the DiT blocks, row-wise or per-tensor scales (lossy)",
+        choices=("off", "row", "tensor"),
+    )
     # None: warm up when compiled; the flag can only turn it off
     warmup: bool | None = setting(
         None,

@@ -196,8 +196,16 @@ def load(config: Any, model_id: str) -> tuple[Any, Any]:
         chunk_restart=RegenerateWhenSooner() if fast else RestartCutsOnly(),
         extensions=deploy_extensions([parse_extension_arg(a) for a in options.extensions]),
     )
+    fp8 = None if options.fp8_linears == "off" else options.fp8_linears
     if options.compile:
-        instance.compile(attention=options.attention, cuda_graphs=options.cuda_graphs)
+        instance.compile(
+            attention=options.attention,
+            cuda_graphs=options.cuda_graphs,
+            kv_cache=options.kv_cache,
+            fp8=fp8,
+        )
+    else:
+        instance.configure(kv_cache=options.kv_cache, fp8=fp8)
     instance.adapters.register_specs(options.adapters)  # AdapterError: a bad one, before serving
     return card, instance
 
