@@ -397,7 +397,6 @@ def main(argv: list[str] | None = None) -> int:
     first_steady = -(-(sink + ring) // c) + 1
     if args.chunks <= first_steady:
         parser.error(f"--chunks must exceed {first_steady} to reach steady state")
-    instance.reserve_kv_slabs(profile, 1)
     started = time.perf_counter()
     for index, variant in enumerate(variants):
         if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
@@ -411,8 +410,9 @@ def main(argv: list[str] | None = None) -> int:
                 if cuda:
                     torch.cuda.empty_cache()
                 instance = fresh_instance()
-                instance.reserve_kv_slabs(profile, 1)
+            # levers first: the K/V storage (kvfp8) is fixed once a slab exists
             setup = _prepare(variant, instance, args)
+            instance.reserve_kv_slabs(profile, 1)
             print(f"{variant}: {setup}", flush=True)
             warmup = max(first_steady + 1, instance.warmup_chunks(profile))
             trace = variant in args.trace.split(",")
