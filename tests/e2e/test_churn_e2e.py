@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from infra.load.churn import run_churn
+from infra.load.leak_check import THREAD_SLACK
 from tests.e2e.test_sessions_e2e import start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -31,5 +32,8 @@ async def test_churn_leaves_nothing_behind(tmp_path) -> None:
     after = result.after
     assert after.slabs_free == after.slabs_capacity and after.server_tasks == 0 and after.peers == 0
     ratios = result.ratios()
-    assert ratios["fds"] <= 1.10 and ratios["threads"] <= 1.10, result.table()
+    assert ratios["fds"] <= 1.10, result.table()
+    # the default executor grows to a fixed size as work overlaps (the leak check's rule); a
+    # thread leaked per session would add 16 here
+    assert after.threads <= result.before.threads + THREAD_SLACK, result.table()
     assert ratios["rss"] <= 1.10, result.table()
