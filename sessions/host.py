@@ -207,7 +207,7 @@ class SessionHost:
             first_event_id=first_event_id,
         )
         if resume is not None:
-            session.prompts.continue_segment(resume.segment)
+            session.chunks.continue_segment(resume.segment)
         self.store.defer(
             self.store.add_session if resume is None else self._resumed_row,
             session_id=session_id,

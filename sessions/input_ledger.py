@@ -12,7 +12,7 @@ record needs of the other inputs until they are applied.
 
 Each input's time to steer (``sessions.latency``) starts at its receipt here. An acknowledgement
 measures it at once (the input's frames are in the media queue then) and publishes it on the
-``*.applied`` event in emission order (``sessions.emission_order``: after the ``media.chunk``
+``*.applied`` event in emission order (``sessions.chunk_stream``: after the ``media.chunk``
 events before it); a superseded input is forgotten (it will never be shown).
 """
 
@@ -29,9 +29,10 @@ from runtime.contract import (
     InputKind,
     InputTiming,
     PromptInput,
+    PromptMode,
 )
 from sessions.audio import TARGET_RATE_HZ, AudioClip
-from sessions.emission_order import EmissionOrder
+from sessions.chunk_stream import ChunkStream
 from sessions.events import (
     ActionApplied,
     AudioApplied,
@@ -81,7 +82,7 @@ class InputLedger:
         prompts: PromptMemory,
         records: ChunkRecorder,
         latency: SessionLatency,
-        order: EmissionOrder,
+        chunks: ChunkStream,
         require_open: Callable[[], None],
         send: Callable[[InputEvent], None],
         clock: Callable[[], float],
@@ -96,7 +97,7 @@ class InputLedger:
         self._prompts = prompts
         self._records = records
         self._latency = latency
-        self._order = order
+        self._chunks = chunks
         self._require_open = require_open
         self._send = send
         self._clock = clock
@@ -112,14 +113,14 @@ class InputLedger:
 
     # ---------------------------------------------------------------- received
 
-    def prompt(self, text: str, mode: Literal["switch", "cut"] = "switch") -> int:
+    def prompt(self, text: str, mode: PromptMode | Literal["switch", "cut"] = "switch") -> int:
         """Queues a prompt (``mode`` switch or cut); returns its sequence number."""
-        capability = "prompt.cut" if mode == "cut" else "prompt.switch"
-        self._require_capability(capability, f"prompt mode {mode!r}")
+        mode = PromptMode(mode)  # the wire's name, once: the enum from here to the loop
+        self._require_capability(f"prompt.{mode.value}", f"prompt mode {mode.value!r}")
         self._require_open()
         self._check_backlog()  # before prompt memory takes it
-        entry = self._prompts.receive(self._next_seq, text, mode, received_s=self._wall())
-        return self._receive(InputKind.PROMPT, PromptInput(text=text, mode=entry.mode))
+        self._prompts.receive(self._next_seq, text, mode, received_s=self._wall())
+        return self._receive(InputKind.PROMPT, PromptInput(text=text, mode=mode))
 
     def action(self, keys: list[str], mouse: tuple[float, float] | None = None) -> int:
         """Queues held keys and a mouse move (dx, dy pixels), checked by the model first."""
@@ -186,29 +187,33 @@ class InputLedger:
 
     def inherit(self, parent: InputLedger) -> None:
         """A fork candidate goes on with ``parent``'s prompts, the inputs it has not applied
-        yet and its sequence numbers (the forked loop state holds the same inputs)."""
+        yet, its sequence numbers and its segment (the forked loop state holds the same
+        inputs)."""
         self._prompts.continue_from(parent._prompts)
+        self._chunks.continue_segment(parent._chunks.segment)
         self._pending = dict(parent._pending)
         self._next_seq = parent._next_seq
 
     # ---------------------------------------------------------------- applied
 
-    def applied(self, meta: AppliedMeta, timing: InputTiming | None, *, dropped: int) -> None:
-        """The loop's acknowledgement that chunk ``meta.chunk`` is the first to reflect
-        ``meta.seq``, whose frames just entered the media queue; ``timing``: the runtime's
-        stages of the input, ``dropped``: the queued frames its acknowledgement flushed. The
-        events follow in emission order."""
+    def applied(
+        self, meta: AppliedMeta, timing: InputTiming | None, segment: int, dropped: int
+    ) -> None:
+        """The loop's acknowledgement that chunk ``meta.chunk`` (of ``segment``) is the first
+        to reflect ``meta.seq``, whose frames just entered the media queue; ``timing``: the
+        runtime's stages of the input, ``dropped``: the queued frames its acknowledgement
+        flushed (``sessions.chunk_stream`` calls it). The events follow in emission order."""
         latency = self._latency.applied(
             meta.seq, chunk=meta.chunk, pts_90k=meta.pts_90k, timing=timing, dropped=dropped
         )
-        self._order.after(lambda: self._acknowledge(meta, latency))
+        self._chunks.after(lambda: self._acknowledge(meta, segment, latency))
 
-    def _acknowledge(self, meta: AppliedMeta, latency: InputLatency | None) -> None:
+    def _acknowledge(self, meta: AppliedMeta, segment: int, latency: InputLatency | None) -> None:
         """Publishes ``*.applied`` (raises ``UnknownPromptError`` for a prompt never received)."""
-        kind, seq, chunk, pts = InputKind(meta.kind), meta.seq, meta.chunk, meta.pts_90k
+        kind, seq, chunk, pts = meta.kind, meta.seq, meta.chunk, meta.pts_90k
         if kind is InputKind.PROMPT:
             entry, superseded = self._prompts.apply(
-                seq, chunk=chunk, pts_90k=pts, applied_s=self._wall()
+                seq, chunk=chunk, pts_90k=pts, segment=segment, applied_s=self._wall()
             )
             self._supersede(seq, kind, [e.seq for e in superseded])
             recorded = {"text": entry.text}
@@ -218,7 +223,7 @@ class InputLedger:
                     chunk=chunk,
                     pts=pts,
                     mode=entry.mode,
-                    segment=entry.segment or 0,
+                    segment=segment,
                     text=entry.text,
                     latency=latency,
                 )

@@ -191,10 +191,12 @@ async def test_cut_starts_a_new_segment_and_predicts_the_in_flight_chunk() -> No
     session.on_emission(media(0))
     seq, applies_at = session.push_prompt("a city", "cut")
     assert applies_at == 1
+    # the loop counts the cut: the chunk's media (before its acks) is of segment 1
+    session.on_emission(media(1, segment=1))
     session.on_emission(applied("prompt", seq, chunk=1, pts=45000))
     await session.settle()
     event = session.events.history()[-1]
-    assert (event.mode, event.segment, session.prompts.segment) == ("cut", 1, 1)
+    assert (event.mode, event.segment, session.chunks.segment) == ("cut", 1, 1)
     assert session.snapshot()["segment"] == 1 and session.snapshot()["prompt"] == "a city"
     await session.close()
 

@@ -1,4 +1,5 @@
-"""Emission order: digests hashed on worker threads, their work run on the loop in order."""
+"""The chunk stream: digests hashed on worker threads, their work run on the loop in emission
+order."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 import numpy as np
 
 from sessions import session as session_module
-from sessions.emission_order import EmissionOrder
+from sessions.chunk_stream import EmissionOrder
 from sessions.records import frames_digest
 from tests.sessions.fakes import FakeHandle
 from tests.sessions.test_session import applied, event_types, make_session, media
