@@ -316,6 +316,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         action_validator=validate_action,
         admission_cost=config.admission_cost,
         max_pending_inputs=config.limits.max_pending_inputs,
+        max_prompt_chars=config.limits.max_prompt_chars,
         handoff_dir=config.snapshot_dir,
     )
     jobs = JobHost(

@@ -59,6 +59,7 @@ from sessions.forks import ForkError
 from sessions.resume import ResumeError
 from sessions.session import (
     InvalidInputError,
+    PromptTooLongError,
     Session,
     SessionClosedError,
     SessionStateError,
@@ -252,9 +253,10 @@ async def prompt(
     session_id: str, body: PromptBody, request: Request, grant: AuthGrant
 ) -> PromptAccepted:
     session = _live(request, session_id, grant)
-    check_prompt(request, "text", body.text)
     try:
         seq, applies_at = session.push_prompt(body.text, body.mode)
+    except PromptTooLongError as exc:
+        raise field_error("text", str(exc), code="prompt_too_long") from None
     except UnsupportedInputError as exc:
         raise field_error("mode", str(exc), code="unsupported_input") from None
     except SessionClosedError as exc:

@@ -1,19 +1,26 @@
-"""The input ledger of one session: every input checked, numbered and acknowledged twice.
+"""The input ledger of one session: the life of an input of every kind, from its receipt to
+its acknowledgement.
 
-An input the model card can take (its capability) gets the session's next sequence number
-(``0`` is the initial prompt), an ``input.received`` event at once, and reaches the loop as an
-``InputEvent``. When the loop reports the first chunk that reflects it (an ``"applied"``
-emission), the ledger publishes ``prompt.applied`` / ``action.applied`` / ``audio.applied`` with
-that chunk and PTS and completes the chunk's behaviour record. Prompts and actions are latched
-latest-wins per chunk, so the pending ones of the same kind older than an applied one were
-skipped by the loop: each gets ``input.superseded``. Prompts themselves live in prompt memory
-(``sessions.prompt_memory``), the one ledger of what was asked; this one keeps only what the
-record needs of the other inputs until they are applied.
+    received   checked (the prompt's length, the card's capability for its kind or prompt mode,
+               the model's check of an action), the session open, the loop's backlog under
+               ``max_pending``; then numbered (the session's next sequence number, ``0`` is
+               the initial prompt), its time to steer started (``sessions.latency``), sent to
+               the loop as an ``InputEvent`` and ``input.received`` published at once
+    applied    the loop reports the first chunk that reflects it (an ``"applied"`` emission,
+               handed over by ``sessions.chunk_stream`` with the chunk's segment and the frames
+               its flush dropped): its latency is measured at once (its frames are in the media
+               queue then); ``prompt.applied`` / ``action.applied`` / ``audio.applied`` with
+               that chunk and PTS, and the chunk's behaviour record completed, in emission order
+               (after the ``media.chunk`` events before it)
+    superseded prompts and actions are latched latest-wins per chunk, so the pending ones of
+               the same kind older than an applied one were skipped by the loop: each gets
+               ``input.superseded`` and its latency is forgotten (it will never be shown)
 
-Each input's time to steer (``sessions.latency``) starts at its receipt here. An acknowledgement
-measures it at once (the input's frames are in the media queue then) and publishes it on the
-``*.applied`` event in emission order (``sessions.chunk_stream``: after the ``media.chunk``
-events before it); a superseded input is forgotten (it will never be shown).
+Each check happens once, here: the server's edges (REST, the data channel, LiveKit) decode the
+wire and map these errors to their answers. A prompt's ``mode`` becomes a
+``runtime.contract.PromptMode`` on entry and stays one to the loop and the wire. Prompts
+themselves live in prompt memory (``sessions.prompt_memory``), the one ledger of what was
+asked; this one keeps only what the record needs of the other inputs until they are applied.
 """
 
 from __future__ import annotations
@@ -46,7 +53,13 @@ from sessions.latency import SessionLatency
 from sessions.prompt_memory import PromptMemory
 from sessions.records import ChunkRecorder
 
-__all__ = ["InputBacklogError", "InputLedger", "InvalidInputError", "UnsupportedInputError"]
+__all__ = [
+    "InputBacklogError",
+    "InputLedger",
+    "InvalidInputError",
+    "PromptTooLongError",
+    "UnsupportedInputError",
+]
 
 ActionValidator = Callable[[list[str], tuple[float, float]], list[str]]
 
@@ -64,13 +77,20 @@ class InvalidInputError(ValueError):
     """The input's payload is not one the model accepts (e.g. an unknown action key)."""
 
 
+class PromptTooLongError(InvalidInputError):
+    """A prompt over the server's ``max_prompt_chars`` (422 ``prompt_too_long`` on REST, an
+    ``error`` event of that code on the data channel)."""
+
+
 class InputLedger:
     """See the module docstring.
 
     ``require_open`` raises when the session accepts no more inputs; ``send`` hands an input to
     the loop; ``action_validator`` is the model's check of an action (keys, (dx, dy)) ->
-    canonical keys, raising ``ValueError``. ``clock`` stamps ``received_s`` (monotonic), ``wall``
-    the prompt memory (Unix seconds).
+    canonical keys, raising ``ValueError``. ``backlog`` counts the inputs sent that the loop
+    has not taken yet, refused from ``max_pending`` on (0: unbounded); ``max_prompt_chars`` is
+    the prompt limit. ``clock`` stamps ``received_s`` (monotonic), ``wall`` the prompt memory
+    (Unix seconds).
     """
 
     def __init__(
@@ -90,6 +110,7 @@ class InputLedger:
         action_validator: ActionValidator | None = None,
         backlog: Callable[[], int] = lambda: 0,
         max_pending: int = 0,
+        max_prompt_chars: int = 4000,
     ) -> None:
         self._model_id = model_id
         self._capabilities = capabilities
@@ -103,8 +124,9 @@ class InputLedger:
         self._clock = clock
         self._wall = wall
         self._action_validator = action_validator
-        self._backlog = backlog  # inputs sent that the loop has not taken yet
-        self.max_pending = max_pending  # 0: unbounded
+        self._backlog = backlog
+        self.max_pending = max_pending
+        self.max_prompt_chars = max_prompt_chars
         self._next_seq = 1
         # seq -> (kind, what the record keeps) of actions and audio until applied
         self._pending: dict[int, tuple[InputKind, Any]] = {}
@@ -113,14 +135,23 @@ class InputLedger:
 
     # ---------------------------------------------------------------- received
 
-    def prompt(self, text: str, mode: PromptMode | Literal["switch", "cut"] = "switch") -> int:
-        """Queues a prompt (``mode`` switch or cut); returns its sequence number."""
+    def prompt(
+        self, text: str, mode: PromptMode | Literal["switch", "cut"] = "switch"
+    ) -> tuple[int, int]:
+        """Queues a prompt (``mode`` switch or cut); returns ``(seq, applies_at_chunk)``.
+
+        ``applies_at_chunk`` is a prediction: a switch lands after the in-flight chunk, a cut
+        replaces it. The ``prompt.applied`` event carries the authoritative chunk.
+        """
+        if len(text) > self.max_prompt_chars:
+            raise PromptTooLongError(
+                f"prompt is {len(text)} characters; the limit is {self.max_prompt_chars}"
+            )
         mode = PromptMode(mode)  # the wire's name, once: the enum from here to the loop
         self._require_capability(f"prompt.{mode.value}", f"prompt mode {mode.value!r}")
-        self._require_open()
-        self._check_backlog()  # before prompt memory takes it
-        self._prompts.receive(self._next_seq, text, mode, received_s=self._wall())
-        return self._receive(InputKind.PROMPT, PromptInput(text=text, mode=mode))
+        seq = self._receive(InputKind.PROMPT, PromptInput(text=text, mode=mode))
+        in_flight = self._chunks.last_chunk + 1
+        return seq, in_flight if mode is PromptMode.CUT else in_flight + 1
 
     def action(self, keys: list[str], mouse: tuple[float, float] | None = None) -> int:
         """Queues held keys and a mouse move (dx, dy pixels), checked by the model first."""
@@ -138,9 +169,11 @@ class InputLedger:
     def audio(self, clip: AudioClip) -> int:
         """Queues 16 kHz mono audio; the samples travel as the ndarray they are."""
         self._require_capability("input.audio", "audio")
+        seq = self._receive(
+            InputKind.AUDIO, AudioInput(samples=clip.samples), {"seconds": clip.duration_s}
+        )
         self.audio_samples_in += clip.samples.shape[0]
-        payload = AudioInput(samples=clip.samples)
-        return self._receive(InputKind.AUDIO, payload, {"seconds": clip.duration_s})
+        return seq
 
     @property
     def audio_seconds_in(self) -> float:
@@ -152,17 +185,21 @@ class InputLedger:
         payload: PromptInput | ActionInput | AudioInput,
         recorded: Any = None,
     ) -> int:
-        """Numbers an input and sends it; ``recorded`` is what the behaviour record keeps of an
-        action or audio clip until it is applied (a prompt's text is in prompt memory)."""
+        """Admits a checked input (the session open, the backlog under its limit), numbers it
+        and sends it; ``recorded`` is what the behaviour record keeps of an action or audio
+        clip until it is applied (a prompt goes to prompt memory)."""
         self._require_open()
         self._check_backlog()
-        self.last_input_s = self._clock()
+        now = self._clock()
+        self.last_input_s = now
         seq = self._next_seq
         self._next_seq += 1
-        self._latency.received(seq, kind.value)  # before the send: runtime stages count from it
-        self._send(InputEvent(kind=kind, seq=seq, payload=payload, received_s=self._clock()))
-        if kind is not InputKind.PROMPT:
+        if isinstance(payload, PromptInput):
+            self._prompts.receive(seq, payload.text, payload.mode, received_s=self._wall())
+        else:
             self._pending[seq] = (kind, recorded)
+        self._latency.received(seq, kind.value)  # before the send: runtime stages count from it
+        self._send(InputEvent(kind=kind, seq=seq, payload=payload, received_s=now))
         self._events.publish(InputReceived(seq=seq, kind=kind.value))
         return seq
 

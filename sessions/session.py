@@ -42,7 +42,12 @@ from runtime.contract import Emission, InputEvent, LoopResult
 from sessions.audio import AudioClip
 from sessions.chunk_stream import ChunkStream
 from sessions.events import ErrorEvent, Event, EventStream, SessionStateChanged
-from sessions.input_ledger import InputLedger, InvalidInputError, UnsupportedInputError
+from sessions.input_ledger import (
+    InputLedger,
+    InvalidInputError,
+    PromptTooLongError,
+    UnsupportedInputError,
+)
 from sessions.latency import SessionLatency
 from sessions.loop_handle import LoopHandleLike
 from sessions.loop_watch import LoopWatch
@@ -64,6 +69,7 @@ from sessions.store import Store
 
 __all__ = [
     "InvalidInputError",
+    "PromptTooLongError",
     "Session",
     "SessionClosedError",
     "SessionConfig",
@@ -138,6 +144,7 @@ class Session:
             action_validator=config.action_validator,
             backlog=lambda: getattr(self.handle, "pending_inputs", 0),
             max_pending=config.max_pending_inputs,
+            max_prompt_chars=config.max_prompt_chars,
         )
         self._viewers: set[object | None] = set()  # sinks pulling video (None: WebRTC)
         self._unwatched_since: float | None = clock()  # no viewer and no offer in progress since
@@ -403,14 +410,8 @@ class Session:
             self.handle.push_input(event)
 
     def push_prompt(self, text: str, mode: Literal["switch", "cut"] = "switch") -> tuple[int, int]:
-        """Queues a prompt; returns ``(seq, applies_at_chunk)``.
-
-        ``applies_at_chunk`` is a prediction: a switch lands after the in-flight chunk, a cut
-        replaces it. The ``prompt.applied`` event carries the authoritative chunk.
-        """
-        seq = self.ledger.prompt(text, mode)
-        in_flight = self.chunks.last_chunk + 1
-        return seq, in_flight if mode == "cut" else in_flight + 1
+        """Queues a prompt; returns ``(seq, applies_at_chunk)`` (``InputLedger.prompt``)."""
+        return self.ledger.prompt(text, mode)
 
     def push_action(self, keys: list[str], mouse: tuple[float, float] | None = None) -> int:
         return self.ledger.action(keys, mouse)
