@@ -16,8 +16,10 @@ its acknowledgement.
                the same kind older than an applied one were skipped by the loop: each gets
                ``input.superseded`` and its latency is forgotten (it will never be shown)
 
-Each check happens once, here: the server's edges (REST, the data channel, LiveKit) decode the
-wire and map these errors to their answers. A prompt's ``mode`` becomes a
+A live input is checked here, once, whichever edge it came through: the server's edges (REST,
+the data channel, LiveKit) only decode the wire and map these errors to their answers (the
+audio route also asks for the capability before it decodes a body, to spare the decode). A
+prompt's ``mode`` becomes a
 ``runtime.contract.PromptMode`` on entry and stays one to the loop and the wire. Prompts
 themselves live in prompt memory (``sessions.prompt_memory``), the one ledger of what was
 asked; this one keeps only what the record needs of the other inputs until they are applied.
