@@ -313,6 +313,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         action_validator=validate_action,
         admission_cost=config.engine.admission_cost,
         max_pending_inputs=config.limits.max_pending_inputs,
+        max_prompt_chars=config.limits.max_prompt_chars,
         handoff_dir=config.recording.snapshot_dir,
     )
     jobs = JobHost(

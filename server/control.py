@@ -36,9 +36,9 @@ __all__ = [
 
 MAX_MESSAGE_BYTES = 16 * 1024
 
-# The hard cap; the server's configured prompt limit (``server.limits.Limits``) is checked on
-# top of it by the inbox.
-Text = Annotated[str, msgspec.Meta(min_length=1, max_length=16_000)]
+# No length bound here: a prompt's limit is the server's (``--max-prompt-chars``), checked once,
+# by the session's input ledger; the message size bounds the text meanwhile.
+Text = Annotated[str, msgspec.Meta(min_length=1)]
 Key = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
 Delta = Annotated[float, msgspec.Meta(ge=-10_000, le=10_000)]
 

@@ -2,8 +2,9 @@
 ``control`` data channel and the LiveKit ``dreamrt.control`` topic.
 
 ``handle(message)`` runs the message through the peer's ``TokenBucket`` and
-``server.control.decode_control`` (size limit, msgspec validation) and applies it: prompts,
-actions, pause/resume to the session; ``ping`` is answered with a ``pong`` through ``reply``;
+``server.control.decode_control`` (size limit, msgspec validation) and applies it: prompts and
+actions to the session's input ledger (which checks them: the prompt limit, the capability),
+pause/resume to the session; ``ping`` is answered with a ``pong`` through ``reply``;
 feedback is stored (a background task) and published as ``feedback.recorded``. A refused or
 malformed message becomes an ``error`` event on the session's stream; the session goes on.
 Messages over the rate are dropped and answered together: at most one ``rate_limited`` error
@@ -34,7 +35,12 @@ from server.control import (
     decode_control,
 )
 from sessions.events import FeedbackRecorded, Pong, encode_event
-from sessions.session import Session, SessionStateError, UnsupportedInputError
+from sessions.session import (
+    PromptTooLongError,
+    Session,
+    SessionStateError,
+    UnsupportedInputError,
+)
 from sessions.store import Store
 
 __all__ = ["ControlInbox"]
@@ -54,7 +60,6 @@ class ControlInbox:
         rate_per_s: float = 30.0,
         burst: int = 60,
         max_bytes: int = MAX_MESSAGE_BYTES,
-        max_prompt_chars: int = 4000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.session = session
@@ -63,7 +68,6 @@ class ControlInbox:
         self._clock = clock
         self.bucket = TokenBucket(rate_per_s, burst, clock=clock)
         self.max_bytes = max_bytes
-        self.max_prompt_chars = max_prompt_chars
         self._dropped = 0  # over the rate since the last rate_limited report
         self._reported_s: float | None = None
         self._tasks = TaskSet()
@@ -79,14 +83,11 @@ class ControlInbox:
         except ControlError as exc:
             session.report_error(exc.code, exc.message)
             return None
-        if isinstance(msg, PromptMessage) and len(msg.text) > self.max_prompt_chars:
-            session.report_error(
-                "prompt_too_long",
-                f"prompt is {len(msg.text)} characters; the limit is {self.max_prompt_chars}",
-            )
-            return None
         try:
             return self._apply(msg)
+        except PromptTooLongError as exc:
+            session.report_error("prompt_too_long", str(exc))
+            return None
         except (UnsupportedInputError, SessionStateError, ValueError) as exc:
             session.report_error("rejected", str(exc))
             return None

@@ -53,7 +53,7 @@ from sessions.audio import decode_audio
 from sessions.events import FeedbackRecorded, encode_event
 from sessions.host import Reject
 from sessions.resume import ResumeError
-from sessions.session import Session, SessionStateError
+from sessions.session import PromptTooLongError, Session, SessionStateError
 
 __all__ = ["router"]
 
@@ -235,8 +235,10 @@ async def prompt(
     session_id: str, body: PromptBody, request: Request, grant: AuthGrant
 ) -> PromptAccepted:
     session = _live(request, session_id, grant)
-    check_prompt(request, "text", body.text)
-    seq, applies_at = session.push_prompt(body.text, body.mode)
+    try:
+        seq, applies_at = session.push_prompt(body.text, body.mode)
+    except PromptTooLongError as exc:
+        raise field_error("text", str(exc), code="prompt_too_long") from None
     return PromptAccepted(applies_at_chunk=applies_at, seq=seq)
 
 

@@ -177,7 +177,6 @@ class ViewerPeer:
             rate_per_s=limits.control_rate_per_s,
             burst=limits.control_burst,
             max_bytes=limits.control_max_bytes,
-            max_prompt_chars=limits.max_prompt_chars,
         )
         self._on_closed = on_closed
         self._tasks = TaskSet(log, f"session {session.id}")

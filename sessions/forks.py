@@ -205,6 +205,7 @@ class ForkRegistry:
             record_template=cfg.record_template,
             action_validator=cfg.action_validator,
             max_pending_inputs=cfg.max_pending_inputs,
+            max_prompt_chars=cfg.max_prompt_chars,
         )
         session = Session(
             config,

@@ -90,6 +90,7 @@ class SessionHost:
         recording: Recording | None = None,
         admission_cost: str = "auto",
         max_pending_inputs: int = 256,
+        max_prompt_chars: int = 4000,
         handoff_dir: Path | None = None,
     ) -> None:
         if admission_cost not in ADMISSION_COSTS:
@@ -104,6 +105,7 @@ class SessionHost:
         )
         self.engine = engine
         self.max_pending_inputs = max_pending_inputs
+        self.max_prompt_chars = max_prompt_chars
         self.models = models
         self.store = store
         self.slabs_per_geometry = slabs_per_geometry
@@ -196,6 +198,7 @@ class SessionHost:
             record_template=self.record_template(served, profile),
             action_validator=self._action_validator,
             max_pending_inputs=self.max_pending_inputs,
+            max_prompt_chars=self.max_prompt_chars,
         )
         frames_per_chunk = max(1, round(served.chunk_seconds(profile) * profile.fps))
         capacity = max(3 * frames_per_chunk, round(self._media_seconds * profile.fps))
@@ -207,7 +210,7 @@ class SessionHost:
             first_event_id=first_event_id,
         )
         if resume is not None:
-            session.prompts.continue_segment(resume.segment)
+            session.chunks.continue_segment(resume.segment)
         self.store.defer(
             self.store.add_session if resume is None else self._resumed_row,
             session_id=session_id,

@@ -1,19 +1,28 @@
-"""The input ledger of one session: every input checked, numbered and acknowledged twice.
+"""The input ledger of one session: the life of an input of every kind, from its receipt to
+its acknowledgement.
 
-An input the model card can take (its capability) gets the session's next sequence number
-(``0`` is the initial prompt), an ``input.received`` event at once, and reaches the loop as an
-``InputEvent``. When the loop reports the first chunk that reflects it (an ``"applied"``
-emission), the ledger publishes ``prompt.applied`` / ``action.applied`` / ``audio.applied`` with
-that chunk and PTS and completes the chunk's behaviour record. Prompts and actions are latched
-latest-wins per chunk, so the pending ones of the same kind older than an applied one were
-skipped by the loop: each gets ``input.superseded``. Prompts themselves live in prompt memory
-(``sessions.prompt_memory``), the one ledger of what was asked; this one keeps only what the
-record needs of the other inputs until they are applied.
+    received   checked (the prompt's length, the card's capability for its kind or prompt mode,
+               the model's check of an action), the session open, the loop's backlog under
+               ``max_pending``; then numbered (the session's next sequence number, ``0`` is
+               the initial prompt), its time to steer started (``sessions.latency``), sent to
+               the loop as an ``InputEvent`` and ``input.received`` published at once
+    applied    the loop reports the first chunk that reflects it (an ``"applied"`` emission,
+               handed over by ``sessions.chunk_stream`` with the chunk's segment and the frames
+               its flush dropped): its latency is measured at once (its frames are in the media
+               queue then); ``prompt.applied`` / ``action.applied`` / ``audio.applied`` with
+               that chunk and PTS, and the chunk's behaviour record completed, in emission order
+               (after the ``media.chunk`` events before it)
+    superseded prompts and actions are latched latest-wins per chunk, so the pending ones of
+               the same kind older than an applied one were skipped by the loop: each gets
+               ``input.superseded`` and its latency is forgotten (it will never be shown)
 
-Each input's time to steer (``sessions.latency``) starts at its receipt here. An acknowledgement
-measures it at once (the input's frames are in the media queue then) and publishes it on the
-``*.applied`` event in emission order (``sessions.emission_order``: after the ``media.chunk``
-events before it); a superseded input is forgotten (it will never be shown).
+A live input is checked here, once, whichever edge it came through: the server's edges (REST,
+the data channel, LiveKit) only decode the wire and map these errors to their answers (the
+audio route also asks for the capability before it decodes a body, to spare the decode). A
+prompt's ``mode`` becomes a
+``runtime.contract.PromptMode`` on entry and stays one to the loop and the wire. Prompts
+themselves live in prompt memory (``sessions.prompt_memory``), the one ledger of what was
+asked; this one keeps only what the record needs of the other inputs until they are applied.
 """
 
 from __future__ import annotations
@@ -29,10 +38,11 @@ from runtime.contract import (
     InputKind,
     InputTiming,
     PromptInput,
+    PromptMode,
 )
 from runtime.errors import DreamrtError
 from sessions.audio import TARGET_RATE_HZ, AudioClip
-from sessions.emission_order import EmissionOrder
+from sessions.chunk_stream import ChunkStream
 from sessions.events import (
     ActionApplied,
     AudioApplied,
@@ -46,7 +56,13 @@ from sessions.latency import SessionLatency
 from sessions.prompt_memory import PromptMemory
 from sessions.records import ChunkRecorder
 
-__all__ = ["InputBacklogError", "InputLedger", "InvalidInputError", "UnsupportedInputError"]
+__all__ = [
+    "InputBacklogError",
+    "InputLedger",
+    "InvalidInputError",
+    "PromptTooLongError",
+    "UnsupportedInputError",
+]
 
 ActionValidator = Callable[[list[str], tuple[float, float]], list[str]]
 
@@ -76,13 +92,20 @@ class InvalidInputError(DreamrtError, ValueError):
     status = 422
 
 
+class PromptTooLongError(InvalidInputError):
+    """A prompt over the server's ``max_prompt_chars`` (422 ``prompt_too_long`` on REST, an
+    ``error`` event of that code on the data channel)."""
+
+
 class InputLedger:
     """See the module docstring.
 
     ``require_open`` raises when the session accepts no more inputs; ``send`` hands an input to
     the loop; ``action_validator`` is the model's check of an action (keys, (dx, dy)) ->
-    canonical keys, raising ``ValueError``. ``clock`` stamps ``received_s`` (monotonic), ``wall``
-    the prompt memory (Unix seconds).
+    canonical keys, raising ``ValueError``. ``backlog`` counts the inputs sent that the loop
+    has not taken yet, refused from ``max_pending`` on (0: unbounded); ``max_prompt_chars`` is
+    the prompt limit. ``clock`` stamps ``received_s`` (monotonic), ``wall`` the prompt memory
+    (Unix seconds).
     """
 
     def __init__(
@@ -94,7 +117,7 @@ class InputLedger:
         prompts: PromptMemory,
         records: ChunkRecorder,
         latency: SessionLatency,
-        order: EmissionOrder,
+        chunks: ChunkStream,
         require_open: Callable[[], None],
         send: Callable[[InputEvent], None],
         clock: Callable[[], float],
@@ -102,6 +125,7 @@ class InputLedger:
         action_validator: ActionValidator | None = None,
         backlog: Callable[[], int] = lambda: 0,
         max_pending: int = 0,
+        max_prompt_chars: int = 4000,
     ) -> None:
         self._model_id = model_id
         self._capabilities = capabilities
@@ -109,14 +133,15 @@ class InputLedger:
         self._prompts = prompts
         self._records = records
         self._latency = latency
-        self._order = order
+        self._chunks = chunks
         self._require_open = require_open
         self._send = send
         self._clock = clock
         self._wall = wall
         self._action_validator = action_validator
-        self._backlog = backlog  # inputs sent that the loop has not taken yet
-        self.max_pending = max_pending  # 0: unbounded
+        self._backlog = backlog
+        self.max_pending = max_pending
+        self.max_prompt_chars = max_prompt_chars
         self._next_seq = 1
         # seq -> (kind, what the record keeps) of actions and audio until applied
         self._pending: dict[int, tuple[InputKind, Any]] = {}
@@ -125,14 +150,25 @@ class InputLedger:
 
     # ---------------------------------------------------------------- received
 
-    def prompt(self, text: str, mode: Literal["switch", "cut"] = "switch") -> int:
-        """Queues a prompt (``mode`` switch or cut); returns its sequence number."""
-        capability = "prompt.cut" if mode == "cut" else "prompt.switch"
-        self._require_capability(capability, f"prompt mode {mode!r}", field="mode")
-        self._require_open()
-        self._check_backlog()  # before prompt memory takes it
-        entry = self._prompts.receive(self._next_seq, text, mode, received_s=self._wall())
-        return self._receive(InputKind.PROMPT, PromptInput(text=text, mode=entry.mode))
+    def prompt(
+        self, text: str, mode: PromptMode | Literal["switch", "cut"] = "switch"
+    ) -> tuple[int, int]:
+        """Queues a prompt (``mode`` switch or cut); returns ``(seq, applies_at_chunk)``.
+
+        ``applies_at_chunk`` is a prediction: a switch lands after the in-flight chunk, a cut
+        replaces it. The ``prompt.applied`` event carries the authoritative chunk.
+        """
+        if len(text) > self.max_prompt_chars:
+            raise PromptTooLongError(
+                f"prompt is {len(text)} characters; the limit is {self.max_prompt_chars}"
+            )
+        mode = PromptMode(mode)  # the wire's name, once: the enum from here to the loop
+        self._require_capability(
+            f"prompt.{mode.value}", f"prompt mode {mode.value!r}", field="mode"
+        )
+        seq = self._receive(InputKind.PROMPT, PromptInput(text=text, mode=mode))
+        in_flight = self._chunks.last_chunk + 1
+        return seq, in_flight if mode is PromptMode.CUT else in_flight + 1
 
     def action(self, keys: list[str], mouse: tuple[float, float] | None = None) -> int:
         """Queues held keys and a mouse move (dx, dy pixels), checked by the model first."""
@@ -150,9 +186,11 @@ class InputLedger:
     def audio(self, clip: AudioClip) -> int:
         """Queues 16 kHz mono audio; the samples travel as the ndarray they are."""
         self._require_capability("input.audio", "audio")
+        seq = self._receive(
+            InputKind.AUDIO, AudioInput(samples=clip.samples), {"seconds": clip.duration_s}
+        )
         self.audio_samples_in += clip.samples.shape[0]
-        payload = AudioInput(samples=clip.samples)
-        return self._receive(InputKind.AUDIO, payload, {"seconds": clip.duration_s})
+        return seq
 
     @property
     def audio_seconds_in(self) -> float:
@@ -164,17 +202,21 @@ class InputLedger:
         payload: PromptInput | ActionInput | AudioInput,
         recorded: Any = None,
     ) -> int:
-        """Numbers an input and sends it; ``recorded`` is what the behaviour record keeps of an
-        action or audio clip until it is applied (a prompt's text is in prompt memory)."""
+        """Admits a checked input (the session open, the backlog under its limit), numbers it
+        and sends it; ``recorded`` is what the behaviour record keeps of an action or audio
+        clip until it is applied (a prompt goes to prompt memory)."""
         self._require_open()
         self._check_backlog()
-        self.last_input_s = self._clock()
+        now = self._clock()
+        self.last_input_s = now
         seq = self._next_seq
         self._next_seq += 1
-        self._latency.received(seq, kind.value)  # before the send: runtime stages count from it
-        self._send(InputEvent(kind=kind, seq=seq, payload=payload, received_s=self._clock()))
-        if kind is not InputKind.PROMPT:
+        if isinstance(payload, PromptInput):
+            self._prompts.receive(seq, payload.text, payload.mode, received_s=self._wall())
+        else:
             self._pending[seq] = (kind, recorded)
+        self._latency.received(seq, kind.value)  # before the send: runtime stages count from it
+        self._send(InputEvent(kind=kind, seq=seq, payload=payload, received_s=now))
         self._events.publish(InputReceived(seq=seq, kind=kind.value))
         return seq
 
@@ -200,29 +242,33 @@ class InputLedger:
 
     def inherit(self, parent: InputLedger) -> None:
         """A fork candidate goes on with ``parent``'s prompts, the inputs it has not applied
-        yet and its sequence numbers (the forked loop state holds the same inputs)."""
+        yet, its sequence numbers and its segment (the forked loop state holds the same
+        inputs)."""
         self._prompts.continue_from(parent._prompts)
+        self._chunks.continue_segment(parent._chunks.segment)
         self._pending = dict(parent._pending)
         self._next_seq = parent._next_seq
 
     # ---------------------------------------------------------------- applied
 
-    def applied(self, meta: AppliedMeta, timing: InputTiming | None, *, dropped: int) -> None:
-        """The loop's acknowledgement that chunk ``meta.chunk`` is the first to reflect
-        ``meta.seq``, whose frames just entered the media queue; ``timing``: the runtime's
-        stages of the input, ``dropped``: the queued frames its acknowledgement flushed. The
-        events follow in emission order."""
+    def applied(
+        self, meta: AppliedMeta, timing: InputTiming | None, segment: int, dropped: int
+    ) -> None:
+        """The loop's acknowledgement that chunk ``meta.chunk`` (of ``segment``) is the first
+        to reflect ``meta.seq``, whose frames just entered the media queue; ``timing``: the
+        runtime's stages of the input, ``dropped``: the queued frames its acknowledgement
+        flushed (``sessions.chunk_stream`` calls it). The events follow in emission order."""
         latency = self._latency.applied(
             meta.seq, chunk=meta.chunk, pts_90k=meta.pts_90k, timing=timing, dropped=dropped
         )
-        self._order.after(lambda: self._acknowledge(meta, latency))
+        self._chunks.after(lambda: self._acknowledge(meta, segment, latency))
 
-    def _acknowledge(self, meta: AppliedMeta, latency: InputLatency | None) -> None:
+    def _acknowledge(self, meta: AppliedMeta, segment: int, latency: InputLatency | None) -> None:
         """Publishes ``*.applied`` (raises ``UnknownPromptError`` for a prompt never received)."""
-        kind, seq, chunk, pts = InputKind(meta.kind), meta.seq, meta.chunk, meta.pts_90k
+        kind, seq, chunk, pts = meta.kind, meta.seq, meta.chunk, meta.pts_90k
         if kind is InputKind.PROMPT:
             entry, superseded = self._prompts.apply(
-                seq, chunk=chunk, pts_90k=pts, applied_s=self._wall()
+                seq, chunk=chunk, pts_90k=pts, segment=segment, applied_s=self._wall()
             )
             self._supersede(seq, kind, [e.seq for e in superseded])
             recorded = {"text": entry.text}
@@ -232,7 +278,7 @@ class InputLedger:
                     chunk=chunk,
                     pts=pts,
                     mode=entry.mode,
-                    segment=entry.segment or 0,
+                    segment=segment,
                     text=entry.text,
                     latency=latency,
                 )

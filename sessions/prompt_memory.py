@@ -9,8 +9,9 @@ never the tensor, so it stays serialisable and model-free.
 
 ``mode`` is ``runtime.contract.PromptMode`` (the one name of it from the API to the loop):
 ``switch`` (the stream continues, KV re-cached under the new prompt) or ``cut`` (a new
-Dreamverse segment: the in-flight chunk is abandoned); each applied cut increments ``segment``.
-The session's first prompt (sequence number 0) has the mode ``"initial"``.
+Dreamverse segment). The loop counts the segments; an applied prompt is told the segment of the
+chunk that first reflects it (``MediaMeta.segment``). The session's first prompt (sequence
+number 0) has the mode ``"initial"``.
 """
 
 from __future__ import annotations
@@ -83,7 +84,6 @@ class PromptMemory:
         )
         self._entries: dict[int, PromptEntry] = {0: first}
         self._active = first
-        self._segment = 0
 
     @property
     def active(self) -> PromptEntry:
@@ -97,19 +97,10 @@ class PromptMemory:
     def embedding_ref(self) -> str:
         return text_hash(self._active.text)
 
-    @property
-    def segment(self) -> int:
-        return self._segment
-
-    def continue_segment(self, segment: int) -> None:
-        """The stream goes on in ``segment`` (a session resumed from a snapshot)."""
-        self._segment = segment
-
     def continue_from(self, other: PromptMemory) -> None:
         """Becomes a copy of ``other`` (a fork candidate goes on with its parent's prompts)."""
         self._entries = {seq: dataclasses.replace(e) for seq, e in other._entries.items()}
         self._active = self._entries[other._active.seq]
-        self._segment = other._segment
 
     def history(self) -> list[PromptEntry]:
         return sorted(self._entries.values(), key=lambda e: e.seq)
@@ -117,20 +108,18 @@ class PromptMemory:
     def pending(self) -> list[PromptEntry]:
         return [e for e in self.history() if e.pending]
 
-    def receive(
-        self, seq: int, text: str, mode: PromptMode | str, *, received_s: float
-    ) -> PromptEntry:
+    def receive(self, seq: int, text: str, mode: PromptMode, *, received_s: float) -> PromptEntry:
         if seq in self._entries:
             raise ValueError(f"prompt seq {seq} already received")
-        entry = PromptEntry(seq=seq, text=text, mode=PromptMode(mode), received_s=received_s)
+        entry = PromptEntry(seq=seq, text=text, mode=mode, received_s=received_s)
         self._entries[seq] = entry
         return entry
 
     def apply(
-        self, seq: int, *, chunk: int, pts_90k: int, applied_s: float
+        self, seq: int, *, chunk: int, pts_90k: int, segment: int, applied_s: float
     ) -> tuple[PromptEntry, list[PromptEntry]]:
-        """Marks ``seq`` applied at ``chunk``; returns it and the still-pending older prompts it
-        superseded (latest wins). A cut starts a new segment."""
+        """Marks ``seq`` applied at ``chunk`` of ``segment``; returns it and the still-pending
+        older prompts it superseded (latest wins)."""
         entry = self._entries.get(seq)
         if entry is None:
             raise UnknownPromptError(
@@ -144,11 +133,9 @@ class PromptMemory:
         superseded = [e for e in self.pending() if e.seq < seq]
         for older in superseded:
             older.superseded_by = seq
-        if entry.mode is PromptMode.CUT:
-            self._segment += 1
         entry.applied_s = applied_s
         entry.chunk = chunk
         entry.pts_90k = pts_90k
-        entry.segment = self._segment
+        entry.segment = segment
         self._active = entry
         return entry, superseded

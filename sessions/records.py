@@ -58,7 +58,7 @@ def frames_digest(frames: np.ndarray) -> str:
     """First 16 hex chars of sha256 over uint8 ``[n, H, W, 3]`` frames in C order.
 
     Hashes the array's buffer in place (no copy); hashlib releases the GIL meanwhile, so a
-    worker thread runs it beside the event loop (``sessions.emission_order``)."""
+    worker thread runs it beside the event loop (``sessions.chunk_stream``)."""
     return hashlib.sha256(np.ascontiguousarray(frames).data).hexdigest()[:16]
 
 

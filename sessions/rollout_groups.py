@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from runtime.contract import Emission, MediaMeta, Stream, pts_of_frame
-from sessions.emission_order import EmissionOrder
+from sessions.chunk_stream import EmissionOrder
 from sessions.host import SessionHost
 from sessions.job import Job
 from sessions.job_host import JobHost

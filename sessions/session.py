@@ -10,17 +10,18 @@ The loop is spawned at admission and **paused until a viewer pulls the track**: 
 spent on frames nobody will see. The deadline anchor is set at that first pull and then follows
 the actual playout (``sessions.playout``); every move is forwarded to the engine.
 
-A session is composed of one part per concern (docs/architecture.md §5):
+The session itself is a facade for that lifecycle and its viewers; the rest is two parts
+(docs/architecture.md §5) and what they use:
 
-- ``ledger`` (``sessions.input_ledger``): inputs checked, numbered, acknowledged twice,
-  superseded; prompts in ``prompts`` (``sessions.prompt_memory``);
-- ``chunks`` (``sessions.chunk_assembly``): ``"media"`` emissions into the bounded drop-oldest
-  ``media`` queue at once, then ``media.chunk`` (with a digest hashed off the event loop) and
-  one behaviour record per chunk (``records``);
-- ``sessions.emission_order``: the loop's emissions take effect in emission order;
+- ``ledger`` (``sessions.input_ledger``): the life of an input of every kind - checked,
+  numbered, sent to the loop, acknowledged twice, superseded, its time to steer started;
+  prompts in ``prompts`` (``sessions.prompt_memory``);
+- ``chunks`` (``sessions.chunk_stream``): the loop's emissions - frames into the bounded
+  drop-oldest ``media`` queue at once, a changing input's flush, then ``media.chunk`` (with a
+  digest hashed off the event loop), one behaviour record per chunk (``records``) and the
+  ledger's acknowledgements, in emission order;
 - ``latency`` (``sessions.latency``): where the time to steer goes, per input (on
   ``*.applied`` and ``input.shown``) and at the session's start (``viewer.first_frame``);
-- ``sessions.loop_emissions``: each emission of the loop to the part it concerns;
 - ``sessions.loop_watch`` and ``sessions.persistence``: the loop's end (and, for a fork choice,
   its move to another session), and the store writes, shared with ``sessions.job``.
 
@@ -39,12 +40,15 @@ from typing import Any, Literal
 
 from runtime.contract import Emission, InputEvent, LoopResult
 from sessions.audio import AudioClip
-from sessions.chunk_assembly import ChunkAssembly
-from sessions.emission_order import EmissionOrder
+from sessions.chunk_stream import ChunkStream
 from sessions.events import ErrorEvent, Event, EventStream, SessionStateChanged
-from sessions.input_ledger import InputLedger, InvalidInputError, UnsupportedInputError
+from sessions.input_ledger import (
+    InputLedger,
+    InvalidInputError,
+    PromptTooLongError,
+    UnsupportedInputError,
+)
 from sessions.latency import SessionLatency
-from sessions.loop_emissions import LoopEmissions
 from sessions.loop_handle import LoopHandleLike
 from sessions.loop_watch import LoopWatch
 from sessions.media_queue import MediaFrame, MediaQueue
@@ -65,6 +69,7 @@ from sessions.store import Store
 
 __all__ = [
     "InvalidInputError",
+    "PromptTooLongError",
     "Session",
     "SessionClosedError",
     "SessionConfig",
@@ -112,13 +117,17 @@ class Session:
         self.loop_watch = LoopWatch(f"session {self.id}")
         self.latency = SessionLatency(clock, clock())  # time to steer: per input and at start
         self.hold_after_first_chunk = False  # "start": "now": generate chunk 0, then wait
-        self._order = EmissionOrder(frames_digest, on_error=self._emission_failed)
-        self.chunks = ChunkAssembly(
+        self.chunks = ChunkStream(
+            f"session {self.id}",
             media=self.media,
             events=self.events,
             records=self.records,
             prompts=self.prompts,
-            order=self._order,
+            latency=self.latency,
+            hash_frames=frames_digest,
+            on_applied=lambda *applied: self.ledger.applied(*applied),
+            on_chunk=self._chunk_made,
+            on_error=self._emission_failed,
         )
         self.ledger = InputLedger(
             model_id=config.model_id,
@@ -127,7 +136,7 @@ class Session:
             prompts=self.prompts,
             records=self.records,
             latency=self.latency,
-            order=self._order,
+            chunks=self.chunks,
             require_open=self._require_open,
             send=self._send,
             clock=clock,
@@ -135,15 +144,7 @@ class Session:
             action_validator=config.action_validator,
             backlog=lambda: getattr(self.handle, "pending_inputs", 0),
             max_pending=config.max_pending_inputs,
-        )
-        self._emissions = LoopEmissions(
-            f"session {self.id}",
-            chunks=self.chunks,
-            media=self.media,
-            ledger=self.ledger,
-            latency=self.latency,
-            on_chunk=self._chunk_made,
-            on_error=self._emission_failed,
+            max_prompt_chars=config.max_prompt_chars,
         )
         self._viewers: set[object | None] = set()  # sinks pulling video (None: WebRTC)
         self._unwatched_since: float | None = clock()  # no viewer and no offer in progress since
@@ -198,7 +199,7 @@ class Session:
         self.loop_watch.attach(
             handle,
             self,
-            settle=self._order.drain,  # every chunk emitted is published before the end
+            settle=self.chunks.drain,  # every chunk emitted is published before the end
             on_finished=None if on_finished is None else lambda: on_finished(self),
         )
 
@@ -237,7 +238,7 @@ class Session:
             frames_sent=self.frames_sent,
             stalls=self.stalls,
             fps_measured=self.fps_measured(),
-            segment=self.prompts.segment,
+            segment=self.chunks.segment,
         )
         self.events.close()
 
@@ -385,7 +386,7 @@ class Session:
             self.handle.set_media_t0(moved)
         if frame is not None:  # measured now, published after the *.applied it completes
             for event in self.latency.frame_sent(frame.pts_90k, shown_s):
-                self._order.after(lambda event=event: self.events.publish(event))
+                self.chunks.after(lambda event=event: self.events.publish(event))
 
     def _anchor_now(self) -> None:
         """Deadlines restart from now at the next frame to show (first pull, resume)."""
@@ -409,14 +410,8 @@ class Session:
             self.handle.push_input(event)
 
     def push_prompt(self, text: str, mode: Literal["switch", "cut"] = "switch") -> tuple[int, int]:
-        """Queues a prompt; returns ``(seq, applies_at_chunk)``.
-
-        ``applies_at_chunk`` is a prediction: a switch lands after the in-flight chunk, a cut
-        replaces it. The ``prompt.applied`` event carries the authoritative chunk.
-        """
-        seq = self.ledger.prompt(text, mode)
-        in_flight = self.chunks.last_chunk + 1
-        return seq, in_flight if mode == "cut" else in_flight + 1
+        """Queues a prompt; returns ``(seq, applies_at_chunk)`` (``InputLedger.prompt``)."""
+        return self.ledger.prompt(text, mode)
 
     def push_action(self, keys: list[str], mouse: tuple[float, float] | None = None) -> int:
         return self.ledger.action(keys, mouse)
@@ -435,9 +430,9 @@ class Session:
     # ---------------------------------------------------------------- emissions from the loop
 
     def on_emission(self, emission: Emission) -> None:
-        """The engine's ``on_emit`` callback (event-loop thread; ``sessions.loop_emissions``).
+        """The engine's ``on_emit`` callback (event-loop thread; ``sessions.chunk_stream``).
         Never raises."""
-        self._emissions.take(emission, playable=not self.terminal)
+        self.chunks.take(emission, playable=not self.terminal)
 
     def _chunk_made(self) -> None:
         if self.hold_after_first_chunk:  # "start": "now": chunk 0 is made, wait for a viewer
@@ -451,7 +446,7 @@ class Session:
 
     async def settle(self) -> None:
         """Returns once every emission so far took effect (digests are hashed off the loop)."""
-        await self._order.drain()
+        await self.chunks.drain()
 
     @property
     def last_chunk(self) -> int:
@@ -480,7 +475,7 @@ class Session:
             "id": self.id,
             "state": self._state.value,
             "prompt": self.prompts.active_text,
-            "segment": self.prompts.segment,
+            "segment": self.chunks.segment,
             "frames_sent": self.frames_sent,
             "stalls": self.stalls,
             "fps_measured": round(self.fps_measured(), 3),

@@ -84,7 +84,7 @@ async def test_the_inbox_answers_every_rejected_message_with_one_error_event() -
     now = [0.0]
     inbox = ControlInbox(
         session, store=None, reply=replies.append, rate_per_s=1e9, burst=10**9,
-        max_prompt_chars=4000, clock=lambda: now[0],
+        clock=lambda: now[0],
     )  # fmt: skip
     counts = {"messages": 0, "rejected": 0}
 

@@ -11,7 +11,7 @@ from tests.server.fake_room import FakeRoom
 from tests.sessions.fakes import FakeHandle
 
 
-def make_session(caps: set[str] | None = None) -> tuple[Session, FakeHandle]:
+def make_session(caps: set[str] | None = None, **limits: int) -> tuple[Session, FakeHandle]:
     config = SessionConfig(
         session_id="s",
         model_id="m",
@@ -22,6 +22,7 @@ def make_session(caps: set[str] | None = None) -> tuple[Session, FakeHandle]:
         height=8,
         priority_class="realtime",
         capabilities=frozenset(caps or {"prompt.switch", "prompt.cut", "input.audio"}),
+        **limits,
     )
     session = Session(config, media_capacity_frames=16)
     handle = FakeHandle()
@@ -76,6 +77,21 @@ async def test_invalid_messages_are_errors_to_the_room_and_ping_is_answered_to_i
     pongs = [(m["t"], to) for m, to in got if m["type"] == "pong"]
     assert pongs == [(1.5, ("bob",)), (3.0, ("carol",))]
     assert handle.inputs == []
+    await inputs.close()
+
+
+async def test_a_room_prompt_is_held_to_the_sessions_configured_limit() -> None:
+    session, handle = make_session(max_prompt_chars=8)
+    room = FakeRoom()
+    inputs = RoomInputs(session, room, store=None)
+    inputs.start()
+    inputs.on_data(json.dumps({"type": "prompt", "text": "a desert!"}).encode(), "dave")
+    inputs.on_data(json.dumps({"type": "prompt", "text": "a forest"}).encode(), "dave")
+    await settle(room, 2)
+    errors = [(m["code"], m["message"]) for m, _ in messages(room) if m["type"] == "error"]
+    assert errors == [("prompt_too_long", "prompt is 9 characters; the limit is 8")]
+    assert [e.payload.text for e in handle.inputs] == ["a forest"]
+    assert handle.inputs[0].seq == 1  # the refused one took no sequence number
     await inputs.close()
 
 

@@ -8,10 +8,10 @@ import sys
 PROBE = """
 import sys
 import sessions.host, sessions.job_host, sessions.served_models, sessions.session, sessions.job
-import sessions.input_ledger, sessions.chunk_assembly, sessions.emission_order
+import sessions.input_ledger, sessions.chunk_stream
 import sessions.loop_watch, sessions.persistence, sessions.store, sessions.events, sessions.audio
 import sessions.artifacts, sessions.media_queue, sessions.prompt_memory, sessions.states
-import sessions.latency, sessions.loop_emissions, sessions.forks, sessions.recording
+import sessions.latency, sessions.forks, sessions.recording
 import sessions.records, sessions.snapshot_keeper, sessions.input_log
 import sessions.model_hold, sessions.weight_sync, sessions.model_sleep, sessions.rollout_groups
 import sessions.trainer_controls

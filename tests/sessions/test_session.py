@@ -17,6 +17,7 @@ from sessions.audio import AudioClip
 from sessions.records import frames_digest
 from sessions.session import (
     InvalidInputError,
+    PromptTooLongError,
     Session,
     SessionClosedError,
     SessionConfig,
@@ -191,10 +192,12 @@ async def test_cut_starts_a_new_segment_and_predicts_the_in_flight_chunk() -> No
     session.on_emission(media(0))
     seq, applies_at = session.push_prompt("a city", "cut")
     assert applies_at == 1
+    # the loop counts the cut: the chunk's media (before its acks) is of segment 1
+    session.on_emission(media(1, segment=1))
     session.on_emission(applied("prompt", seq, chunk=1, pts=45000))
     await session.settle()
     event = session.events.history()[-1]
-    assert (event.mode, event.segment, session.prompts.segment) == ("cut", 1, 1)
+    assert (event.mode, event.segment, session.chunks.segment) == ("cut", 1, 1)
     assert session.snapshot()["segment"] == 1 and session.snapshot()["prompt"] == "a city"
     await session.close()
 
@@ -233,6 +236,19 @@ async def test_inputs_need_the_capability_and_an_open_session() -> None:
     await session.close()
     with pytest.raises(SessionClosedError, match="closed"):
         session.push_prompt("x")
+
+
+async def test_a_prompt_over_the_limit_is_refused_before_it_is_numbered() -> None:
+    session = make_session(capabilities=frozenset({"prompt.switch"}), max_prompt_chars=5)
+    handle = FakeHandle()
+    session.attach(handle)
+    # the length is checked first: a too-long prompt says so whatever else is wrong with it
+    with pytest.raises(PromptTooLongError, match="prompt is 6 characters; the limit is 5"):
+        session.push_prompt("abcdef", "cut")
+    assert handle.inputs == [] and event_types(session) == ["session.state"]
+    assert session.push_prompt("abcde") == (1, 1)
+    assert handle.inputs[-1].payload == PromptInput(text="abcde", mode=PromptMode.SWITCH)
+    await session.close()
 
 
 async def test_audio_reaches_the_loop_as_16k_samples() -> None:

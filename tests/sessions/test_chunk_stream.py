@@ -1,4 +1,5 @@
-"""Emission order: digests hashed on worker threads, their work run on the loop in order."""
+"""The chunk stream: digests hashed on worker threads, their work run on the loop in emission
+order."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import threading
 
 import numpy as np
 
+from runtime.contract import AppliedMeta, Emission, EmitSpec, InputKind, Stream
 from sessions import session as session_module
-from sessions.emission_order import EmissionOrder
+from sessions.chunk_stream import EmissionOrder
 from sessions.records import frames_digest
 from tests.sessions.fakes import FakeHandle
 from tests.sessions.test_session import applied, event_types, make_session, media
@@ -104,3 +106,28 @@ async def test_closing_waits_for_the_last_digest_so_every_chunk_is_published() -
     published = [e for e in session.events.history() if hasattr(e, "digest")]
     assert [e.digest for e in published] == [frames_digest(emission.output)]
     assert session.events.closed
+
+
+async def test_the_segment_and_the_flush_are_the_loops_to_decide() -> None:
+    session = make_session()
+    session.attach(FakeHandle())
+    session.on_emission(media(0, segment=2))  # e.g. a stream resumed in segment 2
+    assert session.snapshot()["segment"] == 2
+    switch, _ = session.push_prompt("a desert")
+    session.on_emission(media(1, segment=2))
+    session.on_emission(applied("prompt", switch, chunk=1, pts=45000))
+    await session.settle()
+    event = session.events.history()[-1]
+    assert (event.__struct_config__.tag, event.seq, event.segment) == (
+        "prompt.applied",
+        switch,
+        2,
+    )
+    # an acknowledgement that does not change the picture (a held key sent again) flushes
+    # nothing: the frames before it play in order
+    action = session.push_action(["w"])
+    queued = len(session.media)
+    repeat = AppliedMeta(kind=InputKind.ACTION, seq=action, chunk=1, pts_90k=45000, changes=False)
+    session.on_emission(Emission(EmitSpec(Stream.APPLIED, repeat), None))
+    assert queued > 0 and len(session.media) == queued
+    await session.close()
