@@ -63,15 +63,13 @@ async def test_sigterm_drains_and_the_session_and_job_resume(tmp_path: Path) -> 
                 await asyncio.sleep(0.05)
             progress_before = (await api.job(job))["progress"]
             assert progress_before < 1.0, "the job must still run at SIGTERM (make it longer)"
-            start = time.monotonic()
             server.signal(signal.SIGTERM)
             refused = await api._http.post(  # noqa: SLF001 - a raw answer, status and headers
                 "/v1/sessions",
                 json={"prompt": "late"},
                 headers=api._headers(),  # noqa: SLF001
             )
-            code = await asyncio.to_thread(server.wait, 15.0)
-            took_s = time.monotonic() - start
+            code = await asyncio.to_thread(server.wait, 30.0)
             closing = await viewer.wait_event(
                 lambda e: e["type"] == "session.state" and e["state"] == "closing", 5
             )
@@ -84,7 +82,8 @@ async def test_sigterm_drains_and_the_session_and_job_resume(tmp_path: Path) -> 
     finally:
         server.stop()
     log = (tmp_path / "server1.log").read_text(errors="replace")
-    assert code == 0 and took_s < 10.0, (code, took_s, log[-3000:])
+    # exit 0: the drain ended by itself (the server's own watchdog exits 1 past its timeout)
+    assert code == 0 and "shutdown took over" not in log, (code, log[-3000:])
     assert refused.status_code == 503 and refused.json()["code"] == "shutting_down"
     assert int(refused.headers["retry-after"]) >= 1
     assert closing["reason"] == "shutdown"

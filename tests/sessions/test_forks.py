@@ -22,6 +22,7 @@ async def test_a_candidate_acknowledges_its_parents_pending_inputs(tmp_path) -> 
     parent = make_session(ALL_CAPS, clock=clock)
     parent.attach(FakeHandle("parent"))
     parent.on_emission(media(0))
+    pushed_s = clock()
     prompt, _ = parent.push_prompt("a city at night")
     host = SimpleNamespace(store=store, recording=None)
     candidate = ForkRegistry(host)._candidate(parent, "ses_candidate", seed=11)  # the request
@@ -37,11 +38,13 @@ async def test_a_candidate_acknowledges_its_parents_pending_inputs(tmp_path) -> 
     candidate.on_emission(applied("prompt", prompt, 1, pts))
     candidate.on_emission(applied("action", action, 1, pts))
     await candidate.settle()
+    since_push_s = clock() - pushed_s  # no latency from the parent's receipt can exceed it
     history = candidate.events.history()
     (switched,) = [e for e in history if isinstance(e, PromptApplied)]
     (acted,) = [e for e in history if isinstance(e, ActionApplied)]
-    assert switched.text == "a city at night" and 0 <= switched.latency.enqueued_s < 5
-    assert acted.seq == action and 0 <= acted.latency.enqueued_s < 5  # from the parent's receipt
+    assert switched.text == "a city at night"
+    assert 0 <= switched.latency.enqueued_s <= since_push_s
+    assert acted.seq == action and 0 <= acted.latency.enqueued_s <= since_push_s
     assert candidate.prompts.active_text == "a city at night"
     assert candidate.push_action([]) == action + 1  # numbering goes on from the parent's
     # the parent's own memory is its own: its prompt is still waiting there
