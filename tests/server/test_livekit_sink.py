@@ -5,7 +5,7 @@ from server.frame_pacer import FramePacer
 from server.livekit_sink import LiveKitVideoSink, timestamp_us, video_bitrate_bps
 from server.media_track import SessionVideoTrack
 from tests.server.fake_room import FakeRoom
-from tests.server.test_media_track import FPS, N, FakeClock, chunk, make_live_session, pull
+from tests.server.test_media_track import FPS, FakeClock, N, chunk, make_live_session, pull
 
 
 def test_timestamps_are_the_pts_in_microseconds_and_bitrate_follows_the_profile() -> None:
