@@ -12,6 +12,10 @@ emissions, published as ``job.progress`` and monotone (never goes back).
 When the loop's ``LoopResult`` arrives, ``outputs["frames"]`` (uint8 ``[F, H, W, 3]``) is
 written by ``sessions.artifacts`` on a worker thread (MP4 for ``t2v``, PNG for ``t2i``) under
 ``artifact_dir`` as ``<job id>.mp4|png``. Event-loop thread only, like ``Session``.
+
+With ``snapshots`` (``sessions.job_snapshots``, set by the host) each progress step may
+snapshot the loop, so that a killed server resumes the job from its newest snapshot; they are
+deleted when the job ends.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import numpy as np
 from runtime.contract import Emission, LoopResult, Stream
 from sessions.artifacts import Artifact, write_task_artifact
 from sessions.events import EventStream, JobArtifact, JobProgress, JobStateChanged
+from sessions.job_snapshots import JobSnapshots
 from sessions.loop_handle import LoopHandleLike
 from sessions.loop_watch import LoopWatch
 from sessions.persistence import Persistence
@@ -75,6 +80,7 @@ class Job:
         self.artifact: Artifact | None = None
         self._loop = LoopWatch(f"job {self.id}")
         self.suspended = False  # stopped by a graceful shutdown, to resume in the next process
+        self.snapshots: JobSnapshots | None = None
         self.events.publish(JobStateChanged(state=self._state.value))
 
     @property
@@ -95,6 +101,8 @@ class Job:
         )
         self.events.publish(JobStateChanged(state=target.value, previous=old.value, error=error))
         self._persistence.update(state=target.value, progress=self.progress, error=self.error)
+        if self.terminal and self.snapshots is not None:
+            self.snapshots.discard()  # nothing is left to resume
 
     def attach(
         self, handle: LoopHandleLike, *, on_finished: Callable[[Job], None] | None = None
@@ -115,6 +123,8 @@ class Job:
             if progress > self.progress:
                 self.progress = progress
                 self.events.publish(JobProgress(progress=progress, done=done, total=total))
+            if self.snapshots is not None:
+                self.snapshots.step_done()
         except Exception:
             log.exception("job %s: emission %r failed", self.id, emission.spec)
 

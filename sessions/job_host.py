@@ -22,8 +22,9 @@ from typing import Any, Literal
 from models.loops.requests import JobRequest
 from runtime.contract import Emission, Priority
 from sessions.job import Job, JobConfig
+from sessions.job_snapshots import JobSnapshots
 from sessions.recording import Recording
-from sessions.resume import job_snapshot, snapshot_loop
+from sessions.resume import newest_snapshot, snapshot_loop
 from sessions.served_models import (
     EngineLike,
     HostError,
@@ -179,6 +180,8 @@ class JobHost:
             restore_from=restore_from,
         )
         self._jobs[job_id] = job
+        if self.recording is not None:
+            job.snapshots = JobSnapshots(self.recording, handle)
         job.attach(handle, on_finished=self._job_finished)
         log.info(
             "job %s queued: %s %s %dx%d", job_id, task, card.model_id, profile.width, profile.height
@@ -209,17 +212,23 @@ class JobHost:
 
     def resume_jobs(self, rows: list[dict[str, Any]]) -> list[Job]:
         """Queues again the jobs a previous process left unfinished (``Store.recover``): from
-        the snapshot a graceful shutdown took, else from their request; one that cannot be
-        queued ends ``failed`` with the reason (never left ``running``)."""
+        their newest snapshot (a graceful shutdown's, or after a kill the newest periodic one,
+        ``sessions.job_snapshots``), else from their request; one that cannot be queued ends
+        ``failed`` with the reason (never left ``running``)."""
         resumed = []
         for row in rows:
             params = row["params"]
             try:
                 blob = None
                 if self.recording is not None:
-                    blob = job_snapshot(self.recording.data_dir, row["id"])
-                if blob is not None:
-                    log.info("job %s restored from its snapshot", row["id"])
+                    path = newest_snapshot(self.recording.snapshot_dir, row["id"])
+                    if path is not None:
+                        blob = path.read_bytes()
+                        log.info(
+                            "job %s restored from its snapshot at step %d",
+                            row["id"],
+                            int(path.stem),
+                        )
                 resumed.append(
                     self.submit_job(
                         task=row["task"],
