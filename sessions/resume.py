@@ -117,7 +117,9 @@ def _resume_point(store: Any, data_dir: Path, session_id: str) -> tuple[dict[str
     paths = [p for p in (newest_snapshot(data_dir, loop) for loop in loops) if p is not None]
     if not paths:
         raise ResumeError(f"session {session_id!r} has no snapshot to resume from")
-    row["last_event_id"] = max((e["event_id"] for e in store.events(session_id)), default=0)
+    # no event of it has a larger id (sessions.persistence): its new ones are numbered above
+    stored = max((e["event_id"] for e in store.events(session_id)), default=0)
+    row["last_event_id"] = max(stored, row.get("event_id_ceiling") or 0)
     # the newest step; on a tie the later loop (a candidate forked at that very boundary)
     return row, max(reversed(paths), key=lambda p: int(p.stem))
 
