@@ -498,3 +498,51 @@ def test_latency_bar_splits_the_last_input_into_wait_generate_send(page: Any) ->
     assert (round(repeat["wait"]), round(repeat["generate"]), round(repeat["send"])) == (0, 300, 20)
     assert result["notSent"] is None
     assert result["page"] == "last input: –"  # the idle page's bar is empty
+
+
+def test_fork_picker_lays_candidates_side_by_side_and_shows_each_as_it_plays(page: Any) -> None:
+    result = page.evaluate(
+        """async () => {
+        const { ForkPicker } = await import('/fork_picker.js');
+        const root = document.createElement('section');
+        root.style.width = '320px';
+        root.innerHTML = `<form><select name="fork-n"><option selected>2</option></select>
+            <input name="fork-prompt" value=""><button type="submit">Fork</button></form>
+            <p class="fork-status"></p><ol class="fork-candidates"></ol>`;
+        document.body.append(root);
+        const opened = [];
+        const session = { fork: async (n) => ({
+            candidates: ['ses_a', 'ses_b'],
+            sessions: [{ id: 'ses_a', token: 'ta' }, { id: 'ses_b', token: 'tb' }] }) };
+        const picker = new ForkPicker(root, {
+            getSession: () => session,
+            openPreview: async (id, video, token) => { opened.push([id, token]); return { close() {} }; },
+        });
+        await picker.fork();
+        const tiles = [...root.querySelectorAll('.fork-candidate')];
+        const status = () => root.querySelector('.fork-status').textContent;
+        const before = { status: status(), playing: tiles.map((t) => t.dataset.playing) };
+        tiles[1].querySelector('video').dispatchEvent(new Event('playing'));
+        const one = { status: status(), playing: tiles.map((t) => t.dataset.playing) };
+        tiles[0].querySelector('video').dispatchEvent(new Event('playing'));
+        const boxes = tiles.map((t) => t.getBoundingClientRect());
+        const out = {
+            opened, before, one, both: status(),
+            hidden: tiles.map((t) => t.querySelector('video').hidden),
+            sameRow: boxes[0].top === boxes[1].top, leftToRight: boxes[0].right <= boxes[1].left,
+        };
+        picker.reset();
+        root.remove();
+        return out;
+    }"""
+    )
+    assert result["opened"] == [["ses_a", "ta"], ["ses_b", "tb"]]  # both at once, own tokens
+    assert result["before"] == {"status": "starting 2 candidates…", "playing": ["false", "false"]}
+    # the second one played first: its tile says so without waiting for the other
+    assert result["one"] == {
+        "status": "1 of 2 candidates playing: choose one",
+        "playing": ["false", "true"],
+    }
+    assert result["both"] == "2 of 2 candidates playing: choose one"
+    assert result["hidden"] == [False, False]
+    assert result["sameRow"] and result["leftToRight"]  # side by side
