@@ -65,6 +65,7 @@ class Job:
         artifact_dir: str | Path,
         store: Store | None = None,
         wall_clock: Callable[[], float] = time.time,
+        first_event_id: int = 1,
     ) -> None:
         self.config = config
         self.id = config.job_id
@@ -72,7 +73,8 @@ class Job:
         self._wall = wall_clock
         self.created_at = wall_clock()
         self._persistence = Persistence(store, self.id, row="job")
-        self.events = EventStream(clock=wall_clock)
+        # > 1: a job resumed after a restart numbers its events after its stored ones
+        self.events = EventStream(clock=wall_clock, first_id=first_event_id)
         self.events.add_sink(self._persistence.event)
         self._state = JobState.QUEUED
         self.progress = 0.0

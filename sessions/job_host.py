@@ -88,6 +88,7 @@ class JobHost:
         tap: Callable[[Emission], None] | None = None,
         keep_latents: bool = False,
         restore_from: bytes | None = None,
+        first_event_id: int = 1,
     ) -> Job:
         """Queues a job (batch class; never refused but while the model is held:
         ``ModelUnavailableError``). Raises ``KeyError``, ``ProfileError`` or
@@ -95,7 +96,8 @@ class JobHost:
         rollout group (the model's ``group_loop``: denoising steps batch with the group's
         other samples); ``tap`` also hears every emission of its loop (the group's records);
         ``keep_latents``: each chunk's capture carries its per-step latents; ``restore_from``:
-        the job's snapshot from a shutdown (it goes on from there)."""
+        the job's snapshot (it goes on from there); ``first_event_id``: a resumed job's event
+        ids go on after its stored ones."""
         if self._closed:
             raise HostError("the job host is closed")
         served = self.models.resolve(model)
@@ -161,7 +163,9 @@ class JobHost:
             fps=profile.fps,
             params=params,
         )
-        job = Job(config, artifact_dir=self.artifact_dir, store=self.store)
+        job = Job(
+            config, artifact_dir=self.artifact_dir, store=self.store, first_event_id=first_event_id
+        )
         self.store.defer(self._upsert_job, job_id, task, card.model_id, prompt, params)
         on_emit = job.on_emission
         if tap is not None:
@@ -242,6 +246,8 @@ class JobHost:
                         extensions=params.get("extensions"),
                         exact=params.get("exact", False),
                         restore_from=blob,
+                        first_event_id=1
+                        + max((e["event_id"] for e in self.store.events(row["id"])), default=0),
                     )
                 )
             except Exception as exc:  # noqa: BLE001 - whatever it is, the job must not hang
