@@ -82,6 +82,12 @@ class Persistence:
             )
         if self._ceiling is None:
             return
+        if self._ceiling == 0:
+            # The first event (``created``) is published before the host defers the row's
+            # insert: reserving now would update no row. It is stored (a ``session.state``),
+            # so the next event reserves, after the insert.
+            self._ceiling = event.event_id
+            return
         if event_type == "session.state" and getattr(event, "state", "") in ("closed", "failed"):
             self._ceiling = event.event_id  # its end: the next process goes on from the next id
             self.update(event_id_ceiling=self._ceiling)

@@ -19,7 +19,11 @@ def ceiling(store: Store, session_id: str) -> int | None:
 
 def test_the_ceiling_is_reserved_ahead_then_exact_at_the_end(tmp_path) -> None:
     store = Store(tmp_path / "db.sqlite3")
-    store.add_session(
+    events = EventStream(first_id=1)
+    events.add_sink(Persistence(store, "s1", row="session", event_types=SESSION_EVENT_TYPES).event)
+    events.publish(SessionStateChanged(state="created"))  # as a Session does, then its host:
+    store.defer(
+        store.add_session,
         session_id="s1",
         model_id="m",
         prompt="p",
@@ -30,18 +34,16 @@ def test_the_ceiling_is_reserved_ahead_then_exact_at_the_end(tmp_path) -> None:
         priority_class="realtime",
         state="created",
     )
-    events = EventStream(first_id=1)
-    events.add_sink(Persistence(store, "s1", row="session", event_types=SESSION_EVENT_TYPES).event)
     events.publish(SessionStateChanged(state="live"))
     for k in range(3):
         events.publish(chunk_event(k))  # not stored
     stored = [e["event_id"] for e in _drained(store).events("s1")]
-    assert stored == [1] and events.last_id == 4
-    assert ceiling(store, "s1") == 1 + EVENT_ID_RESERVE  # one write covers the next ids
+    assert stored == [1, 2] and events.last_id == 5
+    assert ceiling(store, "s1") == 2 + EVENT_ID_RESERVE  # one write covers the next ids
     for k in range(3, 3 + EVENT_ID_RESERVE):
         events.publish(chunk_event(k))
-    assert events.last_id == 4 + EVENT_ID_RESERVE
-    assert ceiling(_drained(store), "s1") == 2 + 2 * EVENT_ID_RESERVE  # reserved again at 66
+    assert events.last_id == 5 + EVENT_ID_RESERVE
+    assert ceiling(_drained(store), "s1") == 3 + 2 * EVENT_ID_RESERVE  # reserved again at 67
     events.publish(SessionStateChanged(state="closed", previous="live"))
     assert ceiling(_drained(store), "s1") == events.last_id  # exact: the next id follows it
     store.close()
