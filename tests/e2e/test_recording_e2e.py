@@ -56,11 +56,17 @@ def wav_tone(seconds: float, rate: int = 16_000) -> bytes:
 
 
 async def read_sse(
-    url: str, session_id: str, seen: list[tuple[int, str]], after: int | None = None
+    url: str,
+    session_id: str,
+    seen: list[tuple[int, str]],
+    after: int | None = None,
+    token: str | None = None,
 ) -> None:
     """Appends (id, type) of each event of the session's SSE stream to ``seen`` until it ends
     (or the server dies)."""
     headers = {} if after is None else {"Last-Event-ID": str(after)}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
     event_id = None
     with contextlib.suppress(httpx.HTTPError):
         async with (
