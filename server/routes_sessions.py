@@ -395,6 +395,15 @@ async def events(session_id: str, request: Request, grant: AuthGrant) -> Streami
             headers={"Retry-After": str(int(SSE_KEEPALIVE_S))},
         )
     subscription = session.events.subscribe(after_id=int(after))
+    earlier: list[dict[str, Any]] = []
+    first_id = session.events.first_id
+    if int(after) + 1 < first_id:  # resumed: what its previous process published is stored
+        try:
+            rows = await ctx.store.run(ctx.store.events, session_id)
+        except BaseException:
+            subscription.close()
+            raise
+        earlier = [r for r in rows if int(after) < r["event_id"] < first_id]
 
     async def follow() -> AsyncIterator[bytes]:
         # counted from the first byte (a response never started holds nothing) to the end,
@@ -404,6 +413,8 @@ async def events(session_id: str, request: Request, grant: AuthGrant) -> Streami
             if ctx.sse_streams[session_id] > limit:  # two requests raced past the check
                 return
             yield b"retry: 2000\n\n"
+            for row in earlier:
+                yield _sse(row["event_id"], row["type"], row["body"].encode())
             while True:
                 event = await subscription.next(SSE_KEEPALIVE_S)
                 if event is None:

@@ -341,6 +341,7 @@ class EventStream:
         self._max_backlog = max_backlog
         self._clock = clock
         self._next_id = first_id  # > 1: a resumed session's stream goes on after its stored one
+        self.first_id = first_id
         self._closed = False
 
     @property

@@ -35,7 +35,7 @@ from typing import Any
 
 from models.loops.requests import SessionRequest
 from runtime.admission import Reject
-from runtime.contract import Priority
+from runtime.contract import Priority, pts_of_frame
 from runtime.errors import DreamrtError
 from sessions.session import Session, SessionClosedError, SessionConfig, SessionStateError
 
@@ -129,7 +129,7 @@ class ForkRegistry:
                     handle.cancel("fork failed")
                 raise
             parent_handle.pause()  # the parent waits for the choice
-            return handles, int(getattr(state, "chunk", 0))
+            return handles, int(getattr(state, "chunk", 0)), getattr(state, "frames_emitted", 0)
 
         def spawn_one(state: Any, session: Session, admit: Any) -> Any:
             request = SessionRequest(
@@ -154,7 +154,7 @@ class ForkRegistry:
             return handle
 
         try:
-            handles, at_chunk = await parent_handle.at_boundary(
+            handles, at_chunk, frames_before = await parent_handle.at_boundary(
                 spawn_at_boundary, after_chunk=True, advance=True
             )
         except BaseException:
@@ -166,6 +166,11 @@ class ForkRegistry:
             parent.pause("forked")
         parent.held = "its fork candidates exist: choose one (POST .../choose)"
         for session, handle in zip(candidates, handles):
+            if frames_before > 0:
+                # Its stream goes on after the parent's last frame: its viewer's first pull
+                # anchors the playout there, so its first chunk is due at once (anchored at
+                # PTS 0, that chunk would wait for its PTS under the lead window: seconds).
+                session.media.skip_to(pts_of_frame(frames_before - 1, cfg.fps))
             self._persist(session, parent)
             host.adopt_session(session, handle)
             session.loop_watch.on_finished(lambda s=session: self._candidate_ended(s))

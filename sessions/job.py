@@ -12,6 +12,10 @@ emissions, published as ``job.progress`` and monotone (never goes back).
 When the loop's ``LoopResult`` arrives, ``outputs["frames"]`` (uint8 ``[F, H, W, 3]``) is
 written by ``sessions.artifacts`` on a worker thread (MP4 for ``t2v``, PNG for ``t2i``) under
 ``artifact_dir`` as ``<job id>.mp4|png``. Event-loop thread only, like ``Session``.
+
+With ``snapshots`` (``sessions.job_snapshots``, set by the host) each progress step may
+snapshot the loop, so that a killed server resumes the job from its newest snapshot; they are
+deleted when the job ends.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import numpy as np
 from runtime.contract import Emission, LoopResult, Stream
 from sessions.artifacts import Artifact, write_task_artifact
 from sessions.events import EventStream, JobArtifact, JobProgress, JobStateChanged
+from sessions.job_snapshots import JobSnapshots
 from sessions.loop_handle import LoopHandleLike
 from sessions.loop_watch import LoopWatch
 from sessions.persistence import Persistence
@@ -60,6 +65,7 @@ class Job:
         artifact_dir: str | Path,
         store: Store | None = None,
         wall_clock: Callable[[], float] = time.time,
+        first_event_id: int = 1,
     ) -> None:
         self.config = config
         self.id = config.job_id
@@ -67,7 +73,8 @@ class Job:
         self._wall = wall_clock
         self.created_at = wall_clock()
         self._persistence = Persistence(store, self.id, row="job")
-        self.events = EventStream(clock=wall_clock)
+        # > 1: a job resumed after a restart numbers its events after its stored ones
+        self.events = EventStream(clock=wall_clock, first_id=first_event_id)
         self.events.add_sink(self._persistence.event)
         self._state = JobState.QUEUED
         self.progress = 0.0
@@ -75,6 +82,7 @@ class Job:
         self.artifact: Artifact | None = None
         self._loop = LoopWatch(f"job {self.id}")
         self.suspended = False  # stopped by a graceful shutdown, to resume in the next process
+        self.snapshots: JobSnapshots | None = None
         self.events.publish(JobStateChanged(state=self._state.value))
 
     @property
@@ -95,6 +103,8 @@ class Job:
         )
         self.events.publish(JobStateChanged(state=target.value, previous=old.value, error=error))
         self._persistence.update(state=target.value, progress=self.progress, error=self.error)
+        if self.terminal and self.snapshots is not None:
+            self.snapshots.discard()  # nothing is left to resume
 
     def attach(
         self, handle: LoopHandleLike, *, on_finished: Callable[[Job], None] | None = None
@@ -115,6 +125,8 @@ class Job:
             if progress > self.progress:
                 self.progress = progress
                 self.events.publish(JobProgress(progress=progress, done=done, total=total))
+            if self.snapshots is not None:
+                self.snapshots.step_done()
         except Exception:
             log.exception("job %s: emission %r failed", self.id, emission.spec)
 

@@ -22,8 +22,9 @@ from typing import Any, Literal
 from models.loops.requests import JobRequest
 from runtime.contract import Emission, Priority
 from sessions.job import Job, JobConfig
+from sessions.job_snapshots import JobSnapshots
 from sessions.recording import Recording
-from sessions.resume import job_snapshot, snapshot_loop
+from sessions.resume import newest_snapshot, snapshot_loop
 from sessions.served_models import (
     EngineLike,
     HostError,
@@ -87,6 +88,7 @@ class JobHost:
         tap: Callable[[Emission], None] | None = None,
         keep_latents: bool = False,
         restore_from: bytes | None = None,
+        first_event_id: int = 1,
     ) -> Job:
         """Queues a job (batch class; never refused but while the model is held:
         ``ModelUnavailableError``). Raises ``KeyError``, ``ProfileError`` or
@@ -94,7 +96,8 @@ class JobHost:
         rollout group (the model's ``group_loop``: denoising steps batch with the group's
         other samples); ``tap`` also hears every emission of its loop (the group's records);
         ``keep_latents``: each chunk's capture carries its per-step latents; ``restore_from``:
-        the job's snapshot from a shutdown (it goes on from there)."""
+        the job's snapshot (it goes on from there); ``first_event_id``: a resumed job's event
+        ids go on after its stored ones."""
         if self._closed:
             raise HostError("the job host is closed")
         served = self.models.resolve(model)
@@ -160,7 +163,9 @@ class JobHost:
             fps=profile.fps,
             params=params,
         )
-        job = Job(config, artifact_dir=self.artifact_dir, store=self.store)
+        job = Job(
+            config, artifact_dir=self.artifact_dir, store=self.store, first_event_id=first_event_id
+        )
         self.store.defer(self._upsert_job, job_id, task, card.model_id, prompt, params)
         on_emit = job.on_emission
         if tap is not None:
@@ -179,6 +184,8 @@ class JobHost:
             restore_from=restore_from,
         )
         self._jobs[job_id] = job
+        if self.recording is not None:
+            job.snapshots = JobSnapshots(self.recording, handle)
         job.attach(handle, on_finished=self._job_finished)
         log.info(
             "job %s queued: %s %s %dx%d", job_id, task, card.model_id, profile.width, profile.height
@@ -209,17 +216,23 @@ class JobHost:
 
     def resume_jobs(self, rows: list[dict[str, Any]]) -> list[Job]:
         """Queues again the jobs a previous process left unfinished (``Store.recover``): from
-        the snapshot a graceful shutdown took, else from their request; one that cannot be
-        queued ends ``failed`` with the reason (never left ``running``)."""
+        their newest snapshot (a graceful shutdown's, or after a kill the newest periodic one,
+        ``sessions.job_snapshots``), else from their request; one that cannot be queued ends
+        ``failed`` with the reason (never left ``running``)."""
         resumed = []
         for row in rows:
             params = row["params"]
             try:
                 blob = None
                 if self.recording is not None:
-                    blob = job_snapshot(self.recording.data_dir, row["id"])
-                if blob is not None:
-                    log.info("job %s restored from its snapshot", row["id"])
+                    path = newest_snapshot(self.recording.snapshot_dir, row["id"])
+                    if path is not None:
+                        blob = path.read_bytes()
+                        log.info(
+                            "job %s restored from its snapshot at step %d",
+                            row["id"],
+                            int(path.stem),
+                        )
                 resumed.append(
                     self.submit_job(
                         task=row["task"],
@@ -233,6 +246,8 @@ class JobHost:
                         extensions=params.get("extensions"),
                         exact=params.get("exact", False),
                         restore_from=blob,
+                        first_event_id=1
+                        + max((e["event_id"] for e in self.store.events(row["id"])), default=0),
                     )
                 )
             except Exception as exc:  # noqa: BLE001 - whatever it is, the job must not hang

@@ -1,4 +1,4 @@
-"""Resume after a restart: a session from its last replay snapshot, a job from its shutdown one.
+"""Resume after a restart: a session from its last replay snapshot, a job from its newest one.
 
 A session of a previous process may resume here, under the same id, when its client comes
 back within the grace period (``Resumer``, ``dreamrt serve --resume-grace``) with its old token
@@ -21,9 +21,11 @@ sends them again). After a graceful shutdown the snapshot is of the chunk bounda
 last chunk generated; after a kill it is the newest periodic one (``--snapshot-every``
 chunks): the chunks after it are generated again, with the same seed and inputs.
 
-Jobs (``JobHost.suspend``) are snapshotted at a step boundary by a graceful shutdown and
-restored from that file at startup (``job_snapshot``); after a kill a job runs again from its
-request (same seed, same result) or, if it cannot, ends ``failed`` with the reason.
+Jobs are snapshotted as they run (``sessions.job_snapshots``) and at a step boundary by a
+graceful shutdown (``JobHost.suspend``); the next process restores the newest file
+(``JobHost.resume_jobs``), so a job goes on from there after a kill too. A job with no snapshot
+yet runs again from its request (same seed, same result) or, if it cannot, ends ``failed``
+with the reason.
 """
 
 from __future__ import annotations
@@ -47,7 +49,6 @@ from sessions.recording import Recording
 __all__ = [
     "ResumeError",
     "Resumer",
-    "job_snapshot",
     "newest_snapshot",
     "restore_session",
     "snapshot_loop",
@@ -67,12 +68,6 @@ def newest_snapshot(data_dir: Path, loop_id: str) -> Path | None:
     """The newest ``.snap`` file of ``loop_id`` (names are zero-padded steps: sorted = time)."""
     files = sorted((Path(data_dir) / "snapshots" / loop_id).glob("*.snap"))
     return files[-1] if files else None
-
-
-def job_snapshot(data_dir: Path, job_id: str) -> bytes | None:
-    """The bytes of a job's newest snapshot, or None (then the job starts from its request)."""
-    path = newest_snapshot(data_dir, job_id)
-    return None if path is None else path.read_bytes()
 
 
 def snapshot_loop(
@@ -122,7 +117,9 @@ def _resume_point(store: Any, data_dir: Path, session_id: str) -> tuple[dict[str
     paths = [p for p in (newest_snapshot(data_dir, loop) for loop in loops) if p is not None]
     if not paths:
         raise ResumeError(f"session {session_id!r} has no snapshot to resume from")
-    row["last_event_id"] = max((e["event_id"] for e in store.events(session_id)), default=0)
+    # no event of it has a larger id (sessions.persistence): its new ones are numbered above
+    stored = max((e["event_id"] for e in store.events(session_id)), default=0)
+    row["last_event_id"] = max(stored, row.get("event_id_ceiling") or 0)
     # the newest step; on a tie the later loop (a candidate forked at that very boundary)
     return row, max(reversed(paths), key=lambda p: int(p.stem))
 

@@ -18,6 +18,7 @@ import asyncio
 import bisect
 import logging
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -32,10 +33,18 @@ log = logging.getLogger(__name__)
 
 
 class SnapshotKeeper:
-    """See the module docstring. Event-loop thread only."""
+    """See the module docstring. Event-loop thread only. ``clock``: the monotonic time the
+    snapshot pause is paced on."""
 
-    def __init__(self, recording: Recording, handle: LoopHandleLike) -> None:
+    def __init__(
+        self,
+        recording: Recording,
+        handle: LoopHandleLike,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._recording = recording
+        self._clock = clock
         self._handle = handle
         self.loop_id = handle.loop_id
         self._steps: list[int] = []  # steps of the snapshots taken, ascending
@@ -51,7 +60,7 @@ class SnapshotKeeper:
         self._chunks_since += 1
         if (
             self._chunks_since >= self._recording.snapshot_every
-            and time.monotonic() >= self._not_before_s
+            and self._clock() >= self._not_before_s
         ):
             self._request()
 
@@ -80,5 +89,5 @@ class SnapshotKeeper:
             self._steps.append(step)
         self._chunks_since = 0
         pause_s = self._recording.snapshot_pause_s(snapshot_nbytes(clone))
-        self._not_before_s = time.monotonic() + pause_s
+        self._not_before_s = self._clock() + pause_s
         self._recording.write_snapshot(f"{self.loop_id}@{step}", partial(write_snapshot, clone))

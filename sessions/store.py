@@ -116,12 +116,14 @@ _ADDED_COLUMNS = {
     },
     "preferences": {"session_id": "TEXT", "model_id": "TEXT", "weights_version": "TEXT"},
     "forks": {"seeds": "TEXT", "context_ref": "TEXT"},
+    "sessions": {"event_id_ceiling": "INTEGER"},  # sessions.persistence
 }
 # record columns holding JSON
 _RECORD_JSON = ("timesteps", "actions", "noise_seeds", "sigmas", "kv_window", "adapters")
 
 _SESSION_FIELDS = frozenset(
     {"state", "segment", "frames_sent", "stalls", "fps_measured", "error", "prompt"}
+    | {"event_id_ceiling"}
 )
 _JOB_FIELDS = frozenset({"state", "progress", "error", "artifact_path", "media_type"})
 _LIVE_SESSION_STATES = ("created", "negotiating", "live", "paused", "closing")

@@ -3,11 +3,13 @@
  * choose one (POST /choose: the chosen candidate's stream becomes this session's continuation,
  * the others close, the server commits one preference pair per rejected candidate).
  *
- * The candidates are real sessions generated from this moment; each row plays its candidate
- * live in a small video with its own peer, opened at once through `openPreview(id, video,
- * token)` (the candidate's own token from the fork answer), which returns {close()} or throws
- * (then the row says so; choosing still works). The parent waits, paused, until the choice;
- * afterwards it streams on from the chosen candidate and `onChosen(id)` tells the page.
+ * The candidates are real sessions generated from this moment; they are laid out side by side,
+ * one tile each, and every tile plays its candidate live in a small video with its own peer,
+ * all opened at once through `openPreview(id, video, token)` (the candidate's own token from
+ * the fork answer), which returns {close()} or throws (then the tile says so; choosing still
+ * works). A tile shows its video as soon as it plays (`data-playing`), without waiting for the
+ * others, and the status counts the candidates playing. The parent waits, paused, until the
+ * choice; afterwards it streams on from the chosen candidate and `onChosen(id)` tells the page.
  */
 
 export class ForkPicker {
@@ -52,7 +54,7 @@ export class ForkPicker {
       const tokens = new Map((answer?.sessions ?? []).map((s) => [s.id, s.token]));
       this._log("fork", { n, candidates: candidates.length, at_chunk: answer?.at_chunk });
       this._say(
-        candidates.length ? "the candidates play live: choose one" : "the server returned no candidates",
+        candidates.length ? `starting ${candidates.length} candidates…` : "the server returned no candidates",
         candidates.length ? "" : "bad",
       );
       const rows = candidates.map((id, index) => this._row(id, index, tokens.get(id)));
@@ -70,6 +72,7 @@ export class ForkPicker {
     const item = document.createElement("li");
     item.className = "fork-candidate";
     item.dataset.candidate = id;
+    item.dataset.playing = "false";
     const label = document.createElement("span");
     label.className = "fork-label";
     label.textContent = `#${index + 1}`;
@@ -80,8 +83,8 @@ export class ForkPicker {
     video.muted = true;
     video.autoplay = true;
     video.playsInline = true;
-    video.hidden = true;
     video.setAttribute("aria-label", `preview of candidate ${index + 1}`);
+    video.addEventListener("playing", () => this._playing(item), { once: true });
     const watch = document.createElement("button");
     watch.type = "button";
     watch.className = "ghost small";
@@ -93,8 +96,21 @@ export class ForkPicker {
     choose.className = "primary small";
     choose.textContent = "Choose";
     choose.addEventListener("click", () => this._choose(id, choose));
-    item.append(label, ident, watch, choose, video);
+    const meta = document.createElement("div");
+    meta.className = "fork-meta";
+    meta.append(label, ident, watch, choose);
+    item.append(video, meta);
     return { item, id, video, watch, token };
+  }
+
+  /** A candidate's first frame played: its tile shows it at once, the status counts it. */
+  _playing(item) {
+    if (!item.isConnected || item.dataset.playing === "true") return;
+    item.dataset.playing = "true";
+    const tiles = [...this._list.children];
+    const playing = tiles.filter((tile) => tile.dataset.playing === "true").length;
+    if (this._status.dataset.tone === "good") return; // already chosen
+    this._say(`${playing} of ${tiles.length} candidates playing: choose one`);
   }
 
   async _togglePreview(id, video, button, token) {

@@ -2,7 +2,7 @@
 
 Each test imports the real modules from ``clients/web`` into a page and checks their outputs on
 hand-built inputs: ack matching, configuration parsing, SDP inspection, PCM conversion, the
-action sender's rate and release, the page state machine and the event log's filtering.
+action sender's rate (on Playwright's fake clock) and release, the page state machine and the event log's filtering.
 """
 
 from __future__ import annotations
@@ -191,8 +191,20 @@ def test_float_to_s16le_clamps_and_is_little_endian(page: Any) -> None:
     assert result == [0, 0, 0xFF, 0x7F, 0x00, 0x80, 0xFF, 0x3F, 0xFF, 0x7F, 0x00, 0x80]
 
 
-def test_action_input_sends_at_20_hz_while_held_then_one_release(page: Any) -> None:
-    result = page.evaluate(
+@pytest.fixture
+def clocked_page(page: Any, static_url: str) -> Iterator[Any]:
+    """A page of the same origin on Playwright's fake clock: its timers and ``performance.now``
+    move only when the test runs the clock, so rates are exact whatever the machine's load."""
+    clocked = page.context.new_page()
+    clocked.clock.install(time=0)
+    clocked.goto(f"{static_url}/config.js")  # any same-origin document can import the modules
+    yield clocked
+    clocked.close()
+
+
+def test_action_input_sends_at_20_hz_while_held_then_one_release(clocked_page: Any) -> None:
+    page = clocked_page
+    start = page.evaluate(
         """async () => {
         const { ActionInput } = await import('/action_input.js');
         const keys = document.createElement('div');
@@ -207,41 +219,55 @@ def test_action_input_sends_at_20_hz_while_held_then_one_release(page: Any) -> N
         input.enabled = true;
         const key = (type, code, target = keys, extra = {}) =>
             target.dispatchEvent(new KeyboardEvent(type, { code, bubbles: true, ...extra }));
+        window.__held = { input, key, keys, stage, sent };
         key('keydown', 'KeyW', text);              // typing in a text field: not an action
         key('keydown', 'KeyZ');                    // not an action key
         key('keydown', 'KeyW', keys, { ctrlKey: true });
         const ignored = sent.length;
-        const t0 = performance.now();
         key('keydown', 'KeyW');
         const immediate = sent.length;
         key('keydown', 'KeyW', keys, { repeat: true });
         key('keydown', 'ArrowLeft');
-        await new Promise((r) => setTimeout(r, 1000));
-        key('keyup', 'KeyW'); key('keyup', 'ArrowLeft');
-        const held = sent.filter(([t]) => t >= t0).length;
-        await new Promise((r) => setTimeout(r, 200));
-        input.stop();
-        keys.remove(); stage.remove();
-        return { ignored, immediate, held, messages: sent.map(([, m]) => m) };
+        return { ignored, immediate, t0: performance.now() };
     }"""
     )
-    assert result["ignored"] == 0
-    assert result["immediate"] == 1
-    messages = result["messages"]
+    page.clock.run_for(1000)  # held for one second of the page's clock
+    result = page.evaluate(
+        """(t0) => {
+        const { input, key, keys, stage, sent } = window.__held;
+        const ticks = sent.filter(([t]) => t > t0).length;
+        const count = sent.length;
+        key('keyup', 'KeyW'); key('keyup', 'ArrowLeft');
+        return { ticks, count };
+    }""",
+        start["t0"],
+    )
+    page.clock.run_for(200)
+    messages = page.evaluate(
+        """() => {
+        const { input, keys, stage, sent } = window.__held;
+        input.stop();
+        keys.remove(); stage.remove();
+        return sent.map(([, m]) => m);
+    }"""
+    )
+    assert start["ignored"] == 0
+    assert start["immediate"] == 1
     assert messages[0] == {"type": "action", "keys": ["w"], "mouse": [0, 0]}
     assert messages[1] == {"type": "action", "keys": ["w", "left"], "mouse": [0, 0]}
-    # Held for 1 s at a 50 ms period: at least 10 Hz (the brief's floor), with scheduler slack.
-    assert result["held"] >= 15, result["held"]
+    # one message per 50 ms period while held: 20 in the second, all of the held keys
+    assert result["ticks"] == 20, result
     assert all(m["keys"] == ["w", "left"] for m in messages[1:-2])
     # Releasing W then Left sends ["left"] then the empty release, and nothing after it.
-    assert messages[-2:] == [
+    assert messages[result["count"] :] == [
         {"type": "action", "keys": ["left"], "mouse": [0, 0]},
         {"type": "action", "keys": [], "mouse": [0, 0]},
     ]
 
 
-def test_action_input_reports_drag_rate_over_the_chunk_window(page: Any) -> None:
-    result = page.evaluate(
+def test_action_input_reports_drag_rate_over_the_chunk_window(clocked_page: Any) -> None:
+    page = clocked_page
+    page.evaluate(
         """async () => {
         const { ActionInput } = await import('/action_input.js');
         const stage = document.createElement('div');
@@ -253,25 +279,34 @@ def test_action_input_reports_drag_rate_over_the_chunk_window(page: Any) -> None
         input.start();
         input.enabled = true;
         const pointer = (type, extra = {}) => stage.dispatchEvent(new PointerEvent(type, { pointerId: 7, button: 0, bubbles: true, ...extra }));
-        const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+        window.__drag = { input, stage, sent, pointer };
         pointer('pointerdown');
         for (let i = 0; i < 3; i += 1) pointer('pointermove', { movementX: 10, movementY: -4 });
-        await sleep(50);
-        const moving = sent.at(-1);
-        await sleep(250);                      // still dragging, no movement for > 150 ms
-        const resting = sent.at(-1);
-        const count = sent.length;
+    }"""
+    )
+    page.clock.run_for(50)
+    moving = page.evaluate("() => window.__drag.sent.at(-1)")
+    page.clock.run_for(250)  # still dragging, no movement for > 150 ms
+    page.evaluate(
+        """() => {
+        const { sent, pointer } = window.__drag;
+        window.__drag.resting = sent.at(-1);
+        window.__drag.count = sent.length;
         pointer('pointerup');
-        const release = sent.slice(count);
-        await sleep(100);
+    }"""
+    )
+    page.clock.run_for(100)
+    result = page.evaluate(
+        """() => {
+        const { input, stage, sent, resting, count } = window.__drag;
         input.stop();
         stage.remove();
         let bad = null;
         try { input.setMouseWindowMs(0); } catch (err) { bad = err.message; }
-        return { moving, resting, release, after: sent.length - count, bad };
+        return { resting, release: sent.slice(count), after: sent.length - count, bad };
     }"""
     )
-    assert result["moving"] == {"type": "action", "keys": [], "mouse": [30, -12]}
+    assert moving == {"type": "action", "keys": [], "mouse": [30, -12]}
     assert result["resting"] == {"type": "action", "keys": [], "mouse": [0, 0]}
     assert result["release"] == [{"type": "action", "keys": [], "mouse": [0, 0]}]
     assert result["after"] == 1
@@ -463,3 +498,51 @@ def test_latency_bar_splits_the_last_input_into_wait_generate_send(page: Any) ->
     assert (round(repeat["wait"]), round(repeat["generate"]), round(repeat["send"])) == (0, 300, 20)
     assert result["notSent"] is None
     assert result["page"] == "last input: –"  # the idle page's bar is empty
+
+
+def test_fork_picker_lays_candidates_side_by_side_and_shows_each_as_it_plays(page: Any) -> None:
+    result = page.evaluate(
+        """async () => {
+        const { ForkPicker } = await import('/fork_picker.js');
+        const root = document.createElement('section');
+        root.style.width = '320px';
+        root.innerHTML = `<form><select name="fork-n"><option selected>2</option></select>
+            <input name="fork-prompt" value=""><button type="submit">Fork</button></form>
+            <p class="fork-status"></p><ol class="fork-candidates"></ol>`;
+        document.body.append(root);
+        const opened = [];
+        const session = { fork: async (n) => ({
+            candidates: ['ses_a', 'ses_b'],
+            sessions: [{ id: 'ses_a', token: 'ta' }, { id: 'ses_b', token: 'tb' }] }) };
+        const picker = new ForkPicker(root, {
+            getSession: () => session,
+            openPreview: async (id, video, token) => { opened.push([id, token]); return { close() {} }; },
+        });
+        await picker.fork();
+        const tiles = [...root.querySelectorAll('.fork-candidate')];
+        const status = () => root.querySelector('.fork-status').textContent;
+        const before = { status: status(), playing: tiles.map((t) => t.dataset.playing) };
+        tiles[1].querySelector('video').dispatchEvent(new Event('playing'));
+        const one = { status: status(), playing: tiles.map((t) => t.dataset.playing) };
+        tiles[0].querySelector('video').dispatchEvent(new Event('playing'));
+        const boxes = tiles.map((t) => t.getBoundingClientRect());
+        const out = {
+            opened, before, one, both: status(),
+            hidden: tiles.map((t) => t.querySelector('video').hidden),
+            sameRow: boxes[0].top === boxes[1].top, leftToRight: boxes[0].right <= boxes[1].left,
+        };
+        picker.reset();
+        root.remove();
+        return out;
+    }"""
+    )
+    assert result["opened"] == [["ses_a", "ta"], ["ses_b", "tb"]]  # both at once, own tokens
+    assert result["before"] == {"status": "starting 2 candidates…", "playing": ["false", "false"]}
+    # the second one played first: its tile says so without waiting for the other
+    assert result["one"] == {
+        "status": "1 of 2 candidates playing: choose one",
+        "playing": ["false", "true"],
+    }
+    assert result["both"] == "2 of 2 candidates playing: choose one"
+    assert result["hidden"] == [False, False]
+    assert result["sameRow"] and result["leftToRight"]  # side by side

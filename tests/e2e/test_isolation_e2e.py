@@ -3,9 +3,10 @@
 A real ``dreamrt serve`` subprocess (``wan-tiny-random``, 64x64 at 8 fps, on the CPU) with
 ``--fault-injection`` (the admin route ``POST /v1/faults`` arms a NaN, an exception or an
 out-of-memory error on a loop's next denoising step, ``runtime.faults``) and real aiortc
-viewers on loopback. Each test watches a bystander session's received fresh frames per second
-before and after the fault and checks it did not move by more than 15 % of the profile's fps,
-that the faulted loop failed with its code (``error`` event, ``failed``), and that its chunk-KV
+viewers on loopback. Each test checks that a bystander session goes on streaming after the
+fault (its next fresh frames arrive, one frame interval apart on the media timeline: none
+skipped; its fps under faults is a benchmark's number, not this suite's), that the faulted
+loop failed with its code (``error`` event, ``failed``), and that its chunk-KV
 slab is back in the pool. The live fuzz sends 1,000 hypothesis-generated control messages
 over a real data channel to a live session and checks every rejected one got its ``error``
 event, in order, and that the session still streams.
@@ -28,12 +29,19 @@ from hypothesis import strategies as st
 from clients.python.api import DreamrtClient
 from clients.python.viewer import Viewer
 from infra.browser_harness import ServerProcess
-from tests.e2e.test_sessions_e2e import FPS, ametrics, await_idle, start_server, stop_server
+from tests.e2e.test_sessions_e2e import (
+    CHUNK_FRAMES,
+    FPS,
+    ametrics,
+    assert_contiguous,
+    await_idle,
+    next_fresh_frames,
+    start_server,
+    stop_server,
+)
 from tests.server.control_fuzz import control_messages, expected_error
 
 pytestmark = pytest.mark.slow
-
-WINDOW_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +71,6 @@ async def api(server: ServerProcess) -> AsyncIterator[DreamrtClient]:
     await await_idle(server.url)
 
 
-async def fresh_fps(viewer: Viewer, seconds: float = WINDOW_S) -> float:
-    start = time.monotonic()
-    await asyncio.sleep(seconds)
-    window = [f for f in viewer.fresh_frames() if f.received_s >= start]
-    return len(window) / (time.monotonic() - start)
-
-
 async def live_viewer(api: DreamrtClient, prompt: str, seed: int) -> Viewer:
     viewer = Viewer(api)
     await viewer.connect(prompt, seed=seed)
@@ -91,12 +92,10 @@ async def failed_with(viewer: Viewer, code: str) -> dict:
 async def test_nan_in_one_of_two_live_sessions_fails_only_that_one(api: DreamrtClient) -> None:
     bad, good = await live_viewer(api, "a red ball", 1), await live_viewer(api, "a blue cube", 2)
     try:
-        await asyncio.sleep(0.5)
-        before = await fresh_fps(good)
         slabs_free = (await ametrics(api.base_url))["dreamrt_kv_slabs_free"]
         await inject(api, bad.session_id, "nan")
         error = await failed_with(bad, "nan")
-        after = await fresh_fps(good)
+        after = await next_fresh_frames(good, CHUNK_FRAMES)
         status_bad = await api.session(bad.session_id)
         status_good = await api.session(good.session_id)
         slabs_after = (await ametrics(api.base_url))["dreamrt_kv_slabs_free"]
@@ -107,41 +106,37 @@ async def test_nan_in_one_of_two_live_sessions_fails_only_that_one(api: DreamrtC
     assert status_bad["state"] == "failed" and status_bad["error"].startswith("nan:")
     assert status_good["state"] == "live"
     assert slabs_after == slabs_free + 1  # the failed session's slab is back in the pool
-    assert abs(after - before) <= 0.15 * FPS, f"bystander fps {before:.2f} -> {after:.2f}"
+    assert_contiguous(after, FPS)
 
 
 async def test_exception_and_oom_fail_only_their_sessions(api: DreamrtClient) -> None:
     good = await live_viewer(api, "a quiet lake", 3)
     oom, boom = await live_viewer(api, "a storm", 4), await live_viewer(api, "a desert", 5)
     try:
-        await asyncio.sleep(0.5)
-        before = await fresh_fps(good)
         await inject(api, oom.session_id, "oom")
         await inject(api, boom.session_id, "exception")
         oom_error = await failed_with(oom, "oom")
         boom_error = await failed_with(boom, "step_exception")
-        after = await fresh_fps(good)
+        after = await next_fresh_frames(good, CHUNK_FRAMES)
         status_good = await api.session(good.session_id)
     finally:
         for viewer in (oom, boom, good):
             await viewer.close()
     assert "out of memory" in oom_error["message"] and "InjectedFault" in boom_error["message"]
     assert status_good["state"] == "live"
-    assert abs(after - before) <= 0.15 * FPS, f"bystander fps {before:.2f} -> {after:.2f}"
+    assert_contiguous(after, FPS)
 
 
 async def test_a_failing_job_does_not_stall_sessions(api: DreamrtClient) -> None:
     good = await live_viewer(api, "a green field", 6)
     try:
-        await asyncio.sleep(0.5)
-        before = await fresh_fps(good)
         job_id = await api.submit_job("t2v", "a red kite", num_frames=45, seed=9)
         deadline = time.monotonic() + 30
         while (await api.job(job_id))["state"] == "queued":
             assert time.monotonic() < deadline, "the job never started"
             await asyncio.sleep(0.05)
         await inject(api, job_id, "exception")
-        during = await fresh_fps(good)
+        during = await next_fresh_frames(good, CHUNK_FRAMES)
         while (job := await api.job(job_id))["state"] == "running":
             assert time.monotonic() < deadline + 30, "the job never ended"
             await asyncio.sleep(0.1)
@@ -150,7 +145,7 @@ async def test_a_failing_job_does_not_stall_sessions(api: DreamrtClient) -> None
         await good.close()
     assert job["state"] == "failed" and "step_exception" in job["error"]
     assert status_good["state"] == "live" and status_good["error"] is None
-    assert abs(during - before) <= 0.15 * FPS, f"bystander fps {before:.2f} -> {during:.2f}"
+    assert_contiguous(during, FPS)
 
 
 async def test_a_peer_that_vanishes_mid_negotiation_is_closed_and_the_session_reusable(

@@ -1,7 +1,9 @@
 """Behaviour recording end to end: a scripted tiny-world session on a real ``dreamrt serve``
 subprocess (real aiortc viewer, real SQLite file), then ``dreamrt replay`` and
 ``dreamrt export`` on its data directory, and a SIGKILL right after feedback, fork and choose
-were answered (then a restart: nothing acknowledged lost, the job and the session resume).
+were answered (then a restart: nothing acknowledged lost, the job resumes from its newest
+snapshot, the session from its own, and its SSE stream goes on after the client's
+``Last-Event-ID`` with no event missed or repeated).
 
 The session: a prompt, then a prompt switch, held keys and an audio clip as it streams; it is
 closed after chunk 5, so the server writes its records, input log, replay snapshots (every 2
@@ -13,8 +15,10 @@ the audio.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,12 +28,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import av
+import httpx
 import numpy as np
 import pytest
 
 from clients.python.api import DreamrtClient
 from clients.python.viewer import Viewer
 from infra.browser_harness import ServerProcess
+from sessions.persistence import EVENT_ID_RESERVE
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +53,31 @@ def wav_tone(seconds: float, rate: int = 16_000) -> bytes:
         w.setframerate(rate)
         w.writeframes(tone.tobytes())
     return buf.getvalue()
+
+
+async def read_sse(
+    url: str,
+    session_id: str,
+    seen: list[tuple[int, str]],
+    after: int | None = None,
+    token: str | None = None,
+) -> None:
+    """Appends (id, type) of each event of the session's SSE stream to ``seen`` until it ends
+    (or the server dies)."""
+    headers = {} if after is None else {"Last-Event-ID": str(after)}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    event_id = None
+    with contextlib.suppress(httpx.HTTPError):
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(10.0, read=None)) as http,
+            http.stream("GET", f"/v1/sessions/{session_id}/events", headers=headers) as stream,
+        ):
+            async for line in stream.aiter_lines():
+                if line.startswith("id:"):
+                    event_id = int(line[3:])
+                elif line.startswith("event:") and event_id is not None:
+                    seen.append((event_id, line[6:].strip()))
 
 
 def run_cli(*args: str, timeout_s: float = 240.0) -> subprocess.CompletedProcess[str]:
@@ -228,10 +260,11 @@ def test_export_round_trip_reads_back_with_pandas_and_datasets(
 async def test_acknowledged_rows_survive_sigkill_and_the_work_resumes(tmp_path: Path) -> None:
     """201 means committed: the server is killed (SIGKILL) right after feedback, fork and
     choose were answered, while a job runs and a session streams. After the restart no
-    acknowledged row is lost, the job ends (succeeded from its request, or failed with a
-    reason: never left running) and the session's client resumes it with its old id: it goes
-    on from its last periodic snapshot (chunk > 0; the chosen candidate's, if it was written
-    before the kill)."""
+    acknowledged row is lost, the job goes on from its newest periodic snapshot (step > 0) to
+    a complete artifact, and the session's client resumes it with its old id: it goes on from
+    its last periodic snapshot (chunk > 0; the chosen candidate's, if it was written before
+    the kill), and an SSE client reconnecting with its ``Last-Event-ID`` gets every new event
+    once: ids above the last it saw (none reused), one apart."""
     import sqlite3
 
     data = tmp_path / "data"
@@ -242,9 +275,13 @@ async def test_acknowledged_rows_survive_sigkill_and_the_work_resumes(tmp_path: 
             viewer = Viewer(api)
             await viewer.connect("a red ball", seed=5)
             sid = viewer.session_id
+            before: list[tuple[int, str]] = []
+            sse = asyncio.create_task(read_sse(server.url, sid, before))
             job = await api.submit_job("t2v", "a slow pan", num_frames=120, seed=3)
             await viewer.wait_event(lambda e: e["type"] == "media.chunk" and e["chunk"] >= 3, 60)
-            while (await api.job(job))["state"] != "running":
+            deadline = time.monotonic() + 60
+            while not list((data / "snapshots" / job).glob("*.snap")):  # a periodic one
+                assert time.monotonic() < deadline, await api.job(job)
                 await asyncio.sleep(0.05)
             feedback = await api.request(
                 "POST",
@@ -256,8 +293,10 @@ async def test_acknowledged_rows_survive_sigkill_and_the_work_resumes(tmp_path: 
             choose = await api.request(
                 "POST", f"/v1/sessions/{sid}/choose", json={"candidate": chosen}
             )
+            job_at_kill = await api.job(job)
             os.killpg(server._proc.pid, signal.SIGKILL)  # noqa: SLF001 - the real process
             last = max(e["chunk"] for e in viewer.events if e["type"] == "media.chunk")
+            await asyncio.wait_for(sse, 10)  # the stream broke with the process
             await viewer.close(delete=False)
     finally:
         server.stop()
@@ -268,19 +307,41 @@ async def test_acknowledged_rows_survive_sigkill_and_the_work_resumes(tmp_path: 
         async with DreamrtClient(restarted.url) as api:
             resumed = Viewer(api)
             await resumed.connect(session_id=sid)  # the old id (auth none: no token needed)
+            last_seen = before[-1][0]
+            after: list[tuple[int, str]] = []
+            sse = asyncio.create_task(read_sse(restarted.url, sid, after, after=last_seen))
             first = await resumed.wait_event(lambda e: e["type"] == "media.chunk", 60)
             deadline = time.monotonic() + 120
             while (state := await api.job(job))["state"] not in ("succeeded", "failed"):
                 assert state["state"] in ("queued", "running") and time.monotonic() < deadline
                 await asyncio.sleep(0.2)
+            while not any(kind == "media.chunk" for _, kind in after):
+                assert time.monotonic() < deadline, after
+                await asyncio.sleep(0.05)
+            media_type, _ = await api.download_artifact(job, tmp_path / "job.mp4")
             await resumed.close(delete=False)
             await api.delete_session(sid)
+            await asyncio.wait_for(sse, 10)  # the stream ends with the session
     finally:
         restarted.stop(timeout_s=20.0)
     log = (tmp_path / "server2.log").read_text(errors="replace")
     assert "Traceback" not in log, log[-6000:]
-    assert state["state"] == "succeeded" or state.get("error"), state
+    # the job went on from a periodic snapshot, not from its request, to a complete artifact
+    assert job_at_kill["state"] == "running" and job_at_kill["progress"] < 1.0, job_at_kill
+    restored = re.search(rf"job {job} restored from its snapshot at step (\d+)", log)
+    assert restored is not None and int(restored.group(1)) > 0, log[-3000:]
+    assert state["state"] == "succeeded", state
+    assert media_type == "video/mp4"
+    with av.open(str(tmp_path / "job.mp4")) as container:
+        assert sum(1 for _ in container.decode(video=0)) == 120
+    assert not (data / "snapshots" / job).exists()  # a finished job's snapshots are gone
     assert 0 < first["chunk"] <= last + 1, (first, last)
+    # SSE: every id above the one the client saw last (none reused), then one apart; the
+    # jump after the kill is at most the ids the old process reserved ahead
+    ids = [event_id for event_id, _ in after]
+    assert ids and ids[0] > last_seen and ids == list(range(ids[0], ids[0] + len(ids))), ids
+    assert ids[0] <= last_seen + 1 + EVENT_ID_RESERVE, (last_seen, ids[:3])
+    assert len({i for i, _ in before}) == len(before)
     db = sqlite3.connect(data / "dreamrt.sqlite3")
     forks = db.execute("SELECT chosen FROM forks WHERE session_id = ?", (sid,)).fetchall()
     pairs = db.execute("SELECT chosen_ref, rejected_ref FROM preferences").fetchall()

@@ -1,7 +1,6 @@
 """The SDK adapter through the real ``livekit`` FFI (no LiveKit server: a closed local port)."""
 
 import socket
-import time
 
 import numpy as np
 import pytest
@@ -47,10 +46,10 @@ def test_our_frames_become_i420_video_frames_through_the_ffi() -> None:
 
 async def test_a_refused_connect_raises_room_connect_error_quickly() -> None:
     room = LiveKitRoom(connect_timeout_s=5.0)
-    start = time.monotonic()
-    with pytest.raises(RoomConnectError, match="(?i)refused|connect"):
+    with pytest.raises(RoomConnectError, match="(?i)refused|connect") as refused:
         await room.connect(f"ws://127.0.0.1:{closed_port()}", "not-a-token", NoEvents())
-    assert time.monotonic() - start < 5.0
+    # the refusal itself, not our wait for an answer running out ("no answer from ...")
+    assert "no answer" not in str(refused.value)
     await room.disconnect()  # idempotent after a failed join
 
 

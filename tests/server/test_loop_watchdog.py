@@ -7,33 +7,53 @@ import asyncio
 import logging
 import threading
 import time
+from typing import Any
 
 import pytest
 
 from server.loop_watchdog import LoopWatchdog, thread_stacks
 
 
-def _hold_the_loop(seconds: float) -> None:
-    time.sleep(seconds)  # a blocking call on the loop: what a compile holding the GIL looks like
+class FakeClock:
+    """The watchdog's time: moves only when a test moves it (the loop and the watchdog thread
+    still run on real time, so a test waits for what it expects, never for a duration)."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _hold_the_loop(clock: FakeClock, seconds: float, until: Any = None) -> None:
+    """A blocking call on the loop (what a compile holding the GIL looks like): ``seconds``
+    pass on the watchdog's clock, and the loop stays held until ``until()`` (if given)."""
+    clock.now_s += seconds
+    deadline = time.monotonic() + 30.0  # only bounds a watchdog that never looks
+    while until is not None and not until():
+        assert time.monotonic() < deadline, "the watchdog thread never saw the stall"
+        time.sleep(0.01)
 
 
 def test_a_stall_is_logged_with_the_stacks_and_its_length_reported(caplog) -> None:
     stalls: list[float] = []
+    clock = FakeClock()
 
     async def main() -> LoopWatchdog:
-        dog = LoopWatchdog(threshold_s=0.2, interval_s=0.02, on_stall=stalls.append)
+        dog = LoopWatchdog(threshold_s=0.2, interval_s=0.02, on_stall=stalls.append, clock=clock)
         dog.start()
         await asyncio.sleep(0.1)  # beats run: no stall yet
         assert stalls == []
-        _hold_the_loop(0.5)
+        warned = lambda: any("what the threads are doing" in r.message for r in caplog.records)  # noqa: E731
+        _hold_the_loop(clock, 0.5, until=warned)
         await asyncio.sleep(0.1)  # the next beat sees the gap
         dog.close()
         return dog
 
     with caplog.at_level(logging.WARNING, logger="server.loop_watchdog"):
         dog = asyncio.run(main())
-    assert len(stalls) == 1 and 0.45 <= stalls[0] < 2.0
-    assert dog.stalls == 1 and dog.longest_s == stalls[0]
+    assert stalls == [0.5]  # the whole hold, on the watchdog's clock
+    assert dog.stalls == 1 and dog.longest_s == 0.5
     stacked = [r.getMessage() for r in caplog.records if "what the threads are doing" in r.message]
     assert len(stacked) == 1  # one warning per stall, not one per check
     assert "_hold_the_loop" in stacked[0]  # the frame that held the loop is named
@@ -41,13 +61,14 @@ def test_a_stall_is_logged_with_the_stacks_and_its_length_reported(caplog) -> No
 
 def test_a_busy_but_responsive_loop_reports_nothing(caplog) -> None:
     stalls: list[float] = []
+    clock = FakeClock()
 
     async def main() -> None:
-        dog = LoopWatchdog(threshold_s=0.3, interval_s=0.02, on_stall=stalls.append)
+        dog = LoopWatchdog(threshold_s=0.3, interval_s=0.02, on_stall=stalls.append, clock=clock)
         dog.start()
         for _ in range(20):
-            _hold_the_loop(0.02)  # short blocking pieces, the loop runs between them
-            await asyncio.sleep(0)
+            _hold_the_loop(clock, 0.02)  # short blocking pieces, the loop runs between them
+            await asyncio.sleep(0.03)  # past the beat's interval: it beats between the pieces
         dog.close()
 
     with caplog.at_level(logging.WARNING, logger="server.loop_watchdog"):

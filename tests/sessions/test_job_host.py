@@ -52,6 +52,8 @@ async def test_jobs_run_without_a_viewer_and_resume_after_a_restart(jobs: JobHos
     assert job.state.value == "succeeded" and job.artifact.path.exists()
     row = await jobs.store.run(jobs.store.get_job, job.id)
     assert row["state"] == "succeeded" and row["params"]["seed"] == 4
+    # the previous process stored five events of job_old: its resumed stream goes on at 6
+    await jobs.store.run(jobs.store.add_event, "job_old", 5, "job.progress", "{}", 0.0)
     resumed = jobs.resume_jobs(
         [
             {
@@ -65,6 +67,7 @@ async def test_jobs_run_without_a_viewer_and_resume_after_a_restart(jobs: JobHos
         ]
     )
     assert [j.id for j in resumed] == ["job_old"]
+    assert resumed[0].events.history()[0].event_id == 6
     await asyncio.wait_for(resumed[0].wait_finished(), 60)
     assert resumed[0].state.value == "succeeded"
     assert jobs.counts() == {"succeeded": 2}

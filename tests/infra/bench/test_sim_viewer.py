@@ -1,11 +1,12 @@
-"""The bench's simulated viewer: paced playout, stalls, re-anchoring, slack and input latency
-(real time at 50 fps, with margins wide enough for a loaded machine)."""
+"""The bench's simulated viewer: paced playout, stalls, re-anchoring, slack and input latency,
+at 50 fps on virtual time (``tests.virtual_time``): every number is exact."""
 
 from __future__ import annotations
 
 import asyncio
 
 import numpy as np
+import pytest
 
 from infra.bench.sim_viewer import SimViewer
 from runtime.contract import (
@@ -18,6 +19,7 @@ from runtime.contract import (
     Stream,
     pts_of_frame,
 )
+from tests.virtual_time import run_virtual
 
 FPS = 50
 
@@ -42,9 +44,13 @@ class Handle:
         self.inputs.append(event)
 
 
-async def test_playout_counts_a_stall_and_reanchors_after_it() -> None:
+def test_playout_counts_a_stall_and_reanchors_after_it() -> None:
+    run_virtual(_stall_and_reanchor())
+
+
+async def _stall_and_reanchor() -> None:
     anchors: list[float] = []
-    viewer = SimViewer(FPS, on_anchor=anchors.append)
+    viewer = SimViewer(FPS, on_anchor=anchors.append, clock=asyncio.get_running_loop().time)
     stop = asyncio.Event()
     task = asyncio.create_task(viewer.run(stop))
     loop = asyncio.get_running_loop()
@@ -70,14 +76,21 @@ async def test_playout_counts_a_stall_and_reanchors_after_it() -> None:
     await task
     end = loop.time()
     summary = viewer.summary(start, end)
-    assert summary["fresh_frames"] == 10
-    # the gap, and the end (nothing after chunk 1)
-    assert summary["stalls"] == 2 and summary["repeats"] >= 10
-    assert len(anchors) == 2  # the first frame, then the first fresh frame after the stall
-    assert anchors[1] - anchors[0] > 0.2
+    assert (start, end) == (0.0, pytest.approx(0.75))
+    assert summary["fresh_frames"] == 10 and summary["fps"] == pytest.approx(10 / 0.75)
+    # chunk 0's five frames at 0..80 ms, then repeats every 20 ms until chunk 1 (at 450 ms) is
+    # shown at the next slot (460 ms), and repeats again after its last frame (540 ms): 18 + 10
+    assert summary["stalls"] == 2 and summary["repeats"] == 28
+    # the first frame, then the first fresh frame after the stall: 460 ms - frame 5's 100 ms
+    assert anchors == [0.0, pytest.approx(0.36)]
     # frames of a chunk leave one slot apart; the stall shows as one long interval
-    assert 15 <= summary["interval_ms"]["p50"] <= 40
-    assert summary["interval_ms"]["p99"] > 250
-    assert summary["slack_ms"]["n"] == 1 and summary["slack_ms"]["min"] < -200  # chunk 1 late
-    assert 0.04 <= summary["prompt_to_applied_s"] < 0.2
-    assert summary["first_frame_s"] < 0.05 and 0 < summary["fps"] < FPS
+    assert summary["interval_ms"]["p50"] == pytest.approx(20.0)
+    assert summary["interval_ms"]["p99"] == pytest.approx(380.0)
+    # chunk 1 arrived 350 ms after its frame 5 was due on the first anchor (100 ms)
+    assert summary["slack_ms"] == {
+        "min": pytest.approx(-350.0),
+        "p5": pytest.approx(-350.0),
+        "n": 1,
+    }
+    assert summary["prompt_to_applied_s"] == pytest.approx(0.05)  # pushed at 400, arrived 450
+    assert summary["first_frame_s"] == 0.0
