@@ -441,7 +441,17 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     """The dreamrt app for ``config`` (keyword overrides replace its fields)."""
     from dataclasses import replace
 
-    from server import deployment, routes_jobs, routes_sessions, routes_system, routes_trainer
+    from server import (
+        deployment,
+        routes_jobs,
+        routes_openai_images,
+        routes_openai_models,
+        routes_openai_videos,
+        routes_sessions,
+        routes_system,
+        routes_trainer,
+    )
+    from server.openai_errors import OpenAIErrorBodies
 
     config = replace(config or ServerConfig(), **overrides)
     if isinstance(config.data_dir, str):
@@ -462,6 +472,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     app.add_middleware(
         RequestGuard, limits=config.limits, draining=lambda: bool(app.state.draining)
     )
+    app.add_middleware(OpenAIErrorBodies)  # outside the guard: its refusals take OpenAI's shape
 
     @app.exception_handler(routes_system.ApiError)
     async def api_error(request: Request, exc: routes_system.ApiError) -> JSONResponse:
@@ -477,6 +488,10 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     app.include_router(routes_sessions.router)
     app.include_router(routes_jobs.router)
     app.include_router(routes_trainer.router)
+    # the OpenAI-compatible API (models, videos, images), errors in OpenAI's shape
+    app.include_router(routes_openai_models.router)
+    app.include_router(routes_openai_videos.router)
+    app.include_router(routes_openai_images.router)
     if config.fault_injection:
         app.include_router(routes_system.faults_router)
     routes_system.mount_web(app, config.web_dir)
