@@ -6,12 +6,14 @@ parameter (``param`` names it; FastAPI's 422 becomes 400 here), 401 / 403 auth, 
 id or model, 409 content asked for before the video completed, 429 with ``Retry-After`` (the
 clients retry it), 5xx. Two places produce the shape:
 
-- ``OpenAIRoute``, the routes' ``APIRoute`` class: what a route or one of its dependencies
-  raises (an ``OpenAIError``, the shared ``ApiError`` of auth and job creation, a validation
-  error, an ``HTTPException``) becomes an OpenAI error answer before the app's own handlers
-  would give it the ``{"detail", "code"}`` shape of the other routes;
-- ``OpenAIErrorBodies``, ASGI middleware outside the request guard: an answer given before
-  routing on these paths (the guard's 429 / 413 / 503, an unknown path's 404) is rewritten.
+- ``OpenAIRoute``, the routes' ``APIRoute`` class: an ``OpenAIError`` or a validation error
+  raised by a route or its dependencies answers at once;
+- ``OpenAIErrorBodies``, ASGI middleware outermost: any other JSON error answer on these paths
+  in dreamrt's ``{"detail", "code"}`` shape is rewritten, its status (422 -> 400) and headers
+  (``Retry-After``, ``WWW-Authenticate``) kept: the shared ``ApiError`` of auth and job
+  creation, the request guard's 429 / 413 / 503 before routing, an unknown path's 404.
+
+Imports FastAPI only: the fleet router (``server.router``) uses it too.
 
 ``x-should-retry: false`` goes with answers a retry cannot change (409 before completion, a
 504 wait): the clients would otherwise retry 409 and 5xx on their own.
@@ -23,14 +25,19 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from fastapi import HTTPException, Request, Response
+from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-from server.routes_system import ApiError
-
-__all__ = ["OPENAI_PATHS", "OpenAIError", "OpenAIErrorBodies", "OpenAIRoute", "error_body"]
+__all__ = [
+    "OPENAI_PATHS",
+    "OpenAIError",
+    "OpenAIErrorBodies",
+    "OpenAIRoute",
+    "error_body",
+    "invalid",
+]
 
 # the path prefixes whose errors take OpenAI's shape
 OPENAI_PATHS = ("/v1/videos", "/v1/images", "/v1/models")
@@ -109,14 +116,10 @@ def _from_detail(status: int, detail: Any, code: str | None, headers: Any) -> Op
     return OpenAIError(status, message, param=param, code=code, headers=headers)
 
 
-def from_api_error(exc: ApiError) -> OpenAIError:
-    body = exc.body()
-    return _from_detail(exc.status, body.get("detail"), exc.code, exc.headers)
-
-
 class OpenAIRoute(APIRoute):
-    """See the module docstring: errors raised by the route or its dependencies answer in
-    OpenAI's shape."""
+    """See the module docstring: an ``OpenAIError`` or a validation error raised by the route
+    or its dependencies answers in OpenAI's shape (the rest goes to the app's handlers and
+    through ``OpenAIErrorBodies``)."""
 
     def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
         handler = super().get_route_handler()
@@ -126,12 +129,8 @@ class OpenAIRoute(APIRoute):
                 return await handler(request)
             except OpenAIError as exc:
                 return exc.response()
-            except ApiError as exc:
-                return from_api_error(exc).response()
             except RequestValidationError as exc:
                 return _from_detail(422, list(exc.errors()), "invalid_value", None).response()
-            except HTTPException as exc:
-                return _from_detail(exc.status_code, exc.detail, None, exc.headers).response()
 
         return route
 

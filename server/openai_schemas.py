@@ -2,19 +2,31 @@
 
 Unknown fields are refused like everywhere else (a 400 naming the field, OpenAI's answer to a
 parameter it does not know). ``POST /v1/videos`` arrives as JSON or as multipart/form-data (the
-official client always sends the latter), so its route reads the body itself and validates the
-fields with ``VideoBody``; ``VIDEO_REQUEST_BODY`` documents both forms in the OpenAPI schema.
+official client always sends the latter), so its route reads the body itself
+(``read_video_body``, shared with the fleet router) and validates the fields with
+``VideoBody``; ``VIDEO_REQUEST_BODY`` documents both forms in the OpenAPI schema.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from server.openai_errors import invalid
 from server.schemas import ModelInfo, Text
 
-__all__ = ["VIDEO_REQUEST_BODY", "ImageBody", "ModelList", "ModelObject", "VideoBody"]
+__all__ = [
+    "VIDEO_REQUEST_BODY",
+    "ImageBody",
+    "ModelList",
+    "ModelObject",
+    "VideoBody",
+    "read_video_body",
+]
 
 
 class _Body(BaseModel):
@@ -40,6 +52,36 @@ class ImageBody(_Body):
     response_format: Literal["b64_json", "url"] | None = None
     output_format: Literal["png"] | None = None
     user: Annotated[str, Field(max_length=256)] | None = None  # an end-user id; not used
+
+
+_FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
+
+
+async def read_video_body(request: Request) -> VideoBody:
+    """The body of ``POST /v1/videos``, JSON or a form; a field given twice, a body that is
+    neither, or a field that does not validate is a 400 naming it."""
+    if request.headers.get("content-type", "").startswith(_FORMS):
+        try:
+            form = await request.form()
+        except Exception as exc:  # noqa: BLE001 - the multipart parser's own errors
+            raise invalid("body", f"the form could not be read: {exc}") from None
+        fields: dict[str, Any] = {}
+        for key, value in form.multi_items():
+            if key in fields:
+                raise invalid(key, f"{key} is given more than once")
+            fields[key] = value
+        await form.close()
+    else:
+        try:
+            fields = json.loads(await request.body() or b"null")
+        except ValueError:
+            raise invalid("body", "the body is neither JSON nor a form") from None
+        if not isinstance(fields, dict):
+            raise invalid("body", "the body must be a JSON object")
+    try:
+        return VideoBody.model_validate(fields)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from None
 
 
 def _video_form_schema() -> dict[str, Any]:

@@ -17,17 +17,14 @@ Errors answer in OpenAI's shape (``server.openai_errors``).
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
-from pydantic import ValidationError
 
 from server.openai_errors import OpenAIError, OpenAIRoute, invalid
-from server.openai_schemas import VIDEO_REQUEST_BODY, VideoBody
+from server.openai_schemas import VIDEO_REQUEST_BODY, read_video_body
 from server.openai_videos import (
     DELETED,
     check_queue,
@@ -44,35 +41,6 @@ from server.routes_system import AuthGrant, check_prompt, creation_errors, ctx_o
 __all__ = ["card_of", "router"]
 
 router = APIRouter(prefix="/v1/videos", route_class=OpenAIRoute)
-
-_FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
-
-
-async def read_video_body(request: Request) -> VideoBody:
-    """The body of ``POST /v1/videos``, JSON or a form; a field given twice, a body that is
-    neither, or a field that does not validate is a 400 naming it."""
-    if request.headers.get("content-type", "").startswith(_FORMS):
-        try:
-            form = await request.form()
-        except Exception as exc:  # noqa: BLE001 - the multipart parser's own errors
-            raise invalid("body", f"the form could not be read: {exc}") from None
-        fields: dict[str, Any] = {}
-        for key, value in form.multi_items():
-            if key in fields:
-                raise invalid(key, f"{key} is given more than once")
-            fields[key] = value
-        await form.close()
-    else:
-        try:
-            fields = json.loads(await request.body() or b"null")
-        except ValueError:
-            raise invalid("body", "the body is neither JSON nor a form") from None
-        if not isinstance(fields, dict):
-            raise invalid("body", "the body must be a JSON object")
-    try:
-        return VideoBody.model_validate(fields)
-    except ValidationError as exc:
-        raise RequestValidationError(exc.errors()) from None
 
 
 def card_of(ctx: Any, model: str | None) -> Any:

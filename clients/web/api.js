@@ -84,9 +84,12 @@ export class ApiClient {
     return this.request("GET", "/healthz");
   }
 
-  /** GET /v1/models -> [{id, served, examples, controls, ...}] (every card of the server). */
-  models() {
-    return this.request("GET", "/v1/models");
+  /**
+   * GET /v1/models -> {object: "list", data: [{id, object: "model", served, examples, controls, ...}]}:
+   * resolves with `data`, every card of the server.
+   */
+  async models() {
+    return (await this.request("GET", "/v1/models")).data;
   }
 
   /** POST /v1/sessions -> {id, token, state, profile: {fps, width, height}}. */
