@@ -27,8 +27,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request, UploadFile
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.datastructures import UploadFile  # what a parsed form holds
 
 from server.dynamo_runtime import dynamo_runtime
 from server.fleet_view import FleetView
