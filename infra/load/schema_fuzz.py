@@ -172,6 +172,9 @@ def _clean_up(
         httpx.delete(f"{base_url}/v1/jobs/{created['id']}", headers=headers, timeout=10)
     elif operation.path == "/v1/videos":  # a t2v job too (the OpenAI-compatible API)
         httpx.delete(f"{base_url}/v1/videos/{created['id']}", headers=headers, timeout=10)
+    elif operation.path == "/v1/rollouts":  # up to 64 sample jobs, none under --max-queued-jobs
+        for sample in created.get("samples", ()):
+            httpx.delete(f"{base_url}/v1/jobs/{sample}", headers=headers, timeout=10)
 
 
 def main(argv: list[str] | None = None) -> int:
