@@ -36,6 +36,7 @@ __all__ = [
     "OpenAIErrorBodies",
     "OpenAIRoute",
     "error_body",
+    "from_validation",
     "invalid",
 ]
 
@@ -98,6 +99,11 @@ def _field_of(loc: Any) -> str | None:
     return ".".join(parts) or None
 
 
+def from_validation(errors: list[Any]) -> OpenAIError:
+    """The 400 of pydantic's or FastAPI's validation ``errors`` (the first names ``param``)."""
+    return _from_detail(422, list(errors), "invalid_value", None)
+
+
 def _from_detail(status: int, detail: Any, code: str | None, headers: Any) -> OpenAIError:
     """An OpenAI error from a dreamrt-shaped answer: ``detail`` is a message or FastAPI's list
     of field errors (whose first names ``param``); a 422 is a 400 here."""
@@ -130,7 +136,7 @@ class OpenAIRoute(APIRoute):
             except OpenAIError as exc:
                 return exc.response()
             except RequestValidationError as exc:
-                return _from_detail(422, list(exc.errors()), "invalid_value", None).response()
+                return from_validation(exc.errors()).response()
 
         return route
 

@@ -13,10 +13,9 @@ import json
 from typing import Annotated, Any, Literal
 
 from fastapi import Request
-from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from server.openai_errors import invalid
+from server.openai_errors import from_validation, invalid
 from server.schemas import ModelInfo, Text
 
 __all__ = [
@@ -81,7 +80,7 @@ async def read_video_body(request: Request) -> VideoBody:
     try:
         return VideoBody.model_validate(fields)
     except ValidationError as exc:
-        raise RequestValidationError(exc.errors()) from None
+        raise from_validation(exc.errors()) from None
 
 
 def _video_form_schema() -> dict[str, Any]:

@@ -63,6 +63,8 @@ def test_the_clients_multipart_video_is_placed_as_a_video(router) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         sdk.videos.create(prompt="x", extra_body={"promt": "typo"})
     assert bad.value.param == "promt"
+    no_prompt = client.post("/v1/videos", files={"input_reference": ("a.png", b"\x89PNG")})
+    assert no_prompt.status_code == 400 and no_prompt.json()["error"]["param"] == "prompt"
 
 
 async def test_the_engine_place_endpoint_posts_a_video_to_its_own_rest_api() -> None:
