@@ -58,6 +58,9 @@ class DreamrtClient:
                 body = response.json()
             except ValueError:
                 body = {"detail": response.text}
+            if isinstance(body.get("error"), dict):  # the OpenAI-compatible routes' shape
+                error = body["error"]
+                body = {"detail": error.get("message", ""), "code": error.get("code") or "error"}
             detail = body.get("detail", "")
             message = (
                 detail

@@ -25,6 +25,7 @@ import openai
 import pytest
 from PIL import Image
 
+from clients.python.api import ApiCallError, DreamrtClient
 from infra.browser_harness import ServerProcess
 from server.app import DEFAULT_MODEL
 from tests.e2e.test_sessions_e2e import stop_server
@@ -177,6 +178,16 @@ def test_a_full_queue_is_a_429_the_clients_retries_get_past(server: ServerProces
         video = raw.parse()
         assert wait_ended(patient, video.id).status == "completed"
         assert all(wait_ended(once, f.id).status == "completed" for f in fillers)
+
+
+async def test_dreamrt_python_client_reads_the_new_models_shape(server: ServerProcess) -> None:
+    async with DreamrtClient(server.url) as api:
+        cards = {card["id"]: card for card in await api.models()}
+        assert cards[DEFAULT_MODEL]["served"] and cards[DEFAULT_MODEL]["examples"]
+        with pytest.raises(ApiCallError) as missing:
+            await api.request("GET", "/v1/videos/job_0000000000000000")
+        assert (missing.value.status, missing.value.code) == (404, "not_found")
+        assert "job_0000000000000000" in missing.value.message
 
 
 def test_videos_outlive_a_restart(server: ServerProcess, profile) -> None:
