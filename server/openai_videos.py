@@ -42,7 +42,8 @@ _STATUS = {
     "failed": "failed",
     "cancelled": "failed",
 }
-_SIZE = re.compile(r"^([1-9][0-9]{0,4})x([1-9][0-9]{0,4})$")
+_SIZE = re.compile(r"^([1-9][0-9]{0,3})x([1-9][0-9]{0,3})$")
+_MAX_SIDE = 4096  # the job limit on width and height (server.schemas.Dimension)
 
 
 def is_deleted(row: dict[str, Any]) -> bool:
@@ -125,6 +126,8 @@ def parse_size(card: Any, size: str | None) -> tuple[int | None, int | None]:
     if match is None:
         raise invalid("size", f"size {size!r} is not WIDTHxHEIGHT (e.g. '96x96')")
     width, height = int(match.group(1)), int(match.group(2))
+    if max(width, height) > _MAX_SIDE:
+        raise invalid("size", f"size {size!r}: at most {_MAX_SIDE} pixels a side")
     try:
         card.resolve_profile(width=width, height=height)
     except ValueError as exc:  # the card's ProfileError names what it allows
@@ -149,15 +152,17 @@ def frames_for(card: Any, seconds: str | int | None) -> int:
     return frames
 
 
-def check_queue(ctx: Any, needed: int = 1) -> None:
+def check_queue(ctx: Any, needed: int = 1, *, now_s: float | None = None) -> None:
     """429 + ``Retry-After`` when ``needed`` more jobs would pass ``--max-queued-jobs``. The
     wait is the soonest a running job should end at its pace so far (``retry-after-ms`` to the
     millisecond, which the official client prefers; ``Retry-After`` in whole seconds)."""
     limit = ctx.config.limits.max_queued_jobs
+    if needed > limit:  # can never fit: not worth a retry
+        raise invalid("n", f"{needed} jobs can never fit a queue of {limit} (--max-queued-jobs)")
     waiting = [job for job in ctx.jobs.jobs() if not job.terminal]
     if len(waiting) + needed <= limit:
         return
-    now = time.time()
+    now = now_s if now_s is not None else time.time()
     estimates = [
         (now - job.created_at) * (1 - job.progress) / job.progress
         for job in waiting
