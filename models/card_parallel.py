@@ -1,4 +1,4 @@
-"""ParallelPlan: how one model instance spreads over the GPUs of one node (issue 20).
+"""ParallelPlan: how one model instance spreads over the GPUs of one node.
 
 Three named axes, each a degree >= 1; their product is the world size (one process per GPU):
 

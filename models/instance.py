@@ -119,6 +119,7 @@ class WanInstance(InstanceSizing):
         self.text_len = dit.config.text_len
         self.dit_config = dit.config
         self.kv_config = dit.config  # a chunk-K/V cache's heads: all, or H/sp (shard_sequence)
+        self.kv_dtype = self.dtype  # a chunk-K/V cache's storage: the model's, or e4m3
         self._slab_buffers: dict[SlabGeometry, KVSlabBuffer] = {}
         # ``vae``: the codec the loops decode with (the card's decoder_component: the full VAE or
         # a decode-only tiny decoder); components keys it by the card's own id for it
@@ -150,6 +151,7 @@ class WanInstance(InstanceSizing):
         overlap_decode: bool | None = None,
         cuda_graphs: bool | None = None,
         kv_update: str | None = None,
+        kv_cache: str | None = None,
     ) -> None:
         """Set serving levers without compiling anything (each None: left as it is); the
         options and their measured effect are in docs/architecture.md ("Serving levers").
@@ -160,7 +162,10 @@ class WanInstance(InstanceSizing):
         decode on a second CUDA stream. ``cuda_graphs``: steady-state chunk forwards replay CUDA
         graphs (``models/wan/cuda_graphs.py``; a no-op off CUDA). ``kv_update``: "last_step"
         folds the KV-update pass into the last denoising step, "clean" is the separate pass
-        (a deviation from a recipe trained the other way). ``levers`` records what is in force.
+        (a deviation from a recipe trained the other way). ``kv_cache``: "fp8" stores the
+        chunk-K/V cache in e4m3 with per-head scales, read by FA3's FP8 kernel where it runs
+        (``models/wan/kv_fp8.py``; before any slab is reserved), "model" in the model's dtype.
+        ``levers`` records what is in force.
         """
         if attention is not None:
             try:
@@ -187,6 +192,21 @@ class WanInstance(InstanceSizing):
             self.levers["cuda_graphs"] = cuda_graphs
         if kv_update is not None:
             self._set_kv_update(kv_update)
+        if kv_cache is not None:
+            self._set_kv_cache(kv_cache)
+
+    def _set_kv_cache(self, kv_cache: str) -> None:
+        dtypes = {"model": self.dtype, "fp8": torch.float8_e4m3fn}
+        if kv_cache not in dtypes:
+            raise InstanceError(f"kv_cache {kv_cache!r} is not one of {sorted(dtypes)}")
+        if dtypes[kv_cache] == self.kv_dtype:
+            return
+        if self._slab_buffers:
+            raise InstanceError("kv_cache must be set before K/V slabs are reserved")
+        if kv_cache == "fp8" and self.kv_config is not self.dit.config:
+            raise InstanceError("an FP8 K/V cache is not built for sequence-parallel serving")
+        self.kv_dtype = dtypes[kv_cache]
+        self.levers["kv_cache"] = kv_cache
 
     def _set_kv_update(self, kv_update: str) -> None:
         spec = self.card.loops.get("chunk_rollout")
@@ -208,6 +228,7 @@ class WanInstance(InstanceSizing):
         overlap_decode: bool = True,
         cuda_graphs: bool = False,
         kv_update: str | None = None,
+        kv_cache: str | None = None,
     ) -> None:
         """Optimise the step bodies for serving (GPU; infra/bench/RESULTS.md): ``configure``
         the levers, then (once) ``torch.compile`` every DiT block (one graph for all of them;
@@ -221,6 +242,7 @@ class WanInstance(InstanceSizing):
             overlap_decode=overlap_decode,
             cuda_graphs=cuda_graphs,
             kv_update=kv_update,
+            kv_cache=kv_cache,
         )
         if self._compiled:
             return
@@ -242,6 +264,8 @@ class WanInstance(InstanceSizing):
 
         if self._slab_buffers:
             raise InstanceError("shard_sequence after K/V slabs were reserved")
+        if self.kv_dtype == torch.float8_e4m3fn:
+            raise InstanceError("an FP8 K/V cache is not built for sequence-parallel serving")
         self.kv_config = local_kv_config(self.dit.config, enable(self.dit, group).size)
 
     def rank_local_buffers(self) -> dict[str, torch.Tensor]:
@@ -326,7 +350,11 @@ class WanInstance(InstanceSizing):
         buffer = self._slab_buffers.get(geometry)
         if buffer is None:
             buffer = KVSlabBuffer(
-                self.kv_config, geometry, num_slabs=num_slabs, device=self.device, dtype=self.dtype
+                self.kv_config,
+                geometry,
+                num_slabs=num_slabs,
+                device=self.device,
+                dtype=self.kv_dtype,
             )
             self._slab_buffers[geometry] = buffer
         return buffer
@@ -345,7 +373,7 @@ class WanInstance(InstanceSizing):
                 window_frames=geometry.window_frames,
                 tokens_per_frame=geometry.tokens_per_frame,
                 device=self.device,
-                dtype=self.dtype,
+                dtype=self.kv_dtype,
             )
         buffer = self._slab_buffers.get(geometry)
         if buffer is None:

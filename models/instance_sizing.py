@@ -29,7 +29,7 @@ class InstanceSizing:
         lh, lw = self._latent_hw(profile)
         sink, ring = self.kv_geometry(profile.chunk_latent_frames)
         kv = ChunkKVCache.bytes_for(
-            self.kv_config, sink, ring, self.tokens_per_frame(lh, lw), self.dtype
+            self.kv_config, sink, ring, self.tokens_per_frame(lh, lw), self.kv_dtype
         )
         dec = self.vae.decoder_cache_bytes(1, lh, lw, self.dtype)
         itemsize = torch.empty((), dtype=self.dtype).element_size()

@@ -40,7 +40,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
@@ -478,3 +478,21 @@ class Loop(Protocol, Generic[S]):
 
 
 EmitFn = Callable[[Emission], None]
+
+
+# The driver, for model-side tools that run a loop alone on the calling thread (evaluation,
+# distillation): models/ imports only this module, and iteration lives only in the driver.
+# Loaded on first use, since the driver needs asyncio and the snapshot codec, which this module
+# must not import (it is pure, and runtime/driver.py imports it).
+if TYPE_CHECKING:
+    from runtime.driver import Driver, InlineContext
+
+__all__ += ["Driver", "InlineContext"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Driver", "InlineContext"):
+        from runtime import driver
+
+        return getattr(driver, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -392,7 +392,8 @@ class InlineContext:
     """A ``LoopContext`` that runs every plan immediately and alone on the calling thread.
 
     For tools, parity tests and the "run alone" reference; never for serving (it runs ops on
-    the event loop). Emissions are collected in ``emissions``, executed plans in ``executed``.
+    the event loop). Emissions are collected in ``emissions``, executed plans in ``executed``
+    (and each one's wall seconds in ``wall_s``).
     An op that raises fails the loop with ``LoopFailed("step_exception")``. A ``PendingOutput``
     is resolved (waited for) before its emission is collected.
     """
@@ -410,6 +411,7 @@ class InlineContext:
         self.deterministic = deterministic
         self.emissions: list[Emission] = []
         self.executed: list[WorkPlan] = []
+        self.wall_s: list[float] = []
         self._on_emit = on_emit
         self._inputs: deque[InputEvent] = deque()
 
@@ -432,6 +434,7 @@ class InlineContext:
                 f"{plan.op.name} returned {len(outputs)} outputs for 1 plan",
             )
         self.executed.append(plan)
+        self.wall_s.append(wall_s)
         return StepResult(output=outputs[0], wall_s=wall_s, batch_size=1)
 
     def emit(self, emission: Emission) -> None:

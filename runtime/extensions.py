@@ -1,4 +1,4 @@
-"""Extensions: observers and interceptors as declared, versioned hook points (issue 19).
+"""Extensions: observers and interceptors as declared, versioned hook points.
 
 An *extension* is enabled at deploy scope (``dreamrt serve --extension NAME[:k=v,...]``, its
 parameters the deploy defaults); a request may only parameterize extensions that are enabled,

@@ -1,4 +1,4 @@
-"""``InputTrace``: where one loop's live inputs spend their time inside the runtime (issue 21).
+"""``InputTrace``: where one loop's live inputs spend their time inside the runtime.
 
 For every input pushed to a loop (``LoopHandle.push_input``) the trace records, on the engine
 clock::

@@ -5,8 +5,9 @@ The engine computes each realtime plan's deadline from its stream's playout anch
 eligible and may rank it earlier (the deadline the scheduler orders by; deadline misses are
 still counted against the playout deadline). Two policies:
 
-- ``FixedLead`` (the first build): eligible ``max_lead_s`` before the deadline, always.
-- ``AdaptiveLead`` (the default, issue 21 "time to steer"):
+- ``FixedLead`` (the plain limit, kept to measure against): eligible ``max_lead_s`` before
+  the deadline, always.
+- ``AdaptiveLead`` (the default, for time to steer):
 
   * a plan that reflects a **pending input** (``WorkPlan.inputs`` names one not yet
     acknowledged: a prompt, a changed key), or whose chunk such an input waits for

@@ -5,7 +5,7 @@ answers ``pick(now_s) -> Batch | None``. The engine turns plans into tickets (de
 eligibility, chunk end), runs the picked batch and calls ``complete(batch_id)``. Pure: imports
 neither torch nor asyncio, so policies are tested with a fake clock and a fake executor.
 
-The engine is *given* its scheduler (STYLE rule 3, policies are objects); the policies are
+The engine is *given* its scheduler (policies are objects); the policies are
 
 - ``runtime.step_edf.StepEdfScheduler`` (``step-edf``, the default): step-level earliest
   deadline first with batching, slack-filling batch work and aging;

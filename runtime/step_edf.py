@@ -1,7 +1,7 @@
 """``step-edf``: step-level earliest deadline first, the engine's default scheduling policy
 (docs/architecture.md §3).
 
-Picking, in order (each rule is a policy object, STYLE rule 3):
+Picking, in order (each rule is a policy object):
 
 1. **Step boundaries only.** ``pick`` refuses while a picked batch has not been
    ``complete``d: a running plan is never preempted, the next decision waits for its end.

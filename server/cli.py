@@ -170,7 +170,7 @@ def _build_parser() -> argparse.ArgumentParser:
         choices=["fast", "baseline"],
         default="fast",
         help="fast (default): adaptive lead limit, queued plans withdrawn for new inputs, "
-        "chunks restarted when regenerating is sooner; baseline: the first build's input "
+        "chunks restarted when regenerating is sooner; baseline: the plain input "
         "path, to measure against",
     )
     serve.add_argument(

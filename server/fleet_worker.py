@@ -34,7 +34,6 @@ from typing import Any
 
 import httpx
 
-from runtime.admission import Reject
 from server.deployment import deployment_card
 from server.dynamo_runtime import dynamo_runtime
 from sessions.handoff import (
@@ -44,7 +43,7 @@ from sessions.handoff import (
     read_manifest,
     write_manifest,
 )
-from sessions.host import SESSION_LOOP
+from sessions.host import SESSION_LOOP, Reject
 
 __all__ = ["ENDPOINTS", "FleetWorker", "write_session_manifest"]
 

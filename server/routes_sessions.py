@@ -20,7 +20,6 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
-from runtime.admission import Reject
 from server.auth import Grant
 from server.fleet_worker import write_session_manifest
 from server.livekit_token import (
@@ -56,6 +55,7 @@ from server.webrtc import OfferError
 from sessions.audio import AudioFormatError, AudioTooLongError, decode_audio
 from sessions.events import FeedbackRecorded, encode_event
 from sessions.forks import ForkError
+from sessions.host import Reject
 from sessions.resume import ResumeError
 from sessions.session import (
     InvalidInputError,

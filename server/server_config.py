@@ -47,7 +47,7 @@ class ServerConfig:
     gpus: int = 1  # processes of one instance (Ulysses over them; server/spmd_serving.py)
     parallel: str = ""  # the plan of those processes, e.g. "cfg=2" ("": the card's, else sp=N)
     # "fast": the time-to-steer cuts (adaptive lead, queued plans withdrawn for inputs, chunks
-    # restarted when regenerating is sooner); "baseline": the first build's input path
+    # restarted when regenerating is sooner); "baseline": the plain input path
     steering: str = "fast"
     admission_cost: str = "auto"  # sessions.host.ADMISSION_COSTS
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)

@@ -1,4 +1,4 @@
-"""``dreamrt serve --gpus N``: one model instance over N processes of one node (issue 20).
+"""``dreamrt serve --gpus N``: one model instance over N processes of one node.
 
 A composition root beside ``server/app.py`` (it wires ``runtime/spmd.py`` to a loaded model):
 

@@ -20,8 +20,8 @@ again (the newest snapshot is at most ``--snapshot-every`` chunks old), and so i
 client sends them again). The event stream of the resumed session starts again at event 1 on
 its new engine.
 
-This is the minimal resume the fleet needs (issue 17). The engine's own restart/resume (issue
-15, ``sessions.resume.restore_session``) does the same from the engine's own store row, which
+This is the minimal resume the fleet needs. The engine's own restart/resume
+(``sessions.resume.restore_session``) does the same from the engine's own store row, which
 another engine does not have: the manifest stands in for that row here.
 """
 

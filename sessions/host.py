@@ -46,7 +46,7 @@ from sessions.served_models import (
 from sessions.session import Session, SessionConfig
 from sessions.store import Store
 
-__all__ = ["SessionHost"]
+__all__ = ["Reject", "SessionHost"]  # Reject: what create_session answers on no capacity
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""A minimal LiveKit room app for dreamrt (README "Using dreamrt from LiveKit").
+"""A minimal LiveKit room app for dreamrt (docs/livekit.md, "Using dreamrt from LiveKit").
 
 It joins a room as a viewer, asks a dreamrt server to create a session that joins the same
 room, prints the video's fps and the session's acks, sends a prompt (and, with ``--audio``, a

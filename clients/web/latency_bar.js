@@ -1,5 +1,5 @@
 /**
- * The breakdown of the last input, as a small bar beside the live stats (issue 21).
+ * The breakdown of the last input, as a small bar beside the live stats.
  *
  * `input.shown` (docs/api.md "Events") carries the server's stages of one input in seconds after it
  * was received: latched, started, generated, decoded, enqueued, sent. The bar shows three

@@ -1,6 +1,6 @@
 """Browser-side latency of the web page against a real server, measured in Debian's Chromium.
 
-Two figures (issue 5), each over several repeats, printed as one table (and written as JSON
+Two figures, each over several repeats, printed as one table (and written as JSON
 with ``--json``):
 
 - **page load -> first frame**: navigation start -> the first frame the <video> presents

@@ -1,4 +1,4 @@
-"""Extensions bench (issue 19): residual caches' speed against their frame difference, and the
+"""Extensions bench: residual caches' speed against their frame difference, and the
 step time with no extension against today's.
 
 One T2V job of a many-step card (default ``wan2.1-t2v-1.3b``: 50 Euler steps, CFG 5; seeded

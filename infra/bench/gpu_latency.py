@@ -1,4 +1,4 @@
-"""``dreamrt bench gpu-latency``: the latency mode on the GPU (issue 16 item 4, issue 21).
+"""``dreamrt bench gpu-latency``: the latency mode on the GPU.
 
 ``dreamrt bench latency`` with the H200 preset: ``wan2.1-1.3b-causal`` with seeded random
 weights (the architecture's timing does not depend on them), ``--compile``, chunks of one latent

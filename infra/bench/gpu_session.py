@@ -23,11 +23,12 @@ fresh instance with the same seeded random weights:
   ``nvidia-cudnn-frontend``) - at most one; ``+overlap`` (the VAE decode on a second
   CUDA stream); ``+graphs`` (CUDA graphs of the steady-state chunk forwards); ``+convbench``
   (``torch.backends.cudnn.benchmark``; stays on for later variants); ``+fp8`` / ``+fp8t`` (FP8
-  linears, row-wise / per-tensor scales); ``+fold`` (the K/V update in the last denoising
+  linears, row-wise / per-tensor scales); ``+kvfp8`` (the chunk-K/V cache in e4m3, read by
+  FA3's FP8 kernel: ``models/wan/kv_fp8.py``); ``+fold`` (the K/V update in the last denoising
   step: one forward less per chunk, not what the recipe trained); ``+taehv`` (the VAE decoder
   swapped for the component ``--tiny-decoder MODULE:FACTORY`` names, called as
-  ``FACTORY(instance, weights=--tiny-decoder-weights)`` and returning a VAE-like codec; for the
-  tiny streaming decoder of issue 16, built elsewhere).
+  ``FACTORY(instance, weights=--tiny-decoder-weights)`` and returning a VAE-like codec; for a
+  tiny streaming decoder built elsewhere).
 
 A variant that fails (an option that cannot run here, a kernel error) gets its error string in
 the table and the JSON; the others still run. The JSON is rewritten after every variant.
@@ -95,7 +96,10 @@ _ATTENTION = {
     "fa3fp8": "fa3-fp8",
     "cudnnfp8": "cudnn-fp8",
 }
-_OPTIONS = {*_ATTENTION, "fp8", "fp8t", "overlap", "convbench", "fold", "graphs", "taehv"}
+_OPTIONS = {
+    *_ATTENTION,
+    *("fp8", "fp8t", "kvfp8", "overlap", "convbench", "fold", "graphs", "taehv"),
+}
 
 
 class VariantError(ValueError):
@@ -238,6 +242,7 @@ def _prepare(variant: str, instance: WanInstance, args: argparse.Namespace) -> d
         "overlap_decode": "overlap" in options,
         "cuda_graphs": "graphs" in options,
         "kv_update": "last_step" if "fold" in options else None,
+        "kv_cache": "fp8" if "kvfp8" in options else None,
     }
     if base == "compiled":
         instance.compile(**levers)

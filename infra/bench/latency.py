@@ -126,7 +126,7 @@ def _print(title: str, summary: dict[str, Any], chunk_s: float) -> None:
     ):
         print(f"| {label} | {' | '.join(_fmt(start[key]))} |")
     print(f"\ndelivered {summary['fresh_fps']} fps (fresh frames), {summary['stall_frames']} stall")
-    print("frames over the trials. Goals (issue 21; 'sent' is the server's send, 'wire' the")
+    print("frames over the trials. Goals ('sent' is the server's send, 'wire' the")
     print("first packet at this viewer):")
     chunk_ms = 1000 * chunk_s
     for kind, goal in (

@@ -5,7 +5,7 @@ Random Wan weights cannot show quality; tiny-world is a trained model. Every lev
 instance in ONE process, with the same seeds, the same scripted inputs and one calibrated frame
 classifier, so the rows differ by the lever alone. A lever **passes** if all four thresholds
 still pass and no thresholded metric drops more than 1 point (percentage point) below the
-``off`` row; only a lever that passes may become a serving default (issue 16, item 5).
+``off`` row; only a lever that passes may become a serving default.
 
 Levers (``--levers``, comma-separated; ``+`` combines, e.g. ``fp8attn+fp8``), named as the GPU
 session bench names them:
@@ -17,14 +17,16 @@ session bench names them:
 | ``sage`` | sageattention 1.0.x (INT8 Q K^T, FP16 P V) | ``attention="sage"`` |
 | ``fp8`` / ``fp8t`` | FP8 linears, row-wise / per-tensor scales | ``fp8="row"`` / ``"tensor"`` |
 | ``fold`` | K/V update in the last denoising step | ``kv_update="last_step"`` |
+| ``kvfp8`` | the chunk-K/V cache stored in e4m3 (per-head scales) | ``kv_cache="fp8"`` |
 
 What each row really measured is in its "served by" column. tiny-world's DiT is the Wan block
 (``WanSelfAttention`` with the selected kernel) at **head dim 32** (dim 128, 4 heads): sage
 (head dims 64/96/128) never runs there - SDPA serves every call and the row equals ``off``;
 our FP8 kernel takes head dim 32 and runs on CUDA. On the CPU every attention lever is SDPA
 (a plumbing check: the row equals ``off`` bit for bit), while FP8 linears compute their
-quantised values in float32 (the GPU GEMM's inputs) and fold changes the loop - those two rows
-measure the lever anywhere. Writes the JSON after every lever; a lever that fails to run gets
+quantised values in float32 (the GPU GEMM's inputs), fold changes the loop and kvfp8 stores the
+cache in e4m3 (read dequantised at head dim 32, where FA3's FP8 kernel does not run) - those
+rows measure the lever anywhere. Writes the JSON after every lever; a lever that fails to run gets
 its error in the table.
 
     python -m infra.bench.quality_guard --device cuda [--rollouts 50] [--long-s 60] [--json F]
@@ -55,6 +57,7 @@ LEVERS: dict[str, dict[str, Any]] = {
     "fp8": {"fp8": "row"},
     "fp8t": {"fp8": "tensor"},
     "fold": {"kv_update": "last_step"},
+    "kvfp8": {"kv_cache": "fp8"},
 }
 DEFAULT_LEVERS = "fp8attn,fp8qk,sage,fp8,fp8t,fold"
 MAX_DROP_POINTS = 1.0

@@ -1,5 +1,5 @@
 """Sleep/wake and weight sync on the device: memory a sleeping component gives back, wake
-time, and what a weight sync costs, for one resident model (issue 18, item 4).
+time, and what a weight sync costs, for one resident model.
 
 Loads the card with random weights (the serving precision: bf16 on CUDA) and runs, in one
 process, each variant of ``--variants``:

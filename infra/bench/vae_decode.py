@@ -8,7 +8,13 @@ decoder cache, as ``chunk_rollout`` does. Variants, side by side in one process:
   3D convolutions prefer on Hopper.
 - ``compiled``: ``torch.compile`` of the decoder (fuses the norms, SiLU and residual adds
   around the convolutions).
-- ``compiled_cl``: both.
+- ``compiled_cl``: both (what ``WanInstance.compile`` serves).
+- ``compiled_cl_bench``: both, with ``torch.backends.cudnn.benchmark`` (cuDNN times its
+  convolution algorithms at the steady shape once, then keeps the fastest).
+
+``--profile VARIANT`` runs three steady decodes of that variant under ``torch.profiler`` and
+reports where the device time goes: the top kernels, and the share of convolutions, of
+copies/concatenations (the causal cache's padding) and of the rest.
 
 Each is checked against ``eager`` on the same latents (max |diff| of the [-1, 1] output) and
 timed with CUDA events (median of ``--iters`` after warm-up). Prints one table last.
@@ -28,23 +34,25 @@ import torch
 from models.wan.vae import WanVAE
 from models.wan.vae_config import WanVAEConfig
 
-VARIANTS = ("eager", "channels_last", "compiled", "compiled_cl")
+VARIANTS = ("eager", "channels_last", "compiled", "compiled_cl", "compiled_cl_bench")
+_CL = ("channels_last", "compiled_cl", "compiled_cl_bench")
 
 
 def _decode_fn(vae: WanVAE, variant: str):
     decoder = vae.decoder
-    if variant in ("channels_last", "compiled_cl"):
+    torch.backends.cudnn.benchmark = variant.endswith("_bench")
+    if variant in _CL:
         for module in vae.modules():
             if isinstance(module, torch.nn.Conv3d):
                 module.weight.data = module.weight.data.contiguous(
                     memory_format=torch.channels_last_3d
                 )
-    if variant in ("compiled", "compiled_cl"):
+    if variant.startswith("compiled"):
         decoder = torch.compile(vae.decoder)
 
     def decode(z: torch.Tensor, cache) -> torch.Tensor:
         x = vae.post_quant_conv(z)
-        if variant in ("channels_last", "compiled_cl"):
+        if variant in _CL:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         return decoder(x, cache).clamp(-1.0, 1.0)
 
@@ -58,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=832)
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--profile", default="", help="a variant to profile (kernel breakdown)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("vae_decode needs CUDA", file=sys.stderr)
@@ -94,11 +103,14 @@ def main(argv: list[str] | None = None) -> int:
                 end.record()
                 end.synchronize()
                 times.append(start.elapsed_time(end))
+            breakdown = _profile(decode, chunks, cache) if variant == args.profile else None
         results[variant] = {
             "median_ms": statistics.median(times),
             "min_ms": min(times),
             "max_abs_err_vs_eager": err,
         }
+        if breakdown is not None:
+            results[variant]["profile"] = breakdown
         del vae, decode
         torch.cuda.empty_cache()
     if args.json:
@@ -126,7 +138,43 @@ def main(argv: list[str] | None = None) -> int:
             f"| {name} | {r['median_ms']:.1f} | {r['min_ms']:.1f} | {ratio:.2f} | "
             f"{r['max_abs_err_vs_eager']:.4f} |"
         )
+    for name, r in results.items():
+        if "profile" in r:
+            p = r["profile"]
+            print(f"\nwhere {name}'s device time goes (3 decodes, {p['total_ms']:.1f} ms):")
+            print(", ".join(f"{k} {v:.0%}" for k, v in p["shares"].items()))
+            for kernel, ms in p["top"][:8]:
+                print(f"  {ms:8.2f} ms  {kernel[:100]}")
     return 0
+
+
+def _profile(decode, chunks, cache) -> dict:
+    """Device time of three steady decodes by kernel: top kernels and category shares."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for z in chunks[:3]:
+            decode(z, cache)
+        torch.cuda.synchronize()
+    kernels: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            kernels[event.name] = kernels.get(event.name, 0.0) + event.device_time / 1000.0
+    total = sum(kernels.values()) or 1.0
+
+    def category(name: str) -> str:
+        low = name.lower()
+        if any(t in low for t in ("conv", "xmma", "cudnn", "implicit", "sm90", "gemm", "cutlass")):
+            return "convolution"
+        if any(t in low for t in ("copy", "cat", "memcpy", "memset")):
+            return "copy/cat"
+        return "other (norms, activations, upsampling)"
+
+    shares: dict[str, float] = {}
+    for name, ms in kernels.items():
+        shares[category(name)] = shares.get(category(name), 0.0) + ms / total
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:15]
+    return {"total_ms": total, "shares": shares, "top": top}
 
 
 if __name__ == "__main__":

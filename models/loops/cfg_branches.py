@@ -1,4 +1,4 @@
-"""Classifier-free guidance with its two branches on two ranks (the ``cfg`` axis, issue 20).
+"""Classifier-free guidance with its two branches on two ranks (the ``cfg`` axis).
 
 One process runs a CFG step as one DiT forward on a batch of 2 (conditional, unconditional).
 Under ``cfg=2`` the two ranks of a ``cfg`` group hold the same weights and receive the same

@@ -22,7 +22,7 @@ stream). No policy may restart a chunk whose frames are already decoded (they ma
 screen) or whose K/V is already in the cache (a folded card's last step): that chunk is
 finished, and the input takes the next.
 
-``RestartCutsOnly`` is the first build's behaviour (a cut always restarts, a switch or a key
+``RestartCutsOnly`` is the plain policy (a cut always restarts, a switch or a key
 never), kept to be measured against.
 """
 
@@ -90,7 +90,7 @@ class RegenerateWhenSooner:
 
 
 class RestartCutsOnly:
-    """The first build: a cut restarts the chunk unless it is finished; nothing else does."""
+    """The plain policy: a cut restarts the chunk unless it is finished; nothing else does."""
 
     name = "cuts-only"
 

@@ -138,8 +138,9 @@ class ChunkDenoiseOp(_SoloOp):
     Batchable when enabled (``batchable``, off by default: ``WanInstance.batch_sessions``): the
     engine may then hand it several sessions' steps of one shape. Those whose caches
     present the same keys (steady state: every cache full) and that write no K/V run as ONE
-    DiT forward (``WanDiT.forward_chunks``: latents stacked, each session's K/V gathered from
-    its slab, its own timestep, RoPE position, prompt and inputs); the rest run one by one.
+    DiT forward (``WanDiT.forward_chunks``: latents stacked, each session's K/V concatenated
+    from its slab view, its own timestep, RoPE position, prompt and inputs); the rest run one
+    by one.
     ``deterministic=True`` runs every step alone (bit-identical to a batch of one).
     """
 

@@ -1,4 +1,4 @@
-"""tiny-world: the embedded default model, with the recipe that trained it (issue 6).
+"""tiny-world: the embedded default model, with the recipe that trained it.
 
 A procedural world (``world``, ``vocab``) renders a sprite on a terrain that keys steer and
 audio pulses; the card (``card``) serves a small Wan-architecture chunk-causal DiT over pixel

@@ -21,7 +21,7 @@ loop's "applied" acks say exactly where)
 
 A separate long rollout (``long_s`` seconds, random keys, a prompt switch every 15 s) checks that
 nothing collapses: every frame's statistics must stay in the range calibrated on world frames of
-its background class. Thresholds are the issue's; ``EvalReport.passed`` ands them.
+its background class. ``EvalReport.passed`` ands the four thresholds.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """A synchronous stream through the real session loop, for evaluation and tests.
 
-``LoopStream`` drives a card's ``chunk_rollout`` exactly as ``runtime``'s driver does (absorb
-inputs at a step boundary, ``next``, run the plan's op, ``advance``, collect emissions), but on
-the calling thread with no scheduler: what it measures is the model and its loop, not the
-engine. Inputs latch like a session's, when a chunk ends (after its KV update): pushed after
-``next_chunk`` returned chunk k, they apply to chunk k + 1 (the loop's "applied" acks say
-exactly where).
+``LoopStream`` runs a card's ``chunk_rollout`` through the runtime's driver with an inline
+context (every plan runs at once, alone, on the calling thread; no scheduler): what it measures
+is the model and its loop, not the engine. Inputs latch like a session's, when a chunk ends
+(after its KV update): pushed after ``next_chunk`` returned chunk k, they apply to chunk k + 1
+(the loop's "applied" acks say exactly where).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -20,12 +20,13 @@ from models.loops.requests import SessionRequest
 from runtime.contract import (
     ActionInput,
     AudioInput,
-    Done,
+    Driver,
     Emission,
+    InlineContext,
     InputEvent,
     InputKind,
+    LoopState,
     PromptInput,
-    StepResult,
     Stream,
 )
 
@@ -40,13 +41,20 @@ class LoopStream:
     """One session of ``instance``'s ``chunk_rollout`` (see module docstring)."""
 
     def __init__(self, instance: Any, prompt: str, *, seed: int = 0) -> None:
-        self._loop = instance.loop("chunk_rollout")
-        self.state = self._loop.init(SessionRequest(prompt=prompt, seed=seed), instance, None)
-        self._pending: list[InputEvent] = []
+        self._ctx = InlineContext("stream", on_emit=self._collect)
+        self._driver = Driver(instance.loop("chunk_rollout"), self._ctx)
+        self._driver.init(SessionRequest(prompt=prompt, seed=seed), instance)
         self._seq = 0
+        self._parts: list[torch.Tensor] = []
+        self._final = False
         self.applied: dict[int, int] = {}  # input seq -> chunk that first reflects it
         self.chunks_done = 0
-        self.plan_wall_s: list[tuple[str, float]] = []
+        self.plan_wall_s: list[tuple[str, float]] = []  # (plan kind, wall seconds), in order
+
+    @property
+    def state(self) -> LoopState:
+        """The loop's state at the boundary the stream stands at."""
+        return self._driver.state
 
     def push(self, payload: PromptInput | ActionInput | AudioInput) -> int:
         """Queue an input; -> its seq."""
@@ -58,7 +66,7 @@ class LoopStream:
             if isinstance(payload, ActionInput)
             else InputKind.AUDIO
         )
-        self._pending.append(InputEvent(kind, self._seq, payload, time.monotonic()))
+        self._ctx.push_input(InputEvent(kind, self._seq, payload, time.monotonic()))
         return self._seq
 
     def push_keys(self, keys: Sequence[str]) -> int:
@@ -67,28 +75,28 @@ class LoopStream:
     def next_chunk(self) -> torch.Tensor:
         """Run plans until the next chunk's frames are all emitted -> uint8 [n, H, W, 3] (a
         chunk may come in parts: media emissions carry ``final``)."""
-        parts: list[torch.Tensor] = []
-        while True:
-            if self._pending:
-                self.state = self._loop.absorb(self.state, self._pending)
-                self._pending = []
-            plan = self._loop.next(self.state)
-            match plan:
-                case Done():
-                    raise StreamEndedError(f"stream ended after {self.chunks_done} chunks")
-            start = time.perf_counter()
-            output = plan.op([plan.args])[0]
-            wall_s = time.perf_counter() - start
-            self.plan_wall_s.append((plan.kind.value, wall_s))
-            self.state = self._loop.advance(self.state, StepResult(output, wall_s, kind=plan.kind))
-            final = False
-            for spec in plan.emits:
-                emission = Emission(spec, output)
-                if spec.stream == Stream.APPLIED:
-                    self.applied.setdefault(spec.meta.seq, spec.meta.chunk)
-                elif spec.stream == Stream.MEDIA:
-                    parts.append(emission.output)
-                    final = spec.meta.final
-            if final:
-                self.chunks_done += 1
-                return torch.cat(parts) if len(parts) > 1 else parts[0]
+        self._parts, self._final = [], False
+        try:
+            asyncio.run(self._until_final_media())
+        finally:  # the stream hands frames out and keeps neither them nor the plans' arguments
+            ctx = self._ctx
+            ran = zip(ctx.executed, ctx.wall_s, strict=True)
+            self.plan_wall_s += [(plan.kind.value, wall_s) for plan, wall_s in ran]
+            for kept in (ctx.executed, ctx.wall_s, ctx.emissions):
+                kept.clear()
+        self.chunks_done += 1
+        parts = self._parts
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    async def _until_final_media(self) -> None:
+        while not self._final:
+            if not await self._driver.step():
+                raise StreamEndedError(f"stream ended after {self.chunks_done} chunks")
+
+    def _collect(self, emission: Emission) -> None:
+        spec = emission.spec
+        if spec.stream == Stream.APPLIED:
+            self.applied.setdefault(spec.meta.seq, spec.meta.chunk)
+        elif spec.stream == Stream.MEDIA:
+            self._parts.append(emission.output)
+            self._final = spec.meta.final

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from models.wan.attention_kernels import ATTENTION_BACKENDS, AttentionBackend, attend
+from models.wan.kv_fp8 import Fp8Past, cached_attention
 from models.wan.rope import apply_rope
 
 __all__ = ["ATTENTION_BACKENDS", "WanCrossAttention", "WanSelfAttention", "attend"]
@@ -40,7 +41,8 @@ class WanSelfAttention(_Projections):
     """Self-attention of one block; returns this call's (post-RoPE) K and V for caching.
 
     ``past`` holds K/V of earlier tokens (already rotated at their own positions), prepended to
-    this call's K/V; ``mask`` (True = attend) covers ``past`` tokens followed by this call's.
+    this call's K/V, or an ``Fp8Past`` (an e4m3 cache, ``models/wan/kv_fp8.py``); ``mask``
+    (True = attend) covers ``past`` tokens followed by this call's.
     ``kernel`` (set by ``WanInstance.compile``; ``models/wan/attention_kernels.py``) computes
     the attention; None is SDPA with PyTorch's kernel choice.
     """
@@ -54,7 +56,7 @@ class WanSelfAttention(_Projections):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past: tuple[torch.Tensor, torch.Tensor] | Fp8Past | None = None,
         mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # x: [B, N, dim]; cos, sin: [N | B, N, D/2]; past: 2 x [B, P, H, D]; mask: [N | 1, P + N]
@@ -67,6 +69,8 @@ class WanSelfAttention(_Projections):
         v = self._heads(self.v(x))
         if past is None:
             out = kernel(q, k, v, mask)
+        elif isinstance(past, Fp8Past):
+            out = cached_attention(q, k, v, past, mask)
         else:
             out = kernel(q, torch.cat((past[0], k), dim=1), torch.cat((past[1], v), dim=1), mask)
         return self.o(out), k, v

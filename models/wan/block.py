@@ -10,6 +10,7 @@ from torch import nn
 
 from models.wan.attention import WanCrossAttention, WanSelfAttention
 from models.wan.config import WanDiTConfig
+from models.wan.kv_fp8 import Fp8Past
 
 __all__ = ["WanBlock", "WanHead"]
 
@@ -50,7 +51,7 @@ class WanBlock(nn.Module):
         sin: torch.Tensor,
         cross_k: torch.Tensor,
         cross_v: torch.Tensor,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past: tuple[torch.Tensor, torch.Tensor] | Fp8Past | None = None,
         mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # x: [B, N, dim]; e0: [B, 1 | N, 6, dim]; cos, sin: [N, D/2]; cross_k/v: [B, L, H, D]

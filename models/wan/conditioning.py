@@ -6,7 +6,7 @@
 - prompt: ``text_embedding`` MLP maps text-encoder features to ``dim`` (cross-attention context).
 - action hook (``action_dim > 0``): ``action_embedding(action)`` [B, dim] is ADDED TO ``e``
   before ``time_projection``, so a chunk's keyboard/mouse input steers every block's modulation
-  and the head's (the "through the modulation" variant of issue 3).
+  and the head's (conditioning "through the modulation").
 - audio hook (``audio_dim > 0``): ``audio_embedding(audio)`` [B, f, dim] is ADDED TO EVERY TOKEN
   OF ITS LATENT FRAME right after the patch embedding.
 

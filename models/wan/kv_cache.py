@@ -25,6 +25,11 @@ allocation, see ``models/wan/kv_slabs.py``) or, for a job or a test, its own (``
 Size a geometry beforehand with ``bytes_for`` (admission); ``copy_from`` forks one cache into
 another. Writes go through ``plan_write`` -> ``write`` (per layer) -> ``commit``; the plan is
 host-side integer arithmetic, the writes are slice copies, so nothing syncs with the device.
+
+**FP8.** A cache allocated with ``dtype=torch.float8_e4m3fn`` stores e4m3 K/V plus one float32
+descale per (layer, sample, head) (``k_descale``, ``v_descale``; 0 until the first write sets
+it): writes quantise, and ``layer_past`` hands attention an ``Fp8Past`` it reads as stored
+(``models/wan/kv_fp8.py``). Half the bytes of a bf16 slab, so twice the sessions per slab GiB.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import msgspec
 import torch
 
 from models.wan.config import WanDiTConfig
+from models.wan.kv_fp8 import Fp8Past, calibrated, quantize_with
 
 __all__ = ["EMPTY", "CacheShapeError", "ChunkKVCache", "WriteRun"]
 
@@ -61,6 +67,7 @@ class ChunkKVCache(msgspec.Struct, kw_only=True):
     unfilled slot never injects NaN even though it is masked); ``valid``: [(S + W) * T] bool.
     ``slot_positions[i]`` is the absolute latent frame (RoPE position) slot ``i`` holds, -1 while
     empty; ``frames_written`` counts frames since allocation or ``reset`` (write order).
+    An e4m3 cache also has ``k_descale``/``v_descale``: [layers, B, heads] float32, 0 = unset.
     """
 
     k: torch.Tensor
@@ -71,6 +78,8 @@ class ChunkKVCache(msgspec.Struct, kw_only=True):
     tokens_per_frame: int
     slot_positions: list[int] = []
     frames_written: int = 0
+    k_descale: torch.Tensor | None = None
+    v_descale: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         _check_geometry(self.sink_frames, self.window_frames, self.tokens_per_frame)
@@ -85,6 +94,16 @@ class ChunkKVCache(msgspec.Struct, kw_only=True):
             raise CacheShapeError(
                 f"buffers k={tuple(k.shape)} v={tuple(v.shape)} valid={tuple(valid.shape)} do not "
                 f"match S={self.sink_frames} W={self.window_frames} T={self.tokens_per_frame}"
+            )
+        scales = (self.k_descale, self.v_descale)
+        want = tuple(k.shape[:2]) + (k.shape[3],)
+        if self.fp8 != all(d is not None for d in scales) or any(
+            d is not None and tuple(d.shape) != want for d in scales
+        ):
+            raise CacheShapeError(
+                f"an e4m3 cache needs k_descale and v_descale of shape {want} (and only an e4m3 "
+                f"cache has them); got k {k.dtype}, descales "
+                f"{[None if d is None else tuple(d.shape) for d in scales]}"
             )
         if not self.slot_positions:
             self.slot_positions = [EMPTY] * self.capacity_frames
@@ -120,6 +139,8 @@ class ChunkKVCache(msgspec.Struct, kw_only=True):
             config.num_heads,
             config.head_dim,
         )
+        fp8 = dtype == torch.float8_e4m3fn
+        scale_shape = (config.num_layers, batch, config.num_heads)
         return cls(
             k=torch.zeros(shape, device=device, dtype=dtype),
             v=torch.zeros(shape, device=device, dtype=dtype),
@@ -127,6 +148,8 @@ class ChunkKVCache(msgspec.Struct, kw_only=True):
             sink_frames=sink_frames,
             window_frames=window_frames,
             tokens_per_frame=tokens_per_frame,
+            k_descale=torch.zeros(scale_shape, device=device) if fp8 else None,
+            v_descale=torch.zeros(scale_shape, device=device) if fp8 else None,
         )
 
     @staticmethod
@@ -138,14 +161,23 @@ class ChunkKVCache(msgspec.Struct, kw_only=True):
         dtype: torch.dtype,
         batch: int = 1,
     ) -> int:
-        """Device bytes ``allocate`` will take for this geometry (K + V + validity mask)."""
+        """Device bytes ``allocate`` will take for this geometry (K + V + validity mask, and an
+        e4m3 cache's descales)."""
         slots = (sink_frames + window_frames) * tokens_per_frame
         itemsize = torch.empty((), dtype=dtype).element_size()
-        return 2 * config.num_layers * batch * slots * config.dim * itemsize + slots
+        scales = 2 * config.num_layers * batch * config.num_heads * 4
+        kv = 2 * config.num_layers * batch * slots * config.dim * itemsize + slots
+        return kv + (scales if dtype == torch.float8_e4m3fn else 0)
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + self.valid.nbytes
+        scales = sum(d.nbytes for d in (self.k_descale, self.v_descale) if d is not None)
+        return self.k.nbytes + self.v.nbytes + self.valid.nbytes + scales
+
+    @property
+    def fp8(self) -> bool:
+        """K/V stored in e4m3 with per-(layer, sample, head) descales."""
+        return self.k.dtype == torch.float8_e4m3fn
 
     @property
     def capacity_frames(self) -> int:
@@ -164,6 +196,9 @@ class ChunkKVCache(msgspec.Struct, kw_only=True):
         self.k.zero_()
         self.v.zero_()
         self.valid.zero_()
+        for descale in (self.k_descale, self.v_descale):
+            if descale is not None:
+                descale.zero_()
         self.slot_positions = [EMPTY] * self.capacity_frames
         self.frames_written = 0
 
@@ -178,6 +213,8 @@ class ChunkKVCache(msgspec.Struct, kw_only=True):
             tokens_per_frame=self.tokens_per_frame,
             slot_positions=list(self.slot_positions),
             frames_written=self.frames_written,
+            k_descale=None if self.k_descale is None else self.k_descale.clone(),
+            v_descale=None if self.v_descale is None else self.v_descale.clone(),
         )
 
     def copy_from(self, other: ChunkKVCache) -> None:
@@ -185,17 +222,22 @@ class ChunkKVCache(msgspec.Struct, kw_only=True):
         moved into a session's slab). The geometries must match."""
         if (
             other.k.shape != self.k.shape
+            or other.k.dtype != self.k.dtype
             or other.sink_frames != self.sink_frames
             or other.window_frames != self.window_frames
         ):
             raise CacheShapeError(
-                f"cannot copy a cache of k={tuple(other.k.shape)} S={other.sink_frames} "
-                f"W={other.window_frames} into one of k={tuple(self.k.shape)} "
-                f"S={self.sink_frames} W={self.window_frames}"
+                f"cannot copy a cache of k={tuple(other.k.shape)} {other.k.dtype} "
+                f"S={other.sink_frames} W={other.window_frames} into one of "
+                f"k={tuple(self.k.shape)} {self.k.dtype} S={self.sink_frames} "
+                f"W={self.window_frames}"
             )
         self.k.copy_(other.k)
         self.v.copy_(other.v)
         self.valid.copy_(other.valid)
+        for mine, theirs in ((self.k_descale, other.k_descale), (self.v_descale, other.v_descale)):
+            if mine is not None and theirs is not None:
+                mine.copy_(theirs)
         self.slot_positions = list(other.slot_positions)
         self.frames_written = other.frames_written
 
@@ -208,6 +250,14 @@ class ChunkKVCache(msgspec.Struct, kw_only=True):
         if tokens is None:
             return self.k[index], self.v[index]
         return self.k[index, :, :tokens], self.v[index, :, :tokens]
+
+    def layer_past(self, index: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor] | Fp8Past:
+        """What attention reads of layer ``index``: the first ``tokens`` K/V as views, wrapped
+        with their descales for an e4m3 cache (``Fp8Past``)."""
+        k, v = self.layer(index, tokens)
+        if self.k_descale is None or self.v_descale is None:
+            return k, v
+        return Fp8Past(k, v, self.k_descale[index], self.v_descale[index])
 
     @property
     def prefix_frames(self) -> int | None:
@@ -279,8 +329,14 @@ class ChunkKVCache(msgspec.Struct, kw_only=True):
     ) -> None:
         """Copy one layer's chunk K/V into the planned slots.
 
-        k, v: [B, num_frames * T, heads, head_dim] (post-RoPE keys)
+        k, v: [B, num_frames * T, heads, head_dim] (post-RoPE keys, the model's dtype); an e4m3
+        cache quantises them with its layer's descales, set from this chunk if still unset.
         """
+        if self.k_descale is not None and self.v_descale is not None:
+            self.k_descale[layer].copy_(calibrated(self.k_descale[layer], k))
+            self.v_descale[layer].copy_(calibrated(self.v_descale[layer], v))
+            k = quantize_with(k, self.k_descale[layer])
+            v = quantize_with(v, self.v_descale[layer])
         t = self.tokens_per_frame
         for run in runs:
             src = slice(run.src_frame * t, (run.src_frame + run.frames) * t)

@@ -15,12 +15,12 @@ frames W, T tokens per latent frame) shares two tensors, allocated once when the
 A slab view keeps the ``[layers, 1, tokens, heads, head_dim]`` shape of a session's own cache and
 each of its layers is one contiguous block, so attention reads it as fast as a private buffer.
 Nothing is allocated per session or per plan; fork copies one slab into another
-(``copy_slab``); several sessions' K/V of one layer come out as one batch with ``gather``.
+(``copy_slab``). A batched forward of several sessions concatenates their views' K/V per layer
+(``WanDiT.forward_chunks``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -71,18 +71,28 @@ class KVSlabBuffer:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.valid = torch.zeros((num_slabs, slots), device=device, dtype=torch.bool)
+        # an e4m3 buffer's descales: [layers, N slabs, heads] fp32 (models/wan/kv_fp8.py)
+        self.k_descale: torch.Tensor | None = None
+        self.v_descale: torch.Tensor | None = None
+        if dtype == torch.float8_e4m3fn:
+            scales = (config.num_layers, num_slabs, config.num_heads)
+            self.k_descale = torch.zeros(scales, device=device)
+            self.v_descale = torch.zeros(scales, device=device)
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + self.valid.nbytes
+        scales = sum(d.nbytes for d in (self.k_descale, self.v_descale) if d is not None)
+        return self.k.nbytes + self.v.nbytes + self.valid.nbytes + scales
 
     @property
     def slab_bytes(self) -> int:
         return self.nbytes // self.num_slabs
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """The K and V buffers by a name unique to the geometry (``kv:<key>:k`` / ``:v``)."""
-        return {f"kv:{self.geometry.key}:k": self.k, f"kv:{self.geometry.key}:v": self.v}
+        """The K and V buffers (and an e4m3 buffer's descales) by a name unique to the geometry
+        (``kv:<key>:k`` / ``:v`` / ``:k_descale`` / ``:v_descale``)."""
+        named = {"k": self.k, "v": self.v, "k_descale": self.k_descale, "v_descale": self.v_descale}
+        return {f"kv:{self.geometry.key}:{n}": t for n, t in named.items() if t is not None}
 
     def cache(self, slab_id: int) -> ChunkKVCache:
         """A fresh (reset) cache over slab ``slab_id``: views, no allocation."""
@@ -102,6 +112,8 @@ class KVSlabBuffer:
             sink_frames=g.sink_frames,
             window_frames=g.window_frames,
             tokens_per_frame=g.tokens_per_frame,
+            k_descale=None if self.k_descale is None else self.k_descale[:, i : i + 1],
+            v_descale=None if self.v_descale is None else self.v_descale[:, i : i + 1],
         )
 
     def owns(self, cache: ChunkKVCache) -> int | None:
@@ -118,24 +130,9 @@ class KVSlabBuffer:
         self.k[:, dst].copy_(self.k[:, src])
         self.v[:, dst].copy_(self.v[:, src])
         self.valid[dst].copy_(self.valid[src])
-
-    def gather(
-        self, layer: int, slab_ids: Sequence[int], tokens: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Several sessions' K/V of one layer as one batch: 2 x [B, tokens, heads, head_dim]
-        (a view when the slabs are consecutive, else a gathered copy)."""
-        for i in slab_ids:
-            self._check(i)
-        end = self.k.shape[2] if tokens is None else tokens
-        ids = list(slab_ids)
-        if ids == list(range(ids[0], ids[0] + len(ids))):
-            rows = slice(ids[0], ids[0] + len(ids))
-            return self.k[layer, rows, :end], self.v[layer, rows, :end]
-        index = torch.tensor(ids, device=self.k.device)
-        return (
-            self.k[layer, :, :end].index_select(0, index),
-            self.v[layer, :, :end].index_select(0, index),
-        )
+        for descale in (self.k_descale, self.v_descale):
+            if descale is not None:
+                descale[:, dst].copy_(descale[:, src])
 
     def _check(self, slab_id: int) -> None:
         if not 0 <= slab_id < self.num_slabs:

@@ -1,6 +1,6 @@
 """Attention kernels of other libraries, as the backends of ``attention_kernels`` call them.
 
-What each library of issue 16 needs on the H200 machine (torch 2.11+cu130, Python 3.12, no
+What each candidate library needs on the H200 machine (torch 2.11+cu130, Python 3.12, no
 network, nvcc 13.0 present; everything carried travels in 64 MiB *in all*, the ~9 MB working
 tree and the msgspec wheel included), as read from PyPI on 2026-12-02 (`pip download --no-deps`
 for cp312 manylinux x86_64; sizes are the wheels'):

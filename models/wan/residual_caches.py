@@ -1,4 +1,4 @@
-"""Residual caches of the Wan DiT's block stack: the two interceptors of issue 19.
+"""Residual caches of the Wan DiT's block stack: its two interceptors.
 
 Both skip transformer blocks of a denoising step by adding the residual those blocks produced
 at an earlier step, when a cheap *probe* says the step's input barely moved; they differ in

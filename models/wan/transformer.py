@@ -42,6 +42,7 @@ from models.wan.conditioning import (
 from models.wan.config import WanDiTConfig
 from models.wan.flops import dit_flops
 from models.wan.kv_cache import ChunkKVCache, WriteRun
+from models.wan.kv_fp8 import Fp8Past
 from models.wan.rope import rope_cos_sin
 
 if TYPE_CHECKING:
@@ -472,12 +473,24 @@ class WanDiT(nn.Module):
 
 def _gather_past(
     caches: tuple[ChunkKVCache, ...], layer: int, tokens: int
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Layer ``layer``'s first ``tokens`` cached K/V of every sample: 2 x [B, tokens, H, D]
-    (the cache's own views for one cache; concatenated for a batch of sessions)."""
+) -> tuple[torch.Tensor, torch.Tensor] | Fp8Past | None:
+    """Layer ``layer``'s first ``tokens`` cached K/V of every sample: 2 x [B, tokens, H, D], or
+    an ``Fp8Past`` for e4m3 caches (the cache's own views for one cache; concatenated for a
+    batch of sessions)."""
     if not caches or not tokens:
         return None
     if len(caches) == 1:
-        return caches[0].layer(layer, tokens)
-    pairs = [c.layer(layer, tokens) for c in caches]
+        return caches[0].layer_past(layer, tokens)
+    pasts = [c.layer_past(layer, tokens) for c in caches]
+    if all(isinstance(p, Fp8Past) for p in pasts):
+        fp8 = [p for p in pasts if isinstance(p, Fp8Past)]
+        return Fp8Past(
+            torch.cat([p.k for p in fp8]),
+            torch.cat([p.v for p in fp8]),
+            torch.cat([p.k_descale for p in fp8]),
+            torch.cat([p.v_descale for p in fp8]),
+        )
+    if any(isinstance(p, Fp8Past) for p in pasts):
+        raise InputShapeError("a batch mixes e4m3 and bf16 K/V caches")
+    pairs = [p for p in pasts if not isinstance(p, Fp8Past)]
     return torch.cat([k for k, _ in pairs]), torch.cat([v for _, v in pairs])

@@ -1,4 +1,4 @@
-"""Spatial split of the Wan VAE decode over the ranks of an ``sp`` group, by rows (issue 20).
+"""Spatial split of the Wan VAE decode over the ranks of an ``sp`` group, by rows.
 
 Each of the ``sp`` ranks decodes a contiguous band of ``h / sp`` latent rows (rank-major, as
 the DiT's token shards are) into a band of ``8h / sp`` pixel rows; rank 0 gathers the bands

@@ -1,4 +1,4 @@
-"""The web page against the real server, in Debian's Chromium (issue 5).
+"""The web page against the real server, in Debian's Chromium.
 
 One server subprocess and one browser page per module: the page starts a session through its
 own UI, then each test drives one feature and checks only the events that follow its own

@@ -1,4 +1,4 @@
-"""A fleet on NVIDIA Dynamo's distributed runtime, as real processes on loopback (issue 17).
+"""A fleet on NVIDIA Dynamo's distributed runtime, as real processes on loopback.
 
 Two engines (``dreamrt serve --fleet`` on the embedded tiny-world card, two chunk-KV slabs each,
 a replay snapshot after every chunk on a shared ``--snapshot-dir``) and ``dreamrt router``

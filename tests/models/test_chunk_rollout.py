@@ -145,7 +145,7 @@ def test_input_applies_at_next_chunk_and_earlier_frames_are_unchanged(
 ) -> None:
     request, baseline = baseline_run
     event = InputEvent(kind, 7, payload)
-    # a loop that never restarts a chunk for a switch or a key (the first build)
+    # a loop that never restarts a chunk for a switch or a key (the plain policy)
     finishing = _with_policy(instance, RestartCutsOnly())
     steered, _, _ = _run(finishing, request, {_step_of_chunk(1): [event]})
     applied = _applied(steered)

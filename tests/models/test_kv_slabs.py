@@ -119,21 +119,6 @@ def test_copy_from_moves_a_restored_cache_into_a_slab() -> None:
         slab.copy_from(small)
 
 
-def test_gather_batches_several_sessions_k_v_of_one_layer() -> None:
-    model = make_model()
-    buffer = make_buffer(model)
-    caches = [buffer.cache(i) for i in range(3)]
-    for i, cache in enumerate(caches):
-        rollout(model, cache, latents(CHUNK, seed=20 + i))
-    tokens = CHUNK * GEOMETRY.tokens_per_frame
-    k, v = buffer.gather(1, [2, 0], tokens)
-    assert k.shape == (2, tokens, 3, 16)
-    assert torch.equal(k[0], caches[2].layer(1, tokens)[0][0])
-    assert torch.equal(v[1], caches[0].layer(1, tokens)[1][0])
-    k01, _ = buffer.gather(0, [0, 1])  # consecutive slabs: a view, no copy
-    assert k01.data_ptr() == buffer.k.data_ptr()
-
-
 def test_a_fresh_cache_on_a_used_slab_starts_empty_and_bad_slabs_are_refused() -> None:
     model = make_model()
     buffer = make_buffer(model, num_slabs=2)

@@ -1,4 +1,4 @@
-"""The latency mode (issue 16 item 4): 1-latent-frame chunks on the Wan architecture."""
+"""The latency mode: 1-latent-frame chunks on the Wan architecture."""
 
 from __future__ import annotations
 

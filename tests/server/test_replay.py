@@ -4,7 +4,7 @@ bit-identically on an instance serving another.
 
 A real loop on the tiny random card makes the record (real SQLite store, real snapshot file,
 real input log rows): a prompt switch early in chunk 1, which the default policy would restart
-the chunk for and the first build's (``cuts-only``) does not.
+the chunk for and the plain one (``cuts-only``) does not.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Time to steer in a session: the per-input breakdown on ``*.applied`` and ``input.shown``, the
-backlog a changing input flushes, the start breakdown, and ``start="now"`` (issue 21)."""
+backlog a changing input flushes, the start breakdown, and ``start="now"``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``dreamrt eval tiny-world`` in short, through the real loop with the shipped weights: every
-threshold of the issue is asserted (the full evaluation: infra/bench/RESULTS.md, tiny-world).
+threshold of the evaluation is asserted (the full evaluation: infra/bench/RESULTS.md, tiny-world).
 Also: inputs latch where the protocol says."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_inputs_pushed_between_chunks_apply_to_the_next_one_and_are_acknowledged
 
 
 @pytest.mark.slow
-def test_prompt_adherence_and_switches_meet_the_issue_thresholds(short_report) -> None:
+def test_prompt_adherence_and_switches_meet_their_thresholds(short_report) -> None:
     r = short_report
     assert (r.action_trials, r.switches, r.long_frames) == (20, 10, 720)
     assert r.adherence_frames > 600

@@ -1,0 +1,251 @@
+"""``dreamrt bench capacity``: how many live sessions one GPU serves, through the real server.
+
+For each ``--setups`` entry a fresh ``dreamrt serve`` (subprocess, loopback) with admission on,
+then sessions of that setup's profile are asked for one at a time, each watched by a real aiortc
+viewer (``clients.python.viewer``), ``--ramp-s`` apart, until the server refuses one (503 +
+``Retry-After``: admission) or ``--max-sessions`` are up. Every admitted session is then
+watched for ``--seconds``; per viewer:
+
+- delivered fps: fresh frames (not stall repeats) over the window;
+- stalls per minute: gaps between fresh frames longer than ``STALL_FACTOR`` x the nominal
+  interval (a viewer sees the picture stand still);
+- p95 frame interval of fresh frames, against the nominal 1/fps.
+
+A setup is ``NAME=WxH@FPS[;serve args]``: the profile of its sessions and the extra
+``dreamrt serve`` arguments of its server (``--decoder tiny``, ``--kv-cache fp8`` ...),
+for instance ``"full=832x480@16"``, ``"tiny=832x480@16;--decoder-default tiny"``. Prints one
+table last; ``--json`` writes every viewer's numbers and the server log's stalls and compiles.
+
+    python -m infra.bench.capacity --model wan2.1-1.3b-causal --compile --random-weights \\
+        --setups "full=832x480@16,small=480x272@16" --seconds 30
+    python -m infra.bench.capacity                         # CPU smoke: tiny-world
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from clients.python.api import ApiCallError, DreamrtClient
+from clients.python.viewer import Viewer
+from infra.browser_harness import ServerProcess
+
+__all__ = ["Setup", "frame_stats", "main", "parse_setup"]
+
+STALL_FACTOR = 2.0  # a fresh-frame gap this many nominal intervals long is a stall
+_SETUP = re.compile(r"^(?P<name>[\w.-]+)=(?:(?P<w>\d+)x(?P<h>\d+))?(?:@(?P<fps>\d+))?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """One server configuration and the profile its sessions ask for (None: the card's)."""
+
+    name: str
+    width: int | None = None
+    height: int | None = None
+    fps: int | None = None
+    serve_args: tuple[str, ...] = ()
+
+
+def parse_setup(text: str) -> Setup:
+    """``NAME=WxH@FPS[;serve args]`` -> ``Setup`` (``ValueError`` names what is wrong)."""
+    head, _, rest = text.partition(";")
+    match = _SETUP.match(head.strip())
+    if match is None:
+        raise ValueError(f"setup {text!r}: expected NAME=WxH@FPS[;serve args]")
+    ints = {k: int(v) if v else None for k, v in match.groupdict().items() if k != "name"}
+    return Setup(match["name"], ints["w"], ints["h"], ints["fps"], tuple(rest.split()))
+
+
+def frame_stats(received_s: list[float], fps: int, window_s: float) -> dict[str, float]:
+    """Delivered fps, stalls per minute and interval percentiles of fresh frames received at
+    ``received_s`` (monotonic seconds, ascending) over a window of ``window_s``."""
+    gaps = [b - a for a, b in zip(received_s, received_s[1:], strict=False)]
+    nominal = 1.0 / fps
+    stalls = sum(1 for g in gaps if g > STALL_FACTOR * nominal)
+    ordered = sorted(gaps)
+
+    def pct(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+    return {
+        "fps": round(len(received_s) / window_s, 2) if window_s > 0 else 0.0,
+        "stalls_per_min": round(60.0 * stalls / window_s, 2) if window_s > 0 else 0.0,
+        "p50_interval_ms": round(1000 * pct(0.5), 1),
+        "p95_interval_ms": round(1000 * pct(0.95), 1),
+        "max_interval_ms": round(1000 * ordered[-1], 1) if ordered else float("nan"),
+        "p95_over_nominal": round(pct(0.95) / nominal, 3) if ordered else float("nan"),
+    }
+
+
+@dataclass
+class _Watched:
+    session_id: str
+    viewer: Viewer
+    api: DreamrtClient
+    profile: dict[str, int] = field(default_factory=dict)
+
+
+async def _open(url: str, setup: Setup, index: int, timeout_s: float) -> _Watched | ApiCallError:
+    api = DreamrtClient(url)
+    await api.__aenter__()
+    params = {"fps": setup.fps, "width": setup.width, "height": setup.height, "seed": index}
+    try:
+        created = await api.create_session(f"capacity probe {index}: a red ball on grass", **params)
+    except ApiCallError as exc:
+        await api.__aexit__(None, None, None)
+        return exc
+    viewer = Viewer(api)
+    await viewer.connect(session_id=created["id"], timeout_s=timeout_s)
+    await viewer.wait_first_frame(timeout_s)
+    return _Watched(created["id"], viewer, api, created["profile"])
+
+
+async def _run_setup(url: str, setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
+    watched: list[_Watched] = []
+    refusal: dict[str, Any] | None = None
+    try:
+        while len(watched) < args.max_sessions:
+            got = await _open(url, setup, len(watched), args.timeout_s)
+            if isinstance(got, ApiCallError):
+                refusal = {
+                    "status": got.status,
+                    "code": got.code,
+                    "message": got.message,
+                    "retry_after_s": got.retry_after_s,
+                }
+                break
+            watched.append(got)
+            print(f"  {setup.name}: session {len(watched)} admitted ({got.profile})", flush=True)
+            await asyncio.sleep(args.ramp_s)
+        begin = time.monotonic()
+        marks = [len(w.viewer.fresh_frames()) for w in watched]
+        await asyncio.sleep(args.seconds)
+        end = time.monotonic()
+        sessions = []
+        for w, mark in zip(watched, marks, strict=True):
+            fresh = [f.received_s for f in w.viewer.fresh_frames()[mark:] if f.received_s <= end]
+            stats = frame_stats(fresh, w.profile["fps"], end - begin)
+            info = await w.api.session(w.session_id)
+            sessions.append(
+                {"id": w.session_id, "profile": w.profile, **stats, "server": _subset(info)}
+            )
+    finally:
+        for w in watched:
+            await w.viewer.close(delete=False)
+            try:
+                await w.api.delete_session(w.session_id)
+            finally:
+                await w.api.__aexit__(None, None, None)
+    return {
+        "setup": dataclasses.asdict(setup),
+        "admitted": len(watched),
+        "refusal": refusal,
+        "sessions": sessions,
+    }
+
+
+def _subset(info: dict[str, Any]) -> dict[str, Any]:
+    keys = ("frames_sent", "stalls", "fps_measured", "media_dropped", "decoder")
+    return {k: info[k] for k in keys if k in info}
+
+
+def _server_args(args: argparse.Namespace, setup: Setup) -> tuple[str, ...]:
+    extra = ["--device", args.device, "--unwatched-timeout", "0", "--log-level", "warning"]
+    extra += ["--max-sessions", str(args.max_sessions)]
+    if args.model:
+        extra += ["--model", args.model]
+    if args.compile:
+        extra.append("--compile")
+    if args.random_weights:
+        extra.append("--random-weights")
+    return (*extra, *args.server_arg, *setup.serve_args)
+
+
+def _log_findings(text: str) -> dict[str, Any]:
+    stalls = [float(m) for m in re.findall(r"event loop stood still for ([0-9.]+) s", text)]
+    compiles = re.findall(r"compiles after ready[^\n]*", text)
+    return {"event_loop_stalls_s": stalls, "compile_lines": compiles[:20]}
+
+
+def _print(report: dict[str, Any]) -> None:
+    print(
+        "\n| setup | profile | admitted | refused with | fps each (min / median) | "
+        "stalls/min (max) | p95 interval / nominal (max) | ready s |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, r in report["setups"].items():
+        if "error" in r:
+            print(f"| {name} | | | | error: {r['error'][:80]} | | | |")
+            continue
+        s = r["sessions"]
+        prof = s[0]["profile"] if s else {}
+        fps = [x["fps"] for x in s]
+        refused = (r["refusal"] or {}).get("code") or ("-" if r["refusal"] is None else "?")
+        print(
+            f"| {name} | {prof.get('width')}x{prof.get('height')}@{prof.get('fps')} | "
+            f"{r['admitted']} | {refused} | "
+            f"{min(fps, default=0):.1f} / {statistics.median(fps) if fps else 0:.1f} | "
+            f"{max((x['stalls_per_min'] for x in s), default=0):.1f} | "
+            f"{max((x['p95_over_nominal'] for x in s), default=0):.2f} | {r['ready_s']:.0f} |"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setups", default="default=", help="NAME=WxH@FPS[;serve args], ...")
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--random-weights", action="store_true")
+    parser.add_argument("--max-sessions", type=int, default=8)
+    parser.add_argument("--ramp-s", type=float, default=3.0)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--timeout-s", type=float, default=60.0)
+    parser.add_argument("--startup-timeout-s", type=float, default=300.0)
+    parser.add_argument("--server-arg", action="append", default=[], help="serve argument, all")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    setups = [parse_setup(s) for s in args.setups.split(",") if s.strip()]
+    report: dict[str, Any] = {"argv": argv or sys.argv[1:], "setups": {}}
+    with tempfile.TemporaryDirectory(prefix="dreamrt-capacity-") as tmp:
+        for setup in setups:
+            root = Path(tmp) / setup.name
+            server = ServerProcess(
+                root / "data", root / "server.log", extra_args=_server_args(args, setup)
+            )
+            began = time.monotonic()
+            try:
+                server.start(timeout_s=args.startup_timeout_s)
+                ready_s = time.monotonic() - began
+                print(f"\n{setup.name}: server ready after {ready_s:.1f} s", flush=True)
+                result = asyncio.run(_run_setup(server.url, setup, args))
+                result["ready_s"] = ready_s
+            except Exception as exc:  # a setup that cannot run: the others still do
+                result = {"error": f"{type(exc).__name__}: {exc}"}
+            finally:
+                server.stop()
+            log_text = (root / "server.log").read_text(errors="replace")
+            result["server_log"] = _log_findings(log_text)
+            report["setups"][setup.name] = result
+            if args.json is not None:
+                args.json.write_text(json.dumps(report, indent=1, default=str))
+    _print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One device call of the capacity work on an H200: the stages named in $1 (comma list), each
+# under its own timeout so one that hangs leaves the others' results; JSON and logs go to $OUT.
+#
+#   bash infra/bench/h200_capacity.sh engine,vae,guard        # engine-level variants
+#   bash infra/bench/h200_capacity.sh server                  # sessions per GPU, real server
+#
+# Wheels: the device image lacks msgspec, aiortc, av, fastapi and fa3-fwd; they travel as one
+# xz tarball of their unpacked wheels (.whl/site.tar.xz, carried: 64 MiB per call in all).
+set -uo pipefail
+stages="${1:-engine}"
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT" /tmp/site
+if [ -f .whl/site.tar.xz ]; then
+  tar xJf .whl/site.tar.xz -C /tmp || exit 1
+fi
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+PY=python3
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader
+has() { [[ ",$stages," == *",$1,"* ]]; }
+FULL="compiled+overlap+graphs+fa3"
+if has check; then
+  timeout 120 $PY -m pytest -q -p no:cacheprovider tests/models/test_kv_fp8.py 2>&1 | tail -4
+fi
+if has engine; then
+  timeout "${ENGINE_S:-420}" $PY -m infra.bench.gpu_session --chunks 10 --window 12 --no-micro \
+    --variants "$FULL,$FULL+kvfp8,$FULL+kvfp8+fp8,$FULL+taehv,$FULL+kvfp8+taehv,$FULL+kvfp8+fp8+taehv" \
+    --reference "$FULL" --tiny-decoder models.wan.taehv_checkpoint:build_decoder \
+    --budget-s "${ENGINE_BUDGET_S:-400}" --json "$OUT/gpu_session.json" >"$OUT/gpu_session.log" 2>&1
+  tail -40 "$OUT/gpu_session.log"
+fi
+if has vae; then
+  timeout 200 $PY -m infra.bench.vae_decode --iters 10 \
+    --variants compiled_cl,compiled_cl_bench --profile compiled_cl \
+    --json "$OUT/vae_decode.json" >"$OUT/vae_decode.log" 2>&1
+  tail -25 "$OUT/vae_decode.log"
+fi
+if has guard; then
+  timeout "${GUARD_S:-200}" $PY -m infra.bench.quality_guard --device cuda --levers kvfp8,kvfp8+fp8 \
+    --rollouts 50 --long-s 60 --json "$OUT/quality_guard.json" >"$OUT/quality_guard.log" 2>&1
+  tail -15 "$OUT/quality_guard.log"
+fi
+if has server; then
+  timeout "${SERVER_S:-540}" $PY -m infra.bench.capacity --json "$OUT/capacity.json" \
+    ${CAPACITY_ARGS:-} >"$OUT/capacity.log" 2>&1
+  tail -40 "$OUT/capacity.log"
+fi
+exit 0

@@ -1,0 +1,29 @@
+"""The capacity bench's pure parts: setup parsing and the viewer-side frame statistics."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.bench.capacity import Setup, frame_stats, parse_setup
+
+
+def test_setups_parse_into_a_profile_and_serve_arguments() -> None:
+    assert parse_setup("full=832x480@16") == Setup("full", 832, 480, 16)
+    assert parse_setup("tiny=832x480@16;--kv-cache fp8 --decoder tiny") == Setup(
+        "tiny", 832, 480, 16, ("--kv-cache", "fp8", "--decoder", "tiny")
+    )
+    assert parse_setup("default=") == Setup("default")
+    with pytest.raises(ValueError, match="expected NAME=WxH@FPS"):
+        parse_setup("832x480")
+
+
+def test_frame_stats_count_stalls_and_the_tail_interval() -> None:
+    steady = [i / 16 for i in range(32)]  # 2 s at 16 fps
+    stats = frame_stats(steady, 16, 2.0)
+    assert stats["fps"] == 16.0 and stats["stalls_per_min"] == 0.0
+    assert stats["p95_interval_ms"] == pytest.approx(62.5, abs=0.1)
+    assert stats["p95_over_nominal"] == pytest.approx(1.0, abs=0.01)
+    gapped = steady[:16] + [t + 0.5 for t in steady[16:]]  # one 0.5-s freeze
+    stats = frame_stats(gapped, 16, 2.5)
+    assert stats["stalls_per_min"] == pytest.approx(24.0)  # 1 stall in 2.5 s
+    assert stats["max_interval_ms"] == pytest.approx(562.5, abs=0.1)

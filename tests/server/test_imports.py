@@ -1,0 +1,66 @@
+"""docs/architecture.md §1: in server/, only the composition roots import runtime/ or model code.
+
+Every other server module sees the engine and the models through sessions/, and may import
+from models/ only card data: the registry and the card types.
+The walk reads every import statement, those inside functions included.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SERVER = Path(__file__).resolve().parents[2] / "server"
+# What wires concrete things together: the app and what it runs before serving, the `--gpus N`
+# world, a replay's own model, and the CLI entry points that check flags against the models.
+COMPOSITION_ROOTS = {
+    "app.py",
+    "warm_up.py",
+    "spmd_serving.py",
+    "replay.py",
+    "cli.py",
+    "serve_cli.py",
+}
+CARD_DATA = {"models.card", "models.registry", "models.loops.requests"}
+
+
+def _imported_modules(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module in {"models", "runtime"}:  # `from models import registry`
+                names += [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                names.append(node.module)
+    return names
+
+
+def _offenders(path: Path) -> list[str]:
+    out = []
+    for name in _imported_modules(path):
+        top = name.split(".")[0]
+        if top == "runtime" or (top == "models" and name not in CARD_DATA):
+            out.append(f"{path.name}: {name}")
+    return out
+
+
+def test_only_composition_roots_import_runtime_or_model_code() -> None:
+    modules = sorted(SERVER.glob("*.py"))
+    others = [path for path in modules if path.name not in COMPOSITION_ROOTS]
+    offenders = [o for path in others for o in _offenders(path)]
+    assert offenders == []
+    assert len(modules) > 40  # the walk really saw the server package
+    assert COMPOSITION_ROOTS <= {path.name for path in modules}  # no root is a stale name
+
+
+def test_the_walk_finds_imports_inside_functions(tmp_path: Path) -> None:
+    module = tmp_path / "route.py"
+    module.write_text(
+        "from models import registry\n"
+        "def handler():\n"
+        "    from runtime.admission import Reject\n"
+        "    import models.instance\n"
+    )
+    assert _offenders(module) == ["route.py: runtime.admission", "route.py: models.instance"]
