@@ -43,6 +43,7 @@ _STATUS = {
     "cancelled": "failed",
 }
 _SIZE = re.compile(r"^([1-9][0-9]{0,3})x([1-9][0-9]{0,3})$")
+_MAX_RETRY_AFTER_S = 10.0
 _MAX_SIDE = 4096  # the job limit on width and height (server.schemas.Dimension)
 
 
@@ -154,8 +155,11 @@ def frames_for(card: Any, seconds: str | int | None) -> int:
 
 def check_queue(ctx: Any, needed: int = 1, *, now_s: float | None = None) -> None:
     """429 + ``Retry-After`` when ``needed`` more jobs would pass ``--max-queued-jobs``. The
-    wait is the soonest a running job should end at its pace so far (``retry-after-ms`` to the
-    millisecond, which the official client prefers; ``Retry-After`` in whole seconds)."""
+    wait is the soonest a running job should end at its pace so far, 0.5–10 s
+    (``retry-after-ms`` to the millisecond, which the official client prefers; ``Retry-After``
+    in whole seconds). At most 10 s: a pace measured since creation overstates what is left
+    early on (a job's first plans are its slowest), and a slot frees as soon as any job ends or
+    is cancelled, so a client asks again rather than sleeping through it."""
     limit = ctx.config.limits.max_queued_jobs
     if needed > limit:  # can never fit: not worth a retry
         raise invalid("n", f"{needed} jobs can never fit a queue of {limit} (--max-queued-jobs)")
@@ -168,7 +172,7 @@ def check_queue(ctx: Any, needed: int = 1, *, now_s: float | None = None) -> Non
         for job in waiting
         if 0 < job.progress < 1 and now > job.created_at
     ]
-    wait_s = min(600.0, max(0.5, min(estimates) if estimates else 5.0))
+    wait_s = min(_MAX_RETRY_AFTER_S, max(0.5, min(estimates) if estimates else 2.0))
     raise OpenAIError(
         429,
         f"{len(waiting)} jobs are queued or running and {needed} more were asked for; "

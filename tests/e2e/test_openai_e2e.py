@@ -166,8 +166,8 @@ def test_each_error_class(server: ServerProcess, profile) -> None:
 
 def test_a_full_queue_is_a_429_the_clients_retries_get_past(server: ServerProcess) -> None:
     with client_for(server, max_retries=0) as once, client_for(server, max_retries=8) as patient:
-        # two videos of 8 s (96 frames each, over a second of work): the queue is full now
-        fillers = [once.videos.create(prompt=f"filler {i}", seconds="8") for i in range(2)]
+        # two videos of 3 s (36 frames each: far longer than the next request takes) fill it
+        fillers = [once.videos.create(prompt=f"filler {i}", seconds="3") for i in range(2)]
         with pytest.raises(openai.RateLimitError) as full:
             once.videos.create(prompt="one too many", seconds="1")
         assert full.value.code == "queue_full" and full.value.type == "rate_limit_error"

@@ -93,6 +93,10 @@ def test_a_full_queue_answers_429_with_the_soonest_end() -> None:
         check_queue(ctx_with([halfway, job(progress=0.0, created_at=99.0)], limit=2), now_s=100.0)
     assert (full.value.status, full.value.code) == (429, "queue_full")
     assert full.value.headers == {"Retry-After": "10", "retry-after-ms": "10000"}
+    slow = job(progress=0.01, created_at=0.0)  # 1 % in 100 s: 9 900 s at that pace
+    with pytest.raises(OpenAIError) as capped:
+        check_queue(ctx_with([slow], limit=1), now_s=100.0)
+    assert capped.value.headers == {"Retry-After": "10", "retry-after-ms": "10000"}
     with pytest.raises(OpenAIError) as never:
         check_queue(ctx_with([], limit=2), needed=3)
     assert (never.value.status, never.value.param) == (400, "n")
