@@ -94,9 +94,11 @@ def invalid(param: str, message: str, code: str = "invalid_value") -> OpenAIErro
 
 
 def _field_of(loc: Any) -> str | None:
-    """The parameter a validation error's ``loc`` names (``["body", "n"]`` -> ``"n"``)."""
+    """The parameter a validation error's ``loc`` names: its first part after where it was
+    (``["body", "n"]`` -> ``"n"``; ``["body", "seconds", "int"]``, a member of a union, ->
+    ``"seconds"``)."""
     parts = [str(p) for p in (loc or ()) if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or None
+    return parts[0] if parts else None
 
 
 def from_validation(errors: list[Any]) -> OpenAIError:

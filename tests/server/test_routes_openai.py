@@ -49,6 +49,7 @@ def test_a_json_body_makes_a_video_too(client: TestClient) -> None:
         ({"prompt": "x", "seed": 3}, "seed"),  # not a parameter of OpenAI's video API
         ({"seconds": "1"}, "prompt"),
         ({"prompt": "x", "seconds": "two"}, "seconds"),
+        ({"prompt": "x", "seconds": [1]}, "seconds"),  # neither member of its union
         ({"prompt": "x", "size": "96"}, "size"),
     ]:
         refused = client.post("/v1/videos", json=body)
