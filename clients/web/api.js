@@ -16,7 +16,9 @@ export class ApiError extends Error {
 
 /** Turn an error body (FastAPI {"detail": str | [{loc, msg}]}, or text) into one line. */
 function describeError(status, body) {
-  const detail = body && typeof body === "object" ? (body.detail ?? body.message ?? body.error) : body;
+  // dreamrt's {detail, code}, or OpenAI's {error: {message, ...}} on /v1/models, /v1/videos, /v1/images
+  const detail =
+    body && typeof body === "object" ? (body.detail ?? body.message ?? body.error?.message ?? body.error) : body;
   if (Array.isArray(detail)) {
     return detail
       .map((item) => {
