@@ -157,7 +157,10 @@ class OpenAIErrorBodies:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not str(scope.get("path", "")).startswith(OPENAI_PATHS):
+        path = str(scope.get("path", ""))
+        if scope["type"] != "http" or not any(
+            path == p or path.startswith(p + "/") for p in OPENAI_PATHS
+        ):
             await self.app(scope, receive, send)
             return
         held: Message | None = None
