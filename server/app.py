@@ -438,7 +438,17 @@ async def _teardown(ctx: ServerContext) -> None:
 def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     """The dreamrt app for ``config`` (keyword overrides replace its settings, by key:
     ``create_app(data_dir=..., device="cpu")``)."""
-    from server import deployment, routes_jobs, routes_sessions, routes_system, routes_trainer
+    from server import (
+        deployment,
+        routes_jobs,
+        routes_openai_images,
+        routes_openai_models,
+        routes_openai_videos,
+        routes_sessions,
+        routes_system,
+        routes_trainer,
+    )
+    from server.openai_errors import OpenAIErrorBodies
 
     config = (config or ServerConfig()).replace(**overrides)
     if isinstance(config.data_dir, str):
@@ -459,6 +469,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     app.add_middleware(
         RequestGuard, limits=config.limits, draining=lambda: bool(app.state.draining)
     )
+    app.add_middleware(OpenAIErrorBodies)  # outside the guard: its refusals take OpenAI's shape
 
     @app.exception_handler(DreamrtError)  # every error a client is told about (docs/api.md)
     async def dreamrt_error(request: Request, exc: DreamrtError) -> JSONResponse:
@@ -469,6 +480,10 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     app.include_router(routes_sessions.router)
     app.include_router(routes_jobs.router)
     app.include_router(routes_trainer.router)
+    # the OpenAI-compatible API (models, videos, images), errors in OpenAI's shape
+    app.include_router(routes_openai_models.router)
+    app.include_router(routes_openai_videos.router)
+    app.include_router(routes_openai_images.router)
     if config.engine.fault_injection:
         app.include_router(routes_system.faults_router)
     routes_system.mount_web(app, config.web_dir)

@@ -8,8 +8,9 @@ per engine (the three share the runtime's instance id):
 
     NS.engine.card    -> the DeploymentCard (server.deployment), i.e. the load it publishes
     NS.engine.health  -> {"status": "ok" | "draining", "engine_id"}
-    NS.engine.place   {"kind": "session" | "job", "body": {...}}   a POST /v1/sessions or
-                      /v1/jobs body, answered exactly as this engine's REST API answers it
+    NS.engine.place   {"kind": "session" | "job" | "video", "body": {...}}   a POST
+                      /v1/sessions, /v1/jobs or /v1/videos (JSON) body, answered exactly as
+                      this engine's REST API answers it
                       {"kind": "resume", "session_id": id}          resume a session of a dead
                       engine from shared storage (sessions.handoff), same id and token
                    -> {"status": http status, "body": {...}, "retry_after_s"?, "engine_id", "url"}
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 COMPONENT = "engine"
 ENDPOINTS = ("card", "health", "place")
 _PLACE_TIMEOUT_S = 30.0
+_PLACE_ROUTES = {"session": "/v1/sessions", "job": "/v1/jobs", "video": "/v1/videos"}
 
 
 def write_session_manifest(ctx: Any, session: Any, token: str) -> None:
@@ -171,8 +173,8 @@ class FleetWorker:
         kind = request.get("kind")
         if self._ctx.draining:
             return _refused(503, "draining", "this engine is leaving the fleet", retry_after_s=1)
-        if kind in ("session", "job"):
-            route = "/v1/sessions" if kind == "session" else "/v1/jobs"
+        if kind in _PLACE_ROUTES:
+            route = _PLACE_ROUTES[kind]
             response = await self._http.post(route, json=request.get("body") or {})
             answer: dict[str, Any] = {"status": response.status_code, "body": response.json()}
             if "retry-after" in response.headers:
@@ -180,7 +182,9 @@ class FleetWorker:
             return answer
         if kind == "resume":
             return await self._resume(str(request.get("session_id", "")))
-        return _refused(422, "invalid_field", f"kind must be session, job or resume, not {kind!r}")
+        return _refused(
+            422, "invalid_field", f"kind must be session, job, video or resume, not {kind!r}"
+        )
 
     async def _resume(self, session_id: str) -> dict[str, Any]:
         ctx = self._ctx

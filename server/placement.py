@@ -6,7 +6,8 @@ input, so the policy is pure data in, data out and needs no model, no runtime an
 
 ``HeadroomPlacement`` (the default) keeps engines that are healthy, serve the requested model
 (or, without one, their default) with the capability the request needs (``session.realtime``
-for a session; ``text_to_video`` / ``text_to_image`` for a job), and — for a session — have a
+for a session; ``text_to_video`` / ``text_to_image`` for a job, ``text_to_video`` for an
+OpenAI-API video), and — for a session — have a
 free chunk-KV slab and compute headroom for one more session of that model (``session_share``,
 in GPU-s per media second, the unit of the engines' admission). Sessions go to the most
 headroom left after placing; a ``batch``-class session is ranked the same way (it still holds
@@ -30,7 +31,7 @@ class PlacementRequest:
     """What placement needs of a request: its kind, model (None: an engine's default),
     class, and a job's task."""
 
-    kind: str  # "session" | "job"
+    kind: str  # "session" | "job" | "video" (a t2v job, from POST /v1/videos)
     model: str | None = None
     priority_class: str = "realtime"
     task: str | None = None
@@ -41,7 +42,7 @@ class PlacementRequest:
             kind=kind,
             model=body.get("model"),
             priority_class=str(body.get("class", "realtime")),
-            task=body.get("task"),
+            task=body.get("task", "t2v" if kind == "video" else None),
         )
 
 

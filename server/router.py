@@ -6,6 +6,7 @@ engine with the most headroom, and answers with that engine's own answer plus wh
 
     POST /v1/sessions   -> 201 {"id", "token", "state", "profile", "engine_id", "url"}
     POST /v1/jobs       -> 202 {"id", "engine_id", "url"}
+    POST /v1/videos     -> 200 the engine's video object + "engine_id", "url" (placed as a t2v job)
     GET  /v1/sessions/{id} -> {"id", "engine_id", "url", "instance_id"} (where it lives now)
     GET  /v1/fleet      -> {"namespace", "engines": [{"instance_id", "card"}], "orphans"}
     GET  /healthz       -> {"status": "ok", "engines": n}
@@ -28,9 +29,12 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.datastructures import UploadFile  # what a parsed form holds
 
 from server.dynamo_runtime import dynamo_runtime
 from server.fleet_view import FleetView
+from server.openai_errors import OpenAIError, OpenAIErrorBodies, invalid
+from server.openai_schemas import VIDEO_REQUEST_BODY, read_video_body
 from server.schemas import JobBody, SessionBody
 
 __all__ = ["RouterConfig", "create_router_app"]
@@ -90,6 +94,12 @@ def create_router_app(config: RouterConfig) -> FastAPI:
     app = FastAPI(title="dreamrt router", version="0.1.0", lifespan=lifespan)
     guarded = [Depends(authorize)]
 
+    app.add_middleware(OpenAIErrorBodies)  # /v1/videos answers errors in OpenAI's shape
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.response()
+
     @app.exception_handler(_Unauthorized)
     async def unauthorized(request: Request, exc: _Unauthorized) -> JSONResponse:
         body = {"detail": "missing or wrong router key", "code": "unauthorized"}
@@ -109,6 +119,18 @@ def create_router_app(config: RouterConfig) -> FastAPI:
     async def create_job(body: JobBody, request: Request) -> JSONResponse:
         payload = body.model_dump(by_alias=True, exclude_none=True)
         answer, _ = await request.app.state.view.place("job", payload)
+        return _answer(answer)
+
+    @app.post("/v1/videos", dependencies=guarded, openapi_extra=VIDEO_REQUEST_BODY)
+    async def create_video(request: Request) -> JSONResponse:
+        body = await read_video_body(request)
+        if isinstance(body.input_reference, UploadFile):  # the place endpoint carries JSON
+            raise invalid(
+                "input_reference",
+                "the fleet router does not forward uploads (and no card conditions on an image)",
+                code="unsupported_parameter",
+            )
+        answer, _ = await request.app.state.view.place("video", body.model_dump(exclude_none=True))
         return _answer(answer)
 
     @app.get("/v1/sessions/{session_id}", dependencies=guarded)

@@ -1,4 +1,4 @@
-"""Routes that are not about one session or job: health, metrics, models, tokens, the web page.
+"""Routes that are not about one session or job: health, metrics, tokens, the web page.
 
 Also the shared edge helpers: ``ApiError`` (an error the edge itself raises, a
 ``runtime.errors.DreamrtError`` like every domain error), ``error_response`` (the documented
@@ -22,7 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from runtime.errors import DreamrtError
 from server.auth import AuthError, Grant, is_loopback
 from server.metrics import CONTENT_TYPE
-from server.schemas import FaultBody, ModelInfo, TokenBody, TokenIssued
+from server.schemas import FaultBody, TokenBody, TokenIssued
 
 __all__ = [
     "ApiError",
@@ -154,26 +154,6 @@ async def metrics(request: Request) -> Response:
     if not is_loopback(client):
         require_general(await authorize(request))
     return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
-
-
-@router.get("/v1/models", response_model=list[ModelInfo], response_model_exclude_none=True)
-async def list_models(request: Request, grant: AuthGrant) -> list[dict[str, Any]]:
-    """Every card; ``served`` marks those this process serves, ``examples`` and ``controls``
-    are what a page shows of a card (example prompts, the controls legend)."""
-    require_general(grant)
-    from models import registry
-
-    served = ctx_of(request).host.models
-    cards = registry.list_cards()
-    out = []
-    for card in cards:
-        # a served card as this process serves it (e.g. its chunk length in the latency mode)
-        public = (served[card.model_id].card if card.model_id in served else card).to_public()
-        public["served"] = card.model_id in served
-        if card.weights.value == "random":
-            public["label"] = "random weights"
-        out.append(public)
-    return out
 
 
 @router.post("/v1/tokens", status_code=201)

@@ -198,6 +198,15 @@ class Job:
             self._transition(JobState.CANCELLED, reason)
             await self._loop.wait()
 
+    def discard_artifact(self, reason: str = "deleted") -> None:
+        """Deletes the artifact file (a finished video deleted through the OpenAI API): the
+        job keeps its state, its ``error`` says ``reason`` and its row has no artifact."""
+        if self.artifact is not None:
+            self.artifact.path.unlink(missing_ok=True)
+            self.artifact = None
+        self.error = reason
+        self._persistence.update(artifact_path=None, error=reason)
+
     @property
     def handle(self) -> LoopHandleLike | None:
         return self._loop.handle

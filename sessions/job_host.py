@@ -268,6 +268,23 @@ class JobHost:
         await job.cancel()
         return True
 
+    async def delete_job(self, job_id: str) -> bool:
+        """Cancels ``job_id`` if it is unfinished and deletes its artifact; afterwards its
+        ``error`` is ``"deleted"`` (what the OpenAI video API's DELETE does). False when no
+        job has that id, in memory or in the store."""
+        job = self._jobs.get(job_id)
+        if job is not None:
+            await job.cancel("deleted")
+            job.discard_artifact("deleted")
+            return True
+        row = await self.store.run(self.store.get_job, job_id)
+        if row is None:
+            return False
+        if row["artifact_path"]:
+            Path(row["artifact_path"]).unlink(missing_ok=True)
+        await self.store.run(self.store.update_job, job_id, artifact_path=None, error="deleted")
+        return True
+
     async def suspend(self, timeout_s: float) -> int:
         """A graceful shutdown: refuses new jobs, snapshots every running job at its next step
         boundary (waiting at most ``timeout_s``), then stops every unfinished one **without**

@@ -304,6 +304,16 @@ class Store:
         row["params"] = json.loads(row["params"])
         return row
 
+    def list_jobs(self, task: str, *, newest_first: bool = True) -> list[dict[str, Any]]:
+        """Every job of ``task``, by creation time (then id); ``params`` decoded."""
+        order = "DESC" if newest_first else "ASC"
+        rows = self._query(
+            f"SELECT * FROM jobs WHERE task = ? ORDER BY created_at {order}, id {order}", (task,)
+        )
+        for row in rows:
+            row["params"] = json.loads(row["params"])
+        return rows
+
     # ---------------------------------------------------------------- events
 
     def add_event(

@@ -58,6 +58,9 @@ class DreamrtClient:
                 body = response.json()
             except ValueError:
                 body = {"detail": response.text}
+            if isinstance(body.get("error"), dict):  # the OpenAI-compatible routes' shape
+                error = body["error"]
+                body = {"detail": error.get("message", ""), "code": error.get("code") or "error"}
             detail = body.get("detail", "")
             message = (
                 detail
@@ -79,7 +82,8 @@ class DreamrtClient:
         return (await self.request("GET", "/healthz")).json()
 
     async def models(self) -> list[dict[str, Any]]:
-        return (await self.request("GET", "/v1/models")).json()
+        """Every card of the server (``GET /v1/models`` answers OpenAI's list shape)."""
+        return (await self.request("GET", "/v1/models")).json()["data"]
 
     async def create_session(self, prompt: str, **params: Any) -> dict[str, Any]:
         body = {"prompt": prompt, **{k: v for k, v in params.items() if v is not None}}

@@ -16,7 +16,9 @@ export class ApiError extends Error {
 
 /** Turn an error body (FastAPI {"detail": str | [{loc, msg}]}, or text) into one line. */
 function describeError(status, body) {
-  const detail = body && typeof body === "object" ? (body.detail ?? body.message ?? body.error) : body;
+  // dreamrt's {detail, code}, or OpenAI's {error: {message, ...}} on /v1/models, /v1/videos, /v1/images
+  const detail =
+    body && typeof body === "object" ? (body.detail ?? body.message ?? body.error?.message ?? body.error) : body;
   if (Array.isArray(detail)) {
     return detail
       .map((item) => {
@@ -84,9 +86,12 @@ export class ApiClient {
     return this.request("GET", "/healthz");
   }
 
-  /** GET /v1/models -> [{id, served, examples, controls, ...}] (every card of the server). */
-  models() {
-    return this.request("GET", "/v1/models");
+  /**
+   * GET /v1/models -> {object: "list", data: [{id, object: "model", served, examples, controls, ...}]}:
+   * resolves with `data`, every card of the server.
+   */
+  async models() {
+    return (await this.request("GET", "/v1/models")).data;
   }
 
   /** POST /v1/sessions -> {id, token, state, profile: {fps, width, height}}. */

@@ -152,7 +152,7 @@ def _print(title: str, summary: dict[str, Any], chunk_s: float) -> None:
 
 
 def _served(url: str) -> dict[str, Any]:
-    cards = httpx.get(f"{url}/v1/models", timeout=10.0).json()
+    cards = httpx.get(f"{url}/v1/models", timeout=10.0).json()["data"]
     return next(c for c in cards if c.get("served"))
 
 

@@ -163,13 +163,18 @@ def _clean_up(
 ) -> None:
     """Ends what a generated request created, so slabs and the job queue stay free (a full
     server answers 503/429 by design; that is what the limit tests check, not this fuzz)."""
-    if operation.method.upper() != "POST" or response.status_code not in (201, 202):
+    if operation.method.upper() != "POST" or response.status_code not in (200, 201, 202):
         return
     created = response.json()
     if operation.path == "/v1/sessions":
         httpx.delete(f"{base_url}/v1/sessions/{created['id']}", headers=headers, timeout=10)
     elif operation.path == "/v1/jobs":
         httpx.delete(f"{base_url}/v1/jobs/{created['id']}", headers=headers, timeout=10)
+    elif operation.path == "/v1/videos":  # a t2v job too (the OpenAI-compatible API)
+        httpx.delete(f"{base_url}/v1/videos/{created['id']}", headers=headers, timeout=10)
+    elif operation.path == "/v1/rollouts":  # up to 64 sample jobs, none under --max-queued-jobs
+        for sample in created.get("samples", ()):
+            httpx.delete(f"{base_url}/v1/jobs/{sample}", headers=headers, timeout=10)
 
 
 def main(argv: list[str] | None = None) -> int:

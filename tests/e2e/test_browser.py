@@ -239,7 +239,7 @@ def test_microphone_audio_reaches_the_session(live_page: Any, server: ServerProc
 
 
 def _served_card(server: ServerProcess) -> dict[str, Any]:
-    cards = httpx.get(f"{server.url}/v1/models", timeout=5.0).json()
+    cards = httpx.get(f"{server.url}/v1/models", timeout=5.0).json()["data"]
     return next(card for card in cards if card["served"])
 
 

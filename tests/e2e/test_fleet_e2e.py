@@ -151,6 +151,11 @@ async def test_two_engines_and_a_router_place_fail_over_and_restart(fleet: dict[
         assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
         loads = {name: card["load"] for name, card in cards(router.url).items()}
         assert all(load["sessions"] == 2 and load["kv_slabs_free"] == 0 for load in loads.values())
+        # an OpenAI-API video (multipart, as the official client sends it) is placed like a job
+        fields = {"prompt": (None, "a kite"), "seconds": (None, "1")}
+        video = await http.post("/v1/videos", files=fields)
+        assert video.status_code == 200 and video.json()["object"] == "video", video.text
+        assert video.json()["url"] in by_url and video.json()["seconds"] == "1"
 
         # 2. make room on one engine, watch a session on the other, kill that one
         victim_id = placed[0]["engine_id"]

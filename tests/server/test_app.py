@@ -82,5 +82,5 @@ def test_the_latency_mode_and_the_steering_path_are_composed(
         assert ctx.engine.timing.lead.name == lead and ctx.engine.withdraw_on_input is withdraw
         instance = ctx.host.models["wan-tiny-random"]
         assert instance.chunk_restart.name == restart
-        served = next(c for c in client.get("/v1/models").json() if c["served"])
+        served = next(c for c in client.get("/v1/models").json()["data"] if c["served"])
         assert served["default_profile"]["chunk_latent_frames"] == 1  # as served

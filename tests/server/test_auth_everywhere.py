@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+import openai
 import pytest
 
 from server.auth import Authenticator, AuthMode, WeakAdminKeyError, check_admin_key
@@ -23,6 +24,13 @@ SID = "{session_id}"
 # (method, path) -> JSON body (None: no body); {session_id} / {job_id} are filled in.
 BODIES = {
     ("GET", "/v1/models"): None,
+    ("GET", "/v1/models/{model_id}"): None,
+    ("POST", "/v1/videos"): {"prompt": "a kite", "seconds": "1"},
+    ("GET", "/v1/videos"): None,
+    ("GET", "/v1/videos/{video_id}"): None,
+    ("DELETE", "/v1/videos/{video_id}"): None,
+    ("GET", "/v1/videos/{video_id}/content"): None,
+    ("POST", "/v1/images/generations"): {"prompt": "a kite"},
     ("POST", "/v1/tokens"): {"scope": "user", "ttl_s": 60},
     ("POST", "/v1/sessions"): {"prompt": "a red ball on grass"},
     ("GET", "/v1/sessions/{session_id}"): None,
@@ -98,28 +106,47 @@ def test_every_v1_route_refuses_missing_expired_and_wrong_scope_tokens(tmp_path)
         assert user.status_code == expiring.status_code == 201
         time.sleep(0.4)
         ids = {"session_id": other["id"], "job_id": job["id"], "group_id": "grp_x"}
-        ids.update(sample_id="job_x", chunk="0")
+        ids.update(sample_id="job_x", chunk="0", model_id="tiny-world", video_id=job["id"])
         checked = 0
         for method, path in routes:
             missing = call(client, method, path, None, **ids)
             assert missing.status_code == 401, (method, path, missing.text)
             assert missing.headers["www-authenticate"] == "Bearer"
             expired = call(client, method, path, expiring.json()["token"], **ids)
-            assert expired.status_code == 401 and "expired" in expired.json()["detail"], (
-                method,
-                path,
-            )
+            assert expired.status_code == 401 and "expired" in message_of(expired), (method, path)
             # another session's token; for routes not bound to a session, a session token; for
             # admin routes a user token
             wrong = user.json()["token"] if (method, path) in ADMIN_ONLY else mine["token"]
             refused = call(client, method, path, wrong, **ids)
             assert refused.status_code == 403, (method, path, refused.text)
             checked += 1
-        assert checked == len(BODIES) == 29
+        assert checked == len(BODIES) == 36
         # and the right token gets past auth on a session route (the contrast that makes the
         # 403s above about scope): the session's own token reads it
         own = {"Authorization": f"Bearer {mine['token']}"}
         assert client.get(f"/v1/sessions/{mine['id']}", headers=own).status_code == 200
+
+
+def message_of(response) -> str:
+    """The error message of either body shape: dreamrt's ``detail``, OpenAI's ``error``."""
+    body = response.json()
+    return body["error"]["message"] if "error" in body else body["detail"]
+
+
+def test_the_openai_client_maps_token_refusals_to_its_exceptions(tmp_path) -> None:
+    with make_client(tmp_path, auth="token", admin_key=ADMIN) as client:
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        session = client.post("/v1/sessions", json={"prompt": "x"}, headers=admin).json()
+        for key, error in [
+            ("not-a-token", openai.AuthenticationError),
+            (session["token"], openai.PermissionDeniedError),  # a session's token: its routes only
+        ]:
+            sdk = openai.OpenAI(base_url="http://testserver/v1", api_key=key, http_client=client)
+            with pytest.raises(error) as refused:
+                sdk.models.list()
+            assert refused.value.body["type"] in ("authentication_error", "permission_error")
+        sdk = openai.OpenAI(base_url="http://testserver/v1", api_key=ADMIN, http_client=client)
+        assert "tiny-world" in [m.id for m in sdk.models.list()]
 
 
 def test_admin_key_must_have_32_bytes(tmp_path) -> None:

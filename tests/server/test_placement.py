@@ -84,6 +84,18 @@ def test_jobs_go_to_the_shortest_queue_then_the_most_headroom_and_need_the_task(
     assert engines(cards, kind="job", task="t2i") == []  # none has text_to_image
 
 
+def test_an_openai_video_is_placed_like_a_t2v_job() -> None:
+    cards = {
+        1: make_card("busy", jobs_queued=3),
+        2: make_card("idle", jobs_queued=0),
+        3: make_card("no-video", capabilities=("session.realtime", "text_to_image")),
+    }
+    video = PlacementRequest.of("video", {"prompt": "a kite", "seconds": "4"})
+    assert video.task == "t2v"
+    ranked = [c.engine_id for c in HeadroomPlacement().rank(cards, video)]
+    assert ranked == engines(cards, kind="job", task="t2v") == ["idle", "busy"]
+
+
 def test_the_router_side_imports_no_model_runtime_or_session_code() -> None:
     code = (
         "import sys\n"

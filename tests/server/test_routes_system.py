@@ -5,7 +5,12 @@ from tests.e2e.test_sessions_e2e import parse_metrics
 
 
 def test_models_lists_every_card_and_labels_random_weights(client: TestClient) -> None:
-    cards = {c["id"]: c for c in client.get("/v1/models").json()}
+    listed = client.get("/v1/models").json()
+    assert listed["object"] == "list"
+    cards = {c["id"]: c for c in listed["data"]}
+    # OpenAI's model fields first, the card's beside them
+    assert all(c["object"] == "model" and c["owned_by"] == "dreamrt" for c in cards.values())
+    assert all(isinstance(c["created"], int) for c in cards.values())
     tiny = cards["wan-tiny-random"]
     assert (
         tiny["weights"] == "random"
@@ -23,7 +28,7 @@ def test_models_lists_every_card_and_labels_random_weights(client: TestClient) -
 def test_models_serve_each_cards_examples_and_controls(client: TestClient) -> None:
     from models import registry
 
-    served = {c["id"]: c for c in client.get("/v1/models").json()}
+    served = {c["id"]: c for c in client.get("/v1/models").json()["data"]}
     for card in registry.list_cards():
         got = served[card.model_id]
         assert got["examples"] == list(card.ui.examples) and got["examples"]
@@ -40,8 +45,22 @@ def test_models_serve_each_cards_examples_and_controls(client: TestClient) -> No
     assert keys == {"w", "a", "s", "d", "shift"}
     # A card whose recipe takes no actions offers no key or mouse controls.
     assert served["wan2.1-1.3b-causal"]["controls"] == []
-    schema = client.get("/openapi.json").json()["components"]["schemas"]["ModelInfo"]
-    assert {"examples", "controls", "served"} <= set(schema["required"])
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["ModelObject"]
+    assert {"examples", "controls", "served", "created", "owned_by"} <= set(schema["required"])
+
+
+def test_one_model_by_id_and_an_unknown_one(client: TestClient) -> None:
+    one = client.get(f"/v1/models/{DEFAULT_MODEL}").json()
+    listed = {c["id"]: c for c in client.get("/v1/models").json()["data"]}
+    assert one == listed[DEFAULT_MODEL] and one["served"] is True
+    missing = client.get("/v1/models/no-such-card")
+    assert missing.status_code == 404
+    assert missing.json()["error"] == {
+        "message": "no model 'no-such-card'",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
 
 
 def test_metrics_from_loopback_without_auth_reflect_sessions(client: TestClient) -> None:

@@ -138,3 +138,16 @@ async def test_async_bridge_runs_on_the_writer_thread_in_order(store: Store) -> 
     store.close()
     store.close()
     store.defer(store.update_session, "s1", frames_sent=9)  # logged and dropped, no raise
+
+
+def test_list_jobs_of_a_task_by_creation_time(tmp_path) -> None:
+    now = iter([3.0, 3.0, 1.0, 1.0])  # add_job reads the clock once; "a" and "b" tie
+    store = Store(tmp_path / "db.sqlite3", clock=lambda: next(now))
+    for job_id, task in [("c", "t2v"), ("i", "t2i"), ("a", "t2v"), ("b", "t2v")]:
+        store.add_job(
+            job_id=job_id, task=task, model_id="m", prompt="p", params={"n": 1}, state="queued"
+        )
+    assert [r["id"] for r in store.list_jobs("t2v")] == ["c", "b", "a"]  # a tie: by id
+    assert [r["id"] for r in store.list_jobs("t2v", newest_first=False)] == ["a", "b", "c"]
+    assert store.list_jobs("t2i")[0]["params"] == {"n": 1}
+    store.close()
