@@ -263,8 +263,14 @@ class WanInstance(InstanceSizing):
         """Let the engine run compatible denoising steps of several sessions as one DiT forward
         (``ChunkDenoiseOp``). Off by default: batched steps agree with solo ones only within a
         tolerance, and it pays only where one session's step leaves the GPU underused (measured
-        per profile and N in infra/bench/RESULTS.md, ``dreamrt bench multisession``)."""
+        per profile and N in infra/bench/RESULTS.md, ``dreamrt bench multisession``). The
+        server turns it on unless ``--deterministic`` or ``--no-batch-sessions``."""
         self.chunk_step_op.batchable = enabled
+
+    def batched_plan_kinds(self) -> frozenset[str]:
+        """The plan kinds of a steady chunk the engine may run for several sessions as one
+        call (admission prices them per batch, ``sessions.host.batch_pricing``)."""
+        return frozenset({"chunk_step"}) if self.chunk_step_op.batchable else frozenset()
 
     # ---------------------------------------------------------------------------------------
     # loops

@@ -209,7 +209,7 @@ async def _build(config: ServerConfig) -> ServerContext:
     # Heavy imports stay inside the lifespan: `dreamrt models` and the CLI parser do not pay them.
     from models.loops.chunk_restart import RestartCutsOnly
     from models.loops.inputs import action_vector, normalize_keys
-    from runtime.admission import AdmissionConfig, AdmissionController
+    from runtime.admission import SLO_COMPUTE_CAPACITY, AdmissionConfig, AdmissionController
     from runtime.cost import CostModel, DeviceConstants
     from runtime.engine import Engine
     from runtime.faults import FaultInjector
@@ -261,8 +261,20 @@ async def _build(config: ServerConfig) -> ServerContext:
             * config.max_batch
             * 4,
             peak_concurrency=config.max_batch,
+            compute_capacity=(
+                SLO_COMPUTE_CAPACITY if config.compute_capacity is None else config.compute_capacity
+            ),
         )
     )
+    # cross-session batching: on where batched steps may differ within the gate's tolerance
+    # (not in deterministic mode, nor across processes of one instance)
+    batching = (
+        (not config.deterministic and channel is None)
+        if config.batch_sessions is None
+        else config.batch_sessions
+    )
+    if hasattr(instance, "batch_sessions"):
+        instance.batch_sessions(batching)
     # the metrics read live state through ``ctx`` (bound below, before the first scrape)
     metrics = ServerMetrics(lambda: ctx.metrics_snapshot())
     faults = FaultInjector() if config.fault_injection else None
@@ -317,6 +329,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         admission_cost=config.admission_cost,
         max_pending_inputs=config.limits.max_pending_inputs,
         handoff_dir=config.snapshot_dir,
+        max_batch=config.max_batch if batching else 1,
     )
     jobs = JobHost(
         engine=engine,

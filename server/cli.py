@@ -181,6 +181,21 @@ def _build_parser() -> argparse.ArgumentParser:
         "or the analytic prior; auto (default): measured on a GPU, the prior on a CPU",
     )
     serve.add_argument(
+        "--compute-capacity",
+        type=float,
+        default=None,
+        metavar="GPU_S_PER_S",
+        help="GPU-seconds per second of the device admission lets sessions reserve: the "
+        "highest measured load at which the realtime SLO holds (default 0.9)",
+    )
+    serve.add_argument(
+        "--batch-sessions",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run several sessions' denoising steps of one shape as one batched forward, and "
+        "admit by the batch's measured cost (default: on, off with --deterministic)",
+    )
+    serve.add_argument(
         "--snapshot-every",
         type=int,
         default=8,

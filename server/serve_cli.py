@@ -85,6 +85,8 @@ def serve(args: argparse.Namespace, argv: list[str]) -> int:
         chunk_frames=args.chunk_frames,
         steering=args.steering,
         admission_cost=args.admission_cost,
+        compute_capacity=args.compute_capacity,
+        batch_sessions=args.batch_sessions,
         unwatched_timeout_s=args.unwatched_timeout,
         snapshot_every=args.snapshot_every,
         snapshot_keep=args.snapshot_keep,

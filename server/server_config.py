@@ -50,6 +50,13 @@ class ServerConfig:
     # restarted when regenerating is sooner); "baseline": the first build's input path
     steering: str = "fast"
     admission_cost: str = "auto"  # sessions.host.ADMISSION_COSTS
+    # GPU-s per s admission lets reservations sum to: the highest measured load at which the
+    # realtime SLO holds; None: runtime.admission.SLO_COMPUTE_CAPACITY
+    compute_capacity: float | None = None
+    # sessions' denoising steps of one shape batched into one forward, admission priced by
+    # the batch; None: on unless ``deterministic`` (batched steps agree within the gate's
+    # tolerance, not bit for bit)
+    batch_sessions: bool | None = None
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
     limits: Limits = Limits()  # every bound on client input (server.limits, docs/api.md)
     # ops/test hook: a FaultInjector observer and POST /v1/faults (never on by default)

@@ -6,9 +6,12 @@ models (``sessions.served_models``) and the store are handed in by the compositi
 (``sessions.job_host.JobHost``) on the same engine.
 
 Admission of a session is one gate (capacity is a value: ``create_session`` returns
-``Reject``): ``engine.admission.admit`` reserves the session's compute share (the cost model's
-prior for one chunk over the chunk's media seconds), its peak activation bytes and a chunk-KV
-slab from the slab pool of its geometry. The first session of a geometry makes the served model
+``Reject``): ``engine.admission.admit`` reserves the session's compute share (the cost of one
+steady chunk over the chunk's media seconds: measured, or the cost model's prior), its peak
+activation bytes and a chunk-KV slab from the slab pool of its geometry. When the model batches
+sessions' denoising steps (``batched_plan_kinds``) and the chunk is priced from measurements,
+the request carries a ``BatchPricing``: sessions of one shape are priced as the batches they
+run in (``batch_pricing``), so a second session of a small profile costs less than the first. The first session of a geometry makes the served model
 preallocate that geometry's K/V buffer (``slabs_per_geometry`` slabs) and registers its pool
 with admission; the slab index travels to the loop in ``SessionRequest.kv_slab``.
 
@@ -30,7 +33,7 @@ from typing import Any, Literal
 
 from models.card import Profile
 from models.loops.requests import SessionRequest
-from runtime.admission import AdmissionRequest, Reject
+from runtime.admission import AdmissionRequest, BatchPricing, Reject
 from runtime.contract import Priority
 from runtime.pools import KVSlabPool
 from sessions.handoff import forget_manifest
@@ -70,9 +73,38 @@ def chunk_gpu_seconds(
     analytic prior of the chunk's FLOPs otherwise (the warm-up's compiling runs calibrate
     nothing). On an H200 the prior priced a 480x272@16 session at a third of what it costs."""
     plans = served.steady_chunk_plans(profile) if measured else ()
-    if plans and all(cost.samples(kind, sig) >= cost.min_samples for kind, sig, _ in plans):
+    if _calibrated(cost, plans):
         return sum(n * cost.gpu_seconds(kind, sig) for kind, sig, n in plans)
     return cost.prior(served.chunk_flops(profile), 0.0)
+
+
+def batch_pricing(
+    cost: Any, served: ServedModel, profile: Profile, *, max_batch: int
+) -> BatchPricing | None:
+    """How sessions of ``profile`` are priced together (``runtime.admission.BatchPricing``):
+    GPU-s per media second of the plans of a steady chunk the model batches across sessions
+    (``batched_plan_kinds``: its denoising steps), for 1 .. ``max_batch`` sessions as one batch
+    (``CostModel.gpu_seconds(batch_size=k)``: measured per batch size, fitted between).
+    None where nothing batches, the engine runs one plan at a time, or the chunk's plans are
+    not all measured (the prior knows no batches)."""
+    kinds = frozenset(getattr(served, "batched_plan_kinds", lambda: ())())
+    plans = served.steady_chunk_plans(profile)
+    batched = [(kind, sig, n) for kind, sig, n in plans if kind in kinds]
+    chunk_s = served.chunk_seconds(profile)
+    if max_batch < 2 or not batched or chunk_s <= 0 or not _calibrated(cost, plans):
+        return None
+    shares = tuple(
+        sum(n * cost.gpu_seconds(kind, sig, batch_size=k) for kind, sig, n in batched) / chunk_s
+        for k in range(1, max_batch + 1)
+    )
+    key = f"{served.card.model_id}:" + ",".join(f"{kind}/{sig}" for kind, sig, _ in batched)
+    return BatchPricing(key, shares)
+
+
+def _calibrated(cost: Any, plans: Any) -> bool:
+    return bool(plans) and all(
+        cost.samples(kind, sig) >= cost.min_samples for kind, sig, _ in plans
+    )
 
 
 class SessionHost:
@@ -91,6 +123,7 @@ class SessionHost:
         admission_cost: str = "auto",
         max_pending_inputs: int = 256,
         handoff_dir: Path | None = None,
+        max_batch: int = 1,
     ) -> None:
         if admission_cost not in ADMISSION_COSTS:
             raise ValueError(
@@ -103,6 +136,8 @@ class SessionHost:
             admission_cost == "auto" and device != "cpu"
         )
         self.engine = engine
+        # the engine's largest batch: sessions' batched steps are priced up to it (1: alone)
+        self.max_batch = max_batch
         self.max_pending_inputs = max_pending_inputs
         self.models = models
         self.store = store
@@ -293,14 +328,19 @@ class SessionHost:
         self, owner: str, served: ServedModel, profile: Profile
     ) -> AdmissionRequest:
         chunk_s = served.chunk_seconds(profile)
-        chunk_cost_s = chunk_gpu_seconds(
-            self.engine.cost, served, profile, measured=self.measured_admission
+        cost = self.engine.cost
+        chunk_cost_s = chunk_gpu_seconds(cost, served, profile, measured=self.measured_admission)
+        batching = (
+            batch_pricing(cost, served, profile, max_batch=self.max_batch)
+            if self.measured_admission
+            else None
         )
         return AdmissionRequest(
             owner=owner,
             compute_gpu_s_per_s=chunk_cost_s / chunk_s if chunk_s > 0 else 0.0,
             kv_pool=self._slab_pool(served, profile),
             peak_bytes=served.peak_bytes(profile),
+            batching=batching,
         )
 
     def _slab_pool(self, served: ServedModel, profile: Profile) -> str:
