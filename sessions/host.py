@@ -11,9 +11,10 @@ steady chunk over the chunk's media seconds: measured, or the cost model's prior
 activation bytes and a chunk-KV slab from the slab pool of its geometry. When the model batches
 sessions' denoising steps (``batched_plan_kinds``) and the chunk is priced from measurements,
 the request carries a ``BatchPricing``: sessions of one shape are priced as the batches they
-run in (``batch_pricing``), so a second session of a small profile costs less than the first. The first session of a geometry makes the served model
-preallocate that geometry's K/V buffer (``slabs_per_geometry`` slabs) and registers its pool
-with admission; the slab index travels to the loop in ``SessionRequest.kv_slab``.
+run in (``batch_pricing``), so a second session of a small profile costs less than the first.
+The first session of a geometry makes the served model preallocate that geometry's K/V buffer
+(``slabs_per_geometry`` slabs) and registers its pool with admission; the slab index travels to
+the loop in ``SessionRequest.kv_slab``.
 
 Then the loop (``chunk_rollout``) is spawned **paused** (it runs once a viewer pulls the
 video, see ``sessions.session``) and the session is attached to it. When the loop ends for any
