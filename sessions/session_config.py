@@ -27,3 +27,4 @@ class SessionConfig:
     # The model's check of an action (keys, (dx, dy)) -> canonical keys; raises ValueError.
     action_validator: Callable[[list[str], tuple[float, float]], list[str]] | None = None
     max_pending_inputs: int = 256  # inputs the loop has not taken yet; beyond: refused
+    decoder: str = "full"  # how its latents become frames: "full" (the VAE) | "tiny"

@@ -111,6 +111,7 @@ _ADDED_COLUMNS = {
         "media_ref": "TEXT",
         "restart_policy": "TEXT",
         "attention": "TEXT",
+        "decoder": "TEXT",
         "group_id": "TEXT",
         "adapters": "TEXT",
     },

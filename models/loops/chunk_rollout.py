@@ -135,6 +135,7 @@ class ChunkRollout:
             )
             max_chunks, collect, seed, target = request.max_chunks, False, request.seed, None
         slab = None if isinstance(request, JobRequest) else request.kv_slab
+        codec = self._codec(request)
         c = profile.chunk_latent_frames
         lh, lw = profile.height // m.latent.spatial_stride, profile.width // m.latent.spatial_stride
         cache = m.kv_cache(m.slab_geometry(profile), slab)
@@ -157,10 +158,22 @@ class ChunkRollout:
             audio_pending=torch.zeros(0, dtype=torch.float32),
             kv=cache,
             window_latents=window,
-            decoder=m.new_decoder_cache(lh, lw),
+            decoder=_decoder_cache(m, lh, lw, codec),
+            codec=codec,
             adapters=[] if isinstance(request, JobRequest) else list(request.adapters),
             keep_latents=isinstance(request, JobRequest) and request.keep_latents,
         )
+
+    def _codec(self, request: SessionRequest | JobRequest) -> str:
+        """The decoder option the stream decodes with: a session's ``decoder`` (checked
+        against the model's), a job's full VAE where the model has one (an artifact gets the
+        best frames the latents give), else the default; "" for a model with one decoder."""
+        options = tuple(getattr(self._m, "decoder_options", tuple)())
+        if not options:
+            return ""
+        if isinstance(request, JobRequest):
+            return "full" if "full" in options else self._m.default_decoder
+        return self._m.resolve_decoder(request.decoder)
 
     def absorb(self, state: ChunkRolloutState, inputs: Sequence[InputEvent]) -> ChunkRolloutState:
         restart: RestartKind | None = None
@@ -347,3 +360,10 @@ class ChunkRollout:
         first = self._m.latent.pixel_frames(c, includes_first=True)
         later = self._m.latent.pixel_frames(c, includes_first=False)
         return 1 + max(0, math.ceil((num_frames - first) / later))
+
+
+def _decoder_cache(model: Any, latent_h: int, latent_w: int, codec: str) -> Any:
+    """A fresh decoder cache of ``codec`` ("": the model's only decoder)."""
+    if not codec:
+        return model.new_decoder_cache(latent_h, latent_w)
+    return model.new_decoder_cache(latent_h, latent_w, codec)

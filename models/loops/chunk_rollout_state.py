@@ -85,6 +85,9 @@ class ChunkRolloutState(LoopState, kw_only=True):
     kv: ChunkKVCache  # the session's chunk-KV (a slab view), written in place by the ops
     window_latents: torch.Tensor  # [1, C, S + W, h, w] clean latents of the cached frames
     decoder: DecoderCache  # the session's VAE decoder cache, advanced in place by decodes
+    # the decoder option that cache belongs to ("full" | "tiny"); "": the model's default
+    # (a state snapshotted before sessions could pick one)
+    codec: str = ""
     frames: list[torch.Tensor] = []  # collected uint8 [n, H, W, 3] chunks (jobs only)
 
     @property
