@@ -52,6 +52,8 @@ def test_create_and_read_a_session(client: TestClient) -> None:
         ({"prompt": "a", "model": "no-such-model"}, "model"),
         ({"prompt": "a", "class": "urgent"}, "class"),
         ({"prompt": "a", "start": "later"}, "start"),
+        ({"prompt": "a", "decoder": "huge"}, "decoder"),
+        ({"prompt": "a", "decoder": "tiny"}, "decoder"),  # the served card has no tiny decoder
     ],
 )
 def test_invalid_session_bodies_are_422_naming_the_field(
@@ -60,6 +62,35 @@ def test_invalid_session_bodies_are_422_naming_the_field(
     response = client.post("/v1/sessions", json=body)
     assert response.status_code == 422, response.text
     assert field in [str(part) for part in response.json()["detail"][0]["loc"]]
+
+
+def test_sessions_of_one_model_pick_their_decoder(tmp_path) -> None:
+    """The tiny-decoder card with its full VAE beside: one resident instance serves a session
+    of each; the answer, GET /v1/sessions/{id}, GET /v1/models and the chunk records say which
+    decoder a session uses."""
+    import time
+
+    from tests.server.conftest import make_client
+
+    with make_client(tmp_path, model="wan-tiny-taehv-random", max_sessions=2) as client:
+        card = next(c for c in client.get("/v1/models").json() if c["served"])
+        assert (card["decoders"], card["default_decoder"]) == (["full", "tiny"], "tiny")
+        full = create(client, decoder="full", start="now", seed=1)
+        tiny = create(client, seed=1)
+        assert (full["decoder"], tiny["decoder"]) == ("full", "tiny")
+        deadline = time.monotonic() + 60.0
+        while client.get(f"/v1/sessions/{full['id']}").json()["chunks"] == 0:
+            assert time.monotonic() < deadline, "the full-VAE session made no chunk"
+            time.sleep(0.05)
+        views = [client.get(f"/v1/sessions/{s['id']}").json() for s in (full, tiny)]
+        assert [v["decoder"] for v in views] == ["full", "tiny"]
+        assert client.delete(f"/v1/sessions/{full['id']}").status_code == 204
+    rows = (
+        sqlite3.connect(tmp_path / "data" / "dreamrt.sqlite3")
+        .execute("SELECT decoder FROM records WHERE session_id = ?", (full["id"],))
+        .fetchall()
+    )
+    assert rows and {r[0] for r in rows} == {"full"}
 
 
 def test_start_now_generates_the_first_chunk_before_any_offer(client: TestClient) -> None:
