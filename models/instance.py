@@ -277,7 +277,7 @@ class WanInstance(InstanceSizing, InstanceDecoders):
         (``ChunkDenoiseOp``). Off by default: batched steps agree with solo ones only within a
         tolerance, and it pays only where one session's step leaves the GPU underused (measured
         per profile and N in infra/bench/RESULTS.md, ``dreamrt bench multisession``). The
-        server turns it on unless ``--deterministic`` or ``--no-batch-sessions``."""
+        server turns it on on a GPU unless ``--deterministic`` or ``--no-batch-sessions``."""
         self.chunk_step_op.batchable = enabled
 
     def batched_plan_kinds(self) -> frozenset[str]:

@@ -267,9 +267,11 @@ async def _build(config: ServerConfig) -> ServerContext:
         )
     )
     # cross-session batching: on where batched steps may differ within the gate's tolerance
-    # (not in deterministic mode, nor across processes of one instance)
+    # (not in deterministic mode, nor across processes of one instance) and where it pays: on
+    # an accelerator, whose small steps leave it underused (a CPU's are compute-bound already,
+    # and its admission prices by the prior, which knows no batches)
     batching = (
-        (not config.deterministic and channel is None)
+        (not config.deterministic and channel is None and on_gpu)
         if config.batch_sessions is None
         else config.batch_sessions
     )

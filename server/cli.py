@@ -193,7 +193,7 @@ def _build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="run several sessions' denoising steps of one shape as one batched forward, and "
-        "admit by the batch's measured cost (default: on, off with --deterministic)",
+        "admit by the batch's measured cost (default: on a GPU, off with --deterministic)",
     )
     serve.add_argument(
         "--snapshot-every",

@@ -54,8 +54,8 @@ class ServerConfig:
     # realtime SLO holds; None: runtime.admission.SLO_COMPUTE_CAPACITY
     compute_capacity: float | None = None
     # sessions' denoising steps of one shape batched into one forward, admission priced by
-    # the batch; None: on unless ``deterministic`` (batched steps agree within the gate's
-    # tolerance, not bit for bit)
+    # the batch; None: on a GPU unless ``deterministic`` or several processes (batched steps
+    # agree within the gate's tolerance, not bit for bit)
     batch_sessions: bool | None = None
     unwatched_timeout_s: float = 300.0  # close sessions nobody watched this long (0: never)
     limits: Limits = Limits()  # every bound on client input (server.limits, docs/api.md)

@@ -112,6 +112,7 @@ _ADDED_COLUMNS = {
         "restart_policy": "TEXT",
         "attention": "TEXT",
         "decoder": "TEXT",
+        "step_batch": "INTEGER",
         "group_id": "TEXT",
         "adapters": "TEXT",
     },

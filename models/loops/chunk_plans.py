@@ -320,6 +320,7 @@ class ChunkPlanner:
             facts["step_latents"] = list(state.step_latents)
         if state.codec:  # the decoder that turned its latents into frames
             facts["decoder"] = state.codec
+        facts["step_batch"] = state.step_batch
         return {**facts, "restart_policy": self._restart_policy}
 
     # views of the state's tensors

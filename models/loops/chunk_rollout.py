@@ -247,6 +247,7 @@ class ChunkRollout:
             state.recache_needed = False
         elif kind is PlanKind.CHUNK_STEP:
             state.latents = result.output
+            state.step_batch = max(state.step_batch, result.batch_size)
             if state.keep_latents:  # a copy: a captured graph may reuse its output buffer
                 state.step_latents.append(result.output.clone())
             state.denoise_step += 1
@@ -314,7 +315,7 @@ class ChunkRollout:
         finished steps are dropped; its audio and the audio still pending stay as they are,
         and an input latched anew replaces its kind's earlier ack)."""
         state.phase, state.denoise_step, state.latents = Phase.START, 0, None
-        state.decoded, state.step_latents = 0, []
+        state.decoded, state.step_latents, state.step_batch = 0, [], 1
         if state.next_prompt is not None:
             if state.next_prompt_is_cut:
                 state.segment += 1

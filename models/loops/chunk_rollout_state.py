@@ -67,6 +67,9 @@ class ChunkRolloutState(LoopState, kw_only=True):
     acks: list[tuple[InputKind, int, bool]] = []
     next_acks: list[tuple[InputKind, int, bool]] = []
     restarts: int = 0  # times the current chunk position restarted for an input
+    # the largest engine batch the current chunk's denoising steps ran in (1: alone); a
+    # batched step agrees with a solo one within a tolerance, so the record says so
+    step_batch: int = 1
     chunk_action: torch.Tensor | None = None  # [1, ACTION_DIM]
     next_action: torch.Tensor | None = None
     chunk_keys: list[str] = []  # the held keys of chunk_action / next_action, as plain data

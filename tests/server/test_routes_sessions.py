@@ -243,3 +243,23 @@ def test_capacity_answer_is_503_with_retry_after(client: TestClient) -> None:
     assert (
         body["code"] == "capacity" and body["reason"] == "kv_slabs" and body["permanent"] is False
     )
+
+
+def test_batching_on_request_prices_sessions_by_the_batch_and_the_capacity_is_configured(
+    tmp_path,
+) -> None:
+    """``--batch-sessions`` on a CPU server: the model batches sessions' steps and the host
+    prices up to the engine's max_batch; ``--compute-capacity`` is what admission divides by.
+    (Off by default on a CPU, as the plain ``client`` fixture shows.)"""
+    from tests.server.conftest import make_client
+
+    with make_client(tmp_path, batch_sessions=True, compute_capacity=0.75, max_batch=3) as client:
+        ctx = client.app.state.ctx
+        assert ctx.engine.admission.config.compute_capacity == 0.75
+        served = ctx.host.models[ctx.host.models.default]
+        assert served.batched_plan_kinds() == {"chunk_step"} and ctx.host.max_batch == 3
+        assert client.get("/v1/deployment").json()["load"]["compute_capacity"] == 0.75
+    with make_client(tmp_path / "plain") as client:
+        ctx = client.app.state.ctx
+        served = ctx.host.models[ctx.host.models.default]
+        assert served.batched_plan_kinds() == frozenset() and ctx.host.max_batch == 1
