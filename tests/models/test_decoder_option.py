@@ -23,7 +23,7 @@ from models.registry import get
 from models.wan.card import WAN21_13B_CAUSAL
 from models.wan.components import build_decoders
 from models.wan.taehv import TAEHVDecoder
-from models.wan.taehv_checkpoint import published_state_dict
+from models.wan.taehv_checkpoint import load_taehv, published_state_dict, taehv_key_table
 from models.wan.taehv_config import TAEHVConfig
 from models.wan.vae import WanVAE, video_to_uint8
 from runtime.contract import Done, PlanKind, StepResult
@@ -129,12 +129,65 @@ def test_the_decoder_survives_a_snapshot(instance) -> None:
     assert restored.frames_seen == 0
 
 
-def test_the_published_taew2_1_file_adds_the_tiny_decoder_to_a_full_vae_card(
+def published_taew2_1(
+    seed: int, widths: tuple[int, int, int, int] = (256, 128, 64, 64)
+) -> dict[str, torch.Tensor]:
+    """A file's state dict as madebyollin publishes ``taew2_1.pth``, built here from the
+    published ``nn.Sequential`` decoder (not from our key table): position 0 clamp, 1 conv
+    16 -> w0, 2 relu, then per stage s (widths w0, w1, w2 -> w1, w2, w3; published 256, 128,
+    64, 64) three MemBlocks (``conv.0`` 2C -> C, ``conv.2``, ``conv.4`` C -> C, 3x3 with bias),
+    an Upsample, a TGrow (``conv`` 1x1 C -> C * stride, no bias; stride 1, 2, 2) and a 3x3 conv
+    without bias; 21 relu, 22 conv w3 -> 3; plus encoder tensors we do not read."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return 0.1 * torch.randn(*shape, generator=g)
+
+    strides = (1, 2, 2)
+    state = {"decoder.1.weight": rand(widths[0], 16, 3, 3), "decoder.1.bias": rand(widths[0])}
+    for s_, (c, stride) in enumerate(zip(widths[:3], strides, strict=True)):
+        first = 3 + 6 * s_
+        for k in range(3):
+            for j, n_in in ((0, 2 * c), (2, c), (4, c)):
+                state[f"decoder.{first + k}.conv.{j}.weight"] = rand(c, n_in, 3, 3)
+                state[f"decoder.{first + k}.conv.{j}.bias"] = rand(c)
+        state[f"decoder.{first + 4}.conv.weight"] = rand(c * stride, c, 1, 1)
+        state[f"decoder.{first + 5}.weight"] = rand(widths[s_ + 1], c, 3, 3)
+    state["decoder.22.weight"], state["decoder.22.bias"] = rand(3, widths[3], 3, 3), rand(3)
+    state["encoder.0.weight"], state["encoder.0.bias"] = rand(64, 3, 3, 3), rand(64)
+    return state
+
+
+def test_a_file_in_the_published_layout_decodes_as_the_published_network(
     tmp_path: Path,
 ) -> None:
-    """A full-VAE card that lists a tiny decoder (as the 1.3B card does) gets it from the
-    published layout under ``tiny_decoder/`` when the file is there, and does without it
-    otherwise (its card then names one decoder)."""
+    """``taew2_1.pth`` as published (built from the published ``nn.Sequential`` at a few
+    channels) loads and decodes as that network does, read literally frame by frame."""
+    from tests.models.test_taehv import published_reference
+
+    widths = (8, 6, 4, 4)
+    state = published_taew2_1(seed=7, widths=widths)
+    torch.save(state, tmp_path / "taew2_1.pth")
+    decoder = load_taehv(tmp_path, config=TAEHVConfig(widths=widths))  # the directory form
+    z = 2.0 * torch.randn(1, 16, 2, 2, 3, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ours, theirs = decoder.decode(z), published_reference(state, z)
+    assert ours.shape == theirs.shape == (1, 3, 5, 16, 24)
+    assert ((ours - theirs).abs().max() / theirs.abs().max()).item() <= 1e-5
+    full = published_taew2_1(seed=0)  # the published sizes: exactly the names and shapes we map
+    with torch.device("meta"):
+        ours_meta = TAEHVDecoder(TAEHVConfig.preset("taew2_1"))
+    mapped = {row.published: row.ours for row in taehv_key_table(ours_meta.config)}
+    decoder_keys = {k for k in full if k.startswith("decoder.")}
+    assert decoder_keys == set(mapped) and len(decoder_keys) == 64
+    params = ours_meta.state_dict()
+    assert all(tuple(full[k].shape) == tuple(params[mapped[k]].shape) for k in decoder_keys)
+
+
+def test_the_published_file_adds_the_tiny_decoder_to_a_full_vae_card(tmp_path: Path) -> None:
+    """A full-VAE card that lists a tiny decoder (as the 1.3B card lists taew2_1) gets it from
+    the file under ``tiny_decoder/`` when it is there, and does without it otherwise (its card
+    then names one decoder)."""
     base = get("wan-tiny-random")
     card = dataclasses.replace(
         base,
@@ -155,6 +208,7 @@ def test_the_published_taew2_1_file_adds_the_tiny_decoder_to_a_full_vae_card(
         ),
     ).validate()
     assert card.decoders == ("full", "tiny") and card.default_decoder == "full"
+    assert WAN21_13B_CAUSAL.decoders == ("full", "tiny")  # the 1.3B card offers taew2_1 too
     where = {"device": torch.device("cpu"), "dtype": torch.float32, "seed": 0}
     assert build_decoders(card, random_weights=False, checkpoint_dir=tmp_path, **where) == {}
     narrowed = with_loaded_decoders(card, {})
@@ -165,7 +219,7 @@ def test_the_published_taew2_1_file_adds_the_tiny_decoder_to_a_full_vae_card(
     published = TAEHVDecoder(TAEHVConfig.preset("tiny"))
     (tmp_path / "tiny_decoder").mkdir()
     state = {**published_state_dict(published), "encoder.0.weight": torch.zeros(64, 3, 3, 3)}
-    torch.save(state, tmp_path / "tiny_decoder" / "taew2_1.pth")  # the file as published
+    torch.save(state, tmp_path / "tiny_decoder" / "taew2_1.pth")  # the published file name
     loaded = build_decoders(card, random_weights=False, checkpoint_dir=tmp_path, **where)
     assert set(loaded) == {"tiny"} and isinstance(loaded["tiny"], TAEHVDecoder)
     ours, theirs = loaded["tiny"].state_dict(), published.state_dict()
@@ -173,9 +227,5 @@ def test_the_published_taew2_1_file_adds_the_tiny_decoder_to_a_full_vae_card(
     assert with_loaded_decoders(card, loaded) is card
     public = card.to_public()
     assert (public["decoders"], public["default_decoder"]) == (["full", "tiny"], "full")
-    assert WAN21_13B_CAUSAL.decoders == ("full", "tiny")  # the 1.3B card offers taew2_1
-    assert isinstance(
-        build_decoders(card, random_weights=True, checkpoint_dir=None, **where)["tiny"],
-        TAEHVDecoder,
-    )
-    assert not isinstance(loaded["tiny"], WanVAE)
+    random = build_decoders(card, random_weights=True, checkpoint_dir=None, **where)
+    assert set(random) == {"tiny"} and not isinstance(random["tiny"], WanVAE)
