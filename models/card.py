@@ -52,6 +52,9 @@ from models.card_vocabulary import (
     frozen_mapping,
 )
 
+# a session's decoder option -> the component kind that decodes it
+DECODER_KINDS: dict[str, ComponentKind] = {"full": ComponentKind.VAE, "tiny": ComponentKind.DECODER}
+
 __all__ = [
     "CAPABILITIES",
     "DENOISING_LOOPS",
@@ -59,6 +62,7 @@ __all__ = [
     "PRECISIONS",
     "AttentionMode",
     "CacheContract",
+    "DECODER_KINDS",
     "CacheKind",
     "CardError",
     "CardUI",
@@ -185,6 +189,34 @@ class ModelCard:
                 return spec.components[0]
         return "vae"
 
+    @property
+    def decoders(self) -> tuple[str, ...]:
+        """The decoders a session may pick (``SessionRequest.decoder``): ``"full"`` where the
+        card has a full VAE, ``"tiny"`` where it has a decode-only codec (a tiny streaming
+        decoder), in that order. A loaded instance's card lists only those it loaded."""
+        kinds = {spec.kind for spec in self.components.values()}
+        return tuple(name for name, kind in DECODER_KINDS.items() if kind in kinds)
+
+    @property
+    def default_decoder(self) -> str:
+        """The decoder of a session that names none: the one ``decoder_component`` is."""
+        spec = self.components.get(self.decoder_component)
+        return "tiny" if spec is not None and spec.kind is ComponentKind.DECODER else "full"
+
+    def decoder_component_for(self, decoder: str) -> str:
+        """The component id of ``decoder`` (``"full"`` | ``"tiny"``): the default one's is
+        ``decoder_component``; ``KeyError`` naming the card's decoders for one it lacks."""
+        if decoder == self.default_decoder:
+            return self.decoder_component
+        kind = DECODER_KINDS.get(decoder)
+        for key, spec in sorted(self.components.items()):
+            if kind is not None and spec.kind is kind:
+                return key
+        raise KeyError(
+            f"model {self.model_id!r} has no {decoder!r} decoder; its decoders: "
+            f"{list(self.decoders)}"
+        )
+
     def loop_for(self, capability: str) -> LoopSpec | None:
         """The denoising loop that serves ``capability`` under the recipe, or None.
 
@@ -268,6 +300,8 @@ class ModelCard:
             },
             "examples": list(self.ui.examples),
             "controls": [c.to_public() for c in self.ui.controls],
+            "decoders": list(self.decoders),
+            "default_decoder": self.default_decoder,
         }
 
     def summary_line(self) -> str:

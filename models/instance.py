@@ -6,8 +6,10 @@ precision is one the recipe allows, then builds the components (seeded random we
 otherwise) and the step ops. One instance serves every session and job of its card: it holds
 weights and ops only, never per-request state. The loops decode with the card's
 ``decoder_component``: the full Wan VAE, or a decode-only tiny streaming decoder (TAEHV,
-``ComponentKind.DECODER``) when the card names one - then the full VAE, if the card lists it as
-a distillation teacher, is not loaded at all.
+``ComponentKind.DECODER``) when the card names one. The card's other decoder, if it lists one
+(``ModelCard.decoders``: ``"full"`` / ``"tiny"``), is loaded beside it when its weights are
+there (always with random weights), so one resident instance serves sessions of either
+(``SessionRequest.decoder``); the instance's card lists only the decoders it loaded.
 
 Every family builds its components through a *component builder* (Wan:
 ``models/wan/components.py``; others: ``_COMPONENT_BUILDERS``); whatever it returns must
@@ -27,6 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from models.card import ModelCard, Profile
+from models.instance_decoders import InstanceDecoders, with_loaded_decoders
 from models.instance_sizing import InstanceSizing
 from models.loops.chunk_restart import RegenerateWhenSooner, RestartPolicy
 from models.loops.ops import (
@@ -87,7 +90,7 @@ def _component_builder(family: str) -> ComponentBuilder:
     return importlib.import_module(module).build_components
 
 
-class WanInstance(InstanceSizing):
+class WanInstance(InstanceSizing, InstanceDecoders):
     """A loaded Wan-family card (implements ``runtime.contract.ModelState`` and
     ``models.loops.model.LoopModel``).
 
@@ -109,6 +112,7 @@ class WanInstance(InstanceSizing):
         chunk_restart: RestartPolicy | None = None,
         extensions: dict[str, Any] | None = None,
         block_observers: tuple[Any, ...] = (),
+        decoders: dict[str, LatentCodec] | None = None,
     ) -> None:
         self.card = card
         self.instance_id = f"{card.model_id}@{device}"
@@ -127,6 +131,12 @@ class WanInstance(InstanceSizing):
         # ``vae``: the codec the loops decode with (the card's decoder_component: the full VAE or
         # a decode-only tiny decoder); components keys it by the card's own id for it
         self.components = {"dit": dit, card.decoder_component: vae, "text_encoder": text}
+        # the card's other decoders a session may pick, by option ("full" / "tiny"), each with
+        # its own op (ops of two codecs never batch together: their op objects differ)
+        self._other_codecs = dict(decoders or {})
+        self._other_decode_ops = {k: DecodeOp(c) for k, c in self._other_codecs.items()}
+        for option, codec in self._other_codecs.items():
+            self.components[card.decoder_component_for(option)] = codec
         self.text_encode_op = TextEncodeOp(text.encode, dit)
         self.text_embed_op = TextEmbedOp(text.encode)
         self.chunk_step_op = ChunkDenoiseOp(dit)
@@ -182,6 +192,8 @@ class WanInstance(InstanceSizing):
                     module.kernel = kernel
             self.levers["attention"] = kernel.name
         if overlap_decode is not None:
+            for op in self._other_decode_ops.values():
+                op.set_overlap(overlap_decode, self.device)
             self.decode_op.set_overlap(overlap_decode, self.device)
             self.levers["overlap_decode"] = self.decode_op.overlap
         if fp8 not in (None, "row", "tensor"):
@@ -253,13 +265,14 @@ class WanInstance(InstanceSizing):
             return
         for block in self.dit.blocks:
             block.compile()
-        if hasattr(self.vae, "decoder") and isinstance(self.vae.decoder, torch.nn.Module):
-            for module in self.vae.modules():
-                if isinstance(module, torch.nn.Conv3d):
-                    module.weight.data = module.weight.data.contiguous(
-                        memory_format=torch.channels_last_3d
-                    )
-            self.vae.decoder.compile()
+        for codec in (self.vae, *self._other_codecs.values()):
+            if hasattr(codec, "decoder") and isinstance(codec.decoder, torch.nn.Module):
+                for module in codec.modules():
+                    if isinstance(module, torch.nn.Conv3d):
+                        module.weight.data = module.weight.data.contiguous(
+                            memory_format=torch.channels_last_3d
+                        )
+                codec.decoder.compile()
         self._compiled = True
         self.levers["compiled"] = True
 
@@ -292,8 +305,14 @@ class WanInstance(InstanceSizing):
         """Let the engine run compatible denoising steps of several sessions as one DiT forward
         (``ChunkDenoiseOp``). Off by default: batched steps agree with solo ones only within a
         tolerance, and it pays only where one session's step leaves the GPU underused (measured
-        per profile and N in infra/bench/RESULTS.md, ``dreamrt bench multisession``)."""
+        per profile and N in infra/bench/RESULTS.md, ``dreamrt bench multisession``). The
+        server turns it on on a GPU unless ``--deterministic`` or ``--no-batch-sessions``."""
         self.chunk_step_op.batchable = enabled
+
+    def batched_plan_kinds(self) -> frozenset[str]:
+        """The plan kinds of a steady chunk the engine may run for several sessions as one
+        call (admission prices them per batch, ``sessions.host.batch_pricing``)."""
+        return frozenset({"chunk_step"}) if self.chunk_step_op.batchable else frozenset()
 
     # ---------------------------------------------------------------------------------------
     # loops
@@ -388,9 +407,10 @@ class WanInstance(InstanceSizing):
             )
         return buffer.cache(slab)
 
-    def new_decoder_cache(self, latent_h: int, latent_w: int) -> Any:
-        """A fresh per-stream VAE decoder cache (``DecoderCache``)."""
-        return self.vae.new_decoder_cache(1, latent_h, latent_w)
+    def new_decoder_cache(self, latent_h: int, latent_w: int, decoder: str | None = None) -> Any:
+        """A fresh per-stream decoder cache (``DecoderCache``) of ``decoder`` (None: the
+        default)."""
+        return self.codec_for(decoder).new_decoder_cache(1, latent_h, latent_w)
 
 
 def _pick_device(device: str) -> torch.device:
@@ -439,17 +459,23 @@ def load_instance(
     prec = _pick_precision(card, dev, precision)
     card.check_serving(card.recipe.assumes_loop, prec)
     dtype = _DTYPES[prec]
-    dit, vae, encoder = _component_builder(card.family)(
-        card,
-        device=dev,
-        dtype=dtype,
-        seed=seed,
-        random_weights=random_weights,
-        checkpoint_dir=checkpoint_dir,
-    )
+    built = {
+        "device": dev,
+        "dtype": dtype,
+        "seed": seed,
+        "random_weights": random_weights,
+        "checkpoint_dir": checkpoint_dir,
+    }
+    dit, vae, encoder = _component_builder(card.family)(card, **built)
     dit = dit.to(device=dev).eval()
     _cast_dit(dit, dtype)
     vae = vae.to(device=dev, dtype=dtype).eval()
+    others = _decoder_builder(card.family)
+    decoders = {
+        option: codec.to(device=dev, dtype=dtype).eval()
+        for option, codec in (others(card, **built) if others is not None else {}).items()
+    }
+    card = with_loaded_decoders(card, decoders)
     text = CachedTextEncoder(
         encoder, TextEmbeddingCache(), model_id=card.model_id, weights_version=card.weights_version
     )
@@ -463,12 +489,19 @@ def load_instance(
         chunk_restart=chunk_restart,
         extensions=extensions,
         block_observers=block_observers,
+        decoders=decoders,
     )
     instance.weights_digest = _weights_digest(card, seed, random_weights, checkpoint_dir)
     text.weights_version = instance.weights_digest or card.weights_version
     if compile:
         instance.compile()
     return instance
+
+
+def _decoder_builder(family: str) -> Any:
+    """The family's builder of a card's other decoders (``build_decoders``), or None."""
+    module = _COMPONENT_BUILDERS.get(family, "models.wan.components")
+    return getattr(importlib.import_module(module), "build_decoders", None)
 
 
 def _weights_digest(
@@ -481,9 +514,10 @@ def _weights_digest(
     root = checkpoint_dir
     if root is None and module is not None:  # a family that ships its weights
         root = getattr(importlib.import_module(module), "SHIPPED_DIR", None)
-    # the files of the components the loops use (a tiny-decoder card's optional teacher VAE,
-    # listed in its manifest for distillation, is never loaded to serve)
+    # the files of the components the loops use and of every decoder loaded beside them (an
+    # optional decoder whose files are absent is not on the loaded card)
     served = {c for spec in card.loops.values() for c in spec.components}
+    served |= {card.decoder_component_for(option) for option in card.decoders}
     entries = [e.path_hint for key, e in card.checkpoint.components.items() if key in served]
     return checkpoint_digest(Path(root), entries) if root is not None else ""
 

@@ -50,9 +50,10 @@ class InstanceSizing:
         tokens = 8 * q * max(cfg.dim, cfg.ffn_dim) * itemsize
         return scores + tokens
 
-    def chunk_flops(self, profile: Profile) -> float:
+    def chunk_flops(self, profile: Profile, decoder: str | None = None) -> float:
         """FLOPs of one steady-state chunk: the denoise steps, the KV update (once: a card
-        whose last step writes the cache has no separate pass) and the VAE decode."""
+        whose last step writes the cache has no separate pass) and the decode (``decoder``;
+        None: the default one)."""
         lh, lw = self._latent_hw(profile)
         sink, ring = self.kv_geometry(profile.chunk_latent_frames)
         t = self.tokens_per_frame(lh, lw)
@@ -60,24 +61,29 @@ class InstanceSizing:
         per = dit_flops(self.dit.config, q, (sink + ring) * t + q, self.text_len)
         spec = self.card.loops.get("chunk_rollout")
         kv_passes = 0 if spec is not None and spec.kv_update is KVUpdate.LAST_STEP else 1
-        return per * (profile.steps + kv_passes) + self.decode_flops(profile)
+        return per * (profile.steps + kv_passes) + self.decode_flops(profile, decoder)
 
-    def steady_chunk_plans(self, profile: Profile) -> tuple[tuple[str, str, int], ...]:
+    def steady_chunk_plans(
+        self, profile: Profile, decoder: str | None = None
+    ) -> tuple[tuple[str, str, int], ...]:
         """(plan kind, shape signature, count) of one steady-state chunk of a session of
-        ``profile`` (``models.loops.chunk_plans.steady_chunk_plans``): what the cost model's
-        calibration prices a session's compute share from."""
+        ``profile`` decoding with ``decoder`` (None: the default;
+        ``models.loops.chunk_plans.steady_chunk_plans``): what the cost model's calibration
+        prices a session's compute share from."""
         lh, lw = self._latent_hw(profile)
         spec = self.card.loops.get("chunk_rollout")
         fold = spec is not None and spec.kv_update is KVUpdate.LAST_STEP
+        other = decoder if decoder and decoder != self.card.default_decoder else ""
         plans = steady_chunk_plans(
-            profile.chunk_latent_frames, lh, lw, steps=profile.steps, fold=fold
+            profile.chunk_latent_frames, lh, lw, steps=profile.steps, fold=fold, decoder=other
         )
         return tuple((kind.value, sig, n) for kind, sig, n in plans)
 
-    def decode_flops(self, profile: Profile) -> float:
-        """VAE-decode FLOPs of one steady-state chunk (0 for a codec that does not count them,
-        e.g. pixel latents)."""
-        count = getattr(self.vae, "decode_flops", None)
+    def decode_flops(self, profile: Profile, decoder: str | None = None) -> float:
+        """Decode FLOPs of one steady-state chunk with ``decoder`` (None: the default; 0 for a
+        codec that does not count them, e.g. pixel latents)."""
+        codec = self.vae if decoder is None else self.codec_for(decoder)
+        count = getattr(codec, "decode_flops", None)
         return (
             0.0 if count is None else count(profile.chunk_latent_frames, *self._latent_hw(profile))
         )

@@ -5,8 +5,12 @@ already admitted*; nothing is discovered at step 37. Three resources are reserve
 
 - ``compute``: GPU-seconds per second of media, i.e. the predicted cost of one chunk divided
   by the chunk's media duration (frames / fps). The sum over reservations must stay within
-  the effective compute capacity (default 0.9 of one device: 10% headroom for jitter,
-  recaches and batch work).
+  the effective compute capacity (``AdmissionConfig.compute_capacity``, default
+  ``SLO_COMPUTE_CAPACITY`` of one device). Reservations that share a ``BatchPricing`` key
+  (sessions whose denoising steps the engine runs as one batched call) are priced together:
+  the batched part of ``n`` of them costs ``shares[n - 1]`` (their steps as one batch of
+  ``n``), not ``n`` times one, and each adds its own rest (decode, KV update) - so batching
+  admits more sessions.
 - ``kv_slabs``: a chunk-KV slab from the slab pool of the session's geometry
   (``AdmissionRequest.kv_pool``), held for the session's life. The pools are the one KV gate:
   the model preallocated exactly their slabs, so a slab handed out here is memory that exists;
@@ -44,6 +48,7 @@ from runtime.pools import KVSlabPool, Slab
 
 __all__ = [
     "RESOURCES",
+    "SLO_COMPUTE_CAPACITY",
     "Admission",
     "AdmissionConfig",
     "AdmissionController",
@@ -51,14 +56,53 @@ __all__ = [
     "AdmissionRequest",
     "AdmissionUsage",
     "Admit",
+    "BatchPricing",
     "Reject",
+    "compute_load",
 ]
 
 RESOURCES = ("compute", "kv_slabs", "peak_bytes")
 
+SLO_COMPUTE_CAPACITY = 0.9
+"""GPU-seconds per second of one device that admission lets reservations sum to: the highest
+measured load at which the realtime SLO (delivered fps, stalls per minute, p95 frame interval
+at the viewer; docs/architecture.md §3) still holds. The 10 % below one device is headroom for
+jitter, re-caches and jobs; a measurement on the serving GPU replaces it (``dreamrt serve
+--compute-capacity``)."""
+
 
 class AdmissionError(ValueError):
     """A malformed request or configuration (negative sizes, non-finite rates)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPricing:
+    """How the batched part of a reservation is priced together with the others of the same
+    ``key`` (sessions of one model and shape whose denoising steps the engine batches):
+    ``shares[k - 1]`` is the GPU-seconds per media second of those plans of ``k`` such
+    sessions run as batches of ``k``, for ``k`` = 1 up to the largest batch (``len(shares)``,
+    the engine's ``max_batch``); more members than that form further batches. ``shares[0]`` is
+    the part of the request's own ``compute_gpu_s_per_s`` that batches; the rest of it (plans
+    that run one by one) is added per member."""
+
+    key: str
+    shares: tuple[float, ...]
+
+    def validate(self, owner: str, alone: float) -> None:
+        if not self.shares or not all(math.isfinite(x) and x >= 0 for x in self.shares):
+            raise AdmissionError(
+                f"{owner}: batch pricing {self.key!r} needs finite shares >= 0, got {self.shares}"
+            )
+        if self.shares[0] > alone * (1 + 1e-9) + 1e-12:
+            raise AdmissionError(
+                f"{owner}: batch pricing {self.key!r}: shares[0]={self.shares[0]} exceeds the "
+                f"request's compute_gpu_s_per_s={alone}"
+            )
+
+    def total(self, members: int) -> float:
+        """GPU-s/s of ``members`` reservations of this group."""
+        full, rest = divmod(members, len(self.shares))
+        return full * self.shares[-1] + (self.shares[rest - 1] if rest else 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +112,8 @@ class AdmissionRequest:
     ``compute_gpu_s_per_s``: GPU-seconds needed per second of media (0 for batch work that
     only runs in slack). ``kv_pool``: the key of the slab pool it needs one slab of (None: no
     chunk-KV, e.g. a job). ``expected_duration_s``: how long it will hold the reservation if
-    known, used only to compute ``retry_after_s`` for others.
+    known, used only to compute ``retry_after_s`` for others. ``batching``: priced with the
+    other reservations of its group (``BatchPricing``); None: alone.
     """
 
     owner: str
@@ -76,6 +121,7 @@ class AdmissionRequest:
     kv_pool: str | None = None
     peak_bytes: int = 0
     expected_duration_s: float | None = None
+    batching: BatchPricing | None = None
 
     @classmethod
     def for_stream(
@@ -114,6 +160,8 @@ class AdmissionRequest:
             raise AdmissionError(
                 f"{self.owner}: expected_duration_s={self.expected_duration_s} must be >= 0"
             )
+        if self.batching is not None:
+            self.batching.validate(self.owner, self.compute_gpu_s_per_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +192,7 @@ class AdmissionConfig:
     (``AdmissionController.add_pool``)."""
 
     peak_capacity_bytes: int
-    compute_capacity: float = 0.9  # GPU-s per s of one device
+    compute_capacity: float = SLO_COMPUTE_CAPACITY  # GPU-s per s of one device
     peak_concurrency: int = 1
     default_retry_after_s: float = 5.0
     min_retry_after_s: float = 1.0
@@ -271,7 +319,7 @@ class AdmissionController:
         active = self._reservations.values()
         return AdmissionUsage(
             reservations=len(self._reservations),
-            compute_gpu_s_per_s=sum(r.request.compute_gpu_s_per_s for r in active),
+            compute_gpu_s_per_s=compute_load(r.request for r in active),
             kv_slabs=sum(1 for r in active if r.slab is not None),
             peak_bytes=self._live_peak_bytes(r.request.peak_bytes for r in active),
             effective_compute_capacity=self.effective_compute_capacity(),
@@ -307,7 +355,7 @@ class AdmissionController:
     ) -> list[str]:
         active = list(active)
         cfg = self.config
-        compute = sum(r.request.compute_gpu_s_per_s for r in active) + request.compute_gpu_s_per_s
+        compute = compute_load([*(r.request for r in active), request])
         peak = self._live_peak_bytes([r.request.peak_bytes for r in active] + [request.peak_bytes])
         short = []
         # A tiny epsilon keeps e.g. 3 x 0.3 == 0.9 admissible despite float rounding.
@@ -347,18 +395,41 @@ class AdmissionController:
                 return max(wait_s, cfg.min_retry_after_s)
         return cfg.default_retry_after_s
 
+    def marginal_compute(self, request: AdmissionRequest) -> float:
+        """GPU-s/s the reserved load would grow by with ``request`` admitted now (less than its
+        share alone when it joins a batch group)."""
+        held = [r.request for r in self._reservations.values()]
+        return compute_load([*held, request]) - compute_load(held)
+
     def _describe(self, request: AdmissionRequest, short: list[str]) -> str:
         usage = self.usage()
         pool = self._pools.get(request.kv_pool) if request.kv_pool is not None else None
         have = {
-            "compute": f"{usage.compute_gpu_s_per_s:.3f}+{request.compute_gpu_s_per_s:.3f} GPU-s/s "
-            f"> {usage.effective_compute_capacity:.3f}",
+            "compute": f"{usage.compute_gpu_s_per_s:.3f}+{self.marginal_compute(request):.3f} "
+            f"GPU-s/s > {usage.effective_compute_capacity:.3f}",
             "kv_slabs": f"all {pool.capacity if pool else 0} chunk-KV slabs of "
             f"{request.kv_pool} are in use",
             "peak_bytes": f"{request.peak_bytes} B with live peaks {usage.peak_bytes} B "
             f"> {self.config.peak_capacity_bytes}",
         }
         return f"{request.owner}: " + "; ".join(have[name] for name in short)
+
+
+def compute_load(requests: Iterable[AdmissionRequest]) -> float:
+    """GPU-s/s of ``requests`` together: each alone, except the batched part of the members of
+    one batch group, priced as the group (with the pricing of its member listed last: the
+    newest calibration)."""
+    total = 0.0
+    groups: dict[str, tuple[BatchPricing, int]] = {}
+    for request in requests:
+        pricing = request.batching
+        if pricing is None:
+            total += request.compute_gpu_s_per_s
+        else:
+            total += max(0.0, request.compute_gpu_s_per_s - pricing.shares[0])  # its own part
+            members = groups.get(pricing.key, (pricing, 0))[1]
+            groups[pricing.key] = (pricing, members + 1)
+    return total + sum(pricing.total(members) for pricing, members in groups.values())
 
 
 def _end_s(reservation: _Reservation) -> float:

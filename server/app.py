@@ -206,7 +206,7 @@ def resolve_admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
 async def _build(config: ServerConfig) -> ServerContext:
     # Heavy imports stay inside the lifespan: `dreamrt models` and the CLI parser do not pay them.
     from models.loops.inputs import action_vector, normalize_keys
-    from runtime.admission import AdmissionConfig, AdmissionController
+    from runtime.admission import SLO_COMPUTE_CAPACITY, AdmissionConfig, AdmissionController
     from runtime.cost import CostModel, DeviceConstants
     from runtime.engine import Engine
     from runtime.faults import FaultInjector
@@ -256,8 +256,24 @@ async def _build(config: ServerConfig) -> ServerContext:
             * config.engine.max_batch
             * 4,
             peak_concurrency=config.engine.max_batch,
+            compute_capacity=(
+                SLO_COMPUTE_CAPACITY
+                if config.engine.compute_capacity is None
+                else config.engine.compute_capacity
+            ),
         )
     )
+    # cross-session batching: on where batched steps may differ within the gate's tolerance
+    # (not in deterministic mode, nor across processes of one instance) and where it pays: on
+    # an accelerator, whose small steps leave it underused (a CPU's are compute-bound already,
+    # and its admission prices by the prior, which knows no batches)
+    batching = (
+        (not config.engine.deterministic and channel is None and on_gpu)
+        if config.engine.batch_sessions == "auto"
+        else config.engine.batch_sessions == "on"
+    )
+    if hasattr(instance, "batch_sessions"):
+        instance.batch_sessions(batching)
     # the metrics read live state through ``ctx`` (bound below, before the first scrape)
     metrics = ServerMetrics(lambda: ctx.metrics_snapshot())
     faults = FaultInjector() if config.engine.fault_injection else None
@@ -315,6 +331,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         max_pending_inputs=config.limits.max_pending_inputs,
         max_prompt_chars=config.limits.max_prompt_chars,
         handoff_dir=config.recording.snapshot_dir,
+        max_batch=config.engine.max_batch if batching else 1,
     )
     jobs = JobHost(
         engine=engine,

@@ -142,6 +142,19 @@ class EngineConfig:
         "(fixed lead, inputs wait for the chunk boundary), to measure against",
         choices=("fast", "baseline"),
     )
+    compute_capacity: float | None = setting(
+        None,
+        "GPU-seconds per second of the device admission lets sessions reserve: the highest "
+        "measured load at which the realtime SLO holds (default: 0.9)",
+        metavar="GPU_S_PER_S",
+    )
+    batch_sessions: str = setting(
+        "auto",
+        "several sessions' denoising steps of one shape as one batched forward, admitted by "
+        "the batch's measured cost: on, off, or auto (on a GPU, off with --deterministic or "
+        "--gpus N)",
+        choices=("auto", "on", "off"),
+    )
     admission_cost: str = setting(
         "auto",
         "a session's compute share at admission: measured chunk costs once calibrated, "

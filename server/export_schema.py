@@ -62,6 +62,13 @@ RECORD_COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
         "when a changing input restarted the chunk in flight (`dreamrt serve --steering`)",
     ),
     ("attention", _STR, "self-attention backend that served it (`sdpa`, `fp8-triton`, ...)"),
+    ("decoder", _STR, "how its latents became frames: `full` (the VAE) or `tiny` (TAEHV)"),
+    (
+        "step_batch",
+        _I32,
+        "largest batch its denoising steps ran in (> 1: equal to a solo run within the "
+        "batched tolerance, not bit for bit)",
+    ),
     ("group_id", _STR, "the rollout group (`POST /v1/rollouts`) of a sample; null: a session"),
     ("adapters", pa.list_(_STR), "LoRA adapters it ran with: `name@version:strength`"),
     ("fps", _I32, "frames per second"),
@@ -126,6 +133,7 @@ def record_row(row: dict[str, Any], media: str | None) -> dict[str, Any]:
         "kv_window_frames": kv.get("window_frames"),
         "kv_frames_cached": kv.get("frames_cached"),
         **{k: row.get(k) for k in ("latent_frame_start", "restart_policy", "attention")},
+        **{k: row.get(k) for k in ("decoder", "step_batch")},
         "group_id": row.get("group_id"),
         "adapters": _json(row.get("adapters"), []),
         **{k: row.get(k) for k in ("fps", "width", "height")},

@@ -49,6 +49,7 @@ class ReplayResult:
     plans_run: int
     frames: np.ndarray  # uint8 [n, H, W, 3]
     latents: Any = None  # torch [1, C, f, h, w]: the chunk's final latents (what was decoded)
+    step_batch: int = 1  # the largest batch its steps ran in live (> 1: equal within tolerance)
 
     @property
     def matches(self) -> bool:
@@ -113,6 +114,7 @@ def replay_chunk(
         plans_run=plans,
         frames=frames,
         latents=latents,
+        step_batch=int(record.get("step_batch") or 1),
     )
 
 
@@ -208,6 +210,12 @@ def main(args: argparse.Namespace) -> int:
         fps = _fps(args.data_dir, args.session)
         write_mp4(result.frames, args.out, fps=fps)
     verdict = "match: bit-identical" if result.matches else "MISMATCH"
+    if not result.matches and result.step_batch > 1:
+        verdict += (
+            f" (expected: its steps ran batched with {result.step_batch - 1} other session(s), "
+            "which agrees with a solo run within the batched tolerance, not bit for bit; "
+            "serve with --no-batch-sessions or --deterministic for bit-exact replays)"
+        )
     sys.stdout.write(
         f"session {result.session_id} chunk {result.chunk} (segment {result.segment}) from "
         f"{result.replay_key}: recorded {result.recorded}, replayed {result.replayed} "

@@ -114,6 +114,7 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
             priority_class=body.priority_class,
             start=body.start,
             adapters=tuple((a.name, a.strength) for a in body.adapters),
+            decoder=body.decoder,
         )
     if isinstance(answer, Reject):
         raise _capacity(answer, "no capacity for another session")
@@ -130,6 +131,7 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
         token=token,
         state=session.state.value,
         profile={"fps": config.fps, "width": config.width, "height": config.height},
+        decoder=config.decoder,
     )
 
 

@@ -76,6 +76,8 @@ class SessionBody(_Body):
     start: Literal["viewer", "now"] = "viewer"
     # LoRA adapters registered with ``dreamrt serve --adapter NAME=PATH``
     adapters: Annotated[list[AdapterRef], Field(max_length=8)] = []
+    # "full" (the VAE) | "tiny" (a tiny streaming decoder); None: the model's default
+    decoder: Literal["full", "tiny"] | None = None
 
 
 class Profile(BaseModel):
@@ -89,6 +91,7 @@ class SessionCreated(BaseModel):
     token: str
     state: str
     profile: Profile
+    decoder: str = "full"
 
 
 class OfferBody(_Body):
@@ -228,3 +231,5 @@ class ModelInfo(BaseModel):
     controls: list[ControlInfo]
     served: bool
     label: str | None = None
+    decoders: list[str] = []  # the decoders a session may pick ("full", "tiny")
+    default_decoder: str | None = None

@@ -103,7 +103,7 @@ class ForkRegistry:
         ids = [f"ses_{secrets.token_hex(8)}" for _ in range(n)]
         admits: list[Any] = []
         for cid in ids:
-            answer = host.admit(cid, served, profile)
+            answer = host.admit(cid, served, profile, cfg.decoder)
             if isinstance(answer, Reject):
                 for admit in admits:
                     host.engine.admission.release(admit.reservation_id)
@@ -139,6 +139,7 @@ class ForkRegistry:
                 height=cfg.height,
                 fps=cfg.fps,
                 kv_slab=admit.slab.slab_id if admit.slab is not None else None,
+                decoder=cfg.decoder,
             )
             handle = host.engine.spawn(
                 loop,
@@ -211,6 +212,7 @@ class ForkRegistry:
             action_validator=cfg.action_validator,
             max_pending_inputs=cfg.max_pending_inputs,
             max_prompt_chars=cfg.max_prompt_chars,
+            decoder=cfg.decoder,
         )
         session = Session(
             config,

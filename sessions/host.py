@@ -6,11 +6,15 @@ models (``sessions.served_models``) and the store are handed in by the compositi
 (``sessions.job_host.JobHost``) on the same engine.
 
 Admission of a session is one gate (capacity is a value: ``create_session`` returns
-``Reject``): ``engine.admission.admit`` reserves the session's compute share (the cost model's
-prior for one chunk over the chunk's media seconds), its peak activation bytes and a chunk-KV
-slab from the slab pool of its geometry. The first session of a geometry makes the served model
-preallocate that geometry's K/V buffer (``slabs_per_geometry`` slabs) and registers its pool
-with admission; the slab index travels to the loop in ``SessionRequest.kv_slab``.
+``Reject``): ``engine.admission.admit`` reserves the session's compute share (the cost of one
+steady chunk over the chunk's media seconds: measured, or the cost model's prior), its peak
+activation bytes and a chunk-KV slab from the slab pool of its geometry. When the model batches
+sessions' denoising steps (``batched_plan_kinds``) and the chunk is priced from measurements,
+the request carries a ``BatchPricing``: sessions of one shape are priced as the batches they
+run in (``batch_pricing``), so a second session of a small profile costs less than the first.
+The first session of a geometry makes the served model preallocate that geometry's K/V buffer
+(``slabs_per_geometry`` slabs) and registers its pool with admission; the slab index travels to
+the loop in ``SessionRequest.kv_slab``.
 
 Then the loop (``chunk_rollout``) is spawned **paused** (it runs once a viewer pulls the
 video, see ``sessions.session``) and the session is attached to it. When the loop ends for any
@@ -30,7 +34,7 @@ from typing import Any, Literal
 
 from models.card import Profile
 from models.loops.requests import SessionRequest
-from runtime.admission import AdmissionRequest, Reject
+from runtime.admission import AdmissionRequest, BatchPricing, Reject
 from runtime.contract import Priority
 from runtime.pools import KVSlabPool
 from sessions.handoff import forget_manifest
@@ -62,17 +66,64 @@ ADMISSION_COSTS = ("auto", "measured", "prior")
 
 
 def chunk_gpu_seconds(
-    cost: Any, served: ServedModel, profile: Profile, *, measured: bool = True
+    cost: Any,
+    served: ServedModel,
+    profile: Profile,
+    *,
+    measured: bool = True,
+    decoder: str | None = None,
 ) -> float:
     """GPU-seconds of one steady chunk of a session of ``profile``: from the cost model's
     calibration when ``measured`` and every plan of the chunk has been measured on this device
     (a session of the profile ran a steady chunk), asynchronous device time included; the
     analytic prior of the chunk's FLOPs otherwise (the warm-up's compiling runs calibrate
-    nothing). On an H200 the prior priced a 480x272@16 session at a third of what it costs."""
-    plans = served.steady_chunk_plans(profile) if measured else ()
-    if plans and all(cost.samples(kind, sig) >= cost.min_samples for kind, sig, _ in plans):
+    nothing). On an H200 the prior priced a 480x272@16 session at a third of what it costs.
+    ``decoder``: the session's (None: the model's default)."""
+    plans = _steady_plans(served, profile, decoder) if measured else ()
+    if _calibrated(cost, plans):
         return sum(n * cost.gpu_seconds(kind, sig) for kind, sig, n in plans)
-    return cost.prior(served.chunk_flops(profile), 0.0)
+    flops = served.chunk_flops(profile) if decoder is None else served.chunk_flops(profile, decoder)
+    return cost.prior(flops, 0.0)
+
+
+def _steady_plans(served: ServedModel, profile: Profile, decoder: str | None) -> Any:
+    if decoder is None:
+        return served.steady_chunk_plans(profile)
+    return served.steady_chunk_plans(profile, decoder)
+
+
+def batch_pricing(
+    cost: Any,
+    served: ServedModel,
+    profile: Profile,
+    *,
+    max_batch: int,
+    decoder: str | None = None,
+) -> BatchPricing | None:
+    """How sessions of ``profile`` are priced together (``runtime.admission.BatchPricing``):
+    GPU-s per media second of the plans of a steady chunk the model batches across sessions
+    (``batched_plan_kinds``: its denoising steps), for 1 .. ``max_batch`` sessions as one batch
+    (``CostModel.gpu_seconds(batch_size=k)``: measured per batch size, fitted between).
+    None where nothing batches, the engine runs one plan at a time, or the chunk's plans are
+    not all measured (the prior knows no batches)."""
+    kinds = frozenset(getattr(served, "batched_plan_kinds", lambda: ())())
+    plans = _steady_plans(served, profile, decoder)
+    batched = [(kind, sig, n) for kind, sig, n in plans if kind in kinds]
+    chunk_s = served.chunk_seconds(profile)
+    if max_batch < 2 or not batched or chunk_s <= 0 or not _calibrated(cost, plans):
+        return None
+    shares = tuple(
+        sum(n * cost.gpu_seconds(kind, sig, batch_size=k) for kind, sig, n in batched) / chunk_s
+        for k in range(1, max_batch + 1)
+    )
+    key = f"{served.card.model_id}:" + ",".join(f"{kind}/{sig}" for kind, sig, _ in batched)
+    return BatchPricing(key, shares)
+
+
+def _calibrated(cost: Any, plans: Any) -> bool:
+    return bool(plans) and all(
+        cost.samples(kind, sig) >= cost.min_samples for kind, sig, _ in plans
+    )
 
 
 class SessionHost:
@@ -92,6 +143,7 @@ class SessionHost:
         max_pending_inputs: int = 256,
         max_prompt_chars: int = 4000,
         handoff_dir: Path | None = None,
+        max_batch: int = 1,
     ) -> None:
         if admission_cost not in ADMISSION_COSTS:
             raise ValueError(
@@ -104,6 +156,8 @@ class SessionHost:
             admission_cost == "auto" and device != "cpu"
         )
         self.engine = engine
+        # the engine's largest batch: sessions' batched steps are priced up to it (1: alone)
+        self.max_batch = max_batch
         self.max_pending_inputs = max_pending_inputs
         self.max_prompt_chars = max_prompt_chars
         self.models = models
@@ -144,6 +198,7 @@ class SessionHost:
         priority_class: Literal["realtime", "batch"] = "realtime",
         start: Literal["viewer", "now"] = "viewer",
         adapters: tuple[tuple[str, float], ...] = (),
+        decoder: str | None = None,
         session_id: str | None = None,
         resume: Any = None,
         first_event_id: int = 1,
@@ -154,6 +209,8 @@ class SessionHost:
         waits for the viewer), so the offer and ICE overlap them; else nothing runs before the
         first pull of the video. ``adapters``: (name, strength) of LoRA adapters registered at
         deploy scope (an unknown one: ``UnsupportedTaskError`` on field ``adapters``).
+        ``decoder``: ``"full"`` | ``"tiny"``, one of the model's decoders (None: its default;
+        one it does not serve: ``UnsupportedTaskError`` on field ``decoder``).
         ``resume``: a restored loop state (``sessions.resume`` after a restart of this engine,
         ``sessions.handoff`` when a fleet re-places a session from another) the loop is forked
         from, into this engine's slab, under the old ``session_id`` (its events go on from
@@ -173,13 +230,16 @@ class SessionHost:
                 served.adapters.check(adapters)
             except (AttributeError, ValueError) as exc:
                 raise UnsupportedTaskError("adapters", str(exc)) from None
+        if resume is not None and decoder is None:  # a restored stream keeps its decoder
+            decoder = getattr(resume, "codec", "") or None
+        decoder = self._decoder(served, decoder)
         session_id = session_id or new_id("ses")
         if session_id in self._sessions:
             raise HostError(f"session {session_id!r} is already live here")
         reservation_id, slab_id = None, None
         if self.engine.admission is not None:
             answer = self.engine.admission.admit(
-                self._admission_request(session_id, served, profile)
+                self._admission_request(session_id, served, profile, decoder)
             )
             if isinstance(answer, Reject):
                 return self._reject(answer)
@@ -195,10 +255,11 @@ class SessionHost:
             height=profile.height,
             priority_class=priority_class,
             capabilities=card.capabilities,
-            record_template=self.record_template(served, profile),
+            record_template={**self.record_template(served, profile), "decoder": decoder},
             action_validator=self._action_validator,
             max_pending_inputs=self.max_pending_inputs,
             max_prompt_chars=self.max_prompt_chars,
+            decoder=decoder,
         )
         frames_per_chunk = max(1, round(served.chunk_seconds(profile) * profile.fps))
         capacity = max(3 * frames_per_chunk, round(self._media_seconds * profile.fps))
@@ -231,6 +292,7 @@ class SessionHost:
             fps=profile.fps,
             kv_slab=slab_id,
             adapters=tuple((str(n), float(s)) for n, s in adapters),
+            decoder=decoder,
         )
         try:
             handle = self.engine.spawn(
@@ -254,13 +316,14 @@ class SessionHost:
         self._sessions[session_id] = _Live(session)
         session.attach(handle, on_finished=self._session_finished)
         log.info(
-            "session %s %s: %s %dx%d@%dfps (%s)",
+            "session %s %s: %s %dx%d@%dfps, %s decoder (%s)",
             session_id,
             "admitted" if resume is None else f"resumed from step {resume.step}",
             card.model_id,
             profile.width,
             profile.height,
             profile.fps,
+            decoder,
             priority_class,
         )
         return session
@@ -273,11 +336,14 @@ class SessionHost:
         else:
             self.store.update_session(session_id, state=state, prompt=prompt, error=None)
 
-    def admit(self, owner: str, served: ServedModel, profile: Profile) -> Any:
+    def admit(
+        self, owner: str, served: ServedModel, profile: Profile, decoder: str | None = None
+    ) -> Any:
         """One session's reservation (``Admit``, with its slab) or ``Reject`` (counted)."""
         if (closed := self.models.closed.get(served.card.model_id)) is not None:
             return self._reject(closed)
-        answer = self.engine.admission.admit(self._admission_request(owner, served, profile))
+        request = self._admission_request(owner, served, profile, decoder)
+        answer = self.engine.admission.admit(request)
         return self._reject(answer) if isinstance(answer, Reject) else answer
 
     def adopt_session(self, session: Session, handle: Any) -> None:
@@ -292,18 +358,42 @@ class SessionHost:
         profile = profile or served.card.default_profile
         return self._admission_request("share", served, profile).compute_gpu_s_per_s
 
+    @staticmethod
+    def _decoder(served: ServedModel, decoder: str | None) -> str:
+        """The session's decoder: ``decoder`` if the model serves it (None: its default)."""
+        resolve = getattr(served, "resolve_decoder", None)
+        if resolve is None:  # a model with one codec and no decoder options
+            if decoder not in (None, "full"):
+                raise UnsupportedTaskError(
+                    "decoder", f"decoder {decoder!r}: model {served.card.model_id!r} has one"
+                )
+            return "full"
+        try:
+            return str(resolve(decoder))
+        except ValueError as exc:
+            raise UnsupportedTaskError("decoder", str(exc)) from None
+
     def _admission_request(
-        self, owner: str, served: ServedModel, profile: Profile
+        self, owner: str, served: ServedModel, profile: Profile, decoder: str | None = None
     ) -> AdmissionRequest:
         chunk_s = served.chunk_seconds(profile)
+        cost = self.engine.cost
+        if decoder is not None and decoder == getattr(served, "default_decoder", None):
+            decoder = None  # the default decoder's plans are the plain ones
         chunk_cost_s = chunk_gpu_seconds(
-            self.engine.cost, served, profile, measured=self.measured_admission
+            cost, served, profile, measured=self.measured_admission, decoder=decoder
+        )
+        batching = (
+            batch_pricing(cost, served, profile, max_batch=self.max_batch, decoder=decoder)
+            if self.measured_admission
+            else None
         )
         return AdmissionRequest(
             owner=owner,
             compute_gpu_s_per_s=chunk_cost_s / chunk_s if chunk_s > 0 else 0.0,
             kv_pool=self._slab_pool(served, profile),
             peak_bytes=served.peak_bytes(profile),
+            batching=batching,
         )
 
     def _slab_pool(self, served: ServedModel, profile: Profile) -> str:

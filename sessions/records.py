@@ -51,6 +51,8 @@ _CAPTURED = (
     "latent_frame_start",
     "restart_policy",
     "adapters",
+    "decoder",
+    "step_batch",
 )
 
 

@@ -481,6 +481,7 @@ class Session:
             "fps_measured": round(self.fps_measured(), 3),
             "created_at": self.created_at,
             "model": self.config.model_id,
+            "decoder": self.config.decoder,
             "profile": {
                 "fps": self.config.fps,
                 "width": self.config.width,

@@ -28,3 +28,4 @@ class SessionConfig:
     action_validator: Callable[[list[str], tuple[float, float]], list[str]] | None = None
     max_pending_inputs: int = 256  # inputs the loop has not taken yet; beyond: refused
     max_prompt_chars: int = 4000  # a live prompt's limit (the server's --max-prompt-chars)
+    decoder: str = "full"  # how its latents become frames: "full" (the VAE) | "tiny"

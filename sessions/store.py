@@ -111,6 +111,8 @@ _ADDED_COLUMNS = {
         "media_ref": "TEXT",
         "restart_policy": "TEXT",
         "attention": "TEXT",
+        "decoder": "TEXT",
+        "step_batch": "INTEGER",
         "group_id": "TEXT",
         "adapters": "TEXT",
     },

@@ -8,10 +8,13 @@
  *   ?key=TOKEN        API token for servers that require auth (sent as a Bearer token)
  *   ?audio=auto|track|http   push-to-talk transport (see microphone.js)
  *   ?api=URL          API base URL when the page is served from elsewhere (default: same origin)
+ *   ?decoder=full|tiny  the session's decoder (default: the model's; the page offers the choice
+ *                     when the served card has both)
  */
 
 const STORAGE_KEY = "dreamrt.settings";
 const AUDIO_TRANSPORTS = ["auto", "track", "http"];
+const DECODERS = ["full", "tiny"];
 
 export class ConfigError extends Error {
   constructor(field, message) {
@@ -66,6 +69,10 @@ export function readConfig(search = globalThis.location?.search || "", storage =
   if (!AUDIO_TRANSPORTS.includes(audio)) {
     throw new ConfigError("audio", `expected one of ${AUDIO_TRANSPORTS.join(", ")}, got ${JSON.stringify(audio)}`);
   }
+  const decoder = params.get("decoder") || "";
+  if (decoder && !DECODERS.includes(decoder)) {
+    throw new ConfigError("decoder", `expected one of ${DECODERS.join(", ")}, got ${JSON.stringify(decoder)}`);
+  }
   return {
     prompt: params.get("prompt") || "",
     autostart: params.get("autostart") === "1",
@@ -74,5 +81,6 @@ export function readConfig(search = globalThis.location?.search || "", storage =
     apiKey: params.get("key") ?? stored.key ?? "",
     audioTransport: audio,
     apiBase: (params.get("api") || "").replace(/\/+$/, ""),
+    decoder,
   };
 }

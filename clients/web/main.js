@@ -17,7 +17,7 @@ import { ForkPicker } from "./fork_picker.js";
 import { FrameClock } from "./frame_clock.js";
 import { LiveSession } from "./live_session.js";
 import { Keycaps } from "./keycaps.js";
-import { ModelGuide } from "./model_guide.js";
+import { ModelGuide, decoderChoices, describeSession } from "./model_guide.js";
 import { HttpPcmTransport, PushToTalk, TrackTransport } from "./microphone.js";
 import { PageState, PageStateMachine } from "./page_state.js";
 import { StatsView } from "./stats_view.js";
@@ -88,6 +88,7 @@ class App {
     this._renderState(PageState.IDLE, PageState.IDLE, "");
     this.guide
       .load(this.api, { prompt: this.prompt, stage: this.stage, keycaps: this.keycaps })
+      .then((card) => this._showDecoders(card))
       .catch((err) => this.log.note("card_unavailable", { message: err.message }));
     if (this.config.autostart && this.prompt.value.trim()) this.start(this.prompt.value.trim());
   }
@@ -117,7 +118,7 @@ class App {
     }, 150);
     try {
       // "now": the prompt encode and the first chunk run while WebRTC negotiates
-      await session.open({ prompt: promptText, start: "now" });
+      await session.open({ prompt: promptText, start: "now", ...this._decoderChoice() });
       performance.mark("dreamrt.connected");
     } catch (err) {
       if (session !== this.session) return; // superseded by a newer start() or end()
@@ -133,15 +134,36 @@ class App {
     }
     if (session !== this.session) return;
     $("session-id").textContent = session.id;
-    $("session-profile").textContent = session.info.profile
-      ? `${session.info.profile.width}×${session.info.profile.height} @ ${session.info.profile.fps} fps`
-      : "";
+    $("session-profile").textContent = describeSession(session.info);
     this.stats.setProfile(session.info.profile);
     this.log.note("connected", { session: session.id, audio: session.audioSender ? "track" : "http" });
     this._setupTalk(session);
     if (this.machine.state === PageState.CONNECTING)
       this.machine.transition(PageState.CONNECTING, "waiting for the first frame");
     this._setControlsEnabled(true);
+  }
+
+  /** The decoder picker: shown only when the served card has more than one decoder. */
+  _showDecoders(card) {
+    const { options, selected } = decoderChoices(card, this.config.decoder);
+    const select = $("decoder");
+    select.replaceChildren(
+      ...options.map((name) => {
+        const option = document.createElement("option");
+        option.value = name;
+        option.textContent = name === "tiny" ? "tiny (faster)" : "full VAE";
+        option.selected = name === selected;
+        return option;
+      }),
+    );
+    $("decoder-pick").hidden = options.length === 0;
+  }
+
+  /** {decoder} for POST /v1/sessions: the picker's, else ?decoder=, else none (the model's). */
+  _decoderChoice() {
+    const pick = $("decoder-pick").hidden ? "" : $("decoder").value;
+    const decoder = pick || this.config.decoder;
+    return decoder ? { decoder } : {};
   }
 
   async end() {

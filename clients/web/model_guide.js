@@ -33,6 +33,26 @@ export function keycapsFor(controls) {
   return caps;
 }
 
+/**
+ * The decoders a session of `card` may pick ({decoders, default_decoder} of GET /v1/models):
+ * {options, selected}; `wanted` (e.g. ?decoder=tiny) wins when the card has it. No options when
+ * the card has fewer than two (nothing to pick).
+ */
+export function decoderChoices(card, wanted = "") {
+  const options = Array.isArray(card?.decoders) ? card.decoders : [];
+  if (options.length < 2) return { options: [], selected: options[0] ?? "" };
+  const selected = options.includes(wanted) ? wanted : card.default_decoder ?? options[0];
+  return { options, selected };
+}
+
+/** The session line of the top bar: "832×480 @ 16 fps · tiny decoder" (POST /v1/sessions). */
+export function describeSession(info) {
+  const p = info?.profile;
+  if (!p) return "";
+  const decoder = info.decoder ? ` · ${info.decoder} decoder` : "";
+  return `${p.width}×${p.height} @ ${p.fps} fps${decoder}`;
+}
+
 /** One line per control, e.g. "W A S D — move the sprite" (the stage's aria label). */
 export function describeControl(control) {
   const keys = control.inputs.map((name) => KEY_LABELS[name] ?? name);

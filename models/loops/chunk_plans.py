@@ -49,22 +49,25 @@ def chunk_shape_sig(chunk_frames: int, latent_h: int, latent_w: int) -> str:
     return f"c{chunk_frames}x{latent_h}x{latent_w}"
 
 
-def decode_shape_sig(first: bool, latent_frames: int, chunk_sig: str) -> str:
-    """Shape signature of a decode of ``latent_frames`` (``first``: a stream's first part)."""
-    return f"decode:{int(first)}:{latent_frames}:{chunk_sig}"
+def decode_shape_sig(first: bool, latent_frames: int, chunk_sig: str, decoder: str = "") -> str:
+    """Shape signature of a decode of ``latent_frames`` (``first``: a stream's first part);
+    ``decoder``: a decoder other than the model's default (``":tiny"`` / ``":full"`` appended:
+    its cost is another's)."""
+    return f"decode:{int(first)}:{latent_frames}:{chunk_sig}" + (f":{decoder}" if decoder else "")
 
 
 def steady_chunk_plans(
-    chunk_frames: int, latent_h: int, latent_w: int, *, steps: int, fold: bool
+    chunk_frames: int, latent_h: int, latent_w: int, *, steps: int, fold: bool, decoder: str = ""
 ) -> tuple[tuple[PlanKind, str, int], ...]:
     """(kind, shape signature, count) of the plans of one steady-state chunk of a stream: the
     denoising steps, the KV update (none when the last step writes the cache) and one decode
-    of the whole chunk. Admission prices a session's compute share from these."""
+    of the whole chunk (``decoder``: as in ``decode_shape_sig``). Admission prices a
+    session's compute share from these."""
     sig = chunk_shape_sig(chunk_frames, latent_h, latent_w)
     plans = [(PlanKind.CHUNK_STEP, sig, steps)]
     if not fold:
         plans.append((PlanKind.KV_UPDATE, sig, 1))
-    plans.append((PlanKind.VAE_DECODE, decode_shape_sig(False, chunk_frames, sig), 1))
+    plans.append((PlanKind.VAE_DECODE, decode_shape_sig(False, chunk_frames, sig, decoder), 1))
     return tuple(plans)
 
 
@@ -240,11 +243,22 @@ class ChunkPlanner:
         return self._plan(
             state,
             PlanKind.VAE_DECODE,
-            self._m.decode_op,
+            self._decode_op(state),
             args,
-            decode_shape_sig(first, latent, self._shape(state)),
+            decode_shape_sig(first, latent, self._shape(state), self._decoder_sig(state)),
             emits=tuple(emits),
         )
+
+    def _decode_op(self, state: ChunkRolloutState) -> Any:
+        """The op of the stream's decoder (the model's default one for a state without)."""
+        if not state.codec:
+            return self._m.decode_op
+        return self._m.decode_op_for(state.codec)
+
+    def _decoder_sig(self, state: ChunkRolloutState) -> str:
+        """The stream's decoder where it is not the model's default (``decode_shape_sig``)."""
+        default = getattr(self._m, "default_decoder", "")
+        return state.codec if state.codec and state.codec != default else ""
 
     def _plan(
         self,
@@ -295,7 +309,8 @@ class ChunkPlanner:
             steps_left = len(self._steps) - state.denoise_step - (kind is PlanKind.CHUNK_STEP)
             latent, first = self.decode_part(state)[0], int(state.frames_emitted == 0)
         steps = tuple(Followup(PlanKind.CHUNK_STEP, shape, flops) for _ in range(steps_left))
-        return (*steps, Followup(PlanKind.VAE_DECODE, decode_shape_sig(bool(first), latent, shape)))
+        decode = decode_shape_sig(bool(first), latent, shape, self._decoder_sig(state))
+        return (*steps, Followup(PlanKind.VAE_DECODE, decode))
 
     def _capture(self, state: ChunkRolloutState) -> dict[str, Any]:
         facts = chunk_capture(state, self._steps, self._m.precision)
@@ -303,6 +318,9 @@ class ChunkPlanner:
             facts["adapters"] = self._m.adapters.versions(state.adapters)
         if state.keep_latents:  # the tensors themselves (no device read here)
             facts["step_latents"] = list(state.step_latents)
+        if state.codec:  # the decoder that turned its latents into frames
+            facts["decoder"] = state.codec
+        facts["step_batch"] = state.step_batch
         return {**facts, "restart_policy": self._restart_policy}
 
     # views of the state's tensors

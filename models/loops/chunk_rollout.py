@@ -135,6 +135,7 @@ class ChunkRollout:
             )
             max_chunks, collect, seed, target = request.max_chunks, False, request.seed, None
         slab = None if isinstance(request, JobRequest) else request.kv_slab
+        codec = self._codec(request)
         c = profile.chunk_latent_frames
         lh, lw = profile.height // m.latent.spatial_stride, profile.width // m.latent.spatial_stride
         cache = m.kv_cache(m.slab_geometry(profile), slab)
@@ -157,10 +158,22 @@ class ChunkRollout:
             audio_pending=torch.zeros(0, dtype=torch.float32),
             kv=cache,
             window_latents=window,
-            decoder=m.new_decoder_cache(lh, lw),
+            decoder=_decoder_cache(m, lh, lw, codec),
+            codec=codec,
             adapters=[] if isinstance(request, JobRequest) else list(request.adapters),
             keep_latents=isinstance(request, JobRequest) and request.keep_latents,
         )
+
+    def _codec(self, request: SessionRequest | JobRequest) -> str:
+        """The decoder option the stream decodes with: a session's ``decoder`` (checked
+        against the model's), a job's full VAE where the model has one (an artifact gets the
+        best frames the latents give), else the default; "" for a model with one decoder."""
+        options = tuple(getattr(self._m, "decoder_options", tuple)())
+        if not options:
+            return ""
+        if isinstance(request, JobRequest):
+            return "full" if "full" in options else self._m.default_decoder
+        return self._m.resolve_decoder(request.decoder)
 
     def absorb(self, state: ChunkRolloutState, inputs: Sequence[InputEvent]) -> ChunkRolloutState:
         restart: RestartKind | None = None
@@ -234,6 +247,7 @@ class ChunkRollout:
             state.recache_needed = False
         elif kind is PlanKind.CHUNK_STEP:
             state.latents = result.output
+            state.step_batch = max(state.step_batch, result.batch_size)
             if state.keep_latents:  # a copy: a captured graph may reuse its output buffer
                 state.step_latents.append(result.output.clone())
             state.denoise_step += 1
@@ -301,7 +315,7 @@ class ChunkRollout:
         finished steps are dropped; its audio and the audio still pending stay as they are,
         and an input latched anew replaces its kind's earlier ack)."""
         state.phase, state.denoise_step, state.latents = Phase.START, 0, None
-        state.decoded, state.step_latents = 0, []
+        state.decoded, state.step_latents, state.step_batch = 0, [], 1
         if state.next_prompt is not None:
             if state.next_prompt_is_cut:
                 state.segment += 1
@@ -347,3 +361,10 @@ class ChunkRollout:
         first = self._m.latent.pixel_frames(c, includes_first=True)
         later = self._m.latent.pixel_frames(c, includes_first=False)
         return 1 + max(0, math.ceil((num_frames - first) / later))
+
+
+def _decoder_cache(model: Any, latent_h: int, latent_w: int, codec: str) -> Any:
+    """A fresh decoder cache of ``codec`` ("": the model's only decoder)."""
+    if not codec:
+        return model.new_decoder_cache(latent_h, latent_w)
+    return model.new_decoder_cache(latent_h, latent_w, codec)

@@ -67,6 +67,9 @@ class ChunkRolloutState(LoopState, kw_only=True):
     acks: list[tuple[InputKind, int, bool]] = []
     next_acks: list[tuple[InputKind, int, bool]] = []
     restarts: int = 0  # times the current chunk position restarted for an input
+    # the largest engine batch the current chunk's denoising steps ran in (1: alone); a
+    # batched step agrees with a solo one within a tolerance, so the record says so
+    step_batch: int = 1
     chunk_action: torch.Tensor | None = None  # [1, ACTION_DIM]
     next_action: torch.Tensor | None = None
     chunk_keys: list[str] = []  # the held keys of chunk_action / next_action, as plain data
@@ -85,6 +88,9 @@ class ChunkRolloutState(LoopState, kw_only=True):
     kv: ChunkKVCache  # the session's chunk-KV (a slab view), written in place by the ops
     window_latents: torch.Tensor  # [1, C, S + W, h, w] clean latents of the cached frames
     decoder: DecoderCache  # the session's VAE decoder cache, advanced in place by decodes
+    # the decoder option that cache belongs to ("full" | "tiny"); "": the model's default
+    # (a state snapshotted before sessions could pick one)
+    codec: str = ""
     frames: list[torch.Tensor] = []  # collected uint8 [n, H, W, 3] chunks (jobs only)
 
     @property

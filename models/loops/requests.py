@@ -30,6 +30,9 @@ class SessionRequest(msgspec.Struct, frozen=True, kw_only=True):
     kv_slab: int | None = None
     # LoRA adapters registered at deploy scope (models/lora.py), with strengths
     adapters: tuple[tuple[str, float], ...] = ()
+    # how latents become frames: "full" (the VAE) | "tiny" (a tiny streaming decoder), one the
+    # model serves (``ModelCard.decoders``); None: the card's default decoder
+    decoder: str | None = None
 
 
 class JobRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -113,11 +113,14 @@ WAN21_13B_CAUSAL = ModelCard(
     description=(
         "Wan2.1-T2V-1.3B distilled to 4-step chunk-causal generation (Self-Forcing, "
         "DMD); 832x480 at 16 fps. External weights: the operator supplies the "
-        "checkpoint directory."
+        "checkpoint directory (with madebyollin's taew2_1.pth under tiny_decoder/, sessions "
+        "may also pick the tiny streaming decoder)."
     ),
     components={
         "dit": ComponentSpec("dit", "dit", "wan2.1-1.3b"),
         "vae": ComponentSpec("vae", "vae", "wan2.1"),
+        # a second decoder sessions may pick ("decoder": "tiny"), loaded when it is there
+        "tiny_decoder": ComponentSpec("tiny_decoder", "decoder", "taew2_1"),
         "text_encoder": ComponentSpec("text_encoder", "text_encoder", "umt5-xxl"),
         "tokenizer": ComponentSpec("tokenizer", "tokenizer", "umt5-xxl"),
     },
@@ -141,6 +144,10 @@ WAN21_13B_CAUSAL = ModelCard(
             # prefixes accepted by the loader); the rest comes from Wan2.1-T2V-1.3B-Diffusers.
             "dit": _required("transformer", "original"),
             "vae": _required("vae", "diffusers"),
+            # the published TAEHV layout (models/wan/taehv_checkpoint.py); optional
+            "tiny_decoder": ComponentEntry(
+                "tiny_decoder", "taehv", optional_for=_CAUSAL_CAPABILITIES
+            ),
             "text_encoder": _required("text_encoder", "diffusers"),
             "tokenizer": _required("tokenizer", "diffusers"),
         }
@@ -344,9 +351,10 @@ WAN21_T2V_TINY_RANDOM = ModelCard(
 # --------------------------------------------------------------------------------------------
 # The same causal cards decoding with a tiny streaming decoder (TAEHV architecture,
 # models/wan/taehv.py) instead of the full VAE: the DiT, its recipe and the loops are unchanged;
-# ``vae_decode`` names the ``tiny_decoder`` component, so the instance loads that (not the full
-# VAE) and sessions stream with its cache. The full VAE stays a component, optional in the
-# manifest: the teacher of ``dreamrt train tiny-decoder``, never loaded for serving.
+# ``vae_decode`` names the ``tiny_decoder`` component, so sessions stream with it and its cache
+# unless they ask for ``"decoder": "full"``. The full VAE stays a component, optional in the
+# manifest: loaded when it is there (sessions may pick it, jobs decode with it), and the
+# teacher of ``dreamrt train tiny-decoder``.
 
 
 def _with_tiny_decoder(

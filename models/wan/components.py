@@ -6,7 +6,9 @@ inits in milliseconds on a GPU); a checkpoint directory is laid out as the card'
 (``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``) and is checked for every
 component before gigabytes of weights load. The codec built is the card's
 ``decoder_component``: the full VAE, or a tiny TAEHV decoder (``tiny_decoder/``) for a card
-that decodes with one - whose full VAE (a distillation teacher only) is then not loaded.
+that decodes with one. ``build_decoders`` builds the card's *other* decoders (the options a
+session may pick, ``ModelCard.decoders``): with random weights always, from a checkpoint
+directory when their files are there (an optional component left out is no error).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from models.card import ComponentKind, ModelCard
+from models.card import ComponentKind, ComponentSpec, ModelCard
 from models.instance import InstanceError
 from models.loops.inputs import ACTION_DIM, AUDIO_DIM
 from models.wan.config import WanDiTConfig
@@ -26,7 +28,7 @@ from models.wan.transformer import WanDiT
 from models.wan.vae import WanVAE
 from models.wan.vae_config import WanVAEConfig
 
-__all__ = ["CPU_RANDOM_PARAM_LIMIT", "build_components", "dit_param_count"]
+__all__ = ["CPU_RANDOM_PARAM_LIMIT", "build_components", "build_decoders", "dit_param_count"]
 
 
 def build_components(
@@ -82,7 +84,52 @@ def _check_random_size(config: WanDiTConfig, device: torch.device) -> None:
 
 def _random_codec(card: ModelCard) -> WanVAE | TAEHVDecoder:
     """The latent codec the loops decode with (``card.decoder_component``), from its preset."""
-    spec = card.components[card.decoder_component]
+    return _codec_of(card.components[card.decoder_component])
+
+
+def build_decoders(
+    card: ModelCard,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+    random_weights: bool,
+    checkpoint_dir: str | Path | None,
+) -> dict[str, WanVAE | TAEHVDecoder]:
+    """The card's decoders other than its default one (``ModelCard.decoders``) -> codec by
+    option (``"full"`` / ``"tiny"``): seeded random ones for a random card (their own seed
+    stream: the default components' weights do not move), else those whose checkpoint path
+    exists under ``checkpoint_dir``."""
+    from models.checkpoint import load_vae
+    from models.wan.taehv_checkpoint import load_taehv
+
+    random = random_weights or card.weights.value == "random"
+    out: dict[str, WanVAE | TAEHVDecoder] = {}
+    for option in card.decoders:
+        if option == card.default_decoder:
+            continue
+        spec = card.components[card.decoder_component_for(option)]
+        if random:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed + 1)
+                with device:
+                    out[option] = _codec_of(spec)
+            continue
+        entry = card.checkpoint.components.get(spec.component_id)
+        if checkpoint_dir is None or entry is None:
+            continue
+        path = Path(checkpoint_dir) / entry.path_hint
+        if not path.exists():
+            continue
+        if spec.kind is ComponentKind.DECODER:
+            config = TAEHVConfig.preset(spec.preset)
+            out[option] = load_taehv(path, device=device, dtype=dtype, config=config)
+        else:
+            out[option] = load_vae(path, device=device, dtype=dtype)
+    return out
+
+
+def _codec_of(spec: ComponentSpec) -> WanVAE | TAEHVDecoder:
     if spec.kind is ComponentKind.DECODER:
         return TAEHVDecoder(TAEHVConfig.preset(spec.preset))
     return WanVAE(WanVAEConfig.preset(spec.preset))

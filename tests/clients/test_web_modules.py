@@ -163,6 +163,42 @@ def test_config_parses_ice_servers_and_rejects_bad_values(page: Any) -> None:
     )
 
 
+def test_the_page_offers_the_cards_decoders_and_names_the_sessions(page: Any) -> None:
+    result = page.evaluate(
+        """async () => {
+        const { decoderChoices, describeSession } = await import('/model_guide.js');
+        const { readConfig } = await import('/config.js');
+        const both = { id: 'm', decoders: ['full', 'tiny'], default_decoder: 'tiny' };
+        const errorOf = (fn) => { try { fn(); return null; } catch (err) { return [err.name, err.field]; } };
+        const storage = { getItem: () => null };
+        return {
+            both: decoderChoices(both),
+            wanted: decoderChoices(both, 'full'),
+            unknown: decoderChoices(both, 'huge'),
+            one: decoderChoices({ id: 'm', decoders: ['full'], default_decoder: 'full' }, 'tiny'),
+            old: decoderChoices({ id: 'm' }),
+            line: describeSession({ profile: { width: 832, height: 480, fps: 16 }, decoder: 'tiny' }),
+            plain: describeSession({ profile: { width: 64, height: 64, fps: 8 } }),
+            none: describeSession({}),
+            config: readConfig('?decoder=tiny', storage).decoder,
+            unset: readConfig('', storage).decoder,
+            bad: errorOf(() => readConfig('?decoder=huge', storage)),
+        };
+    }"""
+    )
+    assert result["both"] == {"options": ["full", "tiny"], "selected": "tiny"}
+    assert result["wanted"]["selected"] == "full" and result["unknown"]["selected"] == "tiny"
+    assert result["one"] == {"options": [], "selected": "full"}  # nothing to pick
+    assert result["old"] == {"options": [], "selected": ""}
+    assert result["line"] == "832×480 @ 16 fps · tiny decoder"
+    assert result["plain"] == "64×64 @ 8 fps" and result["none"] == ""
+    assert (result["config"], result["unset"], result["bad"]) == (
+        "tiny",
+        "",
+        ["ConfigError", "decoder"],
+    )
+
+
 def test_answer_audio_acceptance_reads_the_audio_section(page: Any) -> None:
     result = page.evaluate(
         """async () => {

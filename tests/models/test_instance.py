@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from models.card_checkpoint import CheckpointManifest
 from models.checkpoint import save_original_format
 from models.instance import InstanceError, load_instance
 from models.loops.requests import SessionRequest
@@ -26,12 +27,19 @@ from tests.models.test_text_encoder import write_checkpoint
 
 def _external_card():
     tiny = get("wan-tiny-random")
+    # the 1.3B card's manifest for the components the tiny card has (its optional tiny
+    # decoder is not one of them)
+    entries = {
+        name: entry
+        for name, entry in WAN21_13B_CAUSAL.checkpoint.components.items()
+        if name in tiny.components or name == "tokenizer"
+    }
     return dataclasses.replace(
         tiny,
         model_id="wan-tiny-external",
         weights="external",
         description="tiny Wan preset with weights from a directory",
-        checkpoint=WAN21_13B_CAUSAL.checkpoint,
+        checkpoint=CheckpointManifest(entries),
     )
 
 
@@ -84,10 +92,10 @@ def test_missing_components_are_named(tmp_path, checkpoint) -> None:
         load_instance(_external_card(), device="cpu", checkpoint_dir=partial)
 
 
-def test_weights_digest_covers_the_components_served_not_a_teachers(tmp_path) -> None:
-    """Weights digest x tiny decoder: a taehv card lists its full VAE (the distillation
-    teacher) in its manifest but never loads it to serve, so the records' weights version
-    does not depend on that file; it does on the decoder that runs."""
+def test_weights_digest_covers_the_decoders_served(tmp_path) -> None:
+    """Weights digest x decoders: a taehv card serves its full VAE beside the tiny decoder
+    once ``vae/`` is there (sessions may pick either), so the records' weights version then
+    covers that file too; it always covers the decoder that runs by default."""
     from models.instance import _weights_digest
 
     card = get("wan2.1-1.3b-causal-taehv")
@@ -97,9 +105,10 @@ def test_weights_digest_covers_the_components_served_not_a_teachers(tmp_path) ->
     served = _weights_digest(card, 0, False, tmp_path)
     (tmp_path / "vae").mkdir()
     (tmp_path / "vae" / "weights.safetensors").write_bytes(b"teacher" * 8)
-    assert _weights_digest(card, 0, False, tmp_path) == served
+    with_full = _weights_digest(card, 0, False, tmp_path)
+    assert with_full != served  # a second decoder is served now
     (tmp_path / "tiny_decoder" / "weights.safetensors").write_bytes(b"retrained" * 8)
-    assert _weights_digest(card, 0, False, tmp_path) != served
+    assert _weights_digest(card, 0, False, tmp_path) != with_full
     full = get("wan2.1-1.3b-causal")  # the full-VAE card decodes with it: its file counts
     with_vae = _weights_digest(full, 0, False, tmp_path)
     (tmp_path / "vae" / "weights.safetensors").write_bytes(b"other" * 8)

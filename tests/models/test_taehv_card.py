@@ -64,10 +64,16 @@ def test_a_decode_loop_must_name_one_codec() -> None:
         bad.validate()
 
 
-def test_the_instance_decodes_with_the_tiny_decoder_only(instance) -> None:
-    assert isinstance(instance.vae, TAEHVDecoder)
-    assert not any(isinstance(c, WanVAE) for c in instance.components.values())
+def test_the_instance_decodes_with_the_tiny_decoder_and_holds_the_full_vae_beside(
+    instance,
+) -> None:
+    assert isinstance(instance.vae, TAEHVDecoder) and instance.default_decoder == "tiny"
     assert instance.components["tiny_decoder"] is instance.vae
+    # random weights: the full VAE is built too, a session may pick it (and jobs decode with it)
+    assert instance.decoder_options() == ("full", "tiny")
+    assert isinstance(instance.codec_for("full"), WanVAE)
+    assert instance.components["vae"] is instance.codec_for("full")
+    assert instance.decode_op_for("full") is not instance.decode_op_for("tiny")
     reference = load_instance(get("wan-tiny-random"), device="cpu")
     # same seed, same DiT: the two cards' sessions differ only in how latents become frames
     ours, theirs = instance.dit.state_dict(), reference.dit.state_dict()
@@ -132,6 +138,7 @@ def test_external_card_loads_the_published_layout_and_no_full_vae(tmp_path: Path
     (tmp_path / "tiny_decoder").mkdir()  # what a user does with madebyollin's taew2_1.pth
     torch.save(published_state_dict(decoder), tmp_path / "tiny_decoder" / "taew2_1.pth")
     loaded = load_instance(_external_card(), device="cpu", checkpoint_dir=tmp_path)  # no vae/
+    assert loaded.decoder_options() == ("tiny",) and "vae" not in loaded.card.components
     ours, theirs = loaded.vae.state_dict(), decoder.state_dict()
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
     frames = LoopStream(loaded, "a red ball", seed=1).next_chunk()

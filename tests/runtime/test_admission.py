@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 
 from runtime.admission import (
+    SLO_COMPUTE_CAPACITY,
     AdmissionConfig,
     AdmissionController,
     AdmissionError,
     AdmissionRequest,
     Admit,
+    BatchPricing,
     Reject,
 )
 from runtime.pools import KVSlabPool
@@ -207,3 +209,66 @@ def test_the_slab_pool_is_the_one_kv_gate_and_release_returns_the_slab() -> None
     ctl.release(first.reservation_id)
     fork = pool.fork(third.slab, "c/fork")  # a slab taken outside admission still counts
     assert fork is not None and isinstance(ctl.admit(req("d", share=0.0, peak=0)), Reject)
+
+
+# --------------------------------------------------------------------------------------------
+# batch pricing: sessions whose steps run as one batch are priced as that batch
+
+
+def batched(
+    owner: str, alone: float, steps: tuple[float, ...], key: str = "m:c3"
+) -> AdmissionRequest:
+    return AdmissionRequest(
+        owner,
+        compute_gpu_s_per_s=alone,
+        kv_pool="g",
+        peak_bytes=1,
+        batching=BatchPricing(key, steps),
+    )
+
+
+def test_a_batch_group_is_priced_as_its_batch_not_k_times_one() -> None:
+    # steps of one session 0.188 GPU-s/s of a 0.310 share; two in one batch 1.47x one
+    one = 0.188
+    steps = (one, 1.47 * one, 1.94 * one, 2.41 * one)
+    ctl = make_controller()
+    for i in range(3):
+        assert isinstance(ctl.admit(batched(f"s{i}", 0.310, steps)), Admit)
+    rest = 0.310 - one
+    assert ctl.usage().compute_gpu_s_per_s == pytest.approx(3 * rest + steps[2])
+    assert ctl.marginal_compute(batched("s3", 0.310, steps)) == pytest.approx(
+        rest + steps[3] - steps[2]
+    )
+    refused = ctl.admit(batched("s3", 0.310, steps))
+    assert isinstance(refused, Reject) and refused.reason == "compute"
+    assert f"+{rest + steps[3] - steps[2]:.3f} GPU-s/s" in refused.detail
+    # priced one by one, the third would not have fitted
+    alone = make_controller()
+    assert [isinstance(alone.admit(req(f"s{i}", 0.310)), Admit) for i in range(3)] == [
+        True,
+        True,
+        False,
+    ]
+
+
+def test_groups_are_apart_beyond_max_batch_form_new_batches_and_mix_with_others() -> None:
+    steps = (0.2, 0.3)  # max_batch 2
+    assert BatchPricing("k", steps).total(5) == pytest.approx(2 * 0.3 + 0.2)
+    ctl = make_controller()
+    ctl.admit(batched("a", 0.25, steps, key="x"))
+    ctl.admit(batched("b", 0.25, steps, key="y"))  # another shape: its own batch
+    ctl.admit(req("c", 0.1))
+    assert ctl.usage().compute_gpu_s_per_s == pytest.approx(2 * 0.25 + 0.1)
+    reservation = ctl.admit(batched("d", 0.25, steps, key="x"))
+    assert ctl.usage().compute_gpu_s_per_s == pytest.approx(0.05 + 0.05 + 0.3 + 0.25 + 0.1)
+    assert isinstance(reservation, Admit) and ctl.release(reservation.reservation_id)
+    assert ctl.usage().compute_gpu_s_per_s == pytest.approx(2 * 0.25 + 0.1)
+
+
+def test_batch_pricing_is_validated() -> None:
+    ctl = make_controller()
+    with pytest.raises(AdmissionError, match="finite shares"):
+        ctl.admit(batched("a", 0.3, ()))
+    with pytest.raises(AdmissionError, match="exceeds"):
+        ctl.admit(batched("a", 0.1, (0.2, 0.3)))
+    assert AdmissionConfig(peak_capacity_bytes=0).compute_capacity == SLO_COMPUTE_CAPACITY == 0.9

@@ -131,3 +131,92 @@ def test_asynchronous_time_is_kept_apart_and_survives_a_snapshot() -> None:
     restored = CostModel(DeviceConstants("d", 1e12, 1e11, 0.0))
     restored.load(msgspec.json.decode(msgspec.json.encode(cm.snapshot())))
     assert restored.gpu_seconds("vae_decode", "c3") == pytest.approx(0.148)
+
+
+# --------------------------------------------------------------------------------------------
+# batches of k plans of one shape: each size its own calibration, a fitted line between
+
+
+def test_a_batch_is_calibrated_per_size_not_as_k_times_one() -> None:
+    cost = CostModel(DEV, alpha=1.0)
+    cost.observe("chunk_step", "c3x34x60", 0.032)
+    cost.observe("chunk_step", "c3x34x60", 0.047, batch_size=2)  # one forward for two steps
+    assert cost.predict("chunk_step", "c3x34x60") == pytest.approx(0.032)  # one plan, alone
+    assert cost.predict_batch("chunk_step", "c3x34x60", 2) == pytest.approx(0.047)
+    # unmeasured sizes: the line through the measured ones, a + b k = 0.017 + 0.015 k
+    assert cost.predict_batch("chunk_step", "c3x34x60", 3) == pytest.approx(0.062)
+    assert cost.predict_batch("chunk_step", "c3x34x60", 4) == pytest.approx(0.077)
+    assert (cost.samples("chunk_step", "c3x34x60", 2), cost.samples("chunk_step", "c3x34x60")) == (
+        1,
+        2,
+    )
+    # a third size refits the line by least squares over all three
+    cost.observe("chunk_step", "c3x34x60", 0.080, batch_size=4)
+    want = 0.032 + (0.080 - 0.032) / 3 * (3 - 1)  # the three points lie on one line here
+    cost.observe("chunk_step", "c3x34x60", 0.048, batch_size=2)
+    points = {1: 0.032, 2: 0.048, 4: 0.080}
+    mean_k, mean_c = 7 / 3, sum(points.values()) / 3
+    slope = sum((k - mean_k) * (c - mean_c) for k, c in points.items()) / sum(
+        (k - mean_k) ** 2 for k in points
+    )
+    fitted = mean_c + slope * (3 - mean_k)
+    assert cost.predict_batch("chunk_step", "c3x34x60", 3) == pytest.approx(fitted)
+    assert fitted == pytest.approx(want, rel=0.02)
+
+
+def test_unmeasured_sizes_are_clamped_and_fall_back_without_evidence() -> None:
+    cost = CostModel(DEV, alpha=1.0)
+    assert cost.predict_batch("k", "s", 3, 1e12) == pytest.approx(3 * cost.prior(1e12, 0.0))
+    cost.observe("k", "s", 0.10, batch_size=2)  # one size: scaled per plan, no batching gain
+    assert cost.predict("k", "s") == pytest.approx(0.05)
+    assert cost.predict_batch("k", "s", 4) == pytest.approx(0.20)
+    # superlinear measurements: the line would price 3 above 3 plans alone; capped there
+    cost.observe("k", "s", 0.10)
+    cost.observe("k", "s", 0.25, batch_size=2)
+    assert cost.predict_batch("k", "s", 3) == pytest.approx(0.30)
+    # a line that falls: never cheaper than the larger batch already measured below
+    cost.observe("k", "s", 0.20, batch_size=2)
+    cost.observe("k", "s", 0.15, batch_size=4)
+    assert cost.predict_batch("k", "s", 5) >= 0.15 - 1e-12
+    with pytest.raises(CostModelError, match="batch_size"):
+        cost.predict_batch("k", "s", 0)
+
+
+def test_asynchronous_time_of_a_batch_and_gpu_seconds_per_size() -> None:
+    cost = CostModel(DEV, alpha=1.0)
+    cost.observe("vae_decode", "d", 0.008)
+    cost.observe_async("vae_decode", "d", 0.046)
+    cost.observe_async("vae_decode", "d", 0.080, batch_size=2)
+    assert cost.gpu_seconds("vae_decode", "d") == pytest.approx(0.054)
+    # two decodes: the main-stream part has one size measured (scaled), the async part two
+    assert cost.gpu_seconds("vae_decode", "d", batch_size=2) == pytest.approx(0.016 + 0.080)
+
+
+def test_batch_sizes_survive_a_snapshot_and_old_entries_are_batches_of_one() -> None:
+    cost = CostModel(DEV, alpha=1.0)
+    cost.observe("chunk_step", "c", 0.032)
+    cost.observe("chunk_step", "c", 0.047, batch_size=2)
+    snap = msgspec.json.decode(msgspec.json.encode(cost.snapshot()))
+    assert [(e["batch"], e["gpu_s"]) for e in snap["entries"]] == [(1, 0.032), (2, 0.047)]
+    restored = CostModel(DEV)
+    assert restored.load(snap) == 2
+    assert restored.predict_batch("chunk_step", "c", 3) == pytest.approx(0.062)
+    old = {
+        **snap,
+        "entries": [{"kind": "kv_update", "shape_sig": "c", "gpu_s": 0.04, "samples": 9}],
+    }
+    assert restored.load(old) == 1
+    assert restored.samples("kv_update", "c", 1) == 9
+    with pytest.raises(CostModelError, match="batch"):
+        restored.load({**snap, "entries": [{**snap["entries"][0], "batch": 0}]})
+
+
+def test_the_profiler_feeds_each_batch_under_its_size() -> None:
+    from runtime.observers import BatchInfo, Profiler
+
+    cost = CostModel(DEV, alpha=1.0)
+    profiler = Profiler(cost, use_cuda_events=False)
+    info = BatchInfo(7, "chunk_step", "c", "inst", "chunk_step", (1, 2), ("a", "b"))
+    profiler.after_batch(info, [None, None], 0.047)
+    assert cost.samples("chunk_step", "c", 2) == 1 and cost.samples("chunk_step", "c", 1) == 0
+    assert cost.predict_batch("chunk_step", "c", 2) == pytest.approx(0.047)

@@ -216,3 +216,15 @@ def test_serve_takes_the_admission_cost(monkeypatch, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["serve", "--admission-cost", "fast"])
     assert "--admission-cost" in capsys.readouterr().err
+
+
+def test_serve_takes_the_compute_capacity_and_cross_session_batching(monkeypatch) -> None:
+    served = _capture_serve(monkeypatch)
+    assert main(["serve", "--port", "9"]) == 0
+    assert (
+        main(["serve", "--port", "9", "--compute-capacity", "0.8", "--batch-sessions", "on"]) == 0
+    )
+    assert main(["serve", "--port", "9", "--batch-sessions", "off"]) == 0
+    configs = [app.state.config for app in served]
+    assert [c.engine.compute_capacity for c in configs] == [None, 0.8, None]
+    assert [c.engine.batch_sessions for c in configs] == ["auto", "on", "off"]

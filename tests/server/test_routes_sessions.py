@@ -52,6 +52,8 @@ def test_create_and_read_a_session(client: TestClient) -> None:
         ({"prompt": "a", "model": "no-such-model"}, "model"),
         ({"prompt": "a", "class": "urgent"}, "class"),
         ({"prompt": "a", "start": "later"}, "start"),
+        ({"prompt": "a", "decoder": "huge"}, "decoder"),
+        ({"prompt": "a", "decoder": "tiny"}, "decoder"),  # the served card has no tiny decoder
     ],
 )
 def test_invalid_session_bodies_are_422_naming_the_field(
@@ -60,6 +62,35 @@ def test_invalid_session_bodies_are_422_naming_the_field(
     response = client.post("/v1/sessions", json=body)
     assert response.status_code == 422, response.text
     assert field in [str(part) for part in response.json()["detail"][0]["loc"]]
+
+
+def test_sessions_of_one_model_pick_their_decoder(tmp_path) -> None:
+    """The tiny-decoder card with its full VAE beside: one resident instance serves a session
+    of each; the answer, GET /v1/sessions/{id}, GET /v1/models and the chunk records say which
+    decoder a session uses."""
+    import time
+
+    from tests.server.conftest import make_client
+
+    with make_client(tmp_path, model="wan-tiny-taehv-random", max_sessions=2) as client:
+        card = next(c for c in client.get("/v1/models").json()["data"] if c["served"])
+        assert (card["decoders"], card["default_decoder"]) == (["full", "tiny"], "tiny")
+        full = create(client, decoder="full", start="now", seed=1)
+        tiny = create(client, seed=1)
+        assert (full["decoder"], tiny["decoder"]) == ("full", "tiny")
+        deadline = time.monotonic() + 60.0
+        while client.get(f"/v1/sessions/{full['id']}").json()["chunks"] == 0:
+            assert time.monotonic() < deadline, "the full-VAE session made no chunk"
+            time.sleep(0.05)
+        views = [client.get(f"/v1/sessions/{s['id']}").json() for s in (full, tiny)]
+        assert [v["decoder"] for v in views] == ["full", "tiny"]
+        assert client.delete(f"/v1/sessions/{full['id']}").status_code == 204
+    rows = (
+        sqlite3.connect(tmp_path / "data" / "dreamrt.sqlite3")
+        .execute("SELECT decoder FROM records WHERE session_id = ?", (full["id"],))
+        .fetchall()
+    )
+    assert rows and {r[0] for r in rows} == {"full"}
 
 
 def test_start_now_generates_the_first_chunk_before_any_offer(client: TestClient) -> None:
@@ -212,3 +243,23 @@ def test_capacity_answer_is_503_with_retry_after(client: TestClient) -> None:
     assert (
         body["code"] == "capacity" and body["reason"] == "kv_slabs" and body["permanent"] is False
     )
+
+
+def test_batching_on_request_prices_sessions_by_the_batch_and_the_capacity_is_configured(
+    tmp_path,
+) -> None:
+    """``--batch-sessions`` on a CPU server: the model batches sessions' steps and the host
+    prices up to the engine's max_batch; ``--compute-capacity`` is what admission divides by.
+    (Off by default on a CPU, as the plain ``client`` fixture shows.)"""
+    from tests.server.conftest import make_client
+
+    with make_client(tmp_path, batch_sessions="on", compute_capacity=0.75, max_batch=3) as client:
+        ctx = client.app.state.ctx
+        assert ctx.engine.admission.config.compute_capacity == 0.75
+        served = ctx.host.models[ctx.host.models.default]
+        assert served.batched_plan_kinds() == {"chunk_step"} and ctx.host.max_batch == 3
+        assert client.get("/v1/deployment").json()["load"]["compute_capacity"] == 0.75
+    with make_client(tmp_path / "plain") as client:
+        ctx = client.app.state.ctx
+        served = ctx.host.models[ctx.host.models.default]
+        assert served.batched_plan_kinds() == frozenset() and ctx.host.max_batch == 1

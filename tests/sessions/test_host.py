@@ -163,3 +163,58 @@ async def test_admission_prices_from_measurements_on_an_accelerator_by_default(h
     assert forced.measured_admission
     with pytest.raises(ValueError, match="admission_cost"):
         SessionHost(engine=gpu, models=models, store=store, admission_cost="fast")
+
+
+async def test_batching_admits_a_session_that_per_plan_pricing_refuses(instance, tmp_path) -> None:
+    """Measured costs shaped like a 480x272@16 session on an H200 (0.31 GPU-s per media second:
+    four 35-ms steps, a 38-ms KV update, an 8-ms decode launch and 46 ms on the second stream
+    per 0.75-s chunk), with two sessions' steps batched at 1.47x one: priced one by one two fit
+    under 0.9, priced by the batch they run in three do, and a fourth does not."""
+    # a geometry of its own: the other tests' sessions hold the default one's two slabs
+    size = {"width": 80, "height": 64}
+    profile = instance.card.resolve_profile(**size)
+    scale = instance.chunk_seconds(profile) / 0.75  # the tiny card's chunk, the same shares
+    cost = CostModel(DeviceConstants.cpu(), alpha=1.0)
+    for kind, sig, _ in instance.steady_chunk_plans(profile):
+        seconds = {"chunk_step": 0.0352, "kv_update": 0.0382, "vae_decode": 0.0077}[kind]
+        cost.observe(kind, sig, seconds * scale)
+        if kind == "chunk_step":
+            cost.observe(kind, sig, 1.47 * seconds * scale, batch_size=2)
+        if kind == "vae_decode":
+            cost.observe_async(kind, sig, 0.046 * scale)
+    admission = AdmissionController(AdmissionConfig(peak_capacity_bytes=1 << 40))
+    engine = Engine(cost=cost, admission=admission)
+    await engine.start()
+    store = Store(tmp_path / "db.sqlite3")
+    served = ServedModels({MODEL: instance}, default=MODEL)
+
+    async def admitted(batching: bool) -> int:
+        instance.batch_sessions(batching)
+        host = SessionHost(
+            engine=engine,
+            models=served,
+            store=store,
+            slabs_per_geometry=6,
+            admission_cost="measured",
+            max_batch=4,
+        )
+        try:
+            sessions = [host.create_session(prompt=f"p{i}", seed=i, **size) for i in range(5)]
+            refused = [s for s in sessions if isinstance(s, Reject)]
+            assert refused and {r.reason for r in refused} == {"compute"}
+            return len(sessions) - len(refused)
+        finally:
+            await host.close()
+            instance.batch_sessions(False)
+
+    try:
+        assert host_share(cost, instance, profile) == pytest.approx(0.3096, abs=1e-3)
+        assert await admitted(batching=False) == 2
+        assert await admitted(batching=True) == 3
+    finally:
+        await engine.close()
+        store.close()
+
+
+def host_share(cost: CostModel, instance, profile) -> float:
+    return chunk_gpu_seconds(cost, instance, profile) / instance.chunk_seconds(profile)
