@@ -91,6 +91,7 @@ class ServerContext:
     public_url: str = ""
     draining: bool = False  # leaving the fleet: the card says so, the fleet worker unregistered
     fleet: Any = None  # server.fleet_worker.FleetWorker when --fleet
+    whep: Any = None  # server.whep.WhepResources, made by the first WHEP request
 
     @property
     def livekit_credentials(self) -> LiveKitCredentials:
@@ -425,6 +426,8 @@ async def _teardown(ctx: ServerContext) -> None:
     for peer in list(ctx.peers.values()):
         with contextlib.suppress(Exception):
             await peer.close()
+    if ctx.whep is not None:  # after the peers: their sessions end as their resources do
+        await ctx.whep.close()
     await ctx.host.close()
     await ctx.jobs.close()
     await ctx.trainer.close()
@@ -441,7 +444,14 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     """The dreamrt app for ``config`` (keyword overrides replace its fields)."""
     from dataclasses import replace
 
-    from server import deployment, routes_jobs, routes_sessions, routes_system, routes_trainer
+    from server import (
+        deployment,
+        routes_jobs,
+        routes_sessions,
+        routes_system,
+        routes_trainer,
+        routes_whep,
+    )
 
     config = replace(config or ServerConfig(), **overrides)
     if isinstance(config.data_dir, str):
@@ -477,6 +487,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     app.include_router(routes_sessions.router)
     app.include_router(routes_jobs.router)
     app.include_router(routes_trainer.router)
+    app.include_router(routes_whep.router)
     if config.fault_injection:
         app.include_router(routes_system.faults_router)
     routes_system.mount_web(app, config.web_dir)

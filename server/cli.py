@@ -49,6 +49,27 @@ def _build_parser() -> argparse.ArgumentParser:
         "turn:USER:PASSWORD@host:port (default: none)",
     )
     serve.add_argument(
+        "--client-ice-server",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="STUN/TURN server URL advertised to WHEP players (repeatable; default: the "
+        "--ice-server list)",
+    )
+    serve.add_argument(
+        "--turn-secret",
+        default=None,
+        help="TURN shared secret (coturn static-auth-secret): WHEP players get short-lived "
+        "credentials for TURN URLs given without any (default: $DREAMRT_TURN_SECRET)",
+    )
+    serve.add_argument(
+        "--turn-ttl",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="lifetime of a minted TURN credential",
+    )
+    serve.add_argument(
         "--auth",
         choices=["none", "token"],
         default=None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 
 __all__ = ["run_app", "serve"]
@@ -60,6 +61,9 @@ def serve(args: argparse.Namespace, argv: list[str]) -> int:
     except ExtensionRejected as exc:
         sys.stderr.write(f"dreamrt: {exc}\n")
         return 2
+    if args.turn_ttl <= 0:
+        sys.stderr.write(f"dreamrt: --turn-ttl must be > 0, got {args.turn_ttl:g}\n")
+        return 2
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -68,6 +72,9 @@ def serve(args: argparse.Namespace, argv: list[str]) -> int:
         data_dir=args.data_dir,
         ice_hosts=tuple(args.ice_host),
         ice_servers=tuple(args.ice_server),
+        client_ice_servers=tuple(args.client_ice_server),
+        turn_secret=args.turn_secret or os.environ.get("DREAMRT_TURN_SECRET") or None,
+        turn_ttl_s=args.turn_ttl,
         auth=mode.value,
         force_no_auth=args.force_no_auth,
         admin_key=args.admin_key,

@@ -25,6 +25,11 @@ class ServerConfig:
     data_dir: Path = Path("data")
     ice_hosts: tuple[str, ...] = ()
     ice_servers: tuple[str, ...] = ()
+    # WHEP Link headers: the ICE servers clients are told about (empty: ice_servers), and the
+    # shared secret that mints their short-lived TURN credentials (server.turn_credentials)
+    client_ice_servers: tuple[str, ...] = ()
+    turn_secret: str | None = None
+    turn_ttl_s: float = 3600.0
     auth: str | None = None  # none | token; None: none on loopback, token elsewhere
     force_no_auth: bool = False
     admin_key: str | None = None
