@@ -10,7 +10,8 @@ leave.
 2. ``livekit.state connected``; the video track is published (profile size and fps, bitrate
    from ``video_bitrate_bps``), the session starts negotiating, the sink's first pull makes it
    live (``server.frame_pacer``); the input bridge (``server.livekit_inputs``) and, for an
-   avatar session, ``server.livekit_avatar`` start.
+   avatar session, ``server.livekit_avatar`` start (its speech published as an audio track,
+   clocked by the frames the sink publishes).
 3. The SDK's ``reconnecting`` / ``reconnected`` become ``livekit.state`` events. A
    ``disconnected`` we did not ask for (the room was deleted, the participant removed, the
    server went away after its own retries) closes the session with reason
@@ -144,6 +145,9 @@ class LiveKitParticipant:
                 fps=config.fps,
                 bitrate_bps=video_bitrate_bps(config.width, config.height, config.fps),
             )
+            if self.avatar is not None:  # the speech is this participant's audio track
+                await self.room.publish_audio(self.avatar.speech.out_rate)
+                self.sink.on_published = self.avatar.speech.frame_published
             session.begin_negotiation()
         except SessionStateError:
             log.info("session %s ended while joining its LiveKit room", session.id)
