@@ -272,3 +272,18 @@ def test_get_session_shows_the_avatar_speech(tmp_path) -> None:
             "speech": {"segments": 0, "interrupted": 0, "rate_hz": AUDIO_RATE_HZ, "last": None},
         }
         client.delete(f"/v1/sessions/{created.json()['id']}")
+
+
+async def test_the_room_adapter_queues_speech_in_a_real_audio_source_and_clears_it() -> None:
+    from livekit import rtc
+
+    from server.livekit_room import LiveKitRoom
+
+    room = LiveKitRoom()
+    # what publish_audio creates, without a server
+    room._audio = rtc.AudioSource(AUDIO_RATE_HZ, 1, queue_size_ms=400)
+    await room.capture_audio(np.arange(4_800, dtype=np.int16), 0)  # 0.1 s
+    assert room._audio.queued_duration > 0
+    room.clear_audio()
+    assert room._audio.queued_duration == 0
+    await room.disconnect()
