@@ -234,6 +234,7 @@ async def _answer(request: Request, session: Session, sdp: str, *, owns_session:
     session.latency.offer()
     previous = ctx.peers.get(session.id)
     if previous is not None:
+        registry.hand_over(session.id)  # a session WHEP made outlives its replaced viewer
         await previous.close()  # one viewer per session: this offer replaces the old peer
     peer = ctx.open_peer(session)
     try:

@@ -28,9 +28,11 @@ from typing import Any
 from server.webrtc import ViewerPeer
 from sessions.session import Session
 
-__all__ = ["WhepResource", "WhepResources", "etag_of"]
+__all__ = ["HANDOVER_S", "WhepResource", "WhepResources", "etag_of"]
 
 log = logging.getLogger(__name__)
+
+HANDOVER_S = 0.5
 
 
 def etag_of(answer_sdp: str) -> str:
@@ -100,12 +102,26 @@ class WhepResources:
             await self._host.close_session(resource.session.id, reason)
         await resource.peer.close()
 
+    def hand_over(self, session_id: str) -> None:
+        """A new viewer takes ``session_id`` over: its WHEP resources no longer end it."""
+        for resource in self._by_id.values():
+            if resource.session.id == session_id:
+                resource.owns_session = False
+
     async def _left(self, resource: WhepResource) -> None:
         """The player went away without a DELETE. Its session ends with it unless another
-        viewer has taken the session over meanwhile (a new offer replaces the old peer)."""
+        viewer has taken the session over: a new offer (``POST .../offer`` too) closes the old
+        peer before it opens its own, so that one is given ``HANDOVER_S`` to appear."""
+        if resource.owns_session:
+            await asyncio.sleep(HANDOVER_S)
         current = self._viewer_of(resource.session.id)
         if current is not None and current is not resource.peer:
             resource.owns_session = False
+        if resource.owns_session and resource.id in self._by_id:
+            log.info(
+                "session %s: its WHEP player left without a DELETE; closing it",
+                resource.session.id,
+            )
         await self.end(resource, reason="whep viewer left")
 
     async def close(self) -> None:

@@ -203,6 +203,32 @@ async def test_whep_on_an_existing_session_leaves_it_running(http: httpx.AsyncCl
         await http.delete(f"/v1/sessions/{session_id}", headers=AUTH)
 
 
+async def test_a_player_that_leaves_without_delete_ends_its_whep_session(
+    http: httpx.AsyncClient,
+) -> None:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    sdp, _ = await player_offer(pc, data_channel=False)
+    answer = await http.post(
+        "/whep/tiny-world", content=sdp, headers={**AUTH, "Content-Type": "application/sdp"}
+    )
+    assert answer.status_code == 201, answer.text
+    session_id = answer.headers["dreamrt-session-id"]
+    video: asyncio.Future = asyncio.get_running_loop().create_future()
+    pc.on("track", lambda track: video.done() or video.set_result(track))
+    await pc.setRemoteDescription(RTCSessionDescription(answer.text, "answer"))
+    await asyncio.wait_for((await asyncio.wait_for(video, 30)).recv(), 30)
+    await pc.close()  # gone, no DELETE: the server sees its peer connection close
+
+    async def closed() -> None:
+        while (await http.get(f"/v1/sessions/{session_id}", headers=AUTH)).json()["state"] != (
+            "closed"
+        ):
+            await asyncio.sleep(0.1)
+
+    await asyncio.wait_for(closed(), 20)
+    assert (await http.delete(answer.headers["location"], headers=AUTH)).status_code == 404
+
+
 async def test_whep_refusals_name_the_problem(http: httpx.AsyncClient) -> None:
     sdp_headers = {"Content-Type": "application/sdp"}
     offer = "v=0\r\n"
