@@ -86,13 +86,14 @@ def resources_of(request: Request) -> WhepResources:
 # ---------------------------------------------------------------- preflight
 
 
-@router.options("/whep/{model}")
-@router.options("/v1/sessions/{session_id}/whep")
+# preflights carry no credentials (CORS): unauthenticated, and not part of the API schema
+@router.options("/whep/{model}", include_in_schema=False)
+@router.options("/v1/sessions/{session_id}/whep", include_in_schema=False)
 async def endpoint_preflight() -> Response:
     return Response(status_code=204, headers=_cors(_ENDPOINT_METHODS) | {"Accept-Post": SDP_TYPE})
 
 
-@router.options(RESOURCE_PREFIX + "{resource_id}")
+@router.options(RESOURCE_PREFIX + "{resource_id}", include_in_schema=False)
 async def resource_preflight() -> Response:
     return Response(status_code=204, headers=_cors(_RESOURCE_METHODS))
 

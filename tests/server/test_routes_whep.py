@@ -138,6 +138,12 @@ def test_refusals_name_the_problem_and_leave_no_session(client) -> None:
     offer = player_offer(data_channel=False)
     missing = client.post("/whep/tiny-world", content=offer, headers=SDP)
     assert missing.status_code == 401 and missing.headers["access-control-allow-origin"] == "*"
+    session_token = client.post("/v1/sessions", json={"prompt": "x"}, headers=AUTH).json()
+    scoped = {"Authorization": f"Bearer {session_token['token']}"}
+    assert (
+        client.post("/whep/tiny-world", content=offer, headers={**scoped, **SDP}).status_code == 403
+    )
+    assert client.delete(f"/v1/sessions/{session_token['id']}", headers=AUTH).status_code == 204
     wrong_type = client.post(
         "/whep/tiny-world", content=offer, headers={**AUTH, "Content-Type": "text/plain"}
     )
