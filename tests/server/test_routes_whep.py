@@ -72,7 +72,7 @@ def test_a_new_session_is_a_201_resource_with_minted_turn_credentials(client) ->
     before = time.time()
     answer = client.post(
         "/whep/tiny-world",
-        params={"prompt": "a lighthouse in fog", "seed": "7"},
+        params={"prompt": "a lighthouse in fog", "seed": "7", "fps": "6"},
         content=player_offer(),
         headers={**AUTH, **SDP},
     )
@@ -100,6 +100,8 @@ def test_a_new_session_is_a_201_resource_with_minted_turn_credentials(client) ->
 
     view = client.get(f"/v1/sessions/{session_id}", headers=AUTH).json()
     assert (view["prompt"], view["model"]) == ("a lighthouse in fog", "tiny-world")
+    assert view["profile"]["fps"] == 6
+    assert client.app.state.ctx.host.session(session_id).config.seed == 7
 
     patched = client.patch(
         location,
