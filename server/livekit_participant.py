@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -59,6 +60,7 @@ class LiveKitParticipant:
         audio_identity: str | None = None,
         avatar_of: str | None = None,
         on_closed: Callable[[LiveKitParticipant], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.session = session
         self.room = room
@@ -78,7 +80,7 @@ class LiveKitParticipant:
         if avatar_of is not None:
             from server.livekit_avatar import AvatarBridge
 
-            self.avatar = AvatarBridge(session, room, agent_identity=avatar_of)
+            self.avatar = AvatarBridge(session, room, agent_identity=avatar_of, clock=clock)
         self._on_closed = on_closed
         self._task: asyncio.Task[None] | None = None
         self._connected = False

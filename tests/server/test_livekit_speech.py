@@ -57,6 +57,7 @@ def make(caps: set[str]) -> tuple[Session, FakeHandle, LiveKitParticipant, FakeR
         token="t",
         pacer=FramePacer(session, clock=clock, sleep=clock.sleep),
         avatar_of=AGENT,
+        clock=clock,
     )
     return session, handle, participant, room, clock
 
@@ -215,9 +216,13 @@ async def test_an_interrupt_empties_the_queued_audio_and_frames_together() -> No
     )
     await until(lambda: published(room).shape[0] >= AUDIO_RATE_HZ // 2)  # 0.5 s played
     assert await room.rpc_handlers[RPC_CLEAR_BUFFER]("mallory", "") == "reject"
-    stop.set()  # the engine pauses: the frames queued now are what the interrupt must drop
+    stop.set()
     await engine
-    assert len(session.media) > 0
+    # frames made but not shown yet: what the interrupt must drop with the audio
+    next_k = session.media.last_pts // TICKS + 1
+    for k in range(next_k, next_k + 4):
+        session.on_emission(frame_chunk(k))
+    assert len(session.media) >= 4
     assert await room.rpc_handlers[RPC_CLEAR_BUFFER](AGENT, "") == "ok"
     assert len(session.media) == 0 and room.audio_clears == 1
     played = published(room).shape[0]
