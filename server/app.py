@@ -90,6 +90,7 @@ class ServerContext:
     public_url: str = ""
     draining: bool = False  # leaving the fleet: the card says so, the fleet worker unregistered
     fleet: Any = None  # server.fleet_worker.FleetWorker when --fleet
+    whep: Any = None  # server.whep.WhepResources, made by the first WHEP request
 
     @property
     def livekit_credentials(self) -> LiveKitCredentials:
@@ -440,6 +441,8 @@ async def _teardown(ctx: ServerContext) -> None:
     for peer in list(ctx.peers.values()):
         with contextlib.suppress(Exception):
             await peer.close()
+    if ctx.whep is not None:  # after the peers: their sessions end as their resources do
+        await ctx.whep.close()
     await ctx.host.close()
     await ctx.jobs.close()
     await ctx.trainer.close()
@@ -464,6 +467,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
         routes_sessions,
         routes_system,
         routes_trainer,
+        routes_whep,
     )
     from server.openai_errors import OpenAIErrorBodies
 
@@ -501,6 +505,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     app.include_router(routes_openai_models.router)
     app.include_router(routes_openai_videos.router)
     app.include_router(routes_openai_images.router)
+    app.include_router(routes_whep.router)  # WHEP playback (RFC 9725)
     if config.engine.fault_injection:
         app.include_router(routes_system.faults_router)
     routes_system.mount_web(app, config.web_dir)

@@ -16,29 +16,29 @@ Names and payloads are those of livekit-agents (``voice/avatar/_datastream_io.py
   starts playing, and ``lk.playback_finished`` with JSON ``{"playback_position": seconds,
   "interrupted": bool}`` when it has played or was cleared.
 
-Here the speech becomes the session's audio input (16 kHz mono, pushed every
-``AUDIO_PUSH_S``); a segment "plays" from its first push and finishes once as many seconds of
-wall time as it holds have passed after its last byte. ``lk.clear_buffer`` drops the unpushed
-audio and the rest of the segment, pushes a ``cut`` with the active prompt when the card can
-cut (the engine replaces the in-flight chunk at its next step boundary), flushes the queued
+Here the speech does both jobs of an avatar worker (``server.livekit_speech``): it drives the
+video (the session's audio input, 16 kHz mono, for cards with ``input.audio``) and it is
+published as the participant's audio track, delayed so that each sample plays with the frames
+it drove. ``lk.playback_started`` is sent when the segment's first sample is played out,
+``lk.playback_finished`` when its last one was (or at the interrupt, with the position
+reached). ``lk.clear_buffer`` drops the speech not played yet (queued samples, the room's
+audio queue, blocks not pushed), pushes a ``cut`` with the active prompt when the card can cut
+(the engine replaces the in-flight chunk at its next step boundary), flushes the queued
 frames, and reports ``interrupted: true``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-
-import numpy as np
+from typing import Any
 
 from runtime.task_set import TaskSet
-from server.livekit_inputs import AUDIO_PUSH_S
 from server.livekit_room import RoomConnection
-from sessions.audio import TARGET_RATE_HZ, AudioClip, resample
+from server.livekit_speech import SpeechPlayout
 from sessions.session import Session
 
 __all__ = [
@@ -71,17 +71,15 @@ class AvatarBridge:
         self.session = session
         self.room = room
         self.agent_identity = agent_identity
-        self._clock = clock
+        self.speech = SpeechPlayout(session, room, clock=clock)
         self._segments: asyncio.Queue[tuple[AsyncIterator[bytes], Mapping[str, str]]] = (
             asyncio.Queue(maxsize=8)
         )
-        self._cleared = False
         self._playing = False  # a segment is being read or played out
         self._tasks = TaskSet()  # the playout task and the RPCs to the agent
         self._task: asyncio.Task[None] | None = None  # the playout task, once started
         self.segments_played = 0
         self.segments_interrupted = 0
-        self.samples_in = 0
 
     def register(self) -> None:
         """RPC and byte-stream handlers (before the join, so no early call is missed)."""
@@ -109,7 +107,7 @@ class AvatarBridge:
             return "reject"
         if not self._playing:
             return "ok"  # nothing to interrupt (like livekit-agents' AvatarRunner)
-        self._cleared = True
+        self.speech.clear()
         session = self.session
         if session.accepts_inputs and "prompt.cut" in session.config.capabilities:
             session.push_prompt(session.prompts.active_text, "cut")
@@ -123,7 +121,6 @@ class AvatarBridge:
     async def _play(self) -> None:
         while True:
             chunks, attributes = await self._segments.get()
-            self._cleared = False
             try:
                 rate = int(attributes.get("sample_rate", "0"))
                 channels = int(attributes.get("num_channels", "0"))
@@ -136,60 +133,19 @@ class AvatarBridge:
                 continue
             self._playing = True
             try:
-                await self._play_segment(chunks, rate, channels)
+                report = await self.speech.play(
+                    chunks, rate, channels, lambda: self._notify(RPC_PLAYBACK_STARTED, "")
+                )
             finally:
                 self._playing = False
+            self.segments_played += 1
+            self.segments_interrupted += int(report.interrupted)
+            payload = {"playback_position": report.played_s, "interrupted": report.interrupted}
+            self._notify(RPC_PLAYBACK_FINISHED, json.dumps(payload))
 
-    async def _play_segment(self, chunks: AsyncIterator[bytes], rate: int, channels: int) -> None:
-        push_n = int(AUDIO_PUSH_S * rate) * channels * 2  # bytes per push
-        pending = bytearray()
-        started_s: float | None = None
-        seconds = 0.0
-        async for data in chunks:
-            if self._cleared:
-                break
-            pending += data
-            while len(pending) >= push_n:
-                seconds += self._push(bytes(pending[:push_n]), rate, channels)
-                del pending[:push_n]
-                if started_s is None:
-                    started_s = self._clock()
-                    self._notify(RPC_PLAYBACK_STARTED, "")
-        if pending and not self._cleared:
-            usable = len(pending) - len(pending) % (2 * channels)
-            seconds += self._push(bytes(pending[:usable]), rate, channels)
-            if started_s is None:
-                started_s = self._clock()
-                self._notify(RPC_PLAYBACK_STARTED, "")
-        if started_s is None:
-            started_s = self._clock()
-        if not self._cleared:
-            remaining = started_s + seconds - self._clock()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wait_cleared(), max(0.0, remaining))
-        interrupted = self._cleared
-        position = min(seconds, self._clock() - started_s) if interrupted else seconds
-        self.segments_played += 1
-        self.segments_interrupted += int(interrupted)
-        payload = {"playback_position": round(position, 3), "interrupted": interrupted}
-        self._notify(RPC_PLAYBACK_FINISHED, json.dumps(payload))
-
-    async def _wait_cleared(self) -> None:
-        while not self._cleared:
-            await asyncio.sleep(0.05)
-
-    def _push(self, pcm: bytes, rate: int, channels: int) -> float:
-        """Pushes int16 interleaved PCM to the session; returns its duration in seconds."""
-        if not pcm:
-            return 0.0
-        frames = np.frombuffer(pcm, dtype=np.int16).reshape(-1, channels)  # [n, channels]
-        mono = frames.astype(np.float32).mean(axis=1) / 32768.0  # [n]
-        samples = np.clip(resample(mono, rate, TARGET_RATE_HZ), -1.0, 1.0)
-        self.samples_in += samples.shape[0]
-        session = self.session
-        if session.accepts_inputs and "input.audio" in session.config.capabilities:
-            session.push_audio(AudioClip(samples, rate, channels))
-        return frames.shape[0] / rate
+    def stats(self) -> dict[str, Any]:
+        """``avatar`` of ``GET /v1/sessions/{id}``."""
+        return {"agent": self.agent_identity, "speech": self.speech.stats()}
 
     def _notify(self, method: str, payload: str) -> None:
         self._tasks.spawn(self._call(method, payload), f"peer-{self.session.id}-livekit-rpc")
@@ -205,3 +161,4 @@ class AvatarBridge:
     async def close(self) -> None:
         await self._tasks.close()
         self._task = None
+        self.speech.close()

@@ -10,7 +10,8 @@ leave.
 2. ``livekit.state connected``; the video track is published (profile size and fps, bitrate
    from ``video_bitrate_bps``), the session starts negotiating, the sink's first pull makes it
    live (``server.frame_pacer``); the input bridge (``server.livekit_inputs``) and, for an
-   avatar session, ``server.livekit_avatar`` start.
+   avatar session, ``server.livekit_avatar`` start (its speech published as an audio track,
+   clocked by the frames the sink publishes).
 3. The SDK's ``reconnecting`` / ``reconnected`` become ``livekit.state`` events. A
    ``disconnected`` we did not ask for (the room was deleted, the participant removed, the
    server went away after its own retries) closes the session with reason
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -58,6 +60,7 @@ class LiveKitParticipant:
         audio_identity: str | None = None,
         avatar_of: str | None = None,
         on_closed: Callable[[LiveKitParticipant], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.session = session
         self.room = room
@@ -77,7 +80,7 @@ class LiveKitParticipant:
         if avatar_of is not None:
             from server.livekit_avatar import AvatarBridge
 
-            self.avatar = AvatarBridge(session, room, agent_identity=avatar_of)
+            self.avatar = AvatarBridge(session, room, agent_identity=avatar_of, clock=clock)
         self._on_closed = on_closed
         self._task: asyncio.Task[None] | None = None
         self._connected = False
@@ -144,6 +147,9 @@ class LiveKitParticipant:
                 fps=config.fps,
                 bitrate_bps=video_bitrate_bps(config.width, config.height, config.fps),
             )
+            if self.avatar is not None:  # the speech is this participant's audio track
+                await self.room.publish_audio(self.avatar.speech.out_rate)
+                self.sink.on_published = self.avatar.speech.frame_published
             session.begin_negotiation()
         except SessionStateError:
             log.info("session %s ended while joining its LiveKit room", session.id)

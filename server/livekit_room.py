@@ -18,6 +18,9 @@ against an in-process fake room; ``LiveKitRoom`` maps the port onto ``rtc.Room``
   ``events.wants_audio`` accepts are subscribed; bounded: ``capacity``
   frames, the oldest dropped by the SDK when the reader lags). Byte streams and RPC methods
   are registered for the avatar convention.
+- Avatar speech out: ``publish_audio`` (``rtc.AudioSource``, mono, a short queue, microphone
+  source) and ``capture_audio(pcm, timestamp_us)``; ``clear_audio`` drops what is queued,
+  ``wait_audio_playout`` returns once the queue played out.
 - Room state: ``reconnecting`` / ``reconnected`` / ``disconnected`` (with the SDK's
   ``DisconnectReason`` name) reach ``events.on_state``.
 """
@@ -41,12 +44,14 @@ __all__ = [
     "RoomEvents",
     "i420_frame",
     "publish_options",
+    "rtc_audio_frame",
 ]
 
 log = logging.getLogger(__name__)
 
 CONTROL_TOPIC = "dreamrt.control"
 AUDIO_RATE_HZ = 16_000
+_AUDIO_QUEUE_MS = 400
 
 # (caller identity, payload) -> response payload
 RpcHandler = Callable[[str, str], Awaitable[str]]
@@ -83,6 +88,14 @@ class RoomConnection(Protocol):
 
     def capture(self, rgb: np.ndarray, timestamp_us: int) -> None: ...
 
+    async def publish_audio(self, sample_rate: int) -> None: ...
+
+    async def capture_audio(self, pcm: np.ndarray, timestamp_us: int) -> None: ...
+
+    def clear_audio(self) -> None: ...
+
+    async def wait_audio_playout(self) -> None: ...
+
     async def send(self, payload: bytes, *, topic: str, to: Sequence[str] = ()) -> None: ...
 
     def register_rpc(self, method: str, handler: RpcHandler) -> None: ...
@@ -105,6 +118,16 @@ def i420_frame(rgb: np.ndarray) -> Any:
         width, height, rtc.VideoBufferType.RGB24, np.ascontiguousarray(rgb).tobytes()
     )
     return frame.convert(rtc.VideoBufferType.I420)
+
+
+def rtc_audio_frame(pcm: np.ndarray, sample_rate: int) -> Any:
+    """``rtc.AudioFrame`` of mono int16 samples. # pcm: [n] int16"""
+    from livekit import rtc
+
+    if pcm.ndim != 1 or pcm.dtype != np.int16:
+        raise ValueError(f"expected int16 [n], got {pcm.dtype} {tuple(pcm.shape)}")
+    data = np.ascontiguousarray(pcm).tobytes()
+    return rtc.AudioFrame(data, sample_rate, 1, pcm.shape[0])
 
 
 def publish_options(fps: int, bitrate_bps: int) -> Any:
@@ -136,6 +159,7 @@ class LiveKitRoom:
         self._max_text_bytes = max_text_bytes
         self._room: Any = None
         self._source: Any = None
+        self._audio: Any = None
         self._events: RoomEvents | None = None
         self._tasks = TaskSet()
         self._rpc: dict[str, RpcHandler] = {}
@@ -197,6 +221,35 @@ class LiveKitRoom:
         source = self._source
         if source is not None:
             source.capture_frame(i420_frame(rgb), timestamp_us=timestamp_us)
+
+    # ---------------------------------------------------------------- audio out (avatar speech)
+
+    async def publish_audio(self, sample_rate: int) -> None:
+        from livekit import rtc
+
+        # a short queue: the speech is captured frame by frame with the video it belongs to,
+        # so what waits here is at most about one video frame of audio
+        self._audio = rtc.AudioSource(sample_rate, 1, queue_size_ms=_AUDIO_QUEUE_MS)
+        track = rtc.LocalAudioTrack.create_audio_track("dreamrt-speech", self._audio)
+        options = rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE)
+        await self._room.local_participant.publish_track(track, options)
+
+    async def capture_audio(self, pcm: np.ndarray, timestamp_us: int) -> None:
+        """Queues mono int16 ``pcm`` (LiveKit audio carries no capture time: ``timestamp_us``
+        only orders it; when it is captured is what keeps it with its frames)."""
+        source = self._audio
+        if source is None or pcm.shape[0] == 0:
+            return
+        frame = rtc_audio_frame(pcm, source.sample_rate)
+        await source.capture_frame(frame)
+
+    def clear_audio(self) -> None:
+        if self._audio is not None:
+            self._audio.clear_queue()
+
+    async def wait_audio_playout(self) -> None:
+        if self._audio is not None:
+            await self._audio.wait_for_playout()
 
     # ---------------------------------------------------------------- data
 
@@ -304,6 +357,9 @@ class LiveKitRoom:
         if self._source is not None:
             await self._source.aclose()
             self._source = None
+        if self._audio is not None:
+            await self._audio.aclose()
+            self._audio = None
 
 
 async def _audio_blocks(stream: Any) -> AsyncIterator[np.ndarray]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from server.frame_pacer import FramePacer, PacedFrame
@@ -59,6 +60,8 @@ class LiveKitVideoSink:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="livekit-capture")
         self.frames_published = 0
         self.last_timestamp_us = -1
+        # told each published frame's wire PTS (the avatar's speech is clocked by it)
+        self.on_published: Callable[[int], None] | None = None
 
     @property
     def dropped(self) -> int:
@@ -90,6 +93,8 @@ class LiveKitVideoSink:
         await loop.run_in_executor(self._thread, self._room.capture, frame.rgb, stamp)
         self.frames_published += 1
         self.last_timestamp_us = stamp
+        if self.on_published is not None:
+            self.on_published(frame.pts_90k)
 
     async def close(self) -> None:
         self._reader.close()

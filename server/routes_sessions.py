@@ -176,7 +176,11 @@ async def get_session(session_id: str, request: Request, grant: AuthGrant) -> di
     ctx = ctx_of(request)
     session = ctx.host.session(session_id)
     if session is not None:
-        return session.snapshot()
+        body = session.snapshot()
+        room = ctx.rooms.get(session_id)
+        if room is not None and room.avatar is not None:  # the speech's measured sync
+            body["avatar"] = room.avatar.stats()
+        return body
     row = await ctx.store.run(ctx.store.get_session, session_id)
     if row is None:
         raise ApiError(404, "not_found", f"no session {session_id!r}")

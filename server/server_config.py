@@ -52,6 +52,22 @@ class ServerConfig:
         flag="--ice-server",
         metavar="URL",
     )
+    client_ice_servers: tuple[str, ...] = setting(
+        (),
+        "STUN/TURN server URL advertised to WHEP players (repeatable; default: the "
+        "--ice-server list)",
+        flag="--client-ice-server",
+        metavar="URL",
+    )
+    turn_secret: str | None = setting(
+        None,
+        "TURN shared secret (coturn static-auth-secret): WHEP players get short-lived "
+        "credentials for TURN URLs given without any",
+        metavar="SECRET",
+    )
+    turn_ttl_s: float = setting(
+        3600.0, "lifetime of a minted TURN credential", flag="--turn-ttl", metavar="SECONDS"
+    )
     video_bitrate_bps: int | None = setting(
         None, "video encoder bitrate cap", flag="--bitrate", metavar="BPS"
     )
@@ -87,6 +103,8 @@ class ServerConfig:
         check_choices(self)
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        if not self.turn_ttl_s > 0:
+            raise ConfigError(f"turn_ttl_s must be > 0, got {self.turn_ttl_s}")
         for key in ("unwatched_timeout_s", "shutdown_timeout_s"):
             if not getattr(self, key) >= 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)}")

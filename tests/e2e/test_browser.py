@@ -385,3 +385,73 @@ def test_screenshot_shows_the_stream_and_controls(live_page: Any) -> None:
         "#event-log",
     ):
         assert live_page.is_visible(control), control
+
+
+WHEP_CLIENT_JS = """async (endpoint) => {
+    const pc = new RTCPeerConnection({iceServers: []});
+    pc.addTransceiver('video', {direction: 'recvonly'});
+    const channel = pc.createDataChannel('control');
+    const pongs = [];
+    channel.onmessage = (m) => {
+        const e = JSON.parse(m.data);
+        if (e.type === 'pong') pongs.push(e.t);
+    };
+    channel.onopen = () => channel.send(JSON.stringify({type: 'ping', t: 7}));
+    await pc.setLocalDescription(await pc.createOffer());
+    // the server does not trickle: send the offer once every candidate is in it
+    await new Promise((resolve) => {
+        if (pc.iceGatheringState === 'complete') return resolve();
+        pc.addEventListener('icegatheringstatechange', () => {
+            if (pc.iceGatheringState === 'complete') resolve();
+        });
+    });
+    const res = await fetch(endpoint, {
+        method: 'POST',
+        headers: {'Content-Type': 'application/sdp'},
+        body: pc.localDescription.sdp,
+    });
+    if (res.status !== 201) {
+        throw new Error('WHEP POST answered ' + res.status + ': ' + await res.text());
+    }
+    const location = new URL(res.headers.get('Location'), endpoint).href;
+    await pc.setRemoteDescription({type: 'answer', sdp: await res.text()});
+    window.whep = {
+        pc, pongs, location,
+        session: res.headers.get('Dreamrt-Session-Id'),
+        etag: res.headers.get('ETag'),
+        stop: async () => (await fetch(location, {method: 'DELETE'})).status,
+    };
+    return window.whep.session;
+}"""
+
+WHEP_FRAMES_DECODED_JS = """async () => {
+    const report = await window.whep.pc.getStats();
+    for (const s of report.values()) {
+        if (s.type === 'inbound-rtp' && s.kind === 'video') return s.framesDecoded;
+    }
+    return 0;
+}"""
+
+
+def test_a_fetch_based_whep_client_plays_and_delete_ends_it(
+    live_page: Any, server: ServerProcess
+) -> None:
+    """Chromium as a standard WHEP player (no page code of ours): a small client written here
+    POSTs its offer from another origin (localhost, not 127.0.0.1: every request is CORS)."""
+    page = live_page.context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        page.goto(f"http://localhost:{server.port}/healthz")
+        endpoint = f"{server.url}/whep/tiny-world?prompt=a%20red%20kite&seed=3"
+        session_id = page.evaluate(WHEP_CLIENT_JS, endpoint)
+        page.wait_for_function(f"({WHEP_FRAMES_DECODED_JS})().then((n) => n >= 5)", timeout=30_000)
+        page.wait_for_function("window.whep.pongs.includes(7)", timeout=10_000)
+        status = page.evaluate("window.whep.stop()")
+        # DELETE has answered: the session the player made has ended already
+        row = httpx.get(f"{server.url}/v1/sessions/{session_id}", timeout=10)
+    finally:
+        page.close()
+    assert errors == [], errors
+    assert status == 200
+    assert row.json()["state"] == "closed", row.text

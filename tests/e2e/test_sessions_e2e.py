@@ -21,6 +21,7 @@ import asyncio
 import fractions
 import io
 import itertools
+import json
 import re
 import subprocess
 import sys
@@ -34,6 +35,7 @@ import av
 import httpx
 import numpy as np
 import pytest
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
 from clients.python.api import ApiCallError, DreamrtClient
@@ -650,3 +652,70 @@ def test_dreamrt_watch_and_job_commands_work_against_the_server(
     assert job.returncode == 0, job.stderr[-3000:]
     assert "succeeded" in job.stdout and png.stat().st_size > 0
     wait_idle(small_server.url)
+
+
+async def _whep_player(
+    url: str, *, data_channel: bool
+) -> tuple[RTCPeerConnection, Any, httpx.Response, Any]:
+    """A WHEP player on aiortc: POSTs a receive-only offer to ``url``, applies the answer;
+    returns the peer, its data channel, the 201 and the video track."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("video", direction="recvonly")
+    channel = pc.createDataChannel("control") if data_channel else None
+    await pc.setLocalDescription(await pc.createOffer())  # aiortc: candidates gathered
+    async with httpx.AsyncClient(timeout=30) as http:
+        answer = await http.post(
+            url, content=pc.localDescription.sdp, headers={"Content-Type": "application/sdp"}
+        )
+    assert answer.status_code == 201, answer.text
+    video: asyncio.Future = asyncio.get_running_loop().create_future()
+    pc.on("track", lambda track: video.done() or video.set_result(track))
+    await pc.setRemoteDescription(RTCSessionDescription(answer.text, "answer"))
+    return pc, channel, answer, await asyncio.wait_for(video, 30)
+
+
+async def test_a_whep_player_plays_steers_and_delete_ends_its_session(
+    server: ServerProcess, api: DreamrtClient
+) -> None:
+    pc, channel, answer, track = await _whep_player(
+        f"{server.url}/whep/wan-tiny-random?prompt=a%20lighthouse&seed=5", data_channel=True
+    )
+    try:
+        session_id = answer.headers["dreamrt-session-id"]
+        frames = [await asyncio.wait_for(track.recv(), 30) for _ in range(FIRST_CHUNK_FRAMES)]
+        assert [f.pts for f in frames] == sorted({f.pts for f in frames})
+        view = await api.session(session_id)
+        assert (view["prompt"], view["state"]) == ("a lighthouse", "live")
+        # the offer's data channel carries the control protocol
+        pongs: asyncio.Queue = asyncio.Queue()
+        channel.on(
+            "message", lambda m: (e := json.loads(m))["type"] == "pong" and pongs.put_nowait(e)
+        )
+        while channel.readyState != "open":
+            await asyncio.sleep(0.02)
+        channel.send(json.dumps({"type": "ping", "t": 41}))
+        assert (await asyncio.wait_for(pongs.get(), 10))["t"] == 41
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            assert (await http.delete(answer.headers["location"])).status_code == 200
+            # DELETE has answered: the session WHEP made and its viewer are gone already
+            assert (await api.session(session_id))["state"] == "closed"
+            assert parse_metrics((await http.get("/metrics")).text)["dreamrt_webrtc_peers"] == 0
+    finally:
+        await pc.close()
+
+
+async def test_a_whep_player_gone_without_delete_ends_its_session(
+    server: ServerProcess, api: DreamrtClient
+) -> None:
+    pc, _, answer, track = await _whep_player(
+        f"{server.url}/whep/wan-tiny-random", data_channel=False
+    )
+    await asyncio.wait_for(track.recv(), 30)
+    await pc.close()  # no DELETE: the server sees the peer connection close
+    session_id = answer.headers["dreamrt-session-id"]
+
+    async def closed() -> None:
+        while (await api.session(session_id))["state"] != "closed":
+            await asyncio.sleep(0.1)
+
+    await asyncio.wait_for(closed(), 20)

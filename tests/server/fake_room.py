@@ -30,6 +30,10 @@ class FakeRoom:
         self.rpc_calls: list[tuple[str, str, str]] = []
         self.byte_streams: dict[str, ByteStreamHandler] = {}
         self.disconnects = 0
+        self.audio_rate: int | None = None
+        self.audio: list[tuple[np.ndarray, int]] = []  # (int16 samples, timestamp_us)
+        self.audio_clears = 0
+        self.order: list[tuple[str, int]] = []  # ("video" | "audio", timestamp_us) as captured
 
     async def connect(self, url: str, token: str, events: RoomEvents) -> None:
         await asyncio.sleep(0)
@@ -49,6 +53,21 @@ class FakeRoom:
         if self.capture_fails_after is not None and len(self.captured) >= self.capture_fails_after:
             raise RuntimeError("video source closed")
         self.captured.append((int(rgb[0, 0, 0]), timestamp_us))
+        self.order.append(("video", timestamp_us))
+
+    async def publish_audio(self, sample_rate: int) -> None:
+        self.audio_rate = sample_rate
+
+    async def capture_audio(self, pcm: np.ndarray, timestamp_us: int) -> None:
+        assert self.audio_rate is not None, "audio captured before the track was published"
+        self.audio.append((pcm.copy(), timestamp_us))
+        self.order.append(("audio", timestamp_us))
+
+    def clear_audio(self) -> None:
+        self.audio_clears += 1
+
+    async def wait_audio_playout(self) -> None:
+        await asyncio.sleep(0)
 
     async def send(self, payload: bytes, *, topic: str, to: Sequence[str] = ()) -> None:
         self.sent.append((payload, topic, tuple(to)))

@@ -1,8 +1,8 @@
 """docs/api.md's REST route table agrees with the routes the app serves (its OpenAPI schema).
 
-Every documented (method, route) is served, and every served ``/v1`` route, ``/healthz`` and
-``/metrics`` is documented. Path parameters compare by position only (``{id}`` in the docs,
-``{session_id}`` in the code).
+Every documented (method, route) is served, and every served ``/v1`` and ``/whep`` route,
+``/healthz`` and ``/metrics`` is documented. Path parameters compare by position only
+(``{id}`` in the docs, ``{session_id}`` in the code).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def served_routes(client: TestClient) -> set[tuple[str, str]]:
         (method.upper(), _normalize(path))
         for path, operations in paths.items()
         for method in operations
-        if method in METHODS and (path.startswith("/v1/") or path in ("/healthz", "/metrics"))
+        if method in METHODS
+        and (path.startswith(("/v1/", "/whep/")) or path in ("/healthz", "/metrics"))
     }
 
 

@@ -36,6 +36,7 @@ BODIES = {
     ("GET", "/v1/sessions/{session_id}"): None,
     ("DELETE", "/v1/sessions/{session_id}"): None,
     ("POST", "/v1/sessions/{session_id}/offer"): {"sdp": "v=0\r\n", "type": "offer"},
+    ("POST", "/v1/sessions/{session_id}/whep"): b"v=0\r\n",
     ("POST", "/v1/sessions/{session_id}/prompt"): {"text": "a blue square"},
     ("POST", "/v1/sessions/{session_id}/actions"): {"keys": ["w"]},
     ("POST", "/v1/sessions/{session_id}/audio"): b"\x00\x00" * 160,
@@ -120,7 +121,7 @@ def test_every_v1_route_refuses_missing_expired_and_wrong_scope_tokens(tmp_path)
             refused = call(client, method, path, wrong, **ids)
             assert refused.status_code == 403, (method, path, refused.text)
             checked += 1
-        assert checked == len(BODIES) == 36
+        assert checked == len(BODIES) == 37
         # and the right token gets past auth on a session route (the contrast that makes the
         # 403s above about scope): the session's own token reads it
         own = {"Authorization": f"Bearer {mine['token']}"}
