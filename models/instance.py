@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import torch
 
 from models.card import ModelCard, Profile
+from models.compile_guard import CompileGuard
 from models.instance_sizing import InstanceSizing
 from models.loops.chunk_restart import RegenerateWhenSooner, RestartPolicy
 from models.loops.ops import (
@@ -134,6 +135,7 @@ class WanInstance(InstanceSizing):
         self.chunk_restart: RestartPolicy = RegenerateWhenSooner()
         self._compiled = False
         self._fp8 = False
+        self.compile_guard = CompileGuard()  # what compiles after ``seal`` (never, counted)
         self.levers: dict[str, Any] = {"attention": "auto", "overlap_decode": False}
         self.weights_digest = ""  # content hash (models.weights_digest), set by load_instance
         self.weights = ResidentWeights(self)  # updates, sleep, wake
@@ -248,6 +250,7 @@ class WanInstance(InstanceSizing):
             return
         for block in self.dit.blocks:
             block.compile()
+            self.compile_guard.wrap(block, "dit.blocks")  # one name: a shape counts once
         if hasattr(self.vae, "decoder") and isinstance(self.vae.decoder, torch.nn.Module):
             for module in self.vae.modules():
                 if isinstance(module, torch.nn.Conv3d):
@@ -255,8 +258,20 @@ class WanInstance(InstanceSizing):
                         memory_format=torch.channels_last_3d
                     )
             self.vae.decoder.compile()
+            self.compile_guard.wrap(self.vae.decoder, "vae.decoder")
         self._compiled = True
         self.levers["compiled"] = True
+
+    def seal(self, *, enforce: bool = True) -> None:
+        """At ready, after the warm-up: compile and capture nothing more; a call outside the
+        compiled set runs eagerly, logged once and counted (``models.compile_guard``).
+        ``enforce=False`` (no warm-up ran): only count what still compiles. A no-op uncompiled."""
+        if self._compiled:
+            self.compile_guard.seal(self.dit.chunk_graphs, enforce=enforce)
+
+    def compiles_after_ready(self) -> dict[str, int]:
+        """``CompileGuard.after_ready`` (all zero on an uncompiled or unsealed instance)."""
+        return self.compile_guard.after_ready()
 
     def shard_sequence(self, group: Any) -> None:
         """Ulysses over ``group`` (models/wan/sequence_parallel.py); slabs get H/sp heads."""

@@ -41,7 +41,7 @@ from server.memory_watch import MemoryWatch
 from server.metrics import MetricsSnapshot, ServerMetrics
 from server.request_guard import RequestGuard
 from server.server_config import ServerConfig
-from server.warm_up import warm_up
+from server.warm_up import warm_up_set
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
 from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
@@ -91,6 +91,8 @@ class ServerContext:
     public_url: str = ""
     draining: bool = False  # leaving the fleet: the card says so, the fleet worker unregistered
     fleet: Any = None  # server.fleet_worker.FleetWorker when --fleet
+    # what the instance compiled after ready (models.compile_guard; {} for a non-Wan instance)
+    compiles_after_ready: Callable[[], dict[str, int]] = dict
 
     @property
     def livekit_credentials(self) -> LiveKitCredentials:
@@ -172,6 +174,7 @@ class ServerContext:
             server_tasks=self.server_tasks(),
             sse_streams=sum(self.sse_streams.values()),
             peers=len(self.peers),
+            compiles_after_ready=self.compiles_after_ready(),
         )
 
     def server_tasks(self) -> int:
@@ -207,6 +210,7 @@ def resolve_admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
 
 async def _build(config: ServerConfig) -> ServerContext:
     # Heavy imports stay inside the lifespan: `dreamrt models` and the CLI parser do not pay them.
+    from models.compiled_set import compiled_set
     from models.loops.chunk_restart import RestartCutsOnly
     from models.loops.inputs import action_vector, normalize_keys
     from runtime.admission import AdmissionConfig, AdmissionController
@@ -240,16 +244,30 @@ async def _build(config: ServerConfig) -> ServerContext:
     profile = card.default_profile
     # a job-only card (bidirectional) has no sessions: no chunk-KV, no session warm-up
     streams = "session.realtime" in card.capabilities
-    if (
+    if config.compile:
+        from server.compile_cache import cache_key, use_compile_cache
+
+        key = cache_key(model_id, instance.device, instance.levers, instance.precision)
+        use_compile_cache(config.compile_cache or config.data_dir / "compile-cache", key)
+    warmed = (
         streams
         and channel is None
         and (config.warmup if config.warmup is not None else config.compile)
-    ):
+    )
+    if warmed:
+        served_set = compiled_set(instance.card)
         log.info(
-            "warming up %s on %s (compiling every graph a session uses)", model_id, instance.device
+            "warming up %s on %s (compiling every graph of the compiled set %s)",
+            model_id,
+            instance.device,
+            ", ".join(served_set.describe()),
         )
-        warm_s = await warm_up(instance, profile, config.max_sessions)
-        log.info("warm-up done in %.1f s", warm_s)
+        took = await warm_up_set(instance, served_set.profiles, config.max_sessions)
+        log.info(
+            "warm-up done in %.1f s (%s)",
+            sum(took.values()),
+            ", ".join(f"{name} {s:.1f} s" for name, s in took.items()),
+        )
     on_gpu = device.startswith("cuda")
     cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
     # measured plan costs of the last run on this card and device: admitted from the start
@@ -374,6 +392,11 @@ async def _build(config: ServerConfig) -> ServerContext:
 
         ctx.fleet = FleetWorker(ctx)
         await ctx.fleet.start()
+    # from here on nothing compiles: a shape outside the warmed set runs eagerly, counted
+    seal = getattr(instance, "seal", None)
+    if seal is not None:
+        seal(enforce=bool(warmed))
+        ctx.compiles_after_ready = instance.compiles_after_ready
     log.info(
         "dreamrt ready: model %s on %s, auth %s, up to %d sessions",
         model_id,

@@ -123,6 +123,15 @@ def _build_parser() -> argparse.ArgumentParser:
         "captures them for every slab)",
     )
     serve.add_argument(
+        "--compile-cache",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="with --compile: keep Inductor's compiled artifacts here, one directory per card, "
+        "torch version, device and serving levers (default: DATA_DIR/compile-cache); a shared "
+        "volume lets a fresh machine start warm",
+    )
+    serve.add_argument(
         "--no-warmup",
         action="store_true",
         help="with --compile: skip the warm-up (the first session then pays compilation)",

@@ -76,6 +76,7 @@ def serve(args: argparse.Namespace, argv: list[str]) -> int:
         deterministic=args.deterministic,
         scheduler=args.scheduler,
         compile=args.compile,
+        compile_cache=args.compile_cache,
         attention=args.attention,
         cuda_graphs=args.cuda_graphs,
         warmup=False if args.no_warmup else None,

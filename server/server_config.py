@@ -37,6 +37,7 @@ class ServerConfig:
     scheduler: str = "step-edf"
     deterministic: bool = False  # batched plans bit-identical to solo runs (replay, A/B tests)
     compile: bool = False  # GPU serving: WanInstance.compile()
+    compile_cache: Path | None = None  # Inductor's caches (server.compile_cache); None: data_dir's
     attention: str = "auto"  # with ``compile``: the kernel (models.wan.attention_kernels)
     cuda_graphs: bool = False  # with ``compile``: CUDA graphs of the steady chunk forward
     warmup: bool | None = None  # a session before serving compiles every graph (None: if compiled)

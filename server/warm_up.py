@@ -1,11 +1,22 @@
 """The warm-up before serving: short throwaway sessions that trace, compile and capture every
-graph of a compiled instance, so no user's session waits for compilation (``server.app``)."""
+graph of a compiled instance, at every profile of its compiled set (``models.compiled_set``),
+so no user's session or job waits for compilation (``server.app``). The server seals the
+instance afterwards (``WanInstance.seal``): nothing compiles after ready."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["warm_up"]
+__all__ = ["warm_up", "warm_up_set"]
+
+
+async def warm_up_set(instance: Any, profiles: Any, num_slabs: int) -> dict[str, float]:
+    """``warm_up`` at each of ``profiles`` in turn -> seconds per profile (``WxH/c``)."""
+    took: dict[str, float] = {}
+    for profile in profiles:
+        name = f"{profile.width}x{profile.height}/{profile.chunk_latent_frames}"
+        took[name] = await warm_up(instance, profile, num_slabs)
+    return took
 
 
 async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
@@ -53,9 +64,17 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
             handles.append(
                 engine.spawn(
                     instance.loop("chunk_rollout"),
-                    SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks, kv_slab=slab),
+                    SessionRequest(
+                        prompt="warm-up",
+                        seed=0,
+                        max_chunks=chunks,
+                        kv_slab=slab,
+                        fps=profile.fps,
+                        width=profile.width,
+                        height=profile.height,
+                    ),
                     instance,
-                    loop_id=f"warm-up-{slab}",
+                    loop_id=f"warm-up-{profile.width}x{profile.height}-{slab}",
                     priority=Priority.BATCH,
                     on_emit=on_emit(index),
                 )
