@@ -102,9 +102,7 @@ async def test_serving_after_ready_compiles_nothing(server: ServerProcess) -> No
             await viewer.wait_event(
                 lambda e: e["type"] == "prompt.applied" and e["mode"] == "switch", 120.0
             )
-            forked = (
-                await api.request("POST", f"/v1/sessions/{sid}/fork", json={"n": 1})
-            ).json()
+            forked = (await api.request("POST", f"/v1/sessions/{sid}/fork", json={"n": 1})).json()
             (cid,) = forked["candidates"]
             candidate.api._session_tokens[cid] = forked["sessions"][0]["token"]  # noqa: SLF001
             await candidate.connect(session_id=cid)
