@@ -371,6 +371,12 @@ async def _build(config: ServerConfig) -> ServerContext:
         ctx.undo.append(restrict_host_candidates(config.ice_hosts))
     if config.video_bitrate_bps is not None:
         ctx.undo.append(configure_video_bitrate(config.video_bitrate_bps))
+    # from here on nothing compiles: a shape outside the warmed set runs eagerly, counted.
+    # Before any plan runs again (a resumed job): the stance may not change inside a compile.
+    seal = getattr(instance, "seal", None)
+    if seal is not None:
+        seal(enforce=bool(warmed))
+        ctx.compiles_after_ready = instance.compiles_after_ready
     jobs.resume_jobs(unfinished_jobs)
     # ended sessions' freed native memory goes back to the OS (RSS does not ratchet up)
     ctx.heap = HeapTrim(
@@ -392,11 +398,6 @@ async def _build(config: ServerConfig) -> ServerContext:
 
         ctx.fleet = FleetWorker(ctx)
         await ctx.fleet.start()
-    # from here on nothing compiles: a shape outside the warmed set runs eagerly, counted
-    seal = getattr(instance, "seal", None)
-    if seal is not None:
-        seal(enforce=bool(warmed))
-        ctx.compiles_after_ready = instance.compiles_after_ready
     log.info(
         "dreamrt ready: model %s on %s, auth %s, up to %d sessions",
         model_id,
