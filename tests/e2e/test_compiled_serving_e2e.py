@@ -24,7 +24,8 @@ from clients.python.api import DreamrtClient
 from clients.python.viewer import Viewer
 from infra.browser_harness import ServerProcess
 
-pytestmark = pytest.mark.slow
+# a cold compile of the set on a loaded 2-core machine takes minutes; warm (the cache) seconds
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 COMPILE_CACHE = Path(
     os.environ.get("DREAMRT_TEST_COMPILE_CACHE")
