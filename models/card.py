@@ -121,8 +121,12 @@ class ModelCard:
     ui: CardUI = field(default_factory=CardUI)
     # how one instance spreads over a node's GPUs (models/card_parallel.py); --gpus overrides
     parallel: ParallelPlan = field(default_factory=ParallelPlan)
+    # (width, height) sizes served compiled besides the default profile's: the warm-up compiles
+    # each at the card's chunk size; a request at any other size runs eager (models/compiled_set.py)
+    compiled_sizes: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "compiled_sizes", tuple(tuple(s) for s in self.compiled_sizes))
         for name in ("components", "loops", "caches"):
             object.__setattr__(self, name, frozen_mapping(getattr(self, name)))
         object.__setattr__(self, "capabilities", frozenset(self.capabilities))
@@ -286,6 +290,7 @@ class ModelCard:
                 "consistency_required": r.consistency_required.value,
             },
             "default_profile": self.default_profile.as_dict(),
+            "compiled_sizes": [list(size) for size in self.compiled_sizes],
             "weights": self.weights.value,
             "weights_version": self.weights_version,
             "loops": sorted(self.loops),

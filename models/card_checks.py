@@ -247,4 +247,10 @@ def _profile_problems(card: ModelCard) -> list[str]:
                 f"default_profile.{name}={getattr(p, name)} is not a multiple of "
                 f"{multiple} (VAE stride x patch)"
             )
+    for width, height in card.compiled_sizes:
+        if min(width, height) < multiple or width % multiple or height % multiple:
+            found.append(
+                f"compiled_sizes entry {width}x{height} is not a positive multiple of "
+                f"{multiple} (VAE stride x patch)"
+            )
     return found

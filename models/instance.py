@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from models.card import ModelCard, Profile
+from models.compile_guard import CompileGuard
 from models.instance_decoders import InstanceDecoders, with_loaded_decoders
 from models.instance_sizing import InstanceSizing
 from models.loops.chunk_restart import RegenerateWhenSooner, RestartPolicy
@@ -149,6 +150,7 @@ class WanInstance(InstanceSizing, InstanceDecoders):
         )
         self._compiled = False
         self._fp8 = False
+        self.compile_guard = CompileGuard()  # what compiles after ``seal`` (never, counted)
         self.levers: dict[str, Any] = {"attention": "auto", "overlap_decode": False}
         self.weights_digest = ""  # content hash (models.weights_digest), set by load_instance
         self.weights = ResidentWeights(self)  # updates, sleep, wake
@@ -265,7 +267,8 @@ class WanInstance(InstanceSizing, InstanceDecoders):
             return
         for block in self.dit.blocks:
             block.compile()
-        for codec in (self.vae, *self._other_codecs.values()):
+            self.compile_guard.wrap(block, "dit.blocks")  # one name: a shape counts once
+        for name, codec in (("vae", self.vae), *self._other_codecs.items()):
             if hasattr(codec, "decoder") and isinstance(codec.decoder, torch.nn.Module):
                 for module in codec.modules():
                     if isinstance(module, torch.nn.Conv3d):
@@ -273,8 +276,20 @@ class WanInstance(InstanceSizing, InstanceDecoders):
                             memory_format=torch.channels_last_3d
                         )
                 codec.decoder.compile()
+                self.compile_guard.wrap(codec.decoder, f"{name}.decoder")
         self._compiled = True
         self.levers["compiled"] = True
+
+    def seal(self, *, enforce: bool = True) -> None:
+        """At ready, after the warm-up: compile and capture nothing more; a call outside the
+        compiled set runs eagerly, logged once and counted (``models.compile_guard``).
+        ``enforce=False`` (no warm-up ran): only count what still compiles. A no-op uncompiled."""
+        if self._compiled:
+            self.compile_guard.seal(self.dit.chunk_graphs, enforce=enforce)
+
+    def compiles_after_ready(self) -> dict[str, int]:
+        """``CompileGuard.after_ready`` (all zero on an uncompiled or unsealed instance)."""
+        return self.compile_guard.after_ready()
 
     def shard_sequence(self, group: Any) -> None:
         """Ulysses over ``group`` (models/wan/sequence_parallel.py); slabs get H/sp heads."""

@@ -41,7 +41,7 @@ from server.memory_watch import MemoryWatch
 from server.metrics import MetricsSnapshot, ServerMetrics
 from server.request_guard import RequestGuard
 from server.server_config import ServerConfig
-from server.warm_up import warm_up
+from server.warm_up import warm_up_set
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
 from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
@@ -91,6 +91,8 @@ class ServerContext:
     draining: bool = False  # leaving the fleet: the card says so, the fleet worker unregistered
     fleet: Any = None  # server.fleet_worker.FleetWorker when --fleet
     whep: Any = None  # server.whep.WhepResources, made by the first WHEP request
+    # what the instance compiled after ready (models.compile_guard; {} for a non-Wan instance)
+    compiles_after_ready: Callable[[], dict[str, int]] = dict
 
     @property
     def livekit_credentials(self) -> LiveKitCredentials:
@@ -172,6 +174,7 @@ class ServerContext:
             server_tasks=self.server_tasks(),
             sse_streams=sum(self.sse_streams.values()),
             peers=len(self.peers),
+            compiles_after_ready=self.compiles_after_ready(),
         )
 
     def server_tasks(self) -> int:
@@ -206,6 +209,7 @@ def resolve_admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
 
 async def _build(config: ServerConfig) -> ServerContext:
     # Heavy imports stay inside the lifespan: `dreamrt models` and the CLI parser do not pay them.
+    from models.compiled_set import compiled_set
     from models.loops.inputs import action_vector, normalize_keys
     from runtime.admission import SLO_COMPUTE_CAPACITY, AdmissionConfig, AdmissionController
     from runtime.cost import CostModel, DeviceConstants
@@ -236,16 +240,30 @@ async def _build(config: ServerConfig) -> ServerContext:
     profile = card.default_profile
     # a job-only card (bidirectional) has no sessions: no chunk-KV, no session warm-up
     streams = "session.realtime" in card.capabilities
-    if (
+    if config.model.compile:
+        from server.compile_cache import cache_key, use_compile_cache
+
+        key = cache_key(model_id, instance.device, instance.levers, instance.precision)
+        use_compile_cache(config.model.compile_cache or config.data_dir / "compile-cache", key)
+    warmed = (
         streams
         and channel is None
         and (config.model.warmup if config.model.warmup is not None else config.model.compile)
-    ):
+    )
+    if warmed:
+        served_set = compiled_set(instance.card)
         log.info(
-            "warming up %s on %s (compiling every graph a session uses)", model_id, instance.device
+            "warming up %s on %s (compiling every graph of the compiled set %s)",
+            model_id,
+            instance.device,
+            ", ".join(served_set.describe()),
         )
-        warm_s = await warm_up(instance, profile, config.engine.max_sessions)
-        log.info("warm-up done in %.1f s", warm_s)
+        took = await warm_up_set(instance, served_set.profiles, config.engine.max_sessions)
+        log.info(
+            "warm-up done in %.1f s (%s)",
+            sum(took.values()),
+            ", ".join(f"{name} {s:.1f} s" for name, s in took.items()),
+        )
     on_gpu = device.startswith("cuda")
     cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
     # measured plan costs of the last run on this card and device: admitted from the start
@@ -269,7 +287,14 @@ async def _build(config: ServerConfig) -> ServerContext:
     # an accelerator, whose small steps leave it underused (a CPU's are compute-bound already,
     # and its admission prices by the prior, which knows no batches)
     batching = (
-        (not config.engine.deterministic and channel is None and on_gpu)
+        # (and not compiled: batched shapes are not in the compiled set yet, and after ready
+        # they would run eagerly)
+        (
+            not config.engine.deterministic
+            and channel is None
+            and on_gpu
+            and not config.model.compile
+        )
         if config.engine.batch_sessions == "auto"
         else config.engine.batch_sessions == "on"
     )
@@ -369,6 +394,12 @@ async def _build(config: ServerConfig) -> ServerContext:
         ctx.undo.append(restrict_host_candidates(config.ice_hosts))
     if config.video_bitrate_bps is not None:
         ctx.undo.append(configure_video_bitrate(config.video_bitrate_bps))
+    # from here on nothing compiles: a shape outside the warmed set runs eagerly, counted.
+    # Before any plan runs again (a resumed job): the stance may not change inside a compile.
+    seal = getattr(instance, "seal", None)
+    if seal is not None:
+        seal(enforce=bool(warmed))
+        ctx.compiles_after_ready = instance.compiles_after_ready
     jobs.resume_jobs(unfinished_jobs)
     # ended sessions' freed native memory goes back to the OS (RSS does not ratchet up)
     ctx.heap = HeapTrim(

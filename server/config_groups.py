@@ -61,6 +61,13 @@ class ModelConfig:
         "GPU serving: torch.compile the DiT blocks and the VAE decoder, decode on a second "
         "CUDA stream; one internal warm-up session compiles every graph before serving",
     )
+    compile_cache: Path | None = setting(
+        None,
+        "with --compile: keep Inductor's compiled artifacts here, one directory per card, "
+        "torch version, device and serving levers (default: DATA_DIR/compile-cache); a shared "
+        "volume lets a fresh machine start warm",
+        metavar="DIR",
+    )
     attention: str = setting(
         "auto",
         "with --compile: the self-attention kernel (auto: fa3 where fa3-fwd is installed, "

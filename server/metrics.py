@@ -22,7 +22,10 @@ Two sources, each counted once:
   event streams), ``webrtc_peers`` (viewer peer connections); and the session-side
   totals ``frames_sent_total``, ``stalls_total``, ``media_dropped_frames_total``,
   ``admission_rejections_total{reason}``. Sessions count those themselves (including ended
-  sessions); the ``Counter``s here are advanced to their totals at each scrape.
+  sessions); the ``Counter``s here are advanced to their totals at each scrape. And
+  ``compiles_after_ready_total{kind}``: what a compiled instance compiled or captured after
+  ready, or ran eagerly outside its compiled set (``models.compile_guard``; kinds ``dynamo``,
+  ``outside_set``, ``cuda_graph``; all 0 when serving compiled nothing).
 
 Every series is prefixed ``dreamrt_``.
 """
@@ -35,11 +38,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sessions.events import Event, InputShown, ViewerFirstFrame
 
 __all__ = [
+    "COMPILE_KINDS",
     "CONTENT_TYPE",
     "FIRST_FRAME_STAGES",
     "INPUT_STAGES",
@@ -67,6 +71,7 @@ STEER_LATENCY_BUCKETS_S = (
 )  # fmt: skip
 INPUT_STAGES = ("latched", "started", "generated", "decoded", "enqueued", "sent")
 FIRST_FRAME_STAGES = ("offer", "answered", "connected", "generated", "sent")
+COMPILE_KINDS = ("dynamo", "outside_set", "cuda_graph")  # models.compile_guard.after_ready
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +92,7 @@ class MetricsSnapshot:
     server_tasks: int = 0
     sse_streams: int = 0
     peers: int = 0
+    compiles_after_ready: Mapping[str, int] = field(default_factory=dict)
 
 
 class BatchReport(Protocol):
@@ -195,6 +201,15 @@ class _SnapshotCollector:
             "dreamrt_sse_streams", "Open Server-Sent Event streams", value=s.sse_streams
         )
         yield GaugeMetricFamily("dreamrt_webrtc_peers", "Viewer peer connections", value=s.peers)
+        compiles = CounterMetricFamily(
+            "dreamrt_compiles_after_ready",
+            "Compiles and CUDA-graph captures after ready, and calls run eagerly outside the "
+            "compiled set (distinct shapes)",
+            labels=["kind"],
+        )
+        for kind in COMPILE_KINDS:
+            compiles.add_metric([kind], s.compiles_after_ready.get(kind, 0))
+        yield compiles
 
 
 class ServerMetrics:

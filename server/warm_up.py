@@ -1,11 +1,22 @@
 """The warm-up before serving: short throwaway sessions that trace, compile and capture every
-graph of a compiled instance, so no user's session waits for compilation (``server.app``)."""
+graph of a compiled instance, at every profile of its compiled set (``models.compiled_set``),
+so no user's session or job waits for compilation (``server.app``). The server seals the
+instance afterwards (``WanInstance.seal``): nothing compiles after ready."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["warm_up"]
+__all__ = ["warm_up", "warm_up_set"]
+
+
+async def warm_up_set(instance: Any, profiles: Any, num_slabs: int) -> dict[str, float]:
+    """``warm_up`` at each of ``profiles`` in turn -> seconds per profile (``WxH/c``)."""
+    took: dict[str, float] = {}
+    for profile in profiles:
+        name = f"{profile.width}x{profile.height}/{profile.chunk_latent_frames}"
+        took[name] = await warm_up(instance, profile, num_slabs)
+    return took
 
 
 async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
@@ -15,11 +26,12 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
     graphs, one KV update into every ring position (``instance.warmup_chunks``), so a compiled
     instance has traced, compiled and captured all its graphs before a user's session needs
     them. One session on slab 0; with CUDA graphs one per slab, side by side, since graphs are
-    per slab. The serving engine (and its cost calibration) never sees them. -> seconds it
+    per slab; then a two-chunk t2v job (its first chunk decodes whole). The serving engine
+    (and its cost calibration) never sees them. -> seconds it
     took."""
     import time
 
-    from models.loops.requests import SessionRequest
+    from models.loops.requests import JobRequest, SessionRequest
     from runtime.contract import InputEvent, InputKind, Priority, PromptInput
     from runtime.cost import CostModel
     from runtime.engine import Engine
@@ -53,15 +65,42 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
             handles.append(
                 engine.spawn(
                     instance.loop("chunk_rollout"),
-                    SessionRequest(prompt="warm-up", seed=0, max_chunks=chunks, kv_slab=slab),
+                    SessionRequest(
+                        prompt="warm-up",
+                        seed=0,
+                        max_chunks=chunks,
+                        kv_slab=slab,
+                        fps=profile.fps,
+                        width=profile.width,
+                        height=profile.height,
+                    ),
                     instance,
-                    loop_id=f"warm-up-{slab}",
+                    loop_id=f"warm-up-{profile.width}x{profile.height}-{slab}",
                     priority=Priority.BATCH,
                     on_emit=on_emit(index),
                 )
             )
         for handle in handles:
             await handle.result()
+        if "text_to_video" in instance.card.capabilities:
+            # a job decodes its first chunk whole (a session splits off the first frame), so
+            # a two-chunk t2v job warms the decoder's stream-start shape for jobs too
+            frames = 2 * profile.chunk_latent_frames * instance.card.latent.temporal_stride
+            job = engine.spawn(
+                instance.loop_for("text_to_video"),
+                JobRequest(
+                    task="t2v",
+                    prompt="warm-up job",
+                    num_frames=frames,
+                    width=profile.width,
+                    height=profile.height,
+                ),
+                instance,
+                loop_id=f"warm-up-job-{profile.width}x{profile.height}",
+                priority=Priority.BATCH,
+                on_emit=lambda emission: None,  # its frames are thrown away
+            )
+            await job.result()
     finally:
         await engine.close()
     return time.perf_counter() - start_s

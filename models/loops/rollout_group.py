@@ -30,7 +30,9 @@ class GroupModel:
     def __init__(self, instance: Any) -> None:
         self._instance = instance
         self.chunk_step_op = ChunkDenoiseOp(instance.dit)
-        self.chunk_step_op.batchable = True
+        # compiled: each sample's steps run alone, at the batch-1 shapes the warm-up compiled
+        # (a batch of K is a shape per K outside the compiled set, models/compiled_set.py)
+        self.chunk_step_op.batchable = not instance.levers.get("compiled", False)
 
     def __getattr__(self, name: str) -> Any:  # everything but the step op: the instance's own
         return getattr(self._instance, name)

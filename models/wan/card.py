@@ -153,6 +153,8 @@ WAN21_13B_CAUSAL = ModelCard(
         }
     ),
     default_profile=Profile(fps=16, width=832, height=480, chunk_latent_frames=3, steps=4),
+    # the small profile (a third of the tokens) is served compiled too, with its CUDA graphs
+    compiled_sizes=((480, 272),),
     latent=WAN_LATENT,
     weights="external",
     weights_version="self-forcing-dmd-v1",

@@ -199,9 +199,21 @@ class ChunkGraphs:
         self.recorder = recorder or CudaRecorder()
         self.max_slots = max_slots
         self.disabled: str | None = None
-        self.stats = {"eager": 0, "warm": 0, "captures": 0, "replays": 0}
+        self.stats = {"eager": 0, "warm": 0, "captures": 0, "replays": 0, "unwarmed": 0}
+        self.sealed = False
         self._warm: set[tuple] = set()
         self._slots: OrderedDict[tuple, _Slot] = OrderedDict()
+        self._unwarmed: set[tuple] = set()
+
+    def seal(self) -> None:
+        """Capture nothing more (the server, at ready: ``models.compile_guard``): a call whose
+        graph the warm-up did not capture runs eagerly, counted once per (slot, runs) in
+        ``stats["unwarmed"]`` and logged once; no slot is made or dropped."""
+        self.sealed = True
+        self.max_slots = max(self.max_slots, len(self._slots))
+
+    def unseal(self) -> None:
+        self.sealed = False
 
     def run(self, body: Body, call: ChunkCall) -> torch.Tensor:
         if (
@@ -212,6 +224,12 @@ class ChunkGraphs:
             self.stats["eager"] += 1
             return body(call)
         sig = _signature(call)
+        if self.sealed:
+            key = (sig, call.cache.k.data_ptr(), call.cache.v.data_ptr())
+            slot = self._slots.get(key)
+            if sig not in self._warm or slot is None or call.runs not in slot.graphs:
+                self._miss(key, call.runs)
+                return body(call)
         if sig not in self._warm:
             out = self.recorder.warm(body, call)
             self._warm.add(sig)
@@ -232,6 +250,13 @@ class ChunkGraphs:
             self.stats["captures"] += 1
         self.stats["replays"] += 1
         return graph.replay().clone()
+
+    def _miss(self, key: tuple, runs: tuple) -> None:
+        self.stats["eager"] += 1
+        if (key, runs) not in self._unwarmed:
+            self._unwarmed.add((key, runs))
+            self.stats["unwarmed"] += 1
+            log.warning("no CUDA graph was captured for %s (runs %s): running eagerly", key, runs)
 
     @property
     def num_graphs(self) -> int:

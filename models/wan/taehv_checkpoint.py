@@ -174,6 +174,9 @@ def build_decoder(instance: Any, *, weights: str | Path | None = None) -> TAEHVD
         decoder = decoder.to(dtype=instance.dtype).eval()
     if getattr(instance, "levers", {}).get("compiled"):
         decoder.decoder.compile()
+        guard = getattr(instance, "compile_guard", None)
+        if guard is not None:
+            guard.wrap(decoder.decoder, "vae.decoder")
     return decoder
 
 

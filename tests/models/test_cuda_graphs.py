@@ -171,7 +171,7 @@ def test_the_cuda_recorder_leaves_cpu_tensors_to_the_eager_path() -> None:
     model.chunk_graphs = graphs
     again = stream_two_sessions(model, make_buffer(model), chunks=6)
     assert all(torch.equal(a, b) for a, b in zip(again, eager, strict=True))
-    assert graphs.stats == {"eager": 36, "warm": 0, "captures": 0, "replays": 0}
+    assert graphs.stats == {"eager": 36, "warm": 0, "captures": 0, "replays": 0, "unwarmed": 0}
 
 
 @pytest.mark.parametrize("max_slots", [1])
@@ -184,3 +184,25 @@ def test_slots_beyond_the_bound_are_dropped_least_recently_used_first(max_slots)
     graphed = stream_two_sessions(model, make_buffer(model), chunks=8)
     assert all(torch.equal(a, b) for a, b in zip(graphed, eager, strict=True))
     assert len(graphs._slots) == 1  # sessions alternate, so each call recaptures its slot
+
+
+def test_sealed_graphs_capture_nothing_and_run_unwarmed_calls_eagerly(caplog) -> None:
+    model = make_model()
+    eager_model = make_model()
+    eager = stream_two_sessions(eager_model, make_buffer(eager_model), chunks=8)
+    graphs = ChunkGraphs(ReplayRecorder())
+    model.chunk_graphs = graphs
+    warmed = make_buffer(model)
+    stream_two_sessions(model, warmed, chunks=8)  # the warm-up: every graph of slabs 0 and 2
+    captured = graphs.stats["captures"]
+    graphs.seal()
+    again = stream_two_sessions(model, warmed, chunks=8)  # the warmed slabs replay
+    assert graphs.stats["captures"] == captured and graphs.stats["unwarmed"] == 0
+    with caplog.at_level(logging.WARNING, logger="models.wan.cuda_graphs"):
+        other = stream_two_sessions(model, make_buffer(model), chunks=8)  # other addresses
+    assert all(torch.equal(a, b) for a, b in zip(again + other, eager + eager, strict=True))
+    assert graphs.stats["captures"] == captured  # nothing captured after the seal
+    # per slab one denoise graph and one KV update per ring position were missing, each once
+    assert graphs.stats["unwarmed"] == 2 * (1 + 3)
+    assert sum("no CUDA graph was captured" in r.getMessage() for r in caplog.records) == 8
+    assert len(graphs._slots) == 2  # no slot made or dropped for the unwarmed calls

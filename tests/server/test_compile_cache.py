@@ -1,0 +1,36 @@
+"""``--compile-cache``: one Inductor cache directory per card, torch, device and levers."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from server.compile_cache import cache_key, use_compile_cache
+
+
+def test_the_cache_directory_is_keyed_by_card_torch_device_and_levers(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    levers = {"attention": "sdpa", "compiled": True, "kv_cache": "model"}
+    key = cache_key("wan-tiny-random", "cpu", levers, "fp32")
+    assert key["torch"] == torch.__version__ and key["device"].startswith("cpu ")
+    first = use_compile_cache(tmp_path, key)
+    assert first is not None and first.parent == tmp_path.resolve()
+    assert first.name.startswith("wan-tiny-random-")
+    assert json.loads((first / "key.json").read_text()) == key
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(first)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    again = use_compile_cache(tmp_path, cache_key("wan-tiny-random", "cpu", dict(levers), "fp32"))
+    assert again == first  # the same configuration finds the same directory
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    fp8 = use_compile_cache(
+        tmp_path, cache_key("wan-tiny-random", "cpu", {**levers, "kv_cache": "fp8"}, "fp32")
+    )
+    assert fp8 is not None and fp8 != first  # another lever: its own artifacts
+
+
+def test_an_explicit_inductor_cache_dir_wins(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert use_compile_cache(tmp_path / "flag", cache_key("m", "cpu", {}, "fp32")) is None
+    assert not (tmp_path / "flag").exists()
