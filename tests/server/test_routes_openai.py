@@ -42,7 +42,9 @@ def test_a_json_body_makes_a_video_too(client: TestClient) -> None:
     created = client.post("/v1/videos", json={"prompt": "a red ball on grass", "seconds": 1})
     assert created.status_code == 200, created.text
     video = created.json()
-    assert video["object"] == "video" and video["seconds"] == "1" and video["status"] == "queued"
+    assert video["object"] == "video" and video["seconds"] == "1"
+    # the job may start before the answer is written: queued or already running
+    assert video["status"] in ("queued", "in_progress"), video
     assert wait_job(client, video["id"])["state"] == "succeeded"
     assert client.get(f"/v1/videos/{video['id']}").json()["status"] == "completed"
     for body, param in [
