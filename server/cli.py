@@ -158,6 +158,8 @@ BENCHMARKS = {
     "latency": "infra.bench.latency",
     "gpu-latency": "infra.bench.gpu_latency",
     "extensions": "infra.bench.extensions",
+    "capacity": "infra.bench.capacity",
+    "warm-serving": "infra.bench.warm_serving",
 }
 
 

@@ -26,9 +26,10 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
     graphs, one KV update into every ring position (``instance.warmup_chunks``), so a compiled
     instance has traced, compiled and captured all its graphs before a user's session needs
     them. One session on slab 0; with CUDA graphs one per slab, side by side, since graphs are
-    per slab; then a two-chunk t2v job (its first chunk decodes whole). The serving engine
-    (and its cost calibration) never sees them. -> seconds it
-    took."""
+    per slab; then a two-chunk t2v job (its first chunk decodes whole); then, for each other
+    decoder a session may pick (``"full"`` / ``"tiny"``), one short session with a prompt switch
+    that decodes with it (the DiT's graphs are warm by then: only the decoder's compile). The
+    serving engine (and its cost calibration) never sees them. -> seconds it took."""
     import time
 
     from models.loops.requests import JobRequest, SessionRequest
@@ -36,7 +37,9 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
     from runtime.cost import CostModel
     from runtime.engine import Engine
 
-    chunks = instance.warmup_chunks(profile)
+    # one chunk more than the instance asks for: the chunk after the last prompt switch decodes
+    # whole (a steady chunk), whatever the switches' spacing on a small cache
+    chunks = instance.warmup_chunks(profile) + 1
     sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
     fill = -(-(sink + ring) // profile.chunk_latent_frames)  # chunks until the cache is full
     slabs = range(num_slabs) if instance.levers.get("cuda_graphs") else range(1)
@@ -48,10 +51,10 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
     handles: list[Any] = []
     at = (0, fill // 2, fill) if "prompt.switch" in instance.card.capabilities else ()
 
-    def on_emit(index: int) -> Any:
+    def on_emit(index: int, switch_at: tuple[int, ...] = at) -> Any:
         def emitted(emission: Any) -> None:
             meta = emission.spec.meta
-            if emission.spec.stream == "media" and meta.final and meta.chunk in at:
+            if emission.spec.stream == "media" and meta.final and meta.chunk in switch_at:
                 text = f"warm-up {meta.chunk}"  # a switch at the next chunk: a re-cache
                 handles[index].push_input(
                     InputEvent(InputKind.PROMPT, meta.chunk + 1, PromptInput(text=text))
@@ -101,6 +104,36 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
                 on_emit=lambda emission: None,  # its frames are thrown away
             )
             await job.result()
+        for decoder in _other_decoders(instance):
+            # first chunk, steady chunks and a switch (a changing chunk decodes in parts),
+            # all at prefix lengths the sessions above compiled
+            handles.append(
+                engine.spawn(
+                    instance.loop("chunk_rollout"),
+                    SessionRequest(
+                        prompt="warm-up",
+                        seed=0,
+                        max_chunks=min(chunks, 4),
+                        kv_slab=0,
+                        fps=profile.fps,
+                        width=profile.width,
+                        height=profile.height,
+                        decoder=decoder,
+                    ),
+                    instance,
+                    loop_id=f"warm-up-{profile.width}x{profile.height}-{decoder}",
+                    priority=Priority.BATCH,
+                    on_emit=on_emit(len(handles), at[:1]),
+                )
+            )
+            await handles[-1].result()
     finally:
         await engine.close()
     return time.perf_counter() - start_s
+
+
+def _other_decoders(instance: Any) -> tuple[str, ...]:
+    """The decoders a session may pick other than the default one (none for a model with one)."""
+    options = tuple(getattr(instance, "decoder_options", tuple)())
+    default = getattr(instance, "default_decoder", None)
+    return tuple(option for option in options if option != default)

@@ -11,10 +11,11 @@ watched for ``--seconds``; per viewer:
   interval (a viewer sees the picture stand still);
 - p95 frame interval of fresh frames, against the nominal 1/fps.
 
-A setup is ``NAME=WxH@FPS[;serve args]``: the profile of its sessions and the extra
-``dreamrt serve`` arguments of its server (``--decoder tiny``, ``--kv-cache fp8`` ...),
-for instance ``"full=832x480@16"``, ``"tiny=832x480@16;--decoder-default tiny"``. Prints one
-table last; ``--json`` writes every viewer's numbers and the server log's stalls and compiles.
+A setup is ``NAME=WxH@FPS[/DECODER][;serve args]``: the profile of its sessions, the decoder they
+ask for (``"decoder"`` of ``POST /v1/sessions``) and the extra ``dreamrt serve`` arguments of its
+server (``--kv-cache fp8`` ...), for instance ``"full=832x480@16"``, ``"tiny=832x480@16/tiny"``.
+Prints one table last; ``--json`` writes every viewer's numbers and the server log's stalls and
+compiles.
 
     python -m infra.bench.capacity --model wan2.1-1.3b-causal --compile --random-weights \\
         --setups "full=832x480@16,small=480x272@16" --seconds 30
@@ -43,10 +44,12 @@ from clients.python.api import ApiCallError, DreamrtClient
 from clients.python.viewer import Viewer
 from infra.browser_harness import ServerProcess
 
-__all__ = ["Setup", "frame_stats", "main", "parse_setup"]
+__all__ = ["Setup", "frame_stats", "main", "parse_setup", "run_setup"]
 
 STALL_FACTOR = 2.0  # a fresh-frame gap this many nominal intervals long is a stall
-_SETUP = re.compile(r"^(?P<name>[\w.-]+)=(?:(?P<w>\d+)x(?P<h>\d+))?(?:@(?P<fps>\d+))?$")
+_SETUP = re.compile(
+    r"^(?P<name>[\w.-]+)=(?:(?P<w>\d+)x(?P<h>\d+))?(?:@(?P<fps>\d+))?(?:/(?P<decoder>full|tiny))?$"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,16 +61,20 @@ class Setup:
     height: int | None = None
     fps: int | None = None
     serve_args: tuple[str, ...] = ()
+    decoder: str | None = None  # the sessions' decoder ("full" | "tiny"); None: the card's
 
 
 def parse_setup(text: str) -> Setup:
-    """``NAME=WxH@FPS[;serve args]`` -> ``Setup`` (``ValueError`` names what is wrong)."""
+    """``NAME=WxH@FPS[/DECODER][;serve args]`` -> ``Setup`` (``ValueError`` names what is
+    wrong)."""
     head, _, rest = text.partition(";")
     match = _SETUP.match(head.strip())
     if match is None:
-        raise ValueError(f"setup {text!r}: expected NAME=WxH@FPS[;serve args]")
-    ints = {k: int(v) if v else None for k, v in match.groupdict().items() if k != "name"}
-    return Setup(match["name"], ints["w"], ints["h"], ints["fps"], tuple(rest.split()))
+        raise ValueError(f"setup {text!r}: expected NAME=WxH@FPS[/DECODER][;serve args]")
+    ints = {k: int(match[k]) if match[k] else None for k in ("w", "h", "fps")}
+    return Setup(
+        match["name"], ints["w"], ints["h"], ints["fps"], tuple(rest.split()), match["decoder"]
+    )
 
 
 def frame_stats(received_s: list[float], fps: int, window_s: float) -> dict[str, float]:
@@ -103,18 +110,20 @@ async def _open(url: str, setup: Setup, index: int, timeout_s: float) -> _Watche
     api = DreamrtClient(url)
     await api.__aenter__()
     params = {"fps": setup.fps, "width": setup.width, "height": setup.height, "seed": index}
+    params["decoder"] = setup.decoder
     try:
         created = await api.create_session(f"capacity probe {index}: a red ball on grass", **params)
     except ApiCallError as exc:
         await api.__aexit__(None, None, None)
         return exc
     viewer = Viewer(api)
+    viewer.profile = created["profile"]  # a joined session: fresh_frames needs its fps
     await viewer.connect(session_id=created["id"], timeout_s=timeout_s)
     await viewer.wait_first_frame(timeout_s)
     return _Watched(created["id"], viewer, api, created["profile"])
 
 
-async def _run_setup(url: str, setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
+async def run_setup(url: str, setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
     watched: list[_Watched] = []
     refusal: dict[str, Any] | None = None
     try:
@@ -206,7 +215,9 @@ def _print(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--setups", default="default=", help="NAME=WxH@FPS[;serve args], ...")
+    parser.add_argument(
+        "--setups", default="default=", help="NAME=WxH@FPS[/DECODER][;serve args], ..."
+    )
     parser.add_argument("--model", default=None)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     parser.add_argument("--compile", action="store_true")
@@ -232,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                 server.start(timeout_s=args.startup_timeout_s)
                 ready_s = time.monotonic() - began
                 print(f"\n{setup.name}: server ready after {ready_s:.1f} s", flush=True)
-                result = asyncio.run(_run_setup(server.url, setup, args))
+                result = asyncio.run(run_setup(server.url, setup, args))
                 result["ready_s"] = ready_s
             except Exception as exc:  # a setup that cannot run: the others still do
                 result = {"error": f"{type(exc).__name__}: {exc}"}

@@ -4,6 +4,8 @@
 #
 #   bash infra/bench/h200_capacity.sh engine,vae,guard        # engine-level variants
 #   bash infra/bench/h200_capacity.sh server                  # sessions per GPU, real server
+#   bash infra/bench/h200_capacity.sh warm                    # ready times, a job beside a
+#                                                             # session, sessions per GPU
 #
 # Wheels: the device image lacks msgspec, aiortc, av, fastapi and fa3-fwd; they travel as one
 # xz tarball of their unpacked wheels (.whl/site.tar.xz, carried: 64 MiB per call in all).
@@ -44,5 +46,13 @@ if has server; then
   timeout "${SERVER_S:-540}" $PY -m infra.bench.capacity --json "$OUT/capacity.json" \
     ${CAPACITY_ARGS:-} >"$OUT/capacity.log" 2>&1
   tail -40 "$OUT/capacity.log"
+fi
+if has warm; then
+  timeout "${WARM_S:-560}" $PY -m infra.bench.warm_serving --model wan2.1-1.3b-causal \
+    --device cuda --random-weights --max-sessions "${WARM_MAX_SESSIONS:-6}" --job-frames 241 \
+    --setups "${WARM_SETUPS:-full=832x480@16,tiny=832x480@16/tiny,small=480x272@16}" \
+    --phases "${WARM_PHASES:-fresh,cached}" --empty-local-caches --keep-logs "$OUT/logs" \
+    --json "$OUT/warm_serving.json" >"$OUT/warm_serving.log" 2>&1
+  tail -40 "$OUT/warm_serving.log"
 fi
 exit 0

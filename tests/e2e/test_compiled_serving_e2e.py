@@ -1,7 +1,9 @@
-"""Nothing compiles after ready: a real ``dreamrt serve --compile`` (the tiny random Wan card on
-the CPU, Inductor's C++ backend) warms up its compiled set, and then a watched session with a
-prompt cut and a switch, a fork candidate, jobs of unusual lengths (t2v) and a t2i leave
-``dreamrt_compiles_after_ready_total`` at 0 for every kind. A job at a size outside the set
+"""Nothing compiles after ready: a real ``dreamrt serve --compile`` (the tiny random Wan card with
+both decoders on the CPU - the tiny streaming decoder by default, the full VAE as a session's
+option and for jobs - Inductor's C++ backend) warms up its compiled set, and then a watched
+session with a prompt cut and a switch, a fork candidate, a session that picks the other
+decoder, jobs of unusual lengths (t2v) and a t2i leave ``dreamrt_compiles_after_ready_total``
+at 0 for every kind. A job at a size outside the set
 still succeeds (eagerly) and is counted, which shows the metric sees what it guards.
 
 The compile cache (``--compile-cache``) lives in one directory per machine and torch build,
@@ -41,7 +43,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         root / "server.log",
         extra_args=(
             "--model",
-            "wan-tiny-random",
+            "wan-tiny-taehv-random",
             "--compile",
             "--compile-cache",
             str(COMPILE_CACHE),
@@ -88,6 +90,7 @@ async def test_serving_after_ready_compiles_nothing(server: ServerProcess) -> No
     async with DreamrtClient(server.url) as api:
         viewer = Viewer(api)
         candidate = Viewer(api)
+        full = Viewer(api)
         try:
             await viewer.connect("a red ball on grass", seed=3)
             await viewer.wait_first_frame(timeout_s=120.0)
@@ -109,6 +112,17 @@ async def test_serving_after_ready_compiles_nothing(server: ServerProcess) -> No
             await candidate.connect(session_id=cid)
             await wait_chunk(candidate, forked["at_chunk"] + 1)
             assert candidate.fresh_frames(), "the fork candidate's viewer received no frame"
+            await candidate.close()
+            await viewer.close()
+            # the card's other decoder: its first chunk, a switch and steady chunks
+            await full.connect("a red ball on grass", seed=4, decoder="full")
+            await wait_chunk(full, 1)
+            await api.prompt(full.session_id, "a blue cube in snow", mode="switch")
+            applied = await full.wait_event(
+                lambda e: e["type"] == "prompt.applied" and e["mode"] == "switch", 120.0
+            )
+            await wait_chunk(full, applied["chunk"] + 2)
+            assert (await api.session(full.session_id))["decoder"] == "full"
             jobs = [
                 await api.submit_job("t2v", "a slow pan", num_frames=23, seed=1),
                 await api.submit_job("t2v", "a slow pan", num_frames=2, seed=2),
@@ -128,4 +142,6 @@ async def test_serving_after_ready_compiles_nothing(server: ServerProcess) -> No
             after = await compiles(server.url)
             assert after["outside_set"] >= 1 and after["dynamo"] == 0, after
         finally:
-            await asyncio.gather(viewer.close(), candidate.close(), return_exceptions=True)
+            await asyncio.gather(
+                viewer.close(), candidate.close(), full.close(), return_exceptions=True
+            )

@@ -178,12 +178,14 @@ def test_replay_regenerates_three_chunks_bit_identically(
 
     instance = load_instance(registry.get("tiny-world"), device="cpu")
     applied = recorded["applied"]
-    chunks = sorted({applied["prompt.applied"], applied["audio.applied"], 5})
+    # the prompt's and the audio's chunks (one chunk when the audio restarted the chunk that
+    # showed the prompt first) and the chunks after them: at least three distinct chunks
+    chunks = sorted({applied["prompt.applied"], applied["audio.applied"], 4, 5})
     last = applied["audio.applied"]
     results = [
         replay_chunk(recorded["data"], recorded["session"], k, instance=instance) for k in chunks
     ]
-    assert len(chunks) == 3 and {r.replay_key for r in results} != {results[0].replay_key}
+    assert len(chunks) >= 3 and {r.replay_key for r in results} != {results[0].replay_key}
     for result in results:
         assert result.matches, (result.chunk, result.recorded, result.replayed)
         assert result.frames.dtype == np.uint8 and result.frames.shape[1:] == (96, 96, 3)

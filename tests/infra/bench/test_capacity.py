@@ -12,6 +12,7 @@ def test_setups_parse_into_a_profile_and_serve_arguments() -> None:
     assert parse_setup("tiny=832x480@16;--kv-cache fp8 --decoder tiny") == Setup(
         "tiny", 832, 480, 16, ("--kv-cache", "fp8", "--decoder", "tiny")
     )
+    assert parse_setup("tiny=832x480@16/tiny") == Setup("tiny", 832, 480, 16, decoder="tiny")
     assert parse_setup("default=") == Setup("default")
     with pytest.raises(ValueError, match="expected NAME=WxH@FPS"):
         parse_setup("832x480")

@@ -1,0 +1,311 @@
+"""``dreamrt bench warm-serving``: what a compiled server costs to start, and whether anything
+compiles once it is ready.
+
+One run, up to three servers (``dreamrt serve --compile``, subprocesses on loopback), all given
+one ``--compile-cache`` directory:
+
+1. **fresh**: ready time with an empty compile cache (with ``--empty-local-caches``, Inductor's
+   and Triton's default caches are emptied before each server too, as on a new machine). Then
+   the mixed scenario: one session at the card's profile watched by a real aiortc viewer; after
+   ``--baseline-s`` a t2v job of ``--job-frames`` is submitted, and the session's fresh frames
+   are timed until the job ends (delivered fps, p95 and max frame interval, against the
+   baseline window); then the same job alone, for the job's time against alone. Then the
+   ``--setups`` of ``infra.bench.capacity`` on the same server (sessions per GPU with admission
+   on). ``dreamrt_compiles_after_ready_total`` is read at ready, after the mixed scenario and
+   at the end.
+2. **cached**: the same card and ``--compile-cache`` again: the ready time of a restart (of a
+   "fresh machine" that mounts the cache, with ``--empty-local-caches``).
+3. optional ``--second-model``: another card on the same cache directory (a cache of its own
+   within it: the key names the card), its ready time and its ``--second-setups``.
+
+Prints one table last; ``--json`` writes everything, with each server log's stalls and the
+lines that report a compile outside the set.
+
+    python -m infra.bench.warm_serving --model wan2.1-1.3b-causal --device cuda \\
+        --random-weights --setups "full=832x480@16,tiny=832x480@16/tiny,small=480x272@16"
+    python -m infra.bench.warm_serving          # CPU smoke: the tiny random Wan card
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import httpx
+
+from clients.python.api import DreamrtClient
+from clients.python.viewer import Viewer
+from infra.bench.capacity import frame_stats, parse_setup, run_setup
+from infra.browser_harness import ServerProcess
+
+__all__ = ["compiles_after_ready", "main"]
+
+_DONE = ("succeeded", "failed", "cancelled")
+
+
+def compiles_after_ready(url: str) -> dict[str, float]:
+    """``dreamrt_compiles_after_ready_total`` by kind, read from ``/metrics``."""
+    text = httpx.get(f"{url}/metrics", timeout=10.0).text
+    prefix = "dreamrt_compiles_after_ready_total{kind="
+    return {
+        line[len(prefix) :].split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
+
+
+def _empty_local_caches() -> list[str]:
+    """Inductor's and Triton's default caches on this machine (not ``--compile-cache``)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    gone = []
+    for path in (Path(default_cache_dir()), Path.home() / ".triton" / "cache"):
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(str(path))
+    return gone
+
+
+async def _finish(api: DreamrtClient, job_id: str, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while (job := await api.job(job_id))["state"] not in _DONE:
+        if time.monotonic() > deadline:
+            return {**job, "state": f"still {job['state']} after {timeout_s:.0f} s"}
+        await asyncio.sleep(0.1)
+    return job
+
+
+async def _mixed(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One watched session, a job beside it, then the job alone (module docstring)."""
+    async with DreamrtClient(url) as api:
+        viewer = Viewer(api)
+        created_s = time.monotonic()
+        try:
+            await viewer.connect("a lantern-lit canal town at dusk", seed=1)
+            await viewer.wait_first_frame(args.timeout_s)
+            first_frame_s = viewer.frames[0].received_s - created_s
+            fps = viewer.profile["fps"]
+            await asyncio.sleep(args.baseline_s)
+            job_began = time.monotonic()
+            job_id = await api.submit_job(
+                "t2v", "a red kite over the sea", num_frames=args.job_frames, seed=2
+            )
+            job = await _finish(api, job_id, args.job_timeout_s)
+            job_s = time.monotonic() - job_began
+            fresh = [f.received_s for f in viewer.fresh_frames()]
+            baseline = [t for t in fresh if job_began - args.baseline_s <= t < job_began]
+            during = [t for t in fresh if job_began <= t < job_began + job_s]
+            sid = viewer.session_id
+        finally:
+            await viewer.close()
+        alone_began = time.monotonic()
+        alone_id = await api.submit_job(
+            "t2v", "a red kite over the sea", num_frames=args.job_frames, seed=2
+        )
+        alone = await _finish(api, alone_id, args.job_timeout_s)
+        alone_s = time.monotonic() - alone_began
+    return {
+        "session": sid,
+        "first_frame_s": round(first_frame_s, 3),
+        "baseline": frame_stats(baseline, fps, args.baseline_s),
+        "during_job": frame_stats(during, fps, job_s),
+        "job": {"id": job_id, "state": job["state"], "seconds": round(job_s, 2)},
+        "job_alone": {"id": alone_id, "state": alone["state"], "seconds": round(alone_s, 2)},
+    }
+
+
+def _serve_args(args: argparse.Namespace, model: str | None, cache: Path) -> tuple[str, ...]:
+    extra = ["--device", args.device, "--compile", "--compile-cache", str(cache)]
+    extra += ["--unwatched-timeout", "0", "--max-sessions", str(args.max_sessions)]
+    if model:
+        extra += ["--model", model]
+    if args.random_weights:
+        extra.append("--random-weights")
+    return (*extra, *args.server_arg)
+
+
+def _log_findings(path: Path) -> dict[str, Any]:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    lines = text.splitlines()
+    return {
+        "stall_lines": [ln for ln in lines if "event loop stood still" in ln][:20],
+        "outside_set_lines": [ln for ln in lines if "outside the compiled set" in ln][:20],
+        "warm_up_lines": [ln for ln in lines if "warm-up done" in ln or "compile cache:" in ln],
+        "tracebacks": text.count("Traceback"),
+    }
+
+
+def _server(
+    root: Path, name: str, args: argparse.Namespace, model: str | None, cache: Path
+) -> tuple[ServerProcess, float]:
+    server = ServerProcess(
+        root / name / "data",
+        root / name / "server.log",
+        extra_args=_serve_args(args, model, cache),
+    )
+    began = time.monotonic()
+    server.start(timeout_s=args.startup_timeout_s)
+    ready_s = time.monotonic() - began
+    print(f"{name}: ready after {ready_s:.1f} s", flush=True)
+    return server, ready_s
+
+
+def _phase(
+    root: Path, name: str, args: argparse.Namespace, model: str | None, cache: Path, work: Any
+) -> dict[str, Any]:
+    """Start a server, run ``work(url) -> dict`` against it, stop it; errors are recorded."""
+    emptied = _empty_local_caches() if args.empty_local_caches else []
+    result: dict[str, Any] = {"model": model, "emptied": emptied}
+    server = None
+    try:
+        server, result["ready_s"] = _server(root, name, args, model, cache)
+        result["compiles_at_ready"] = compiles_after_ready(server.url)
+        result.update(work(server.url))
+        result["compiles_at_end"] = compiles_after_ready(server.url)
+    except Exception as exc:  # a phase that fails leaves the others' results
+        result["error"] = f"{type(exc).__name__}: {exc}"[-2000:]
+        print(f"{name}: {result['error']}", flush=True)
+    finally:
+        if server is not None:
+            server.stop(timeout_s=30.0)
+    result["log"] = _log_findings(root / name / "server.log")
+    if args.keep_logs is not None:
+        args.keep_logs.mkdir(parents=True, exist_ok=True)
+        with_log = root / name / "server.log"
+        if with_log.exists():
+            shutil.copy(with_log, args.keep_logs / f"warm_serving_{name}.log")
+    return result
+
+
+def _setups_work(text: str, args: argparse.Namespace) -> Any:
+    def work(url: str) -> dict[str, Any]:
+        return {
+            "setups": {
+                s.name: asyncio.run(run_setup(url, s, args))
+                for s in (parse_setup(t) for t in text.split(",") if t.strip())
+            }
+        }
+
+    return work
+
+
+def _print(report: dict[str, Any]) -> None:
+    print("\n| server | ready s | compiles at ready / at end | outside-set log lines |")
+    print("| --- | --- | --- | --- |")
+    for name, r in report["phases"].items():
+        print(
+            f"| {name} | {r.get('ready_s', float('nan')):.1f} | {r.get('compiles_at_ready')} / "
+            f"{r.get('compiles_at_end')} | {len(r['log']['outside_set_lines'])} |"
+            + (f" error: {r['error'][:100]}" if "error" in r else "")
+        )
+    mixed = report["phases"].get("fresh", {}).get("mixed")
+    if mixed:
+        b, d = mixed["baseline"], mixed["during_job"]
+        print("\n| session | fps | p95 interval ms | max interval ms | stalls/min |")
+        print("| --- | --- | --- | --- | --- |")
+        for label, s in (("before the job", b), ("during the job", d)):
+            print(
+                f"| {label} | {s['fps']} | {s['p95_interval_ms']} | {s['max_interval_ms']} | "
+                f"{s['stalls_per_min']} |"
+            )
+        print(
+            f"job {mixed['job']['state']} in {mixed['job']['seconds']} s beside the session, "
+            f"{mixed['job_alone']['seconds']} s alone; first frame {mixed['first_frame_s']} s"
+        )
+    print(
+        "\n| server | setup | admitted | refused with | fps each | stalls/min max "
+        "| p95/nominal max |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, r in report["phases"].items():
+        for setup, s in r.get("setups", {}).items():
+            fps = [x["fps"] for x in s["sessions"]]
+            refused = (s["refusal"] or {}).get("code") or "-"
+            print(
+                f"| {name} | {setup} | {s['admitted']} | {refused} | {fps} | "
+                f"{max((x['stalls_per_min'] for x in s['sessions']), default=0)} | "
+                f"{max((x['p95_over_nominal'] for x in s['sessions']), default=0)} |"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dreamrt bench warm-serving", description=__doc__)
+    parser.add_argument("--model", default="wan-tiny-random")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    parser.add_argument("--random-weights", action="store_true")
+    parser.add_argument("--max-sessions", type=int, default=6)
+    parser.add_argument("--baseline-s", type=float, default=5.0)
+    parser.add_argument("--job-frames", type=int, default=241)
+    parser.add_argument("--job-timeout-s", type=float, default=240.0)
+    parser.add_argument("--setups", default="", help="capacity setups on the fresh server")
+    parser.add_argument("--second-model", default=None)
+    parser.add_argument("--second-setups", default="")
+    parser.add_argument("--phases", default="fresh,cached,second")
+    parser.add_argument("--ramp-s", type=float, default=2.0)
+    parser.add_argument("--seconds", type=float, default=12.0, help="capacity watch window")
+    parser.add_argument("--timeout-s", type=float, default=60.0)
+    parser.add_argument("--startup-timeout-s", type=float, default=600.0)
+    parser.add_argument("--server-arg", action="append", default=[], help="serve argument, all")
+    parser.add_argument("--cache", type=Path, default=None, help="default: a temp dir")
+    parser.add_argument(
+        "--empty-local-caches",
+        action="store_true",
+        help="empty Inductor's and Triton's default caches before each server (a new machine)",
+    )
+    parser.add_argument("--keep-logs", type=Path, default=None, help="copy server logs here")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    phases = {p.strip() for p in args.phases.split(",")}
+    report: dict[str, Any] = {"argv": argv or sys.argv[1:], "phases": {}}
+
+    def save() -> None:
+        if args.json is not None:
+            args.json.write_text(json.dumps(report, indent=1, default=str))
+
+    with tempfile.TemporaryDirectory(prefix="dreamrt-warm-") as tmp:
+        root = Path(tmp)
+        cache = args.cache or root / "compile-cache"
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the servers use --compile-cache
+
+        def fresh_work(url: str) -> dict[str, Any]:
+            out: dict[str, Any] = {"mixed": asyncio.run(_mixed(url, args))}
+            out["compiles_after_mixed"] = compiles_after_ready(url)
+            if args.setups:
+                out.update(_setups_work(args.setups, args)(url))
+            return out
+
+        if "fresh" in phases:
+            report["phases"]["fresh"] = _phase(root, "fresh", args, args.model, cache, fresh_work)
+            save()
+        if "cached" in phases:
+            report["phases"]["cached"] = _phase(
+                root, "cached", args, args.model, cache, lambda url: {}
+            )
+            save()
+        if "second" in phases and args.second_model:
+            report["phases"]["second"] = _phase(
+                root,
+                "second",
+                args,
+                args.second_model,
+                cache,
+                _setups_work(args.second_setups, args) if args.second_setups else lambda url: {},
+            )
+            save()
+    _print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
