@@ -29,9 +29,13 @@ expected end, it is the time until the first release after which the request wou
 ``permanent=True`` (the API should offer a smaller profile instead of asking to retry).
 
 Deadline misses tighten admission: the engine reports every realtime plan's outcome through
-``record_deadline``; while, over the last ``miss_window`` outcomes (at least
-``min_outcomes`` of them), the miss ratio exceeds ``miss_ratio_threshold``, new admissions see
-the compute capacity multiplied by ``tighten_factor``. Existing reservations are never revoked.
+``record_deadline``; while, over the last ``miss_window`` outcomes of the last
+``miss_horizon_s`` seconds (at least ``min_outcomes`` of them), the miss ratio exceeds
+``miss_ratio_threshold``, new admissions see the compute capacity multiplied by
+``tighten_factor``. The horizon is what lets admission relax again when the misses stopped
+because the sessions that missed ended (a job beside the last session, say): with no realtime
+plan running, no new outcome would ever push the old misses out of the window. Existing
+reservations are never revoked.
 
 Pure: imports neither torch nor asyncio. Not thread-safe; call from the event loop.
 """
@@ -197,6 +201,7 @@ class AdmissionConfig:
     default_retry_after_s: float = 5.0
     min_retry_after_s: float = 1.0
     miss_window: int = 50
+    miss_horizon_s: float = 30.0  # outcomes older than this no longer count
     min_outcomes: int = 10
     miss_ratio_threshold: float = 0.05
     tighten_factor: float = 0.8
@@ -211,6 +216,8 @@ class AdmissionConfig:
                 f"peak_concurrency={self.peak_concurrency}, miss_window={self.miss_window}, "
                 f"min_outcomes={self.min_outcomes} must be >= 1"
             )
+        if not self.miss_horizon_s > 0:
+            raise AdmissionError(f"miss_horizon_s={self.miss_horizon_s} must be > 0")
         if not 0 < self.tighten_factor <= 1:
             raise AdmissionError(f"tighten_factor={self.tighten_factor} must be in (0, 1]")
 
@@ -245,7 +252,8 @@ class AdmissionController:
         self._clock = clock
         self._pools: dict[str, KVSlabPool] = {}
         self._reservations: dict[str, _Reservation] = {}
-        self._outcomes: deque[bool] = deque(maxlen=config.miss_window)
+        # (time of the outcome, missed) of the last miss_window realtime plans
+        self._outcomes: deque[tuple[float, bool]] = deque(maxlen=config.miss_window)
         self._next_id = 0
 
     # -- slab pools -------------------------------------------------------------------------
@@ -330,15 +338,23 @@ class AdmissionController:
 
     def record_deadline(self, *, missed: bool) -> None:
         """One realtime plan finished; ``missed`` if after its deadline."""
-        self._outcomes.append(missed)
+        self._outcomes.append((self._clock(), missed))
+
+    def _recent_outcomes(self) -> list[bool]:
+        since = self._clock() - self.config.miss_horizon_s
+        return [missed for at, missed in self._outcomes if at >= since]
 
     def miss_ratio(self) -> float:
-        return sum(self._outcomes) / len(self._outcomes) if self._outcomes else 0.0
+        """Missed over all realtime outcomes of the window and the horizon (0 with none)."""
+        recent = self._recent_outcomes()
+        return sum(recent) / len(recent) if recent else 0.0
 
     def tightened(self) -> bool:
         cfg = self.config
+        recent = self._recent_outcomes()
         return (
-            len(self._outcomes) >= cfg.min_outcomes and self.miss_ratio() > cfg.miss_ratio_threshold
+            len(recent) >= cfg.min_outcomes
+            and sum(recent) / len(recent) > cfg.miss_ratio_threshold
         )
 
     def effective_compute_capacity(self) -> float:

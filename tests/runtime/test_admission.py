@@ -175,6 +175,23 @@ def test_deadline_misses_tighten_compute_capacity_and_recover() -> None:
     assert isinstance(ctl.admit(req("s", share=0.6, kv=False, peak=0)), Admit)
 
 
+def test_misses_older_than_the_horizon_stop_tightening() -> None:
+    """The sessions that missed ended (a job ran beside the last one): no realtime outcome
+    follows, and admission relaxes once their misses are older than the horizon."""
+    clock = FakeClock()
+    ctl = make_controller(clock, min_outcomes=10, miss_horizon_s=30.0, tighten_factor=0.8)
+    for _ in range(20):
+        ctl.record_deadline(missed=True)
+        clock.now_s += 0.5
+    assert ctl.tightened() and ctl.effective_compute_capacity() == pytest.approx(0.72)
+    assert isinstance(ctl.admit(req("s", share=0.8, kv=False, peak=0)), Reject)
+    clock.now_s += 20.0  # no outcome since: every miss still within the horizon
+    assert ctl.tightened()
+    clock.now_s += 10.0  # every miss older than 30 s
+    assert ctl.miss_ratio() == 0.0 and not ctl.tightened()
+    assert isinstance(ctl.admit(req("s", share=0.8, kv=False, peak=0)), Admit)
+
+
 def test_invalid_requests_and_configs_raise() -> None:
     ctl = make_controller()
     with pytest.raises(AdmissionError, match="no slab pool 'nope'"):
@@ -187,6 +204,8 @@ def test_invalid_requests_and_configs_raise() -> None:
         ctl.admit(req("bad", share=float("nan")))
     with pytest.raises(AdmissionError, match="tighten_factor"):
         AdmissionConfig(peak_capacity_bytes=1, tighten_factor=0.0)
+    with pytest.raises(AdmissionError, match="miss_horizon_s"):
+        AdmissionConfig(peak_capacity_bytes=1, miss_horizon_s=0.0)
 
 
 def test_the_slab_pool_is_the_one_kv_gate_and_release_returns_the_slab() -> None:
