@@ -136,6 +136,7 @@ async def run_setup(url: str, setup: Setup, args: argparse.Namespace) -> dict[st
                     "message": got.message,
                     "retry_after_s": got.retry_after_s,
                 }
+                print(f"  {setup.name}: refused: {refusal}", flush=True)
                 break
             watched.append(got)
             print(f"  {setup.name}: session {len(watched)} admitted ({got.profile})", flush=True)

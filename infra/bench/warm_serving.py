@@ -147,13 +147,9 @@ def _log_findings(path: Path) -> dict[str, Any]:
 
 
 def _server(
-    root: Path, name: str, args: argparse.Namespace, model: str | None, cache: Path
+    root: Path, name: str, args: argparse.Namespace, model: str | None, cache: Path, log: Path
 ) -> tuple[ServerProcess, float]:
-    server = ServerProcess(
-        root / name / "data",
-        root / name / "server.log",
-        extra_args=_serve_args(args, model, cache),
-    )
+    server = ServerProcess(root / name / "data", log, extra_args=_serve_args(args, model, cache))
     began = time.monotonic()
     server.start(timeout_s=args.startup_timeout_s)
     ready_s = time.monotonic() - began
@@ -162,16 +158,30 @@ def _server(
 
 
 def _phase(
-    root: Path, name: str, args: argparse.Namespace, model: str | None, cache: Path, work: Any
-) -> dict[str, Any]:
-    """Start a server, run ``work(url) -> dict`` against it, stop it; errors are recorded."""
+    root: Path,
+    name: str,
+    args: argparse.Namespace,
+    model: str | None,
+    cache: Path,
+    work: Any,
+    report: dict[str, Any],
+    save: Any,
+) -> None:
+    """Start a server, run ``work(url, result, save)`` against it (it fills ``result`` and
+    saves as it goes, so a run cut short keeps what it measured), stop it; errors are
+    recorded."""
     emptied = _empty_local_caches() if args.empty_local_caches else []
     result: dict[str, Any] = {"model": model, "emptied": emptied}
+    report["phases"][name] = result
+    # straight into --keep-logs when given: a run cut short still leaves its servers' logs
+    keep = args.keep_logs
+    log = keep / f"warm_serving_{name}.log" if keep is not None else root / name / "server.log"
     server = None
     try:
-        server, result["ready_s"] = _server(root, name, args, model, cache)
+        server, result["ready_s"] = _server(root, name, args, model, cache, log)
         result["compiles_at_ready"] = compiles_after_ready(server.url)
-        result.update(work(server.url))
+        save()
+        work(server.url, result, save)
         result["compiles_at_end"] = compiles_after_ready(server.url)
     except Exception as exc:  # a phase that fails leaves the others' results
         result["error"] = f"{type(exc).__name__}: {exc}"[-2000:]
@@ -179,23 +189,42 @@ def _phase(
     finally:
         if server is not None:
             server.stop(timeout_s=30.0)
-    result["log"] = _log_findings(root / name / "server.log")
-    if args.keep_logs is not None:
-        args.keep_logs.mkdir(parents=True, exist_ok=True)
-        with_log = root / name / "server.log"
-        if with_log.exists():
-            shutil.copy(with_log, args.keep_logs / f"warm_serving_{name}.log")
-    return result
+    result["log"] = _log_findings(log)
+    save()
+
+
+def _run_setups(url: str, text: str, args: argparse.Namespace, result: dict, save: Any) -> None:
+    """The capacity setups against ``url``, one after another, each saved as it ends."""
+    done = result.setdefault("setups", {})
+    for setup in (parse_setup(t) for t in text.split(",") if t.strip()):
+        got = asyncio.run(run_setup(url, setup, args))
+        done[setup.name] = got
+        fps = [x["fps"] for x in got["sessions"]]
+        print(f"  {setup.name}: {got['admitted']} admitted, fps {fps}, refusal {got['refusal']}")
+        save()
+
+
+def _fresh_work(args: argparse.Namespace) -> Any:
+    def work(url: str, result: dict[str, Any], save: Any) -> None:
+        mixed = result["mixed"] = asyncio.run(_mixed(url, args))
+        result["compiles_after_mixed"] = compiles_after_ready(url)
+        print(
+            f"  mixed: first frame {mixed['first_frame_s']} s; session {mixed['baseline']} "
+            f"before the job, {mixed['during_job']} during it; job {mixed['job']}, alone "
+            f"{mixed['job_alone']}; compiles {result['compiles_after_mixed']}",
+            flush=True,
+        )
+        save()
+        if args.setups:
+            _run_setups(url, args.setups, args, result, save)
+
+    return work
 
 
 def _setups_work(text: str, args: argparse.Namespace) -> Any:
-    def work(url: str) -> dict[str, Any]:
-        return {
-            "setups": {
-                s.name: asyncio.run(run_setup(url, s, args))
-                for s in (parse_setup(t) for t in text.split(",") if t.strip())
-            }
-        }
+    def work(url: str, result: dict[str, Any], save: Any) -> None:
+        if text:
+            _run_setups(url, text, args, result, save)
 
     return work
 
@@ -278,31 +307,13 @@ def main(argv: list[str] | None = None) -> int:
         cache = args.cache or root / "compile-cache"
         os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the servers use --compile-cache
 
-        def fresh_work(url: str) -> dict[str, Any]:
-            out: dict[str, Any] = {"mixed": asyncio.run(_mixed(url, args))}
-            out["compiles_after_mixed"] = compiles_after_ready(url)
-            if args.setups:
-                out.update(_setups_work(args.setups, args)(url))
-            return out
-
         if "fresh" in phases:
-            report["phases"]["fresh"] = _phase(root, "fresh", args, args.model, cache, fresh_work)
-            save()
+            _phase(root, "fresh", args, args.model, cache, _fresh_work(args), report, save)
         if "cached" in phases:
-            report["phases"]["cached"] = _phase(
-                root, "cached", args, args.model, cache, lambda url: {}
-            )
-            save()
+            _phase(root, "cached", args, args.model, cache, _setups_work("", args), report, save)
         if "second" in phases and args.second_model:
-            report["phases"]["second"] = _phase(
-                root,
-                "second",
-                args,
-                args.second_model,
-                cache,
-                _setups_work(args.second_setups, args) if args.second_setups else lambda url: {},
-            )
-            save()
+            second = _setups_work(args.second_setups, args)
+            _phase(root, "second", args, args.second_model, cache, second, report, save)
     _print(report)
     return 0
 
