@@ -228,7 +228,7 @@ class Leader(_AgreeingExecutor):
     def run_job(self, job: ExecJob) -> Any:
         if not leader_only(job.op):
             name = getattr(job.op, "name", type(job.op).__name__)
-            self.channel.publish((job.info, name, job.args, job.plan_flops, job.plan_bytes))
+            self.channel.publish((job.info, name, job.args, job.plan_flops))
             self.published.append((job.info.batch_id, name, job.info.loop_ids))
         return super().run_job(job)
 
@@ -273,8 +273,8 @@ class Follower(_AgreeingExecutor):
         """Run published batches until the stop; returns how many ran."""
         count = 0
         while (message := self.channel.receive()) != _STOP:
-            info, name, args, flops, nbytes = message
-            job = ExecJob(info, self.ops[name], args, flops, nbytes)
+            info, name, args, flops = message
+            job = ExecJob(info, self.ops[name], args, flops)
             outcome = self.run_job(job)
             count += 1
             if self.on_batch is not None:
