@@ -55,6 +55,7 @@ from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
 from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache
 from models.wan.transformer import WanDiT
 from models.weights_digest import checkpoint_digest, random_digest
+from runtime.contract import Loop
 
 __all__ = ["InstanceError", "WanInstance", "load_instance"]
 
@@ -332,7 +333,7 @@ class WanInstance(InstanceSizing, InstanceDecoders):
     # ---------------------------------------------------------------------------------------
     # loops
 
-    def loop(self, loop_id: str) -> Any:
+    def loop(self, loop_id: str) -> Loop[Any]:
         """The Loop serving the card's loop ``loop_id`` (``models.loops.registry.LOOPS`` by its
         kind); raises ``RecipeMismatchError`` if the card's recipe does not allow it at this
         instance's precision, ``InstanceError`` for a helper loop."""
@@ -342,11 +343,11 @@ class WanInstance(InstanceSizing, InstanceDecoders):
         except KeyError as exc:
             raise InstanceError(f"card {self.card.model_id!r}: {exc.args[0]}") from None
 
-    def group_loop(self, capability: str) -> Any:
+    def group_loop(self, capability: str) -> Loop[Any]:
         """``capability``'s loop for a rollout group's samples (``models.loops.rollout_group``)."""
         return group_loop(self, capability) or self.loop_for(capability)
 
-    def loop_for(self, capability: str) -> Any:
+    def loop_for(self, capability: str) -> Loop[Any]:
         """The Loop the card names for ``capability`` (e.g. ``"text_to_video"``: a causal card
         answers ``chunk_rollout``, a bidirectional one ``diffusion_denoise``)."""
         spec = self.card.loop_for(capability)

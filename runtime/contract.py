@@ -206,10 +206,15 @@ class StepOp(Protocol):
     alone so one bad plan fails only its own loop (failure isolation).
     ``deterministic=True`` asks for batch-invariant results: each output must be bit-identical
     to what the op returns for that entry alone.
+
+    ``spmd`` says which ranks of an instance spread over a process group run it
+    (``runtime.spmd``): ``"all"``, the value for most ops and the one for any op with
+    collectives inside, or ``"leader"``, only rank 0 (no collectives; decode, text encode).
     """
 
     name: str
     batchable: bool
+    spmd: str
 
     def __call__(self, args: Sequence[Any], *, deterministic: bool = False) -> list[Any]: ...
 

@@ -314,7 +314,7 @@ class Engine:
                 loop_id=record.loop_id,
                 priority=record.priority,
                 batch_key=(*plan.batch_key, f"op@{id(plan.op):x}"),
-                batchable=bool(getattr(plan.op, "batchable", False)),
+                batchable=plan.op.batchable,
                 deadline_s=window.rank_s,
                 cost_gpu_s=window.cost_s,
                 enqueued_s=now_s,

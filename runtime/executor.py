@@ -64,7 +64,7 @@ class ExecJob:
             kind=head.kind.value,
             shape_sig=head.shape_sig,
             instance_id=head.instance_id,
-            op_name=getattr(head.op, "name", type(head.op).__name__),
+            op_name=head.op.name,
             plan_ids=tuple(plan_ids),
             loop_ids=tuple(loop_ids),
             flops=sum(p.flops for p in plans),

@@ -27,8 +27,8 @@ solo re-runs happen on all ranks alike and the engine fails the affected loop - 
 while the others go on. A rank that dies or raises *inside* a collective cannot be agreed on:
 the process group times out or aborts and the whole world stops (every session fails).
 
-Layering: this module knows ``torch.distributed`` and the executor, nothing of models; what
-the model provides (its buffers, its ops by ``name``) is duck-typed.
+Layering: this module knows ``torch.distributed`` and the executor, nothing of models; the
+model's buffers are duck-typed, its ops are ``StepOp``s found by ``name``.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runtime.contract import StepOp
 from runtime.executor import ExecJob, Executor, _Attempt
 from runtime.observers import BatchInfo, Observer, PlanFault
 
@@ -55,8 +56,8 @@ logger = logging.getLogger(__name__)
 _STOP = "stop"
 
 
-def leader_only(op: Any) -> bool:
-    return getattr(op, "spmd", "all") == "leader"
+def leader_only(op: StepOp) -> bool:
+    return op.spmd == "leader"
 
 
 def _version(t: torch.Tensor) -> int:
@@ -227,7 +228,7 @@ class Leader(_AgreeingExecutor):
 
     def run_job(self, job: ExecJob) -> Any:
         if not leader_only(job.op):
-            name = getattr(job.op, "name", type(job.op).__name__)
+            name = job.op.name
             self.channel.publish((job.info, name, job.args, job.plan_flops))
             self.published.append((job.info.batch_id, name, job.info.loop_ids))
         return super().run_job(job)

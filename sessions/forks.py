@@ -31,7 +31,7 @@ import hashlib
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from models.loops.requests import SessionRequest
 from runtime.admission import Reject
@@ -39,7 +39,7 @@ from runtime.contract import Priority, pts_of_frame
 from runtime.errors import DreamrtError
 from sessions.session import Session, SessionClosedError, SessionConfig, SessionStateError
 
-__all__ = ["Fork", "ForkError", "ForkRegistry"]
+__all__ = ["Fork", "ForkError", "ForkRegistry", "Forks"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,19 @@ class Fork:
 def candidate_seed(parent_seed: int, fork_index: int, i: int) -> int:
     digest = hashlib.blake2b(repr((parent_seed, fork_index, i)).encode(), digest_size=4)
     return int.from_bytes(digest.digest(), "little") & 0x7FFF_FFFF
+
+
+class Forks(Protocol):
+    """What the server asks of forks: a ``ForkRegistry``, or a stand-in that refuses them
+    (a ``ForkError``) where they cannot run."""
+
+    def of(self, parent_id: str) -> Fork | None: ...
+
+    async def fork(
+        self, parent: Session, n: int, prompt: str | None = None, seeds: list[int] | None = None
+    ) -> Fork | Reject: ...
+
+    async def choose(self, parent: Session, candidate_id: str) -> tuple[str, int]: ...
 
 
 class ForkRegistry:

@@ -48,6 +48,9 @@ class ServedModel(Protocol):
     """A loaded model as the hosts need it (``models.instance.WanInstance`` satisfies it)."""
 
     card: ModelCard
+    # the content hash of the loaded weights (``""``: not computed; records then name the
+    # card's ``weights_version``)
+    weights_digest: str
 
     def loop(self, loop_id: str) -> Loop[Any]: ...
 

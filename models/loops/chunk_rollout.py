@@ -67,7 +67,7 @@ import torch
 
 from models.card import KVUpdate, LoopSpec
 from models.loops.chunk_plans import ChunkPlanner
-from models.loops.chunk_restart import ChunkProgress, RegenerateWhenSooner, RestartKind
+from models.loops.chunk_restart import ChunkProgress, RestartKind
 from models.loops.chunk_rollout_state import ChunkRolloutState, Phase
 from models.loops.digests import host_digest
 from models.loops.inputs import AUDIO_SAMPLE_RATE, action_vector, audio_features, normalize_keys
@@ -111,8 +111,7 @@ class ChunkRollout:
         )
         self._inputs = spec.inputs
         self._fold = spec.kv_update is KVUpdate.LAST_STEP
-        # a serving policy of the loaded model (``WanInstance.chunk_restart``), not of the card
-        self._restart = getattr(model, "chunk_restart", None) or RegenerateWhenSooner()
+        self._restart = model.chunk_restart
         self._plans = ChunkPlanner(
             model, self._steps, fold=self._fold, restart_policy=self._restart.name
         )
@@ -292,7 +291,7 @@ class ChunkRollout:
         self._latch(state, boundary=True)
 
     def _version(self) -> str:
-        return str(getattr(self._m, "weights_digest", ""))
+        return self._m.weights_digest
 
     def _stale(self, state: ChunkRolloutState) -> bool:
         """The model's weights changed since the state's cross K/V were made (a weight sync

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from models.card import LatentSpec, ModelCard, Profile
+from models.loops.chunk_restart import RestartPolicy
 from models.loops.ops import (
     ChunkDenoiseOp,
     DecodeOp,
@@ -41,6 +42,12 @@ class LoopModel(Protocol):
     text_len: int
     dit_config: WanDiTConfig
     components: Any
+    # when a picture-changing input restarts the chunk in flight: a serving policy of the loaded
+    # model, not of the card (``WanInstance``: ``RegenerateWhenSooner`` unless configured)
+    chunk_restart: RestartPolicy
+    # the content hash of the loaded weights (``models.weights_digest``; ``""``: not computed,
+    # as for weights built in place); the version a chunk's cross K/V and its records name
+    weights_digest: str
     # the step bodies the loops put into their WorkPlans
     text_encode_op: TextEncodeOp
     text_embed_op: TextEmbedOp

@@ -50,6 +50,7 @@ class _SoloOp:
 
     name = "op"
     batchable = False
+    spmd = "all"  # every rank runs it (runtime/spmd.py); the leader-only ops say so
 
     def __call__(self, args: Sequence[Any], *, deterministic: bool = False) -> list[Any]:
         with torch.inference_mode():
