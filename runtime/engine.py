@@ -223,8 +223,16 @@ class Engine:
             trace=InputTrace(self._clock),
         )
         ctx = EngineContext(self, record)
-        forked = {"restore_from": restore_from, "state_type": state_type, "fork_from": fork_from}
-        record.driver = build_driver(loop, ctx, model, request, record.on_boundary, **forked)
+        record.driver = build_driver(
+            loop,
+            ctx,
+            model,
+            request,
+            record.on_boundary,
+            restore_from=restore_from,
+            state_type=state_type,
+            fork_from=fork_from,
+        )
         record.chunk_ended = restore_from is None  # a snapshot may stand inside a chunk
         self._loops[loop_id] = record
         record.task = asyncio.create_task(
@@ -266,9 +274,9 @@ class Engine:
             if record.emit_tail is not None:  # deferred emissions land before the loop ends
                 await asyncio.wait({record.emit_tail})
             if record.emit_error is not None and status is LoopStatus.SUCCEEDED:
-                exc = record.emit_error
+                failed = record.emit_error
                 record.error = LoopFailed(
-                    record.loop_id, "emit_failed", f"{type(exc).__name__}: {exc}"
+                    record.loop_id, "emit_failed", f"{type(failed).__name__}: {failed}"
                 )
                 status = LoopStatus.FAILED
             self._finish(record, status)
