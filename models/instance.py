@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 import torch
 
-from models.card import ModelCard, Profile
+from models.card import KVUpdate, ModelCard, Profile
+from models.card_vocabulary import coerce
 from models.compile_guard import CompileGuard
 from models.instance_decoders import InstanceDecoders, with_loaded_decoders
 from models.instance_sizing import InstanceSizing
@@ -233,7 +234,7 @@ class WanInstance(InstanceSizing, InstanceDecoders):
         if spec is None:
             raise InstanceError(f"card {self.card.model_id!r} has no chunk_rollout to fold")
         try:
-            spec = dataclasses.replace(spec, kv_update=kv_update)
+            spec = dataclasses.replace(spec, kv_update=coerce(KVUpdate, kv_update, "kv_update"))
         except ValueError as exc:
             raise InstanceError(f"kv_update {kv_update!r}: {exc}") from None
         loops = {**self.card.loops, "chunk_rollout": spec}
@@ -475,7 +476,7 @@ def load_instance(
     prec = _pick_precision(card, dev, precision)
     card.check_serving(card.recipe.assumes_loop, prec)
     dtype = _DTYPES[prec]
-    built = {
+    built: dict[str, Any] = {  # the arguments of the card's component and decoder builders
         "device": dev,
         "dtype": dtype,
         "seed": seed,

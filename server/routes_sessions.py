@@ -42,6 +42,7 @@ from server.schemas import (
     ForkBody,
     LiveKitBody,
     OfferBody,
+    Profile,
     PromptAccepted,
     PromptBody,
     SdpAnswer,
@@ -130,7 +131,7 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
         id=session.id,
         token=token,
         state=session.state.value,
-        profile={"fps": config.fps, "width": config.width, "height": config.height},
+        profile=Profile(fps=config.fps, width=config.width, height=config.height),
         decoder=config.decoder,
     )
 

@@ -27,6 +27,7 @@ its loop, the others close, and one preference pair per rejected candidate is co
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import secrets
@@ -127,7 +128,7 @@ class ForkRegistry:
         parent_handle = parent.handle
         priority = Priority.REALTIME if cfg.priority_class == "realtime" else Priority.BATCH
 
-        def spawn_at_boundary(state: Any) -> tuple[list[Any], int]:
+        def spawn_at_boundary(state: Any) -> tuple[list[Any], int, int]:
             # The candidates' ledgers are copied here, with the state: an input the parent's
             # loop took between the request and this boundary is in both, so a candidate
             # acknowledges it (copied at the request, it would be unknown to the ledger).
@@ -142,7 +143,8 @@ class ForkRegistry:
                     handle.cancel("fork failed")
                 raise
             parent_handle.pause()  # the parent waits for the choice
-            return handles, int(getattr(state, "chunk", 0)), getattr(state, "frames_emitted", 0)
+            chunk, frames = getattr(state, "chunk", 0), getattr(state, "frames_emitted", 0)
+            return handles, int(chunk), int(frames)
 
         def spawn_one(state: Any, session: Session, admit: Any) -> Any:
             request = SessionRequest(
@@ -187,7 +189,7 @@ class ForkRegistry:
                 session.media.skip_to(pts_of_frame(frames_before - 1, cfg.fps))
             self._persist(session, parent)
             host.adopt_session(session, handle)
-            session.loop_watch.on_finished(lambda s=session: self._candidate_ended(s))
+            session.loop_watch.on_finished(functools.partial(self._candidate_ended, session))
         fork_id = await host.store.run(
             host.store.add_fork,
             session_id=parent.id,

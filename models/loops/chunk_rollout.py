@@ -123,6 +123,7 @@ class ChunkRollout:
         self, request: SessionRequest | JobRequest, model: Any, ctx: LoopContext | None = None
     ) -> ChunkRolloutState:
         m = self._m
+        max_chunks: int | None  # None: unbounded (a session)
         if isinstance(request, JobRequest):
             profile = m.card.resolve_profile(width=request.width, height=request.height)
             frames = 1 if request.task == "t2i" else (request.num_frames or profile.fps * 2)
@@ -167,7 +168,7 @@ class ChunkRollout:
         """The decoder option the stream decodes with: a session's ``decoder`` (checked
         against the model's), a job's full VAE where the model has one (an artifact gets the
         best frames the latents give), else the default; "" for a model with one decoder."""
-        options = tuple(getattr(self._m, "decoder_options", tuple)())
+        options = self._m.decoder_options()
         if not options:
             return ""
         if isinstance(request, JobRequest):

@@ -22,6 +22,7 @@ from models.loops.ops import (
     TextEmbedOp,
     TextEncodeOp,
 )
+from models.lora import LoRAAdapters
 from models.wan.config import WanDiTConfig
 from models.wan.kv_cache import ChunkKVCache
 from models.wan.kv_slabs import SlabGeometry
@@ -55,6 +56,25 @@ class LoopModel(Protocol):
     kv_write_op: KVWriteOp
     decode_op: DecodeOp
     diffusion_step_op: DiffusionStepOp
+    # the LoRA adapters a session's plans may run with (``models.lora``)
+    adapters: LoRAAdapters
+
+    @property
+    def default_decoder(self) -> str:
+        """The decoder of a stream that names none (``models.instance_decoders``)."""
+        ...
+
+    def decoder_options(self) -> tuple[str, ...]:
+        """The decoders a stream may pick here (``"full"``, ``"tiny"``)."""
+        ...
+
+    def resolve_decoder(self, decoder: str | None) -> str:
+        """``decoder`` (None: the default) if served here, else ``DecoderUnavailableError``."""
+        ...
+
+    def decode_op_for(self, decoder: str | None) -> DecodeOp:
+        """The decode op of ``decoder`` (None: the default, ``decode_op``)."""
+        ...
 
     def slab_geometry(self, profile: Profile) -> SlabGeometry:
         """The chunk-KV geometry of a session at ``profile``."""
