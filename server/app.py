@@ -54,7 +54,9 @@ from sessions.trainer_controls import TrainerControls
 
 if TYPE_CHECKING:
     from runtime.engine import Engine
+    from runtime.faults import FaultInjector
     from server.fleet_worker import FleetWorker
+    from server.whep import WhepResources
 
 __all__ = ["DEFAULT_MODEL", "ServerConfig", "ServerContext", "create_app", "resolve_admin_key"]
 
@@ -81,7 +83,7 @@ class ServerContext:
     forks: Forks  # a ForkRegistry; under --gpus N a stand-in that refuses forks
     trainer: TrainerControls
     resumer: Resumer
-    faults: Any = None  # runtime.faults.FaultInjector with --fault-injection
+    faults: FaultInjector | None = None  # with --fault-injection
     heap: HeapTrim | None = None
     memory: MemoryWatch | None = None  # $DREAMRT_DEBUG_MEMORY: the heap's growers, logged
     peers: dict[str, ViewerPeer] = field(default_factory=dict)
@@ -94,7 +96,7 @@ class ServerContext:
     public_url: str = ""
     draining: bool = False  # leaving the fleet: the card says so, the fleet worker unregistered
     fleet: FleetWorker | None = None  # with --fleet
-    whep: Any = None  # server.whep.WhepResources, made by the first WHEP request
+    whep: WhepResources | None = None  # made by the first WHEP request
     # what the instance compiled after ready (models.compile_guard; {} for a non-Wan instance)
     compiles_after_ready: Callable[[], dict[str, int]] = dict
 

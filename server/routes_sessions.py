@@ -429,7 +429,8 @@ async def events(session_id: str, request: Request, grant: AuthGrant) -> Streami
                         break
                     yield b": keepalive\n\n"
                     continue
-                yield _sse(event.event_id, type(event).__struct_config__.tag, encode_event(event))
+                tag = str(type(event).__struct_config__.tag)  # every event's is its type name
+                yield _sse(event.event_id, tag, encode_event(event))
         finally:
             subscription.close()
             ctx.sse_streams[session_id] -= 1

@@ -53,7 +53,7 @@ class CausalConv3d(nn.Conv3d):
         self.slot = NO_SLOT
         self.row_split: Any = None
 
-    def forward(  # type: ignore[override]
+    def forward(  # type: ignore[override]  # a causal conv also takes the stream's cache
         self, x: torch.Tensor, cache: CausalCache
     ) -> torch.Tensor:
         # x: [B, C_in, T, H, W] -> [B, C_out, T, H, W]
