@@ -30,10 +30,12 @@ browser:
 run: $(STAMP)
 	$(BIN)/dreamrt serve --host $(HOST) --port $(PORT)
 
-# The linter configured in pyproject.toml (ruff: lint rules and the formatter's check).
+# The checks configured in pyproject.toml: ruff (lint rules and the formatter's check) and mypy
+# (the product packages' types; strict on runtime/).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 test: lint browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

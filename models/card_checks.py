@@ -80,9 +80,9 @@ def _loop_problems(card: ModelCard) -> list[str]:
                 found.append(f"{where} denoises but declares no schedule and attention")
             else:
                 found.extend(f"{where}: {p}" for p in spec.schedule.problems())
-            if (
-                spec.kind is LoopKind.CHUNK_ROLLOUT
-                and spec.attention is not AttentionMode.CHUNK_CAUSAL
+            if spec.kind is LoopKind.CHUNK_ROLLOUT and spec.attention not in (
+                None,  # (said above)
+                AttentionMode.CHUNK_CAUSAL,
             ):
                 found.append(
                     f"{where} is a chunk_rollout but its attention is "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from models.card_errors import CardError
 
@@ -122,7 +122,10 @@ CAPABILITIES: Mapping[str, tuple[frozenset[LoopKind], str]] = MappingProxyType(
 INPUT_HOOKS: Mapping[str, str] = MappingProxyType({"action": "action", "audio": "audio"})
 
 
-def coerce(enum_type: type[enum.Enum], value: Any, what: str) -> Any:
+E = TypeVar("E", bound=enum.Enum)
+
+
+def coerce(enum_type: type[E], value: Any, what: str) -> E:
     """``enum_type(value)``; a value that is not one of its choices is a ``CardError``."""
     try:
         return enum_type(value)

@@ -433,10 +433,17 @@ def save_original_format(
         meta = {vae_keymap.CONFIG_METADATA_KEY: json.dumps(module.config.to_diffusers_config())}
     else:
         cfg, native = _dit_native(module)
-        named = {keymaps.from_native(k, keymaps.ORIGINAL): t for k, t in native.items()}
+        named = {_original_name(k): t for k, t in native.items()}
         meta = {keymaps.CONFIG_METADATA_KEY: json.dumps(cfg.to_original_config())}
     tensors = {prefix + k: t.detach().cpu().contiguous() for k, t in named.items()}
     return _write(tensors, Path(path), {"format": "pt", **meta}, max_shard_bytes)
+
+
+def _original_name(native: str) -> str:
+    name = keymaps.from_native(native, keymaps.ORIGINAL)
+    if name is None:
+        raise ValueError(f"WanDiT parameter {native!r} has no name in the original Wan format")
+    return name
 
 
 def _dit_native(module: nn.Module) -> tuple[WanDiTConfig, dict[str, torch.Tensor]]:
@@ -453,7 +460,8 @@ def _dit_native(module: nn.Module) -> tuple[WanDiTConfig, dict[str, torch.Tensor
             type(module).__name__, "WanDiT", keymaps.DIFFUSERS, [], mapping.unexpected
         )
     state = module.state_dict()
-    cfg = WanDiTConfig.from_diffusers_config(dict(module.config))
+    config: Any = module.config  # a diffusers FrozenDict (nn.Module's typing knows no such)
+    cfg = WanDiTConfig.from_diffusers_config(dict(config))
     return cfg, {name: state[key] for name, key in mapping.native.items()}
 
 

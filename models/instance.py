@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 import torch
 
-from models.card import ModelCard, Profile
+from models.card import KVUpdate, ModelCard, Profile
+from models.card_vocabulary import coerce
 from models.compile_guard import CompileGuard
 from models.instance_decoders import InstanceDecoders, with_loaded_decoders
 from models.instance_sizing import InstanceSizing
@@ -55,6 +56,7 @@ from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
 from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache
 from models.wan.transformer import WanDiT
 from models.weights_digest import checkpoint_digest, random_digest
+from runtime.contract import Loop
 
 __all__ = ["InstanceError", "WanInstance", "load_instance"]
 
@@ -232,7 +234,7 @@ class WanInstance(InstanceSizing, InstanceDecoders):
         if spec is None:
             raise InstanceError(f"card {self.card.model_id!r} has no chunk_rollout to fold")
         try:
-            spec = dataclasses.replace(spec, kv_update=kv_update)
+            spec = dataclasses.replace(spec, kv_update=coerce(KVUpdate, kv_update, "kv_update"))
         except ValueError as exc:
             raise InstanceError(f"kv_update {kv_update!r}: {exc}") from None
         loops = {**self.card.loops, "chunk_rollout": spec}
@@ -332,7 +334,7 @@ class WanInstance(InstanceSizing, InstanceDecoders):
     # ---------------------------------------------------------------------------------------
     # loops
 
-    def loop(self, loop_id: str) -> Any:
+    def loop(self, loop_id: str) -> Loop[Any]:
         """The Loop serving the card's loop ``loop_id`` (``models.loops.registry.LOOPS`` by its
         kind); raises ``RecipeMismatchError`` if the card's recipe does not allow it at this
         instance's precision, ``InstanceError`` for a helper loop."""
@@ -342,11 +344,11 @@ class WanInstance(InstanceSizing, InstanceDecoders):
         except KeyError as exc:
             raise InstanceError(f"card {self.card.model_id!r}: {exc.args[0]}") from None
 
-    def group_loop(self, capability: str) -> Any:
+    def group_loop(self, capability: str) -> Loop[Any]:
         """``capability``'s loop for a rollout group's samples (``models.loops.rollout_group``)."""
         return group_loop(self, capability) or self.loop_for(capability)
 
-    def loop_for(self, capability: str) -> Any:
+    def loop_for(self, capability: str) -> Loop[Any]:
         """The Loop the card names for ``capability`` (e.g. ``"text_to_video"``: a causal card
         answers ``chunk_rollout``, a bidirectional one ``diffusion_denoise``)."""
         spec = self.card.loop_for(capability)
@@ -474,7 +476,7 @@ def load_instance(
     prec = _pick_precision(card, dev, precision)
     card.check_serving(card.recipe.assumes_loop, prec)
     dtype = _DTYPES[prec]
-    built = {
+    built: dict[str, Any] = {  # the arguments of the card's component and decoder builders
         "device": dev,
         "dtype": dtype,
         "seed": seed,

@@ -7,18 +7,35 @@ latent codec, K/V layout and dtype, and holds no state of its own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
-from models.card import KVUpdate, Profile
+from models.card import KVUpdate, LatentSpec, ModelCard, Profile
 from models.loops.chunk_plans import steady_chunk_plans
+from models.wan.config import WanDiTConfig
 from models.wan.kv_cache import ChunkKVCache
-from models.wan.transformer import dit_flops
+from models.wan.transformer import WanDiT, dit_flops
 
 __all__ = ["InstanceSizing"]
 
 
 class InstanceSizing:
     """Sizing and cost of a session of ``profile`` (see the module docstring)."""
+
+    # what it reads of the instance
+    card: ModelCard
+    latent: LatentSpec
+    dit: WanDiT
+    vae: Any  # the default latent codec
+    dtype: torch.dtype
+    text_len: int
+    kv_config: WanDiTConfig
+    kv_dtype: torch.dtype
+    kv_geometry: Callable[[int], tuple[int, int]]
+    tokens_per_frame: Callable[[int, int], int]
+    codec_for: Callable[[str | None], Any]
 
     def _latent_hw(self, profile: Profile) -> tuple[int, int]:
         s = self.latent.spatial_stride

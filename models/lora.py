@@ -77,6 +77,7 @@ class AdaptedOp:
         self.adapters = tuple(adapters)
         self.name = op.name
         self.batchable = op.batchable
+        self.spmd = op.spmd  # a leader-only op stays leader-only with adapters
         self._dit = dit
 
     def __call__(self, args: Sequence[Any], *, deterministic: bool = False) -> list[Any]:

@@ -48,7 +48,7 @@ def checkpoint_digest(root: Path, entries: Iterable[str]) -> str:
     return "b2:" + h.hexdigest()
 
 
-def _hash_file(h: "hashlib._Hash", path: Path) -> None:
+def _hash_file(h: hashlib.blake2b, path: Path) -> None:
     size = path.stat().st_size
     h.update(size.to_bytes(8, "little"))
     with path.open("rb") as f:

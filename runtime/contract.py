@@ -191,10 +191,6 @@ class CacheKey:
     precision: str
     shape_sig: str
     input_hash: str
-    adapter_versions: tuple[tuple[str, str], ...] = ()
-    guidance_sig: str = ""
-    seed: int | None = None
-    contract_version: str = "1"
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,10 +206,15 @@ class StepOp(Protocol):
     alone so one bad plan fails only its own loop (failure isolation).
     ``deterministic=True`` asks for batch-invariant results: each output must be bit-identical
     to what the op returns for that entry alone.
+
+    ``spmd`` says which ranks of an instance spread over a process group run it
+    (``runtime.spmd``): ``"all"``, the value for most ops and the one for any op with
+    collectives inside, or ``"leader"``, only rank 0 (no collectives; decode, text encode).
     """
 
     name: str
     batchable: bool
+    spmd: str
 
     def __call__(self, args: Sequence[Any], *, deterministic: bool = False) -> list[Any]: ...
 
@@ -341,9 +342,9 @@ class WorkPlan:
     """One schedulable step: what to run, what it costs, what it may batch with.
 
     Batching key: ``(instance_id, kind, shape_sig, precision)`` and ``op.batchable``.
-    ``flops``/``bytes_moved`` feed the analytic cost prior; measured times per ``shape_sig``
-    calibrate it. ``due_media_s`` is the media time (seconds from stream start) at which the
-    output this plan contributes to must be on the wire; ``None`` for work without a deadline.
+    ``flops`` feeds the analytic cost prior; measured times per ``shape_sig`` calibrate it.
+    ``due_media_s`` is the media time (seconds from stream start) at which the output this plan
+    contributes to must be on the wire; ``None`` for work without a deadline.
     ``followups`` lists the plans still needed after this one before that media is ready, so the
     runtime can subtract their predicted cost from the deadline. ``emits`` become stream items.
     ``inputs``: seqs of changing live inputs first reflected by this plan's chunk (an ``applied``
@@ -359,12 +360,8 @@ class WorkPlan:
     instance_id: str = "default"
     precision: str = "fp32"
     flops: float = 0.0
-    bytes_moved: float = 0.0
-    peak_bytes: int = 0
     due_media_s: float | None = None
     followups: tuple[Followup, ...] = ()
-    cache_reads: tuple[CacheKey, ...] = ()
-    cache_writes: tuple[CacheKey, ...] = ()
     emits: tuple[EmitSpec, ...] = ()
     inputs: tuple[int, ...] = ()
     waiting_inputs: tuple[int, ...] = ()

@@ -3,7 +3,8 @@
 
 Two layers:
 
-1. **Analytic prior** from the plan's declared work and the device's constants::
+1. **Analytic prior** from the declared work (a plan declares its ``flops``; ``bytes_moved`` is
+   for callers that know it) and the device's constants::
 
        prior_s = overhead_s + flops / sustained_flops + bytes_moved / bandwidth_bytes_per_s
 

@@ -361,7 +361,7 @@ class Driver(Generic[S]):
                 "bad_state",
                 f"{self.loop.name}.{where} produced {type(state).__qualname__}, not a LoopState",
             )
-        return state  # type: ignore[return-value]
+        return state  # type: ignore[return-value]  # a LoopState: what the loop's S is
 
     def _fail(self, exc: BaseException) -> None:
         if self._phase in TERMINAL_PHASES:

@@ -179,13 +179,14 @@ class Engine:
         self.executor.stop()
         # The exit signal is posted after the executor's last delivery, so once it is seen
         # every completion callback has run.
-        exited = self._executor_exited
+        exited, closed = self._executor_exited, self._closed
+        assert exited is not None and closed is not None  # made by start (the engine ran)
         try:
-            await asyncio.wait_for(exited.wait(), timeout_s)  # type: ignore[union-attr]
+            await asyncio.wait_for(exited.wait(), timeout_s)
         except TimeoutError:
             logger.error("engine close: an op is still running after %.1f s; abandoned", timeout_s)
         self._transition(EngineState.CLOSED)
-        self._closed.set()  # type: ignore[union-attr]
+        closed.set()
 
     # -- loops ------------------------------------------------------------------------------
     def spawn(
@@ -223,8 +224,16 @@ class Engine:
             trace=InputTrace(self._clock),
         )
         ctx = EngineContext(self, record)
-        forked = {"restore_from": restore_from, "state_type": state_type, "fork_from": fork_from}
-        record.driver = build_driver(loop, ctx, model, request, record.on_boundary, **forked)
+        record.driver = build_driver(
+            loop,
+            ctx,
+            model,
+            request,
+            record.on_boundary,
+            restore_from=restore_from,
+            state_type=state_type,
+            fork_from=fork_from,
+        )
         record.chunk_ended = restore_from is None  # a snapshot may stand inside a chunk
         self._loops[loop_id] = record
         record.task = asyncio.create_task(
@@ -249,8 +258,10 @@ class Engine:
 
     async def _drive(self, record: LoopRecord, request: Any, model: Any) -> None:
         status = LoopStatus.FAILED
+        driver = record.driver
+        assert driver is not None  # built by spawn, before this task
         try:
-            record.result = await record.driver.run(request, model)  # type: ignore[union-attr]
+            record.result = await driver.run(request, model)
             status = LoopStatus.SUCCEEDED
         except Cancelled as exc:
             record.error, status = exc, LoopStatus.CANCELLED
@@ -266,9 +277,9 @@ class Engine:
             if record.emit_tail is not None:  # deferred emissions land before the loop ends
                 await asyncio.wait({record.emit_tail})
             if record.emit_error is not None and status is LoopStatus.SUCCEEDED:
-                exc = record.emit_error
+                failed = record.emit_error
                 record.error = LoopFailed(
-                    record.loop_id, "emit_failed", f"{type(exc).__name__}: {exc}"
+                    record.loop_id, "emit_failed", f"{type(failed).__name__}: {failed}"
                 )
                 status = LoopStatus.FAILED
             self._finish(record, status)
@@ -314,7 +325,7 @@ class Engine:
                 loop_id=record.loop_id,
                 priority=record.priority,
                 batch_key=(*plan.batch_key, f"op@{id(plan.op):x}"),
-                batchable=bool(getattr(plan.op, "batchable", False)),
+                batchable=plan.op.batchable,
                 deadline_s=window.rank_s,
                 cost_gpu_s=window.cost_s,
                 enqueued_s=now_s,
@@ -390,9 +401,10 @@ class Engine:
 
     async def _run_scheduler(self) -> None:
         wake = self._wake
+        assert wake is not None  # made by start, before this task
         try:
             while self._state is EngineState.RUNNING:
-                wake.clear()  # type: ignore[union-attr]
+                wake.clear()
                 timeout_s = None
                 if self._in_flight is None:
                     now_s = self._clock()
@@ -403,7 +415,7 @@ class Engine:
                     next_s = self.scheduler.next_event_s(now_s)
                     if next_s is not None:
                         timeout_s = max(0.0, next_s - now_s)
-                await _wait(wake, timeout_s)  # type: ignore[arg-type]
+                await _wait(wake, timeout_s)
         except Exception as exc:
             logger.exception("scheduler task crashed; failing every loop")
             self._broken = exc

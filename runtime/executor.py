@@ -46,7 +46,6 @@ class ExecJob:
     op: StepOp
     args: tuple[Any, ...]
     plan_flops: tuple[float, ...]
-    plan_bytes: tuple[float, ...]
 
     @classmethod
     def for_plans(
@@ -65,11 +64,10 @@ class ExecJob:
             kind=head.kind.value,
             shape_sig=head.shape_sig,
             instance_id=head.instance_id,
-            op_name=getattr(head.op, "name", type(head.op).__name__),
+            op_name=head.op.name,
             plan_ids=tuple(plan_ids),
             loop_ids=tuple(loop_ids),
             flops=sum(p.flops for p in plans),
-            bytes_moved=sum(p.bytes_moved for p in plans),
             deterministic=deterministic,
         )
         return cls(
@@ -77,7 +75,6 @@ class ExecJob:
             op=head.op,
             args=tuple(p.args for p in plans),
             plan_flops=tuple(p.flops for p in plans),
-            plan_bytes=tuple(p.bytes_moved for p in plans),
         )
 
 
@@ -229,7 +226,6 @@ class Executor:
                 plan_ids=(job.info.plan_ids[i],),
                 loop_ids=(job.info.loop_ids[i],),
                 flops=job.plan_flops[i],
-                bytes_moved=job.plan_bytes[i],
                 solo_retry=True,
             )
             plans.append(self._attempt(info, job.op, (job.args[i],)).plan(0))

@@ -56,7 +56,7 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class BatchInfo:
     """What observers know about a batch. ``solo_retry``: a one-plan re-run after the batch
-    it belonged to failed. ``flops``/``bytes_moved`` are summed over the plans."""
+    it belonged to failed. ``flops`` is summed over the plans."""
 
     batch_id: int
     kind: str
@@ -66,7 +66,6 @@ class BatchInfo:
     plan_ids: tuple[int, ...]
     loop_ids: tuple[str, ...]
     flops: float = 0.0
-    bytes_moved: float = 0.0
     deterministic: bool = False
     solo_retry: bool = False
 

@@ -55,7 +55,7 @@ class PlanTiming:
         trace: InputTrace,
         now_s: float,
     ) -> PlanWindow:
-        cost_s = self.cost.predict(plan.kind, plan.shape_sig, plan.flops, plan.bytes_moved)
+        cost_s = self.cost.predict(plan.kind, plan.shape_sig, plan.flops)
         if priority is not Priority.REALTIME or plan.due_media_s is None:
             return PlanWindow(None, None, now_s, cost_s)
         followups_s = sum(self.cost.predict(f.kind, f.shape_sig, f.flops) for f in plan.followups)

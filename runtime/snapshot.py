@@ -166,31 +166,36 @@ class _HostCopier:
     def __init__(self, tensors: list[Any]) -> None:
         import torch
 
-        self._stream = self._stage = None
+        # (side stream, pinned staging buffer) when there are CUDA tensors
+        self._staging: tuple[torch.cuda.Stream, torch.Tensor] | None = None
         cuda = [t for t in tensors if t.is_cuda]
         if cuda:
             device = cuda[0].device
             largest = max(t.numel() * t.element_size() for t in cuda)
             torch.cuda.synchronize(device)  # on this writer thread: no other thread waits
-            self._stream = torch.cuda.Stream(device)
             size = min(PIECE_BYTES, largest)
-            self._stage = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            self._staging = (
+                torch.cuda.Stream(device),
+                torch.empty(size, dtype=torch.uint8, pin_memory=True),
+            )
 
     def pieces(self, t: Any) -> Iterator[memoryview]:
         import torch
 
         flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
-        if not t.is_cuda or t.device != self._stream.device:  # (another GPU: plain copies)
+        staging = self._staging
+        if not t.is_cuda or staging is None or t.device != staging[0].device:  # (another GPU)
             for start in range(0, flat.numel(), PIECE_BYTES):
                 yield memoryview(flat[start : start + PIECE_BYTES].cpu().numpy())
             return
-        with torch.cuda.stream(self._stream):
+        stream, buffer = staging
+        with torch.cuda.stream(stream):
             for start in range(0, flat.numel(), PIECE_BYTES):
                 piece = flat[start : start + PIECE_BYTES]
-                stage = self._stage[: piece.numel()]
+                stage = buffer[: piece.numel()]
                 stage.copy_(piece, non_blocking=True)
-                self._stream.synchronize()
-                yield memoryview(stage.numpy())
+                stream.synchronize()
+                yield stage.numpy().data
 
 
 def _aligned(n: int) -> int:
@@ -229,7 +234,7 @@ def restore_state(blob: bytes, state_type: type[S], *, device: Any = None) -> S:
         raise SnapshotError(
             f"snapshot holds a {header.state_type}, asked to restore a {_type_name(state_type)}"
         )
-    if base is None:
+    if isinstance(header, _Envelope):
         loaded = [t if device is None else t.to(device) for t in _v1_tensors(header)]
     else:
         loaded = _tensors(blob, header.tensors, base, device)
@@ -290,15 +295,16 @@ def _v1_tensors(envelope: _Envelope) -> list[Any]:
     return [loaded[f"t{i}"] for i in range(len(loaded))]
 
 
-def _decode_header(blob: bytes) -> tuple[Any, int | None]:
-    """(header, offset of the tensor bytes) of a snapshot; version 1 has no offset."""
+def _decode_header(blob: bytes) -> tuple[_Envelope | _Header, int]:
+    """(header, offset of the tensor bytes) of a snapshot; 0 for version 1, whose tensors are
+    inside its envelope."""
     if bytes(blob[: len(_MAGIC)]) != _MAGIC:
         try:
             envelope = msgspec.msgpack.decode(blob, type=_Envelope)
         except msgspec.DecodeError as exc:
             raise SnapshotError(f"not a loop-state snapshot: {exc}") from exc
         _check_format(envelope.format, envelope.version, 1)
-        return envelope, None
+        return envelope, 0
     length = int.from_bytes(blob[len(_MAGIC) : len(_MAGIC) + 8], "little")
     start = len(_MAGIC) + 8
     try:

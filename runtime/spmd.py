@@ -27,8 +27,8 @@ solo re-runs happen on all ranks alike and the engine fails the affected loop - 
 while the others go on. A rank that dies or raises *inside* a collective cannot be agreed on:
 the process group times out or aborts and the whole world stops (every session fails).
 
-Layering: this module knows ``torch.distributed`` and the executor, nothing of models; what
-the model provides (its buffers, its ops by ``name``) is duck-typed.
+Layering: this module knows ``torch.distributed`` and the executor, nothing of models; the
+model's buffers are duck-typed, its ops are ``StepOp``s found by ``name``.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runtime.contract import StepOp
 from runtime.executor import ExecJob, Executor, _Attempt
 from runtime.observers import BatchInfo, Observer, PlanFault
 
@@ -55,8 +56,8 @@ logger = logging.getLogger(__name__)
 _STOP = "stop"
 
 
-def leader_only(op: Any) -> bool:
-    return getattr(op, "spmd", "all") == "leader"
+def leader_only(op: StepOp) -> bool:
+    return op.spmd == "leader"
 
 
 def _version(t: torch.Tensor) -> int:
@@ -68,6 +69,29 @@ def _version(t: torch.Tensor) -> int:
 def model_ops(model: Any) -> dict[str, Any]:
     """The step ops a model exposes (attributes named ``*_op``), by their ``name``."""
     return {op.name: op for key, op in vars(model).items() if key.endswith("_op")}
+
+
+class _TensorPickler(pickle.Pickler):
+    """A pickler that hands each object to ``ident`` first: a tuple it returns is written as
+    the object's persistent id (``Channel._tensor_id``), ``None`` pickles it as usual."""
+
+    def __init__(self, file: io.BytesIO, ident: Callable[[Any], tuple[Any, ...] | None]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._ident = ident
+
+    def persistent_id(self, obj: Any) -> tuple[Any, ...] | None:
+        return self._ident(obj)
+
+
+class _TensorUnpickler(pickle.Unpickler):
+    """The other end: ``resolve`` turns each persistent id back into its tensor."""
+
+    def __init__(self, payload: bytes, resolve: Callable[[tuple[Any, ...]], torch.Tensor]) -> None:
+        super().__init__(io.BytesIO(payload))
+        self._resolve = resolve
+
+    def persistent_load(self, pid: tuple[Any, ...]) -> torch.Tensor:
+        return self._resolve(pid)
 
 
 class Channel:
@@ -89,7 +113,7 @@ class Channel:
         self.local = dict(local_buffers or {})
         self._ptrs = {b.untyped_storage().data_ptr(): n for n, b in self.local.items()}
         # leader: id(tensor) -> (key, weakref, version); follower: key -> tensor
-        self._sent: dict[int, tuple[int, weakref.ref, int]] = {}
+        self._sent: dict[int, tuple[int, weakref.ref[torch.Tensor], int]] = {}
         self._held: dict[int, torch.Tensor] = {}
         self._dropped: list[int] = []
         self._lock = threading.RLock()  # weakref callbacks may fire inside _tensor_id
@@ -100,9 +124,7 @@ class Channel:
     def publish(self, message: Any) -> None:
         outgoing: list[torch.Tensor] = []
         buf = io.BytesIO()
-        pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
-        pickler.persistent_id = lambda obj: self._tensor_id(obj, outgoing)
-        pickler.dump(message)
+        _TensorPickler(buf, lambda obj: self._tensor_id(obj, outgoing)).dump(message)
         with self._lock:
             dropped, self._dropped = self._dropped, []
         metas = [(tuple(t.shape), t.dtype) for t in outgoing]
@@ -110,7 +132,7 @@ class Channel:
         for t in outgoing:
             dist.broadcast(t.contiguous(), self.src, group=self.group)
 
-    def _tensor_id(self, obj: Any, outgoing: list[torch.Tensor]) -> tuple | None:
+    def _tensor_id(self, obj: Any, outgoing: list[torch.Tensor]) -> tuple[Any, ...] | None:
         if not isinstance(obj, torch.Tensor):
             return None
         name = self._ptrs.get(obj.untyped_storage().data_ptr())
@@ -126,7 +148,7 @@ class Channel:
                 self._forget(entry[0])
             key, self._next_key = self._next_key, self._next_key + 1
             ident = id(obj)
-            ref = weakref.ref(obj, lambda _r, k=key, i=ident: self._freed(i, k))
+            ref = weakref.ref(obj, lambda _ref: self._freed(ident, key))
             self._sent[ident] = (key, ref, _version(obj))
         outgoing.append(obj)
         return ("val", key, len(outgoing) - 1)
@@ -155,11 +177,9 @@ class Channel:
             fresh.append(t)
         for key in dropped:
             self._held.pop(key, None)
-        unpickler = pickle.Unpickler(io.BytesIO(payload))
-        unpickler.persistent_load = lambda pid: self._resolve(pid, fresh)
-        return unpickler.load()
+        return _TensorUnpickler(payload, lambda pid: self._resolve(pid, fresh)).load()
 
-    def _resolve(self, pid: tuple, fresh: list[torch.Tensor]) -> torch.Tensor:
+    def _resolve(self, pid: tuple[Any, ...], fresh: list[torch.Tensor]) -> torch.Tensor:
         if pid[0] == "local":
             _, name, offset, shape, stride = pid
             return self.local[name].as_strided(shape, stride, offset)
@@ -220,15 +240,16 @@ class Leader(_AgreeingExecutor):
     @classmethod
     def install(cls, engine: Any, channel: Channel) -> Leader:
         old = engine.executor
-        engine.executor = cls(
+        leader = cls(
             channel, observers=old.observers, deterministic=old.deterministic, clock=old._clock
         )
-        return engine.executor
+        engine.executor = leader
+        return leader
 
     def run_job(self, job: ExecJob) -> Any:
         if not leader_only(job.op):
-            name = getattr(job.op, "name", type(job.op).__name__)
-            self.channel.publish((job.info, name, job.args, job.plan_flops, job.plan_bytes))
+            name = job.op.name
+            self.channel.publish((job.info, name, job.args, job.plan_flops))
             self.published.append((job.info.batch_id, name, job.info.loop_ids))
         return super().run_job(job)
 
@@ -273,8 +294,8 @@ class Follower(_AgreeingExecutor):
         """Run published batches until the stop; returns how many ran."""
         count = 0
         while (message := self.channel.receive()) != _STOP:
-            info, name, args, flops, nbytes = message
-            job = ExecJob(info, self.ops[name], args, flops, nbytes)
+            info, name, args, flops = message
+            job = ExecJob(info, self.ops[name], args, flops)
             outcome = self.run_job(job)
             count += 1
             if self.on_batch is not None:

@@ -195,11 +195,11 @@ class StepEdfScheduler(TicketQueue):
             relaxed.sort(key=_first)
             ordered = [ticket for _, ticket in relaxed]
             fitting = (t for t in ordered if self.slack.allows(t.cost_gpu_s, slack_s))
-            head = next(fitting, None)
-            if head is None:
+            first_fit = next(fitting, None)
+            if first_fit is None:
                 return None
             members = self.batching.form(
-                head, ordered, fits=lambda total_s: self.slack.allows(total_s, slack_s)
+                first_fit, ordered, fits=lambda total_s: self.slack.allows(total_s, slack_s)
             )
             reason = PickReason.SLACK
         else:

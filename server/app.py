@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -43,7 +43,7 @@ from server.request_guard import RequestGuard
 from server.server_config import ServerConfig
 from server.warm_up import warm_up_set
 from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
-from sessions.forks import ForkRegistry
+from sessions.forks import ForkRegistry, Forks
 from sessions.host import SessionHost
 from sessions.job_host import JobHost
 from sessions.recording import Recording
@@ -51,6 +51,12 @@ from sessions.resume import Resumer
 from sessions.served_models import ServedModels
 from sessions.store import Store
 from sessions.trainer_controls import TrainerControls
+
+if TYPE_CHECKING:
+    from runtime.engine import Engine
+    from runtime.faults import FaultInjector
+    from server.fleet_worker import FleetWorker
+    from server.whep import WhepResources
 
 __all__ = ["DEFAULT_MODEL", "ServerConfig", "ServerContext", "create_app", "resolve_admin_key"]
 
@@ -67,14 +73,17 @@ class ServerContext:
 
     config: ServerConfig
     store: Store
-    engine: Any
+    engine: Engine
     host: SessionHost
     jobs: JobHost
     auth: Authenticator
     metrics: ServerMetrics
     device: str
     model_id: str
-    faults: Any = None  # runtime.faults.FaultInjector with --fault-injection
+    forks: Forks  # a ForkRegistry; under --gpus N a stand-in that refuses forks
+    trainer: TrainerControls
+    resumer: Resumer
+    faults: FaultInjector | None = None  # with --fault-injection
     heap: HeapTrim | None = None
     memory: MemoryWatch | None = None  # $DREAMRT_DEBUG_MEMORY: the heap's growers, logged
     peers: dict[str, ViewerPeer] = field(default_factory=dict)
@@ -83,14 +92,11 @@ class ServerContext:
     pacers: dict[str, FramePacer] = field(default_factory=dict)
     sse_streams: Counter[str] = field(default_factory=Counter)  # open event streams by session
     room_factory: Callable[[], RoomConnection] = LiveKitRoom
-    forks: Any = None  # sessions.forks.ForkRegistry
-    trainer: Any = None  # sessions.trainer_controls.TrainerControls
-    resumer: Any = None  # sessions.resume.Resumer
     engine_id: str = ""
     public_url: str = ""
     draining: bool = False  # leaving the fleet: the card says so, the fleet worker unregistered
-    fleet: Any = None  # server.fleet_worker.FleetWorker when --fleet
-    whep: Any = None  # server.whep.WhepResources, made by the first WHEP request
+    fleet: FleetWorker | None = None  # with --fleet
+    whep: WhepResources | None = None  # made by the first WHEP request
     # what the instance compiled after ready (models.compile_guard; {} for a non-Wan instance)
     compiles_after_ready: Callable[[], dict[str, int]] = dict
 

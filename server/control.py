@@ -47,31 +47,31 @@ class _Message(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, fro
     pass
 
 
-class PromptMessage(_Message, tag="prompt"):
+class PromptMessage(_Message, tag="prompt", frozen=True):
     text: Text
     mode: Literal["switch", "cut"] = "switch"
 
 
-class ActionMessage(_Message, tag="action"):
+class ActionMessage(_Message, tag="action", frozen=True):
     keys: Annotated[list[Key], msgspec.Meta(max_length=16)]
     mouse: tuple[Delta, Delta] | None = None
 
 
-class FeedbackMessage(_Message, tag="feedback"):
+class FeedbackMessage(_Message, tag="feedback", frozen=True):
     rating: Literal[-1, 0, 1]
     chunk: Annotated[int, msgspec.Meta(ge=0)] | None = None
     note: Annotated[str, msgspec.Meta(max_length=2000)] | None = None
 
 
-class PauseMessage(_Message, tag="pause"):
+class PauseMessage(_Message, tag="pause", frozen=True):
     pass
 
 
-class ResumeMessage(_Message, tag="resume"):
+class ResumeMessage(_Message, tag="resume", frozen=True):
     pass
 
 
-class PingMessage(_Message, tag="ping"):
+class PingMessage(_Message, tag="ping", frozen=True):
     t: float
 
 

@@ -175,6 +175,7 @@ class FleetWorker:
             return _refused(503, "draining", "this engine is leaving the fleet", retry_after_s=1)
         if kind in _PLACE_ROUTES:
             route = _PLACE_ROUTES[kind]
+            assert self._http is not None  # made by start, before the endpoints serve
             response = await self._http.post(route, json=request.get("body") or {})
             answer: dict[str, Any] = {"status": response.status_code, "body": response.json()}
             if "retry-after" in response.headers:

@@ -195,8 +195,8 @@ class LiveKitRoom:
         for participant in room.remote_participants.values():
             for publication in participant.track_publications.values():
                 self._on_published(publication, participant)
-        for method, handler in self._rpc.items():
-            self._register_rpc_now(method, handler)
+        for method, answer in self._rpc.items():
+            self._register_rpc_now(method, answer)
 
     def _on_disconnected(self, reason: Any) -> None:
         from livekit import rtc

@@ -82,7 +82,7 @@ class LoopWatchdog:
             log.warning("event loop stood still for %.2f s", gap)
             if self.on_stall is not None:
                 self.on_stall(gap)
-        if not self._stop.is_set():
+        if not self._stop.is_set() and self._loop is not None:  # (set by start, before)
             self._timer = self._loop.call_later(self.interval_s, self._beat)
 
     def _watch(self) -> None:  # on the watchdog thread

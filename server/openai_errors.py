@@ -22,7 +22,7 @@ Imports FastAPI only: the fleet router (``server.router``) uses it too.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping, Sequence
 from typing import Any
 
 from fastapi import Request, Response
@@ -101,7 +101,7 @@ def _field_of(loc: Any) -> str | None:
     return parts[0] if parts else None
 
 
-def from_validation(errors: list[Any]) -> OpenAIError:
+def from_validation(errors: Sequence[Any]) -> OpenAIError:
     """The 400 of pydantic's or FastAPI's validation ``errors`` (the first names ``param``)."""
     return _from_detail(422, list(errors), "invalid_value", None)
 
@@ -129,7 +129,7 @@ class OpenAIRoute(APIRoute):
     or its dependencies answers in OpenAI's shape (the rest goes to the app's handlers and
     through ``OpenAIErrorBodies``)."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:

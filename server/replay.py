@@ -27,9 +27,12 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from models.instance import WanInstance
 
 __all__ = ["ReplayError", "ReplayResult", "add_parser", "load_model", "main", "replay_chunk"]
 
@@ -63,7 +66,7 @@ def replay_chunk(
     *,
     segment: int | None = None,
     device: str = "cpu",
-    instance: Any = None,
+    instance: WanInstance | None = None,
 ) -> ReplayResult:
     """Regenerate ``chunk`` of ``session_id`` (see the module docstring). ``instance``: an
     already loaded model to use (it must be the record's, with the same weights)."""
@@ -95,7 +98,7 @@ def replay_chunk(
     if instance is None:
         instance = load_model(record, device)
     instance = _serving_as_recorded(instance, record)
-    digest = getattr(instance, "weights_digest", "")
+    digest = instance.weights_digest
     if digest and record["weights_version"] and digest != record["weights_version"]:
         raise ReplayError(
             f"the loaded weights are {digest}, chunk {chunk} was made with "
@@ -118,7 +121,7 @@ def replay_chunk(
     )
 
 
-def load_model(record: dict[str, Any], device: str = "cpu") -> Any:
+def load_model(record: dict[str, Any], device: str = "cpu") -> WanInstance:
     """The model a record was generated with, at its precision, on ``device``."""
     from models import registry
     from models.instance import load_instance
@@ -127,7 +130,7 @@ def load_model(record: dict[str, Any], device: str = "cpu") -> Any:
     return load_instance(card, device=device, precision=record["precision"])
 
 
-def _serving_as_recorded(instance: Any, record: dict[str, Any]) -> Any:
+def _serving_as_recorded(instance: WanInstance, record: dict[str, Any]) -> WanInstance:
     """``instance`` latching inputs as the live run did: with the restart policy the chunk's
     record names (``dreamrt serve --steering``; older records name none: the instance's)."""
     name = record.get("restart_policy")
@@ -145,7 +148,7 @@ def _serving_as_recorded(instance: Any, record: dict[str, Any]) -> Any:
 
 
 async def _drive(
-    instance: Any, blob: bytes, rows: list[dict[str, Any]], record: dict[str, Any]
+    instance: WanInstance, blob: bytes, rows: list[dict[str, Any]], record: dict[str, Any]
 ) -> tuple[np.ndarray, Any, int]:
     from runtime.contract import Stream
     from runtime.driver import Driver, InlineContext

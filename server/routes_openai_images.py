@@ -80,7 +80,8 @@ async def generate(body: ImageBody, request: Request, grant: AuthGrant) -> dict[
         base = str(request.base_url).rstrip("/")
         data = [{"url": f"{base}/v1/jobs/{job.id}/artifact"} for job in jobs]
     else:
-        pngs = await asyncio.gather(*(asyncio.to_thread(_read, job.artifact.path) for job in jobs))
+        artifacts = [job.artifact for job in jobs if job.artifact is not None]  # all (above)
+        pngs = await asyncio.gather(*(asyncio.to_thread(_read, a.path) for a in artifacts))
         data = [{"b64_json": base64.b64encode(png).decode("ascii")} for png in pngs]
     profile = card.resolve_profile(width=width, height=height)
     return {

@@ -42,6 +42,7 @@ from server.schemas import (
     ForkBody,
     LiveKitBody,
     OfferBody,
+    Profile,
     PromptAccepted,
     PromptBody,
     SdpAnswer,
@@ -130,7 +131,7 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
         id=session.id,
         token=token,
         state=session.state.value,
-        profile={"fps": config.fps, "width": config.width, "height": config.height},
+        profile=Profile(fps=config.fps, width=config.width, height=config.height),
         decoder=config.decoder,
     )
 
@@ -428,7 +429,8 @@ async def events(session_id: str, request: Request, grant: AuthGrant) -> Streami
                         break
                     yield b": keepalive\n\n"
                     continue
-                yield _sse(event.event_id, type(event).__struct_config__.tag, encode_event(event))
+                tag = str(type(event).__struct_config__.tag)  # every event's is its type name
+                yield _sse(event.event_id, tag, encode_event(event))
         finally:
             subscription.close()
             ctx.sse_streams[session_id] -= 1

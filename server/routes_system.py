@@ -13,7 +13,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -23,6 +23,9 @@ from runtime.errors import DreamrtError
 from server.auth import AuthError, Grant, is_loopback
 from server.metrics import CONTENT_TYPE
 from server.schemas import FaultBody, TokenBody, TokenIssued
+
+if TYPE_CHECKING:
+    from server.app import ServerContext
 
 __all__ = [
     "ApiError",
@@ -102,7 +105,7 @@ def check_prompt(request: Request, field: str, text: str | None) -> None:
         )
 
 
-def ctx_of(request: Request) -> Any:
+def ctx_of(request: Request) -> ServerContext:
     ctx = getattr(request.app.state, "ctx", None)
     if ctx is None:
         raise ApiError(503, "starting", "the server is starting", headers={"Retry-After": "1"})
@@ -118,6 +121,7 @@ async def authorize(request: Request) -> Grant:
         grant = ctx.auth.authenticate(header, lookup=False)
         if grant is None:
             grant = await ctx.store.run(ctx.auth.authenticate, header)
+        assert grant is not None  # with the store's lookup: a grant, or AuthError
         return grant
     except AuthError as exc:
         raise ApiError(
@@ -173,6 +177,7 @@ async def inject_fault(body: FaultBody, request: Request, grant: AuthGrant) -> d
     ctx = ctx_of(request)
     if ctx.engine.handle(body.target) is None:
         raise ApiError(404, "not_found", f"no running session or job {body.target!r}")
+    assert ctx.faults is not None  # this router is mounted with the injector only
     ctx.faults.arm(body.target, body.kind)
     return {"target": body.target, "kind": body.kind}
 

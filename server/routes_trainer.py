@@ -125,8 +125,7 @@ async def rollout_latents(
     an ``.npz`` of ``step_0`` ... (float32 ``[1, C, f, h, w]``, after each denoising step)."""
     require_general(grant)
     group = ctx_of(request).trainer.rollouts.group(group_id)
-    path = None if group is None else group.latents.get((sample_id, chunk))
-    if path is None:
+    if group is None or (path := group.latents.get((sample_id, chunk))) is None:
         raise ApiError(404, "not_found", f"no latents of {sample_id}@{chunk} in group {group_id!r}")
     await asyncio.wait_for(group.finished.wait(), 30.0)  # every file of the group written
     return FileResponse(path, media_type="application/octet-stream", filename=path.name)

@@ -7,11 +7,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 __all__ = ["run_app", "serve"]
 
 
-def run_app(app: object, args: argparse.Namespace, banner: str) -> int:
+def run_app(app: FastAPI, args: argparse.Namespace, banner: str) -> int:
     import uvicorn
 
     sys.stdout.write(banner + "\n")

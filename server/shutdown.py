@@ -109,8 +109,8 @@ class GracefulServer(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        ready = self._loop is not None and getattr(self._app.state, "ctx", None) is not None
-        if sig != signal.SIGTERM or self._draining or not ready:
+        loop, ctx = self._loop, getattr(self._app.state, "ctx", None)
+        if sig != signal.SIGTERM or self._draining or loop is None or ctx is None:
             super().handle_exit(sig, frame)
             return
         self._draining = True  # not recorded as captured: uvicorn would raise it again at exit
@@ -118,7 +118,7 @@ class GracefulServer(uvicorn.Server):
         watchdog = threading.Timer(self.timeout_s + WATCHDOG_SLACK_S, _overdue, (self.timeout_s,))
         watchdog.daemon = True
         watchdog.start()
-        self._loop.call_soon_threadsafe(self._start_drain)
+        loop.call_soon_threadsafe(self._start_drain)
 
     def _start_drain(self) -> None:
         async def run() -> None:

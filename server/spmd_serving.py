@@ -29,7 +29,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from sessions.session import Session
 
 __all__ = [
     "NoForks",
@@ -151,12 +154,14 @@ class NoForks:
     def of(self, parent_id: str) -> None:
         return None
 
-    async def fork(self, parent: Any, n: int, prompt: Any, seeds: Any) -> Any:
+    async def fork(
+        self, parent: Session, n: int, prompt: str | None = None, seeds: list[int] | None = None
+    ) -> NoReturn:
         from sessions.forks import ForkError
 
         raise ForkError("n", "forks are not supported under --gpus N (K/V slab copies)")
 
-    async def choose(self, parent: Any, candidate: Any) -> Any:
+    async def choose(self, parent: Session, candidate_id: str) -> NoReturn:
         from sessions.forks import ForkError
 
         raise ForkError("candidate", "forks are not supported under --gpus N")

@@ -111,10 +111,10 @@ def configure_video_bitrate(bitrate_bps: int) -> Callable[[], None]:
         for module in (vpx, h264)
         for name in ("DEFAULT_BITRATE", "MIN_BITRATE", "MAX_BITRATE")
     ]
-    for module in (vpx, h264):
-        module.DEFAULT_BITRATE = bitrate_bps
-        module.MAX_BITRATE = bitrate_bps
-        module.MIN_BITRATE = min(module.MIN_BITRATE, bitrate_bps)
+    vpx.DEFAULT_BITRATE = vpx.MAX_BITRATE = bitrate_bps
+    vpx.MIN_BITRATE = min(vpx.MIN_BITRATE, bitrate_bps)
+    h264.DEFAULT_BITRATE = h264.MAX_BITRATE = bitrate_bps
+    h264.MIN_BITRATE = min(h264.MIN_BITRATE, bitrate_bps)
 
     def undo() -> None:
         for module, name, value in saved:
@@ -306,6 +306,8 @@ class ViewerPeer:
                     queued.get_nowait()  # a peer sending faster than real time
                     self.audio_frames_dropped += 1
                 frame = await track.recv()
+                if not isinstance(frame, av.AudioFrame):  # (an audio track sends no other)
+                    continue
                 self.audio_frames_in += 1
                 for out in resampler.resample(frame):
                     samples = out.to_ndarray().reshape(-1).astype(np.float32)  # [n] 16 kHz mono

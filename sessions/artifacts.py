@@ -85,6 +85,8 @@ def write_mp4(
     tmp = path.with_name(f".{path.name}.partial")
     with av.open(str(tmp), mode="w", format="mp4") as container:
         stream = container.add_stream(codec, rate=fps)
+        if not isinstance(stream, av.VideoStream):
+            raise ArtifactError(f"codec {codec!r} is not a video codec")
         stream.width = frames.shape[2]
         stream.height = frames.shape[1]
         stream.pix_fmt = "yuv420p"

@@ -83,7 +83,7 @@ def decode_audio(
 
 def _decode_wav(body: bytes, max_seconds: float) -> AudioClip:
     try:
-        with av.open(io.BytesIO(body), format="wav") as container:
+        with av.open(io.BytesIO(body), mode="r", format="wav") as container:
             if not container.streams.audio:
                 raise AudioFormatError("WAV file lacks a 'fmt ' or 'data' chunk")
             stream = container.streams.audio[0]

@@ -77,7 +77,7 @@ class EmissionOrder:
         self._on_error = on_error
         self._executor = executor
         # (digest future or None, work): work(digest) for a digest entry, work() otherwise
-        self._queue: collections.deque[tuple[asyncio.Future[str] | None, Callable[..., None]]] = (
+        self._queue: collections.deque[tuple[asyncio.Future[str] | None, Callable[..., object]]] = (
             collections.deque()
         )
         self._idle = asyncio.Event()
@@ -97,7 +97,7 @@ class EmissionOrder:
         self._idle.clear()
         future.add_done_callback(lambda _: self._run_ready())
 
-    def after(self, work: Callable[[], None]) -> None:
+    def after(self, work: Callable[[], object]) -> None:
         """Runs ``work`` once everything queued before it ran (at once when nothing is)."""
         if not self._queue:
             self._guarded(work)
@@ -124,7 +124,7 @@ class EmissionOrder:
                 self._guarded(work, future.result())
         self._idle.set()
 
-    def _guarded(self, work: Callable[..., None], *args: str) -> None:
+    def _guarded(self, work: Callable[..., object], *args: str) -> None:
         try:
             work(*args)
         except Exception as exc:
@@ -201,7 +201,7 @@ class ChunkStream:
         except Exception as exc:
             self._on_error(exc)
 
-    def after(self, work: Callable[[], None]) -> None:
+    def after(self, work: Callable[[], object]) -> None:
         """Runs ``work`` after everything emitted so far took effect (at once when nothing
         waits for a digest)."""
         self._order.after(work)

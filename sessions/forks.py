@@ -27,11 +27,12 @@ its loop, the others close, and one preference pair per rejected candidate is co
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from models.loops.requests import SessionRequest
 from runtime.admission import Reject
@@ -39,7 +40,7 @@ from runtime.contract import Priority, pts_of_frame
 from runtime.errors import DreamrtError
 from sessions.session import Session, SessionClosedError, SessionConfig, SessionStateError
 
-__all__ = ["Fork", "ForkError", "ForkRegistry"]
+__all__ = ["Fork", "ForkError", "ForkRegistry", "Forks"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,19 @@ class Fork:
 def candidate_seed(parent_seed: int, fork_index: int, i: int) -> int:
     digest = hashlib.blake2b(repr((parent_seed, fork_index, i)).encode(), digest_size=4)
     return int.from_bytes(digest.digest(), "little") & 0x7FFF_FFFF
+
+
+class Forks(Protocol):
+    """What the server asks of forks: a ``ForkRegistry``, or a stand-in that refuses them
+    (a ``ForkError``) where they cannot run."""
+
+    def of(self, parent_id: str) -> Fork | None: ...
+
+    async def fork(
+        self, parent: Session, n: int, prompt: str | None = None, seeds: list[int] | None = None
+    ) -> Fork | Reject: ...
+
+    async def choose(self, parent: Session, candidate_id: str) -> tuple[str, int]: ...
 
 
 class ForkRegistry:
@@ -114,7 +128,7 @@ class ForkRegistry:
         parent_handle = parent.handle
         priority = Priority.REALTIME if cfg.priority_class == "realtime" else Priority.BATCH
 
-        def spawn_at_boundary(state: Any) -> tuple[list[Any], int]:
+        def spawn_at_boundary(state: Any) -> tuple[list[Any], int, int]:
             # The candidates' ledgers are copied here, with the state: an input the parent's
             # loop took between the request and this boundary is in both, so a candidate
             # acknowledges it (copied at the request, it would be unknown to the ledger).
@@ -129,7 +143,8 @@ class ForkRegistry:
                     handle.cancel("fork failed")
                 raise
             parent_handle.pause()  # the parent waits for the choice
-            return handles, int(getattr(state, "chunk", 0)), getattr(state, "frames_emitted", 0)
+            chunk, frames = getattr(state, "chunk", 0), getattr(state, "frames_emitted", 0)
+            return handles, int(chunk), int(frames)
 
         def spawn_one(state: Any, session: Session, admit: Any) -> Any:
             request = SessionRequest(
@@ -174,7 +189,7 @@ class ForkRegistry:
                 session.media.skip_to(pts_of_frame(frames_before - 1, cfg.fps))
             self._persist(session, parent)
             host.adopt_session(session, handle)
-            session.loop_watch.on_finished(lambda s=session: self._candidate_ended(s))
+            session.loop_watch.on_finished(functools.partial(self._candidate_ended, session))
         fork_id = await host.store.run(
             host.store.add_fork,
             session_id=parent.id,

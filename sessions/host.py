@@ -434,7 +434,7 @@ class SessionHost:
         schedule = spec.schedule if spec is not None else None
         return {
             # the content hash of the loaded weights; the card's version is its label
-            "weights_version": getattr(served, "weights_digest", "") or card.weights_version,
+            "weights_version": served.weights_digest or card.weights_version,
             "weights_label": card.weights_version,
             "recipe_id": card.recipe.method,
             "fps": profile.fps,

@@ -277,7 +277,7 @@ class InputLedger:
                     seq=seq,
                     chunk=chunk,
                     pts=pts,
-                    mode=entry.mode,
+                    mode=PromptMode(entry.mode),  # it was pending: never the initial prompt
                     segment=segment,
                     text=entry.text,
                     latency=latency,

@@ -146,7 +146,7 @@ class JobHost:
                 check(request)
             except ValueError as exc:
                 raise UnsupportedTaskError("extensions", str(exc)) from None
-        params = {
+        params: dict[str, Any] = {
             "num_frames": num_frames,
             "width": profile.width,
             "height": profile.height,

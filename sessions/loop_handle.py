@@ -6,7 +6,8 @@ handle satisfies it. Call every method on the event loop that owns the engine.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from runtime.contract import Emission, InputEvent, LoopResult
@@ -15,7 +16,8 @@ __all__ = ["LoopHandleLike"]
 
 
 class LoopHandleLike(Protocol):
-    loop_id: str
+    @property
+    def loop_id(self) -> str: ...
 
     @property
     def done(self) -> bool: ...
@@ -38,7 +40,7 @@ class LoopHandleLike(Protocol):
 
     def at_boundary(
         self, fn: Callable[[Any], Any], *, after_chunk: bool = False, advance: bool = False
-    ) -> Awaitable[Any]: ...
+    ) -> asyncio.Future[Any]: ...
 
     def set_sink(self, on_emit: Callable[[Emission], None]) -> None: ...
 

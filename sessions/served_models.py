@@ -9,18 +9,21 @@ tiny-world instance have them).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from models.card import ModelCard, Profile
 from runtime.admission import Reject
-from runtime.contract import Loop
+from runtime.contract import Emission, Loop, LoopState, Priority
 from runtime.errors import DreamrtError
+from sessions.loop_handle import LoopHandleLike
 
 __all__ = [
     "EngineLike",
     "HostError",
+    "ModelAdapters",
     "ModelUnavailableError",
+    "ModelWeights",
     "ServedModel",
     "ServedModels",
     "UnsupportedTaskError",
@@ -44,12 +47,52 @@ class UnsupportedTaskError(DreamrtError, ValueError):
         self.field = field
 
 
+class ModelWeights(Protocol):
+    """A served model's resident weights as the trainer controls use them
+    (``models.resident_weights.ResidentWeights``): updates, sleep and wake."""
+
+    @property
+    def asleep(self) -> Mapping[str, Any]: ...  # component -> its host copies
+
+    @property
+    def version(self) -> str: ...
+
+    def prepare(self, source: Any, *, mode: Any = ...) -> Any: ...
+
+    def apply(self, update: Any) -> str: ...
+
+    def sleep(self, components: Iterable[str]) -> int: ...
+
+    def wake(self, components: Iterable[str]) -> float: ...
+
+    def check(self, components: Iterable[str]) -> list[str]: ...
+
+
+class ModelAdapters(Protocol):
+    """A served model's LoRA adapters as the session host checks a request's (``models.lora``)."""
+
+    def check(self, requested: Sequence[tuple[str, float]]) -> None: ...
+
+
 class ServedModel(Protocol):
     """A loaded model as the hosts need it (``models.instance.WanInstance`` satisfies it)."""
 
     card: ModelCard
+    # the content hash of the loaded weights (``""``: not computed; records then name the
+    # card's ``weights_version``)
+    weights_digest: str
+
+    @property
+    def weights(self) -> ModelWeights: ...
+
+    @property
+    def adapters(self) -> ModelAdapters: ...
 
     def loop(self, loop_id: str) -> Loop[Any]: ...
+
+    def group_loop(self, capability: str) -> Loop[Any]:
+        """``capability``'s loop for a rollout group's samples (their steps batch together)."""
+        ...
 
     def kv_slab_bytes(self, profile: Profile) -> int: ...
 
@@ -76,7 +119,21 @@ class EngineLike(Protocol):
     admission: Any
     cost: Any
 
-    def spawn(self, loop: Any, request: Any, model: Any, **kwargs: Any) -> Any: ...
+    def spawn(
+        self,
+        loop: Loop[Any],
+        request: Any,
+        model: Any,
+        *,
+        loop_id: str,
+        priority: Priority,
+        on_emit: Callable[[Emission], None],
+        media_t0_s: float | None = None,
+        reservation_id: str | None = None,
+        restore_from: bytes | None = None,
+        state_type: type[LoopState] | None = None,
+        fork_from: LoopState | None = None,
+    ) -> LoopHandleLike: ...
 
 
 class ModelUnavailableError(DreamrtError, HostError):

@@ -33,6 +33,7 @@ logged and reported as an ``error`` event without touching the loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -386,7 +387,7 @@ class Session:
             self.handle.set_media_t0(moved)
         if frame is not None:  # measured now, published after the *.applied it completes
             for event in self.latency.frame_sent(frame.pts_90k, shown_s):
-                self.chunks.after(lambda event=event: self.events.publish(event))
+                self.chunks.after(functools.partial(self.events.publish, event))
 
     def _anchor_now(self) -> None:
         """Deadlines restart from now at the next frame to show (first pull, resume)."""

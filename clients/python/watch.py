@@ -12,7 +12,7 @@ import asyncio
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import numpy as np
 
@@ -32,7 +32,7 @@ def write_mp4(frames: list[np.ndarray], path: Path, fps: int) -> int:
         raise ValueError("no frames were received; nothing to write")
     h, w = frames[0].shape[:2]
     pad_h, pad_w = h % 2, w % 2
-    codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
+    codec: Literal["libx264", "mpeg4"] = "libx264" if "libx264" in av.codecs_available else "mpeg4"
     with av.open(str(path), mode="w", format="mp4") as container:
         stream = container.add_stream(codec, rate=fps)
         stream.width, stream.height, stream.pix_fmt = w + pad_w, h + pad_h, "yuv420p"
@@ -92,6 +92,7 @@ async def watch(
                     await asyncio.sleep(0.05)
                 frames = [f for f in viewer.frames if f.received_s >= watch_start]
                 fresh = [f for f in viewer.fresh_frames() if f.received_s >= watch_start]
+                assert viewer.session_id is not None  # connect set it
                 status = await viewer.api.session(viewer.session_id)
                 summary = {
                     "session": viewer.session_id,

@@ -138,7 +138,7 @@ def _sweep(q, k, v, reps: int, flops: float) -> list[dict[str, Any]]:
     rows = []
     for config in fa.CANDIDATES:
         try:
-            ms = fa.time_config(config, *operands, reps=reps)
+            ms = fa.time_config(config, operands, reps=reps)
             rows.append({"config": config.label, "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12})
         except Exception as exc:
             rows.append({"config": config.label, "error": f"{type(exc).__name__}: {exc}"})
@@ -146,7 +146,7 @@ def _sweep(q, k, v, reps: int, flops: float) -> list[dict[str, Any]]:
     if timed:
         best = dataclasses.replace(min(timed, key=lambda t: t[0])[1], exact_acc=False)
         try:
-            ms = fa.time_config(best, *operands, reps=reps)
+            ms = fa.time_config(best, operands, reps=reps)
             rows.append({"config": best.label, "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12})
         except Exception as exc:
             rows.append({"config": best.label, "error": f"{type(exc).__name__}: {exc}"})

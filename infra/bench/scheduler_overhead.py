@@ -96,6 +96,7 @@ def scheduler_us_per_plan(
 class _NoOp:
     name = "noop"
     batchable = True
+    spmd = "all"
 
     def __call__(self, args: Sequence[Any], *, deterministic: bool = False) -> list[Any]:
         return list(args)

@@ -102,6 +102,7 @@ class ChunkPlanner:
         )
 
     def kv_update(self, state: ChunkRolloutState) -> WorkPlan:
+        assert state.latents is not None  # a chunk in flight
         args = KVWriteArgs(
             groups=((state.frame_start, state.latents),),
             cross=self._cross(state),
@@ -238,6 +239,7 @@ class ChunkPlanner:
                 )
                 for kind, seq, changes in state.acks
             ]
+        assert state.latents is not None  # a chunk in flight
         latents = state.latents[:, :, state.decoded : state.decoded + latent]
         args = DecodeArgs(latents=latents, cache=state.decoder, defer=not state.collect_frames)
         return self._plan(
@@ -257,8 +259,7 @@ class ChunkPlanner:
 
     def _decoder_sig(self, state: ChunkRolloutState) -> str:
         """The stream's decoder where it is not the model's default (``decode_shape_sig``)."""
-        default = getattr(self._m, "default_decoder", "")
-        return state.codec if state.codec and state.codec != default else ""
+        return state.codec if state.codec and state.codec != self._m.default_decoder else ""
 
     def _plan(
         self,

@@ -67,7 +67,7 @@ import torch
 
 from models.card import KVUpdate, LoopSpec
 from models.loops.chunk_plans import ChunkPlanner
-from models.loops.chunk_restart import ChunkProgress, RegenerateWhenSooner, RestartKind
+from models.loops.chunk_restart import ChunkProgress, RestartKind
 from models.loops.chunk_rollout_state import ChunkRolloutState, Phase
 from models.loops.digests import host_digest
 from models.loops.inputs import AUDIO_SAMPLE_RATE, action_vector, audio_features, normalize_keys
@@ -111,8 +111,7 @@ class ChunkRollout:
         )
         self._inputs = spec.inputs
         self._fold = spec.kv_update is KVUpdate.LAST_STEP
-        # a serving policy of the loaded model (``WanInstance.chunk_restart``), not of the card
-        self._restart = getattr(model, "chunk_restart", None) or RegenerateWhenSooner()
+        self._restart = model.chunk_restart
         self._plans = ChunkPlanner(
             model, self._steps, fold=self._fold, restart_policy=self._restart.name
         )
@@ -124,6 +123,7 @@ class ChunkRollout:
         self, request: SessionRequest | JobRequest, model: Any, ctx: LoopContext | None = None
     ) -> ChunkRolloutState:
         m = self._m
+        max_chunks: int | None  # None: unbounded (a session)
         if isinstance(request, JobRequest):
             profile = m.card.resolve_profile(width=request.width, height=request.height)
             frames = 1 if request.task == "t2i" else (request.num_frames or profile.fps * 2)
@@ -168,7 +168,7 @@ class ChunkRollout:
         """The decoder option the stream decodes with: a session's ``decoder`` (checked
         against the model's), a job's full VAE where the model has one (an artifact gets the
         best frames the latents give), else the default; "" for a model with one decoder."""
-        options = tuple(getattr(self._m, "decoder_options", tuple)())
+        options = self._m.decoder_options()
         if not options:
             return ""
         if isinstance(request, JobRequest):
@@ -292,7 +292,7 @@ class ChunkRollout:
         self._latch(state, boundary=True)
 
     def _version(self) -> str:
-        return str(getattr(self._m, "weights_digest", ""))
+        return self._m.weights_digest
 
     def _stale(self, state: ChunkRolloutState) -> bool:
         """The model's weights changed since the state's cross K/V were made (a weight sync

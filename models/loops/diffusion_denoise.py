@@ -184,12 +184,13 @@ class DiffusionDenoise:
         if state.decoded_latents < state.latent_frames:
             start = state.decoded_latents
             end = min(state.latent_frames, start + state.decode_chunk)
-            args = DecodeArgs(latents=state.latents[:, :, start:end], cache=state.decoder)
+            assert state.latents is not None  # the steps made them
+            decode = DecodeArgs(latents=state.latents[:, :, start:end], cache=state.decoder)
             return self._plan(
                 state,
                 PlanKind.VAE_DECODE,
                 self._m.decode_op,
-                args,
+                decode,
                 f"decode:{int(start == 0)}:{end - start}x{state.latent_h}x{state.latent_w}",
             )
         return Done()
@@ -214,7 +215,7 @@ class DiffusionDenoise:
 
     def finalize(self, state: DiffusionState) -> LoopResult:
         frames = torch.cat(state.frames)[: state.num_frames] if state.frames else None
-        outputs = {"frames": frames, "latents": state.latents}
+        outputs: dict[str, Any] = {"frames": frames, "latents": state.latents}
         if state.plugin_state:
             outputs["extensions"] = extension_summary(state.plugin_state)
         return LoopResult(outputs)

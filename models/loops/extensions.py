@@ -20,7 +20,7 @@ and two sessions never share it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -28,6 +28,7 @@ from models.loops.ops import HookedStepOutput
 from models.wan.residual_caches import (
     FIRST_BLOCK_CACHE,
     STEP_CACHE,
+    CacheParams,
     FirstBlockCache,
     ResidualCache,
     StepCache,
@@ -108,7 +109,8 @@ class LoopExtensions:
             cache = None
             if name:
                 spec, policy = EXTENSIONS[name]
-                cache = policy(msgspec.convert(params, spec.params))
+                # a residual cache's spec declares its policy's parameters (CacheParams)
+                cache = policy(cast(CacheParams, msgspec.convert(params, spec.params)))
             hooks = self._assembled[key] = StepHooks(cache, observers)
         branches = plugin_state[name]["branches"] if name else {}
         return StepHookCall(hooks, name, loop_id, step, steps, branches)

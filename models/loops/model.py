@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from models.card import LatentSpec, ModelCard, Profile
+from models.loops.chunk_restart import RestartPolicy
 from models.loops.ops import (
     ChunkDenoiseOp,
     DecodeOp,
@@ -21,6 +22,7 @@ from models.loops.ops import (
     TextEmbedOp,
     TextEncodeOp,
 )
+from models.lora import LoRAAdapters
 from models.wan.config import WanDiTConfig
 from models.wan.kv_cache import ChunkKVCache
 from models.wan.kv_slabs import SlabGeometry
@@ -41,6 +43,12 @@ class LoopModel(Protocol):
     text_len: int
     dit_config: WanDiTConfig
     components: Any
+    # when a picture-changing input restarts the chunk in flight: a serving policy of the loaded
+    # model, not of the card (``WanInstance``: ``RegenerateWhenSooner`` unless configured)
+    chunk_restart: RestartPolicy
+    # the content hash of the loaded weights (``models.weights_digest``; ``""``: not computed,
+    # as for weights built in place); the version a chunk's cross K/V and its records name
+    weights_digest: str
     # the step bodies the loops put into their WorkPlans
     text_encode_op: TextEncodeOp
     text_embed_op: TextEmbedOp
@@ -48,6 +56,25 @@ class LoopModel(Protocol):
     kv_write_op: KVWriteOp
     decode_op: DecodeOp
     diffusion_step_op: DiffusionStepOp
+    # the LoRA adapters a session's plans may run with (``models.lora``)
+    adapters: LoRAAdapters
+
+    @property
+    def default_decoder(self) -> str:
+        """The decoder of a stream that names none (``models.instance_decoders``)."""
+        ...
+
+    def decoder_options(self) -> tuple[str, ...]:
+        """The decoders a stream may pick here (``"full"``, ``"tiny"``)."""
+        ...
+
+    def resolve_decoder(self, decoder: str | None) -> str:
+        """``decoder`` (None: the default) if served here, else ``DecoderUnavailableError``."""
+        ...
+
+    def decode_op_for(self, decoder: str | None) -> DecodeOp:
+        """The decode op of ``decoder`` (None: the default, ``decode_op``)."""
+        ...
 
     def slab_geometry(self, profile: Profile) -> SlabGeometry:
         """The chunk-KV geometry of a session at ``profile``."""

@@ -50,6 +50,7 @@ class _SoloOp:
 
     name = "op"
     batchable = False
+    spmd = "all"  # every rank runs it (runtime/spmd.py); the leader-only ops say so
 
     def __call__(self, args: Sequence[Any], *, deterministic: bool = False) -> list[Any]:
         with torch.inference_mode():
@@ -167,7 +168,7 @@ class ChunkDenoiseOp(_SoloOp):
                     continue
                 for i, y in zip(members, self._run_batch([args[i] for i in members]), strict=True):
                     out[i] = y
-            return out  # type: ignore[return-value]
+            return out  # type: ignore[return-value]  # every entry was set: a tensor each
 
     def run(self, a: ChunkDenoiseArgs) -> torch.Tensor:
         # a.x: [1, C, f, h, w] -> [1, C, f, h, w]
@@ -178,7 +179,7 @@ class ChunkDenoiseOp(_SoloOp):
             x, t, a.cross, a.cache, a.frame_start, action=a.action, audio=a.audio, write_cache=write
         )
         out = _renoise(a, x, v)
-        if write:
+        if a.window is not None:
             _keep_window(a.cache, a.window, ((a.frame_start, out),))
         return out
 
@@ -191,8 +192,11 @@ class ChunkDenoiseOp(_SoloOp):
             torch.cat([a.cross.k for a in batch], dim=1),
             torch.cat([a.cross.v for a in batch], dim=1),
         )
-        action = None if batch[0].action is None else torch.cat([a.action for a in batch])
-        audio = None if batch[0].audio is None else torch.cat([a.audio for a in batch])
+        # all or none of them have one (``_batch_group``)
+        actions = [a.action for a in batch if a.action is not None]
+        audios = [a.audio for a in batch if a.audio is not None]
+        action = torch.cat(actions) if actions else None
+        audio = torch.cat(audios) if audios else None
         v = self._dit.forward_chunks(
             x,
             t,
@@ -454,13 +458,13 @@ class DiffusionStepOp(_SoloOp):
     def run(self, a: DiffusionStepArgs) -> torch.Tensor | HookedStepOutput:
         # a.x: [1, C, f, h, w] -> [1, C, f, h, w]
         x = a.x if a.init_seed is None else _noise_like(a.x, a.init_seed)
-        cfg = a.negative is not None and a.guidance_scale != 1.0
-        if cfg and self.branches is not None and a.hooks is None:
+        negative = a.negative if a.guidance_scale != 1.0 else None  # None: no CFG
+        if negative is not None and self.branches is not None and a.hooks is None:
             t = torch.full((1,), a.timestep, device=x.device, dtype=torch.float32)
-            v = self._dit(x, t, self.branches.text(a.text, a.negative)).float()
+            v = self._dit(x, t, self.branches.text(a.text, negative)).float()
             return self._update(a, x, self.branches.gather(v))  # [2, ...]: both branches
-        x_in = torch.cat((x, x)) if cfg else x
-        text = torch.cat((a.text, a.negative)) if cfg else a.text
+        x_in = x if negative is None else torch.cat((x, x))
+        text = a.text if negative is None else torch.cat((a.text, negative))
         t = torch.full((x_in.shape[0],), a.timestep, device=x.device, dtype=torch.float32)
         if a.hooks is not None:
             v, branches, reused = a.hooks.hooks.forward(self._dit, x_in, t, text, a.hooks)

@@ -17,10 +17,11 @@ from models.card import LoopKind, LoopSpec
 from models.loops.chunk_rollout import ChunkRollout
 from models.loops.diffusion_denoise import DiffusionDenoise
 from models.loops.model import LoopModel
+from runtime.contract import Loop
 
 __all__ = ["LOOPS", "build_loop"]
 
-LOOPS: Mapping[LoopKind, Callable[[LoopModel, LoopSpec], Any]] = MappingProxyType(
+LOOPS: Mapping[LoopKind, Callable[[LoopModel, LoopSpec], Loop[Any]]] = MappingProxyType(
     {
         LoopKind.CHUNK_ROLLOUT: ChunkRollout,
         LoopKind.DIFFUSION_DENOISE: DiffusionDenoise,
@@ -28,7 +29,7 @@ LOOPS: Mapping[LoopKind, Callable[[LoopModel, LoopSpec], Any]] = MappingProxyTyp
 )
 
 
-def build_loop(model: LoopModel, spec: LoopSpec) -> Any:
+def build_loop(model: LoopModel, spec: LoopSpec) -> Loop[Any]:
     """The loop serving ``spec`` on ``model``; ``KeyError`` names the kinds that have a loop."""
     factory = LOOPS.get(spec.kind)
     if factory is None:

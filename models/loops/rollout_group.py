@@ -20,6 +20,7 @@ from typing import Any
 
 from models.loops.ops import ChunkDenoiseOp
 from models.loops.registry import build_loop
+from runtime.contract import Loop
 
 __all__ = ["GroupModel", "group_loop"]
 
@@ -43,7 +44,7 @@ class GroupModel:
 _GROUP_MODELS: weakref.WeakKeyDictionary[Any, GroupModel] = weakref.WeakKeyDictionary()
 
 
-def group_loop(instance: Any, capability: str) -> Any:
+def group_loop(instance: Any, capability: str) -> Loop[Any] | None:
     """A loop serving ``capability`` (e.g. ``"text_to_video"``) for a rollout group's sample;
     ``None`` when the card has no loop for it."""
     spec = instance.card.loop_for(capability)

@@ -10,18 +10,26 @@ word-embedding text encoder and by the action and audio hooks. Weights ship in t
 from __future__ import annotations
 
 from models.card import (
+    AttentionMode,
     CacheContract,
+    CacheKind,
     CardUI,
+    CheckpointFormat,
     CheckpointManifest,
     ComponentEntry,
+    ComponentKind,
     ComponentSpec,
     Control,
+    ControlKind,
+    LoopKind,
     LoopSpec,
     ModelCard,
+    ParityLevel,
     ParitySpec,
     PrecisionContract,
     Profile,
     RecipeSpec,
+    WeightsKind,
 )
 from models.tinyworld.geometry import (
     CHUNK_FRAMES,
@@ -94,7 +102,7 @@ _CAPABILITIES = frozenset(
 def _entry() -> ComponentEntry:
     # One safetensors file holds every component ("dit.*", "text_encoder.*"); the pixel codec
     # has no tensors, its entry points at the same file so the manifest stays explicit.
-    return ComponentEntry(CHECKPOINT_FILE, "original", required_for=_CAPABILITIES)
+    return ComponentEntry(CHECKPOINT_FILE, CheckpointFormat.ORIGINAL, required_for=_CAPABILITIES)
 
 
 TINY_WORLD = ModelCard(
@@ -108,24 +116,24 @@ TINY_WORLD = ModelCard(
     ),
     components={
         "dit": ComponentSpec(
-            "dit", "dit", "tinyworld-s", conditioning=frozenset({"action", "audio"})
+            "dit", ComponentKind.DIT, "tinyworld-s", conditioning=frozenset({"action", "audio"})
         ),
-        "vae": ComponentSpec("vae", "vae", "pixel"),
-        "text_encoder": ComponentSpec("text_encoder", "text_encoder", "words"),
+        "vae": ComponentSpec("vae", ComponentKind.VAE, "pixel"),
+        "text_encoder": ComponentSpec("text_encoder", ComponentKind.TEXT_ENCODER, "words"),
     },
     loops={
         "chunk_rollout": LoopSpec(
             "chunk_rollout",
-            "chunk_rollout",
+            LoopKind.CHUNK_ROLLOUT,
             SCHEDULE,
-            "chunk_causal",
+            AttentionMode.CHUNK_CAUSAL,
             components=_COMPONENTS,
             inputs=frozenset({"prompt", "cut", "action", "audio"}),
             uses=("text_encode", "kv_recache", "vae_decode"),
         ),
-        "kv_recache": LoopSpec("kv_recache", "kv_recache", components=("dit",)),
-        "vae_decode": LoopSpec("vae_decode", "vae_decode", components=("vae",)),
-        "text_encode": LoopSpec("text_encode", "text_encode", components=("text_encoder",)),
+        "kv_recache": LoopSpec("kv_recache", LoopKind.KV_RECACHE, components=("dit",)),
+        "vae_decode": LoopSpec("vae_decode", LoopKind.VAE_DECODE, components=("vae",)),
+        "text_encode": LoopSpec("text_encode", LoopKind.TEXT_ENCODE, components=("text_encoder",)),
     },
     capabilities=_CAPABILITIES,
     recipe=RecipeSpec(
@@ -138,16 +146,16 @@ TINY_WORLD = ModelCard(
         ),
         assumes_loop="chunk_rollout",
         assumes_precision="bf16",
-        consistency_required="C1",
+        consistency_required=ParityLevel.C1,
         training_command=TRAINING_COMMAND,
     ),
     # The trainer's pair forward equals the loop's KV update + denoise step
     # (tests/models/tinyworld/test_teacher_forcing.py).
-    parity=ParitySpec("C1", {"teacher_forced_vs_chunk_rollout": 1e-4}),
+    parity=ParitySpec(ParityLevel.C1, {"teacher_forced_vs_chunk_rollout": 1e-4}),
     caches={
-        "chunk_kv": CacheContract("chunk_kv", "dit", WINDOW_FRAMES, SINK_FRAMES),
-        "text_embedding": CacheContract("feature", "text_encoder"),
-        "vae_decoder": CacheContract("decoder_feature", "vae"),
+        "chunk_kv": CacheContract(CacheKind.CHUNK_KV, "dit", WINDOW_FRAMES, SINK_FRAMES),
+        "text_embedding": CacheContract(CacheKind.FEATURE, "text_encoder"),
+        "vae_decoder": CacheContract(CacheKind.DECODER_FEATURE, "vae"),
     },
     # Trained under bf16 autocast with fp32 master weights: fp32 serving only widens it.
     precision=PrecisionContract(("bf16", "fp32")),
@@ -156,7 +164,7 @@ TINY_WORLD = ModelCard(
         fps=FPS, width=WIDTH, height=HEIGHT, chunk_latent_frames=CHUNK_FRAMES, steps=SCHEDULE.steps
     ),
     latent=LATENT,
-    weights="trained",
+    weights=WeightsKind.TRAINED,
     weights_version="tinyworld-v2",
     # Every example names a colour, a shape and a terrain of models/tinyworld/vocab.py, so the
     # model draws exactly what it says; WASD + shift and audio are all world.py reacts to (q, e,
@@ -171,9 +179,9 @@ TINY_WORLD = ModelCard(
             "a green triangle on grass at night",
         ),
         controls=(
-            Control("key", ("w", "a", "s", "d"), "move the sprite up, left, down, right"),
-            Control("key", ("shift",), "sprint while held with a direction"),
-            Control("audio", ("talk",), "the sprite pulses with your voice"),
+            Control(ControlKind.KEY, ("w", "a", "s", "d"), "move the sprite up, left, down, right"),
+            Control(ControlKind.KEY, ("shift",), "sprint while held with a direction"),
+            Control(ControlKind.AUDIO, ("talk",), "the sprite pulses with your voice"),
         ),
     ),
 )

@@ -149,7 +149,8 @@ def _scripted_rollout(instance: Any, seed: int, chunks: int, scorer: _Scorer) ->
     b = _random_spec(rng, unlike=a)
     stream = LoopStream(instance, prompt_text(a, rng.randrange(4)), seed=seed)
     size = (stream.state.height, stream.state.width)
-    spec, switch_seq, switch_chunk, switched = a, None, None, False
+    spec: WorldSpec | None = a  # what the frames must show (None: not scored, a switch settling)
+    switch_seq, switch_chunk, switched = None, None, False
     readings: dict[int, list[FrameReading]] = {}
     trials: list[tuple[str, int]] = []  # (key, seq of its first push)
     key, loud_seq = "d", None

@@ -32,6 +32,7 @@ Parameters and checkpoint keys are ``WanDiT``'s plus ``position_embedding.*`` an
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -86,10 +87,10 @@ class PixelDiT(WanDiT):
     def position_tokens(self, grid: tuple[int, int, int], device: torch.device) -> torch.Tensor:
         """What the position and frame embeddings add to each token: grid (f, h, w) ->
         [f * h * w, dim], frame-major like the tokens."""
-        weight = self.position_embedding[0].weight
-        where = self.position_embedding(_position_features(grid, device).to(weight.dtype))
+        dtype = next(self.position_embedding.parameters()).dtype  # its first linear's
+        where = self.position_embedding(_position_features(grid, device).to(dtype))
         when = self.frame_embedding(
-            _frame_features(grid[0], self.chunk_frames, device).to(weight.dtype)
+            _frame_features(grid[0], self.chunk_frames, device).to(dtype)
         )  # [f, dim]
         return where + when.repeat_interleave(grid[1] * grid[2], dim=0)
 
@@ -131,13 +132,13 @@ class PixelDiT(WanDiT):
         return self.velocity(hidden_states, x0, timestep)
 
     def forward_chunk(
-        self, x: torch.Tensor, timestep: torch.Tensor, *args: object, **kwargs: object
+        self, x: torch.Tensor, timestep: torch.Tensor, *args: Any, **kwargs: Any
     ) -> torch.Tensor:
         x0 = super().forward_chunk(x, timestep, *args, **kwargs)
         return self.velocity(x, x0, timestep)
 
     def predict_x0(
-        self, x: torch.Tensor, timestep: torch.Tensor, *args: object, **kwargs: object
+        self, x: torch.Tensor, timestep: torch.Tensor, *args: Any, **kwargs: Any
     ) -> torch.Tensor:
         """The raw head output of ``forward_chunk`` (x0 estimate), same arguments."""
         return super().forward_chunk(x, timestep, *args, **kwargs)

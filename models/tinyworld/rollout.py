@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from models.loops.chunk_rollout_state import ChunkRolloutState
 from models.loops.requests import SessionRequest
 from runtime.contract import (
     ActionInput,
@@ -25,7 +26,6 @@ from runtime.contract import (
     InlineContext,
     InputEvent,
     InputKind,
-    LoopState,
     PromptInput,
     Stream,
 )
@@ -52,7 +52,7 @@ class LoopStream:
         self.plan_wall_s: list[tuple[str, float]] = []  # (plan kind, wall seconds), in order
 
     @property
-    def state(self) -> LoopState:
+    def state(self) -> ChunkRolloutState:
         """The loop's state at the boundary the stream stands at."""
         return self._driver.state
 

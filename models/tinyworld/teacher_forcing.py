@@ -55,7 +55,7 @@ def _hook(
         return None
     if module is None:
         raise TeacherForcingShapeError(f"{name} given but the DiT has no {name} hook")
-    out = module(x.to(module[0].weight.dtype))
+    out = module(x.to(next(module.parameters()).dtype))  # its first linear's
     return out if on is None else out * on[..., None].to(out.dtype)
 
 

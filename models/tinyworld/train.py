@@ -130,7 +130,7 @@ class _Run:
         hook = self.dit.action_embedding
         hook_ids = {id(p) for p in hook.parameters()} if hook is not None else set()
         groups = [{"params": [p for p in self.params if id(p) not in hook_ids], "mult": 1.0}]
-        if hook_ids:
+        if hook is not None and hook_ids:
             groups.append(
                 {
                     "params": list(hook.parameters()),
@@ -295,7 +295,7 @@ def train(cfg: TrainConfig, *, device: str | torch.device, out_dir: str | Path) 
     out.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, float]] = []
     probes: list[dict[str, float]] = [_probe_record(run, 0.0)] if run.probe is not None else []
-    window: list[dict[str, torch.Tensor | float]] = []
+    window: list[dict[str, Any]] = []  # what each step returned since the last record
     start = last_save = time.perf_counter()
     frac, phase_saved = 0.0, False
     while run.n < cfg.max_steps:

@@ -365,7 +365,9 @@ def _lowp_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, backend: str
 ) -> torch.Tensor:
     # q: [B, Nq, H, D]; k, v: [B, Nk, H, D] -> [B, Nq, H, D] contiguous
-    return ATTENTION_BACKENDS[backend].attend_or_fallback(q, k, v, mask)
+    chosen = ATTENTION_BACKENDS[backend]
+    assert isinstance(chosen, LowPrecisionAttention)  # the only backends that call the op
+    return chosen.attend_or_fallback(q, k, v, mask)
 
 
 @_lowp_attention.register_fake

@@ -21,20 +21,28 @@ from __future__ import annotations
 from dataclasses import replace
 
 from models.card import (
+    AttentionMode,
     CacheContract,
+    CacheKind,
     CardUI,
+    CheckpointFormat,
     CheckpointManifest,
     ComponentEntry,
+    ComponentKind,
     ComponentSpec,
     Control,
+    ControlKind,
     LatentSpec,
+    LoopKind,
     LoopSpec,
     ModelCard,
+    ParityLevel,
     ParitySpec,
     PrecisionContract,
     Profile,
     RecipeSpec,
     ScheduleSpec,
+    WeightsKind,
 )
 
 __all__ = [
@@ -75,26 +83,28 @@ def _loops(session_inputs: frozenset[str]) -> dict[str, LoopSpec]:
     return {
         "chunk_rollout": LoopSpec(
             "chunk_rollout",
-            "chunk_rollout",
+            LoopKind.CHUNK_ROLLOUT,
             SELF_FORCING_SCHEDULE,
-            "chunk_causal",
+            AttentionMode.CHUNK_CAUSAL,
             components=_GENERATION_COMPONENTS,
             inputs=session_inputs,
             uses=("text_encode", "kv_recache", "vae_decode"),
         ),
-        "kv_recache": LoopSpec("kv_recache", "kv_recache", components=("dit",)),
-        "vae_decode": LoopSpec("vae_decode", "vae_decode", components=("vae",)),
+        "kv_recache": LoopSpec("kv_recache", LoopKind.KV_RECACHE, components=("dit",)),
+        "vae_decode": LoopSpec("vae_decode", LoopKind.VAE_DECODE, components=("vae",)),
         "text_encode": LoopSpec(
-            "text_encode", "text_encode", components=("text_encoder", "tokenizer")
+            "text_encode", LoopKind.TEXT_ENCODE, components=("text_encoder", "tokenizer")
         ),
     }
 
 
 def _caches(window_latent_frames: int, sink_latent_frames: int) -> dict[str, CacheContract]:
     return {
-        "chunk_kv": CacheContract("chunk_kv", "dit", window_latent_frames, sink_latent_frames),
-        "text_embedding": CacheContract("feature", "text_encoder"),
-        "vae_decoder": CacheContract("decoder_feature", "vae"),
+        "chunk_kv": CacheContract(
+            CacheKind.CHUNK_KV, "dit", window_latent_frames, sink_latent_frames
+        ),
+        "text_embedding": CacheContract(CacheKind.FEATURE, "text_encoder"),
+        "vae_decoder": CacheContract(CacheKind.DECODER_FEATURE, "vae"),
     }
 
 
@@ -103,7 +113,7 @@ _CAUSAL_CAPABILITIES = frozenset(
 )
 
 
-def _required(path_hint: str, fmt: str) -> ComponentEntry:
+def _required(path_hint: str, fmt: CheckpointFormat) -> ComponentEntry:
     return ComponentEntry(path_hint, fmt, required_for=_CAUSAL_CAPABILITIES)
 
 
@@ -117,12 +127,12 @@ WAN21_13B_CAUSAL = ModelCard(
         "may also pick the tiny streaming decoder)."
     ),
     components={
-        "dit": ComponentSpec("dit", "dit", "wan2.1-1.3b"),
-        "vae": ComponentSpec("vae", "vae", "wan2.1"),
+        "dit": ComponentSpec("dit", ComponentKind.DIT, "wan2.1-1.3b"),
+        "vae": ComponentSpec("vae", ComponentKind.VAE, "wan2.1"),
         # a second decoder sessions may pick ("decoder": "tiny"), loaded when it is there
-        "tiny_decoder": ComponentSpec("tiny_decoder", "decoder", "taew2_1"),
-        "text_encoder": ComponentSpec("text_encoder", "text_encoder", "umt5-xxl"),
-        "tokenizer": ComponentSpec("tokenizer", "tokenizer", "umt5-xxl"),
+        "tiny_decoder": ComponentSpec("tiny_decoder", ComponentKind.DECODER, "taew2_1"),
+        "text_encoder": ComponentSpec("text_encoder", ComponentKind.TEXT_ENCODER, "umt5-xxl"),
+        "tokenizer": ComponentSpec("tokenizer", ComponentKind.TOKENIZER, "umt5-xxl"),
     },
     loops=_loops(frozenset({"prompt", "cut"})),
     capabilities=_CAUSAL_CAPABILITIES,
@@ -132,9 +142,9 @@ WAN21_13B_CAUSAL = ModelCard(
         data_contract="text prompts only (Self-Forcing trains data-free from prompts; no video)",
         assumes_loop="chunk_rollout",
         assumes_precision="bf16",
-        consistency_required="C1",
+        consistency_required=ParityLevel.C1,
     ),
-    parity=ParitySpec("C1", _PARITY_TOLERANCES),
+    parity=ParitySpec(ParityLevel.C1, _PARITY_TOLERANCES),
     caches=_caches(window_latent_frames=9, sink_latent_frames=3),
     # fp32 only widens the bf16 recipe (every bf16 weight is exact in fp32); fp16 is excluded.
     precision=PrecisionContract(("bf16", "fp32")),
@@ -142,21 +152,21 @@ WAN21_13B_CAUSAL = ModelCard(
         {
             # Self-Forcing ships the generator in Wan's original layout (``generator.``/``model.``
             # prefixes accepted by the loader); the rest comes from Wan2.1-T2V-1.3B-Diffusers.
-            "dit": _required("transformer", "original"),
-            "vae": _required("vae", "diffusers"),
+            "dit": _required("transformer", CheckpointFormat.ORIGINAL),
+            "vae": _required("vae", CheckpointFormat.DIFFUSERS),
             # the published TAEHV layout (models/wan/taehv_checkpoint.py); optional
             "tiny_decoder": ComponentEntry(
-                "tiny_decoder", "taehv", optional_for=_CAUSAL_CAPABILITIES
+                "tiny_decoder", CheckpointFormat.TAEHV, optional_for=_CAUSAL_CAPABILITIES
             ),
-            "text_encoder": _required("text_encoder", "diffusers"),
-            "tokenizer": _required("tokenizer", "diffusers"),
+            "text_encoder": _required("text_encoder", CheckpointFormat.DIFFUSERS),
+            "tokenizer": _required("tokenizer", CheckpointFormat.DIFFUSERS),
         }
     ),
     default_profile=Profile(fps=16, width=832, height=480, chunk_latent_frames=3, steps=4),
     # the small profile (a third of the tokens) is served compiled too, with its CUDA graphs
     compiled_sizes=((480, 272),),
     latent=WAN_LATENT,
-    weights="external",
+    weights=WeightsKind.EXTERNAL,
     weights_version="self-forcing-dmd-v1",
     # Prompts only: the recipe takes no actions or audio, so the card offers no controls.
     ui=CardUI(
@@ -177,11 +187,13 @@ WAN_TINY_RANDOM = ModelCard(
         "development, shows noise."
     ),
     components={
-        "dit": ComponentSpec("dit", "dit", "tiny", conditioning=frozenset({"action", "audio"})),
-        "vae": ComponentSpec("vae", "vae", "tiny"),
-        "text_encoder": ComponentSpec("text_encoder", "text_encoder", "umt5-tiny"),
+        "dit": ComponentSpec(
+            "dit", ComponentKind.DIT, "tiny", conditioning=frozenset({"action", "audio"})
+        ),
+        "vae": ComponentSpec("vae", ComponentKind.VAE, "tiny"),
+        "text_encoder": ComponentSpec("text_encoder", ComponentKind.TEXT_ENCODER, "umt5-tiny"),
         # Offline byte-level stand-in for the UMT5 vocabulary; see models/wan/text_encoder.py.
-        "tokenizer": ComponentSpec("tokenizer", "tokenizer", "byte-fallback"),
+        "tokenizer": ComponentSpec("tokenizer", ComponentKind.TOKENIZER, "byte-fallback"),
     },
     loops=_loops(frozenset({"prompt", "cut", "action", "audio"})),
     capabilities=frozenset(
@@ -201,23 +213,23 @@ WAN_TINY_RANDOM = ModelCard(
         data_contract="none: seeded random initialisation, never trained",
         assumes_loop="chunk_rollout",
         assumes_precision="fp32",
-        consistency_required="C0",
+        consistency_required=ParityLevel.C0,
     ),
-    parity=ParitySpec("C1", _PARITY_TOLERANCES),
+    parity=ParitySpec(ParityLevel.C1, _PARITY_TOLERANCES),
     caches=_caches(window_latent_frames=6, sink_latent_frames=3),
     precision=PrecisionContract(("fp32", "bf16")),
     checkpoint=CheckpointManifest(),
     default_profile=Profile(fps=8, width=64, height=64, chunk_latent_frames=3, steps=4),
     latent=WAN_LATENT,
-    weights="random",
+    weights=WeightsKind.RANDOM,
     weights_version="random-seed-0",
     # Random weights: every input is wired into the conditioning hooks, the picture is noise.
     ui=CardUI(
         examples=("a lantern-lit canal town at dusk", "a red kite over green hills"),
         controls=(
-            Control("key", ("w", "a", "s", "d"), "action input (noise: random weights)"),
-            Control("mouse", ("drag",), "mouse input (noise: random weights)"),
-            Control("audio", ("talk",), "audio input (noise: random weights)"),
+            Control(ControlKind.KEY, ("w", "a", "s", "d"), "action input (noise: random weights)"),
+            Control(ControlKind.MOUSE, ("drag",), "mouse input (noise: random weights)"),
+            Control(ControlKind.AUDIO, ("talk",), "audio input (noise: random weights)"),
         ),
     ),
 )
@@ -229,23 +241,23 @@ def _job_loops() -> dict[str, LoopSpec]:
     return {
         "diffusion_denoise": LoopSpec(
             "diffusion_denoise",
-            "diffusion_denoise",
+            LoopKind.DIFFUSION_DENOISE,
             WAN21_T2V_SCHEDULE,
-            "bidirectional",
+            AttentionMode.BIDIRECTIONAL,
             components=_GENERATION_COMPONENTS,
             uses=("text_encode", "vae_decode"),
         ),
-        "vae_decode": LoopSpec("vae_decode", "vae_decode", components=("vae",)),
+        "vae_decode": LoopSpec("vae_decode", LoopKind.VAE_DECODE, components=("vae",)),
         "text_encode": LoopSpec(
-            "text_encode", "text_encode", components=("text_encoder", "tokenizer")
+            "text_encode", LoopKind.TEXT_ENCODE, components=("text_encoder", "tokenizer")
         ),
     }
 
 
 # A bidirectional card has no chunk-KV: its decode still streams through the causal VAE cache.
 _JOB_CACHES = {
-    "text_embedding": CacheContract("feature", "text_encoder"),
-    "vae_decoder": CacheContract("decoder_feature", "vae"),
+    "text_embedding": CacheContract(CacheKind.FEATURE, "text_encoder"),
+    "vae_decoder": CacheContract(CacheKind.DECODER_FEATURE, "vae"),
 }
 
 
@@ -258,12 +270,12 @@ def _job_recipe(
         data_contract=data_contract,
         assumes_loop="diffusion_denoise",
         assumes_precision=precision,
-        consistency_required="C1",
+        consistency_required=ParityLevel.C1,
     )
 
 
 def _diffusers(path_hint: str) -> ComponentEntry:
-    return ComponentEntry(path_hint, "diffusers", required_for=_JOB_CAPABILITIES)
+    return ComponentEntry(path_hint, CheckpointFormat.DIFFUSERS, required_for=_JOB_CAPABILITIES)
 
 
 WAN21_T2V_13B = ModelCard(
@@ -276,10 +288,10 @@ WAN21_T2V_13B = ModelCard(
         "points at a Wan2.1-T2V-1.3B-Diffusers directory."
     ),
     components={
-        "dit": ComponentSpec("dit", "dit", "wan2.1-1.3b"),
-        "vae": ComponentSpec("vae", "vae", "wan2.1"),
-        "text_encoder": ComponentSpec("text_encoder", "text_encoder", "umt5-xxl"),
-        "tokenizer": ComponentSpec("tokenizer", "tokenizer", "umt5-xxl"),
+        "dit": ComponentSpec("dit", ComponentKind.DIT, "wan2.1-1.3b"),
+        "vae": ComponentSpec("vae", ComponentKind.VAE, "wan2.1"),
+        "text_encoder": ComponentSpec("text_encoder", ComponentKind.TEXT_ENCODER, "umt5-xxl"),
+        "tokenizer": ComponentSpec("tokenizer", ComponentKind.TOKENIZER, "umt5-xxl"),
     },
     loops=_job_loops(),
     capabilities=_JOB_CAPABILITIES,
@@ -289,7 +301,7 @@ WAN21_T2V_13B = ModelCard(
         "Wan2.1 pretraining on captioned images and videos (Wan technical report)",
         "bf16",
     ),
-    parity=ParitySpec("C1", _PARITY_TOLERANCES),
+    parity=ParitySpec(ParityLevel.C1, _PARITY_TOLERANCES),
     caches=_JOB_CACHES,
     precision=PrecisionContract(("bf16", "fp32")),
     checkpoint=CheckpointManifest(
@@ -306,7 +318,7 @@ WAN21_T2V_13B = ModelCard(
         fps=16, width=832, height=480, chunk_latent_frames=3, steps=WAN21_T2V_SCHEDULE.steps
     ),
     latent=WAN_LATENT,
-    weights="external",
+    weights=WeightsKind.EXTERNAL,
     weights_version="wan2.1-t2v-1.3b",
     # jobs only: prompts, no live controls
     ui=CardUI(
@@ -326,17 +338,17 @@ WAN21_T2V_TINY_RANDOM = ModelCard(
         "tiny CPU dimensions. random weights: for tests and development, shows noise."
     ),
     components={
-        "dit": ComponentSpec("dit", "dit", "tiny"),
-        "vae": ComponentSpec("vae", "vae", "tiny"),
-        "text_encoder": ComponentSpec("text_encoder", "text_encoder", "umt5-tiny"),
-        "tokenizer": ComponentSpec("tokenizer", "tokenizer", "byte-fallback"),
+        "dit": ComponentSpec("dit", ComponentKind.DIT, "tiny"),
+        "vae": ComponentSpec("vae", ComponentKind.VAE, "tiny"),
+        "text_encoder": ComponentSpec("text_encoder", ComponentKind.TEXT_ENCODER, "umt5-tiny"),
+        "tokenizer": ComponentSpec("tokenizer", ComponentKind.TOKENIZER, "byte-fallback"),
     },
     loops=_job_loops(),
     capabilities=_JOB_CAPABILITIES,
     recipe=_job_recipe(
         "random_init", (), "none: seeded random initialisation, never trained", "fp32"
     ),
-    parity=ParitySpec("C1", _PARITY_TOLERANCES),
+    parity=ParitySpec(ParityLevel.C1, _PARITY_TOLERANCES),
     caches=_JOB_CACHES,
     precision=PrecisionContract(("fp32", "bf16")),
     checkpoint=CheckpointManifest(),
@@ -344,7 +356,7 @@ WAN21_T2V_TINY_RANDOM = ModelCard(
         fps=8, width=64, height=64, chunk_latent_frames=3, steps=WAN21_T2V_SCHEDULE.steps
     ),
     latent=WAN_LATENT,
-    weights="random",
+    weights=WeightsKind.RANDOM,
     weights_version="random-seed-0",
     ui=CardUI(examples=("a red kite over a beach (noise: random weights)",)),
 )
@@ -364,22 +376,27 @@ def _with_tiny_decoder(
 ) -> ModelCard:
     components = {
         **card.components,
-        "tiny_decoder": ComponentSpec("tiny_decoder", "decoder", preset),
+        "tiny_decoder": ComponentSpec("tiny_decoder", ComponentKind.DECODER, preset),
     }
     rollout = card.loops["chunk_rollout"]
     uses = tuple("tiny_decoder" if c == "vae" else c for c in rollout.components)
     loops = {
         **card.loops,
         "chunk_rollout": replace(rollout, components=uses),
-        "vae_decode": LoopSpec("vae_decode", "vae_decode", components=("tiny_decoder",)),
+        "vae_decode": LoopSpec("vae_decode", LoopKind.VAE_DECODE, components=("tiny_decoder",)),
     }
-    caches = {**card.caches, "vae_decoder": CacheContract("decoder_feature", "tiny_decoder")}
+    caches = {
+        **card.caches,
+        "vae_decoder": CacheContract(CacheKind.DECODER_FEATURE, "tiny_decoder"),
+    }
     entries = dict(card.checkpoint.components)
     if entries:  # external weights: the decoder's own file; the full VAE only teaches
         entries["tiny_decoder"] = ComponentEntry(
-            "tiny_decoder", "taehv", required_for=_CAUSAL_CAPABILITIES
+            "tiny_decoder", CheckpointFormat.TAEHV, required_for=_CAUSAL_CAPABILITIES
         )
-        entries["vae"] = ComponentEntry("vae", "diffusers", optional_for=_CAUSAL_CAPABILITIES)
+        entries["vae"] = ComponentEntry(
+            "vae", CheckpointFormat.DIFFUSERS, optional_for=_CAUSAL_CAPABILITIES
+        )
     return replace(
         card,
         model_id=model_id,

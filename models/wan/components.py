@@ -172,6 +172,7 @@ def _load_checkpoint(
         )
     require_transformers()  # before gigabytes of DiT weights load, not after
     dit = load_transformer(root / entries["dit"].path_hint, device=device, dtype=dtype)
+    vae: TAEHVDecoder | WanVAE
     if card.components[codec].kind is ComponentKind.DECODER:
         from models.wan.taehv_checkpoint import load_taehv
 

@@ -66,11 +66,14 @@ class HookEmbedding(nn.Sequential):
     """
 
     def __init__(self, in_dim: int, dim: int) -> None:
-        super().__init__(nn.Linear(in_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
-        nn.init.zeros_(self[2].weight)
-        nn.init.zeros_(self[2].bias)
+        first, last = nn.Linear(in_dim, dim), nn.Linear(dim, dim)  # (made in this order)
+        super().__init__(first, nn.SiLU(), last)
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
 
     def reset_parameters(self) -> None:
-        self[0].reset_parameters()
-        nn.init.zeros_(self[2].weight)
-        nn.init.zeros_(self[2].bias)
+        first, last = self[0], self[2]
+        assert isinstance(first, nn.Linear) and isinstance(last, nn.Linear)  # (__init__'s)
+        first.reset_parameters()
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)

@@ -38,9 +38,12 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE  # (torch's own name for a graph memory pool)
 
 from models.wan.transformer import ChunkCall, CrossKV
 
@@ -83,7 +86,7 @@ class CudaRecorder:
 
     def __init__(self) -> None:
         self._stream: torch.cuda.Stream | None = None
-        self._pool: tuple[int, int] | None = None
+        self._pool: _POOL_HANDLE | None = None
 
     def supports(self, device: torch.device) -> bool:
         return device.type == "cuda" and torch.cuda.is_available()
@@ -183,6 +186,7 @@ class _Slot:
             (s.audio, call.audio),
         ):
             if dst is not None:
+                assert src is not None  # a slot's buffers are those its key's calls have
                 dst.copy_(src)
         if call.cross is not self.cross_src:  # a new prompt (or the first call)
             s.cross.k.copy_(call.cross.k)

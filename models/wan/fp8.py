@@ -55,6 +55,10 @@ class Fp8Linear(nn.Module):
     ``bias`` [N] in the original dtype (or None).
     """
 
+    weight_fp8: torch.Tensor
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(self, linear: nn.Linear, *, per_tensor: bool = False) -> None:
         super().__init__()
         if linear.in_features % 16 or linear.out_features % 16:

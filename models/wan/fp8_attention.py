@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -44,6 +45,7 @@ __all__ = [
     "DEFAULT_CONFIG",
     "HEAD_DIMS",
     "KernelConfig",
+    "Operands",
     "fp8_attention",
     "prepared",
     "quantize_rows",
@@ -395,9 +397,23 @@ def fp8_attention(
         vb, vs = v, qs  # vs unused without PV_FP8
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     if config is None:
-        config = _pick_config(q8, qs, k8, ks, vb, vs, out, pv_fp8)
+        config = _pick_config(Operands(q8, qs, k8, ks, vb, vs, out, pv_fp8))
     _launch(q8, qs, k8, ks, vb, vs, out, pv_fp8, config)
     return out
+
+
+class Operands(NamedTuple):
+    """One call's prepared operands: e4m3 Q and K with their row scales, V (e4m3 and its
+    scales with ``pv_fp8``, else as given) and the output buffer."""
+
+    q8: torch.Tensor
+    qs: torch.Tensor
+    k8: torch.Tensor
+    ks: torch.Tensor
+    vb: torch.Tensor
+    vs: torch.Tensor
+    out: torch.Tensor
+    pv_fp8: bool
 
 
 def _bucket(q8: torch.Tensor, k8: torch.Tensor, pv_fp8: bool) -> tuple:
@@ -406,45 +422,42 @@ def _bucket(q8: torch.Tensor, k8: torch.Tensor, pv_fp8: bool) -> tuple:
     return (q8.device, b * h, 1 << max(0, (n_q - 1).bit_length()), pow2, d, pv_fp8)
 
 
-def _pick_config(*operands: torch.Tensor | bool) -> KernelConfig:
-    q8, _, k8, *_, pv_fp8 = operands
-    key = _bucket(q8, k8, pv_fp8)
+def _pick_config(operands: Operands) -> KernelConfig:
+    key = _bucket(operands.q8, operands.k8, operands.pv_fp8)
     chosen = _CHOSEN.get(key)
     if chosen is not None:
         return chosen
-    if q8.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    if operands.q8.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return DEFAULT_CONFIG
     timings = []
     for config in CANDIDATES:
         try:
-            timings.append((time_config(config, *operands), config))
+            timings.append((time_config(config, operands), config))
         except Exception:  # a config the device cannot run (shared memory, registers)
             continue
     _CHOSEN[key] = min(timings, key=lambda t: t[0])[1] if timings else DEFAULT_CONFIG
     return _CHOSEN[key]
 
 
-def time_config(config: KernelConfig, *operands: torch.Tensor | bool, reps: int = 5) -> float:
-    """Median milliseconds of one kernel launch with ``config`` on prepared operands
-    (``q8, qs, k8, ks, vb, vs, out, pv_fp8``) - first use and the bench's sweep."""
-    *tensors, pv_fp8 = operands
-    _launch(*tensors, pv_fp8, config)  # compile, warm
+def time_config(config: KernelConfig, operands: Operands, *, reps: int = 5) -> float:
+    """Median milliseconds of one kernel launch with ``config`` on prepared operands - first
+    use and the bench's sweep."""
+    _launch(*operands, config)  # compile, warm
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        _launch(*tensors, pv_fp8, config)
+        _launch(*operands, config)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
 
 
-def prepared(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv_fp8: bool = True
-) -> tuple[torch.Tensor | bool, ...]:
+def prepared(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv_fp8: bool = True) -> Operands:
     """The kernel's operands for ``time_config`` (quantised inputs, output buffer)."""
     q8, qs = quantize_rows(q)
     k8, ks = quantize_rows(k)
     vb, vs = quantize_v(v) if pv_fp8 else (v, qs)
-    return q8, qs, k8, ks, vb, vs, torch.empty(q.shape, device=q.device, dtype=q.dtype), pv_fp8
+    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    return Operands(q8, qs, k8, ks, vb, vs, out, pv_fp8)

@@ -24,7 +24,7 @@ import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast, overload
 
 from models.wan.config import WanDiTConfig
 
@@ -151,6 +151,14 @@ def from_native(key: str, fmt: str) -> str | None:
     return None
 
 
+@overload
+def strip_prefix(key: str) -> str: ...
+
+
+@overload
+def strip_prefix(key: str, only: str | None) -> str | None: ...
+
+
 def strip_prefix(key: str, only: str | None = None) -> str | None:
     """Remove wrapper prefixes; with ``only``, keys without that prefix are dropped (None)."""
     if only is not None:
@@ -228,7 +236,8 @@ def config_from_shapes(shapes: Mapping[str, Sequence[int]]) -> WanDiTConfig:
         num_heads=dim // _ASSUMED_HEAD_DIM,
         ffn_dim=shapes["blocks.0.ffn.0.weight"][0],
         freq_dim=shapes["time_embedding.0.weight"][1],
-        patch_size=tuple(patch),
+        # WanDiTConfig refuses a patch that is not three sizes
+        patch_size=cast(tuple[int, int, int], tuple(patch)),
         in_channels=in_channels,
         out_channels=shapes["head.head.weight"][0] // math.prod(patch),
         text_dim=shapes["text_embedding.0.weight"][1],

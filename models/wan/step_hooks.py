@@ -81,7 +81,7 @@ class StepHooks:
             for i, n in enumerate(names):
                 cache.record(states[n], rows[i], distances[i], reused)
             if reused:
-                residual = torch.cat([states[n].residual for n in names])
+                residual = torch.cat([_cached_residual(states[n]) for n in names])
                 h = (h + residual).type_as(h)
             else:
                 start = h
@@ -114,3 +114,9 @@ class StepHooks:
                 for row, key in enumerate(keys):
                     observer.on_block(key, index, h[row : row + 1])
         return h
+
+
+def _cached_residual(state: BranchCache) -> torch.Tensor:
+    # a branch reuses only with a residual cached (its distance is None without one)
+    assert state.residual is not None
+    return state.residual

@@ -30,6 +30,9 @@ therefore the identity, where the Wan VAE's maps DiT latents to its own scale. P
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -99,6 +102,10 @@ def _previous_frames(x: torch.Tensor, batch: int, last: torch.Tensor) -> torch.T
     return past
 
 
+def _stages(net: TAEHVNet) -> Iterable[TAEHVStage]:
+    return cast("Iterable[TAEHVStage]", net.stages)  # a ModuleList keeps no element type
+
+
 class TAEHVNet(nn.Module):
     """Latents ``[B, z, t, h, w]`` -> raw frames ``[B * t * r, 3, 8h, 8w]`` in (b, frame)
     order, before clamping (``r`` = frames per latent frame); advances ``memory`` in place."""
@@ -138,7 +145,7 @@ class TAEHVNet(nn.Module):
         x = z.transpose(1, 2).reshape(batch * frames, channels, height, width)
         x = F.relu(self.conv_in(torch.tanh(x / 3.0) * 3.0))  # soft clamp to (-3, 3)
         start = 0
-        for stage in self.stages:
+        for stage in _stages(self):
             count = len(stage.blocks)
             x = stage(x, batch, memory[start : start + count])
             start += count
@@ -241,8 +248,8 @@ class TAEHVDecoder(nn.Module):
         net = self.decoder
         h, w, frames = latent_height, latent_width, float(latent_frames)
         total = conv_flops(net.conv_in, frames, h, w)
-        for stage in net.stages:
-            for block in stage.blocks:
+        for stage in _stages(net):
+            for block in cast("Iterable[MemBlock]", stage.blocks):
                 total += sum(conv_flops(c, frames, h, w) for c in (block.conv1, block.conv2))
                 total += conv_flops(block.conv3, frames, h, w)
             total += conv_flops(stage.time_grow, frames, h, w)

@@ -148,7 +148,9 @@ def draw_latent_clips(
         parts = []
         for _ in range(chunks_per_clip):
             stream.next_chunk()  # after the chunk's decode, before its KV update
-            parts.append(stream.state.latents.detach().clone())
+            latents = stream.state.latents
+            assert latents is not None  # the chunk's
+            parts.append(latents.detach().clone())
         out.append(torch.cat(parts, dim=2))
     return out
 

@@ -417,6 +417,7 @@ class CachedTextEncoder:
 
     name = "text_encode"
     batchable = True
+    spmd = "leader"  # only rank 0 runs it (runtime/spmd.py): no collectives inside
 
     def __init__(
         self,

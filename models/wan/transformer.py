@@ -24,9 +24,9 @@ keys to attend to, the RoPE tables of its position) first and then runs the devi
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 from torch import nn
@@ -208,9 +208,10 @@ class WanDiT(nn.Module):
                 f"encoder_hidden_states {tuple(encoder_hidden_states.shape)} is not "
                 f"[B, L, text_dim={self.config.text_dim}]"
             )
-        weight = self.text_embedding[0].weight
+        weight = cast(nn.Linear, self.text_embedding[0]).weight
         context = self.text_embedding(encoder_hidden_states.to(weight.dtype))  # [B, L, dim]
-        ks, vs = zip(*(block.cross_attn.kv(context) for block in self.blocks), strict=True)
+        blocks = cast("Iterable[WanBlock]", self.blocks)  # a ModuleList keeps no element type
+        ks, vs = zip(*(block.cross_attn.kv(context) for block in blocks), strict=True)
         return CrossKV(torch.stack(ks), torch.stack(vs))
 
     def forward_chunk(
@@ -358,7 +359,8 @@ class WanDiT(nn.Module):
             raise InputShapeError(
                 f"latent F, H, W {tuple(x.shape[2:])} not divisible by patch {cfg.patch_size}"
             )
-        grid = tuple(size // p for size, p in zip(x.shape[2:], cfg.patch_size, strict=True))
+        (pt, ph, pw), (f, h, w) = cfg.patch_size, x.shape[2:]
+        grid = (f // pt, h // ph, w // pw)
         if timestep.shape not in ((x.shape[0],), (x.shape[0], grid[0])):
             raise InputShapeError(
                 f"timestep {tuple(timestep.shape)} is not [B={x.shape[0]}] or "
@@ -393,7 +395,7 @@ class WanDiT(nn.Module):
         # timestep: [B] or [B, F]; action: [B, A] or [B, F, A]
         # -> e [B, 1 | F, dim], e0 [B, 1 | F, 6, dim]
         t = timestep if timestep.ndim == 2 else timestep[:, None]  # [B, 1 | F]
-        weight = self.time_embedding[0].weight
+        weight = cast(nn.Linear, self.time_embedding[0]).weight
         feats = sinusoidal_embedding(t.flatten(), self.config.freq_dim).unflatten(0, t.shape)
         e = self.time_embedding(feats.to(weight.dtype))  # [B, 1 | F, dim]
         if action is not None:
@@ -408,7 +410,7 @@ class WanDiT(nn.Module):
                 )
             act = action if action.ndim == 3 else action[:, None]  # [B, 1 | F, A]
             e = e + self.action_embedding(act.to(weight.dtype))
-        proj = self.time_projection[1].weight
+        proj = cast(nn.Linear, self.time_projection[1]).weight
         e0 = self.time_projection(e.to(proj.dtype)).unflatten(-1, (6, self.config.dim))
         return e, e0
 

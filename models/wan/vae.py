@@ -16,11 +16,14 @@ Latents here are *unnormalised* (what diffusers' encode/decode take and return);
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from itertools import pairwise
+from typing import cast
 
 import torch
 from torch import nn
 
+from models.wan.vae_blocks import AttentionBlock, MidBlock, ResidualBlock, UpBlock
 from models.wan.vae_cache import DecoderCache, EncoderCache
 from models.wan.vae_coders import Decoder, Encoder
 from models.wan.vae_config import WanVAEConfig
@@ -154,8 +157,8 @@ class WanVAE(nn.Module):
             self.post_quant_conv, frames, h, w
         )
         total += _mid_flops(dec.mid_block, frames, h, w)
-        for block in dec.up_blocks:
-            total += sum(_residual_flops(r, frames, h, w) for r in block.resnets)
+        for block in cast("Iterable[UpBlock]", dec.up_blocks):
+            total += sum(_residual_flops(r, frames, h, w) for r in _residuals(block.resnets))
             up = block.upsampler
             if up is None:
                 continue
@@ -206,14 +209,18 @@ def conv_flops(conv: nn.Conv3d | nn.Conv2d, frames: float, h: int, w: int) -> fl
     return 2.0 * macs_per_output * conv.out_channels * frames * h * w
 
 
-def _residual_flops(block: nn.Module, frames: float, h: int, w: int) -> float:
+def _residuals(blocks: nn.ModuleList) -> Iterable[ResidualBlock]:
+    return cast("Iterable[ResidualBlock]", blocks)  # a ModuleList keeps no element type
+
+
+def _residual_flops(block: ResidualBlock, frames: float, h: int, w: int) -> float:
     convs = (block.conv1, block.conv2, block.conv_shortcut)
     return sum(conv_flops(c, frames, h, w) for c in convs if c is not None)
 
 
-def _mid_flops(mid: nn.Module, frames: float, h: int, w: int) -> float:
-    total = sum(_residual_flops(r, frames, h, w) for r in mid.resnets)
-    for attn in mid.attentions:
+def _mid_flops(mid: MidBlock, frames: float, h: int, w: int) -> float:
+    total = sum(_residual_flops(r, frames, h, w) for r in _residuals(mid.resnets))
+    for attn in cast("Iterable[AttentionBlock]", mid.attentions):
         dim, positions = attn.proj.in_channels, h * w
         total += conv_flops(attn.to_qkv, frames, h, w) + conv_flops(attn.proj, frames, h, w)
         total += 4.0 * positions * positions * dim * frames  # q k^T and (attn) v, per frame

@@ -53,7 +53,7 @@ class CausalConv3d(nn.Conv3d):
         self.slot = NO_SLOT
         self.row_split: Any = None
 
-    def forward(  # type: ignore[override]
+    def forward(  # type: ignore[override]  # a causal conv also takes the stream's cache
         self, x: torch.Tensor, cache: CausalCache
     ) -> torch.Tensor:
         # x: [B, C_in, T, H, W] -> [B, C_out, T, H, W]
@@ -166,22 +166,26 @@ class Upsample(nn.Module):
         self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1)) if temporal else None
         self.row_split: Any = None
 
-    def _double_in_time(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+    @staticmethod
+    def _double_in_time(
+        time_conv: CausalConv3d, x: torch.Tensor, cache: CausalCache
+    ) -> torch.Tensor:
         # x: [B, C, T, H, W] -> [B, C, 2T, H, W]
         b, c, t, h, w = x.shape
-        y = self.time_conv(x, cache).reshape(b, 2, c, t, h, w)  # sub-frame index first
+        y = time_conv(x, cache).reshape(b, 2, c, t, h, w)  # sub-frame index first
         return y.permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)
 
     def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
         # x: [B, C, T, H, W] -> [B, C // 2, T', 2H, 2W]; T' = 2T, or 1 + 2(T-1) for the first chunk
-        if self.time_conv is not None:
+        time_conv = self.time_conv
+        if time_conv is not None:
             if cache.frames_seen == 0:
                 first, rest = x[:, :, :1], x[:, :, 1:]
                 if rest.shape[2] > 0:
-                    first = torch.cat([first, self._double_in_time(rest, cache)], dim=2)
+                    first = torch.cat([first, self._double_in_time(time_conv, rest, cache)], dim=2)
                 x = first
             else:
-                x = self._double_in_time(x, cache)
+                x = self._double_in_time(time_conv, x, cache)
         # nearest-exact at 2x copies values, so it is exact in any dtype
         conv = self.spatial_conv if self.row_split is None else self._split_conv
         return _per_frame(

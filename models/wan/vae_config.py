@@ -122,7 +122,8 @@ class WanVAEConfig:
             unsupported.append(f"patch_size={config['patch_size']}")
         if list(config.get("attn_scales", [])):
             unsupported.append(f"attn_scales={config['attn_scales']}")
-        base_dim = config.get("base_dim", cls.base_dim)
+        # (the default from the field: on a slotted class ``cls.base_dim`` is the slot)
+        base_dim = config.get("base_dim", cls.__dataclass_fields__["base_dim"].default)
         decoder_base_dim = config.get("decoder_base_dim")
         if decoder_base_dim is not None and decoder_base_dim != base_dim:
             unsupported.append(f"decoder_base_dim={decoder_base_dim} != base_dim={base_dim}")

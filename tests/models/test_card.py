@@ -331,6 +331,15 @@ CASES = [
         "loop 'diffusion_denoise' denoises but declares no schedule and attention",
     ),
     (
+        "chunk rollout without attention",
+        dict(
+            loops=make_loops(
+                chunk_rollout=dataclasses.replace(base.loops["chunk_rollout"], attention=None)
+            )
+        ),
+        "loop 'chunk_rollout' denoises but declares no schedule and attention",
+    ),
+    (
         "helper loop with schedule",
         dict(loops=make_loops(vae_decode=LoopSpec("vae_decode", "vae_decode", SCHEDULE))),
         "loop 'vae_decode' (vae_decode) does not denoise but has a schedule",

@@ -286,6 +286,13 @@ def test_unsupported_diffusers_configs_raise_naming_the_field(changes: dict, mes
         WanVAEConfig.from_diffusers_config(config)
 
 
+def test_a_decoder_base_dim_equal_to_the_default_base_dim_is_supported() -> None:
+    config = WanVAEConfig.preset("wan2.1").to_diffusers_config()
+    del config["base_dim"]
+    config["decoder_base_dim"] = 96  # the default base_dim, which the config leaves out
+    assert WanVAEConfig.from_diffusers_config(config) == WanVAEConfig.preset("wan2.1")
+
+
 def test_unknown_preset_lists_known_ones() -> None:
     with pytest.raises(VAEConfigError, match=re.escape("['tiny', 'wan2.1', 'wan2.1-vae']")):
         WanVAEConfig.preset("wan2.2")

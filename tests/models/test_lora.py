@@ -72,7 +72,7 @@ def test_the_hook_adds_the_scaled_low_rank_product_only_while_active(
     assert torch.equal(op([x])[0], base), "no adapters: the op itself"
 
     class Probe:
-        name, batchable = "probe", False
+        name, batchable, spmd = "probe", False, "all"
 
         def __call__(self, args, *, deterministic=False):
             return [linear(a) for a in args]

@@ -44,7 +44,6 @@ def job(*args: Any) -> ExecJob:
         op=Doubler(),
         args=args,
         plan_flops=(0.0,) * n,
-        plan_bytes=(0.0,) * n,
     )
 
 
@@ -99,8 +98,7 @@ class OomOnItem(Doubler):
 
 def test_out_of_memory_is_its_own_code_and_fails_only_that_plan() -> None:
     j = job(1, "oom", 3)
-    j = ExecJob(info=j.info, op=OomOnItem(), args=j.args, plan_flops=j.plan_flops,
-                plan_bytes=j.plan_bytes)  # fmt: skip
+    j = ExecJob(info=j.info, op=OomOnItem(), args=j.args, plan_flops=j.plan_flops)
     outcome = Executor().run_job(j)
     assert outcome.retried_solo
     assert [p.output for p in outcome.plans] == [2, None, 6]

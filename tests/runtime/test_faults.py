@@ -38,7 +38,6 @@ def step_job(loops: Sequence[str], kind: str = "chunk_step", first_plan: int = 0
         op=Step(),
         args=tuple(range(1, n + 1)),
         plan_flops=(0.0,) * n,
-        plan_bytes=(0.0,) * n,
     )
 
 

@@ -20,6 +20,9 @@ def _context() -> ServerContext:
         metrics=nothing,
         device="cpu",
         model_id="m",
+        forks=nothing,
+        trainer=nothing,
+        resumer=nothing,
     )
 
 
