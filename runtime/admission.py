@@ -353,8 +353,7 @@ class AdmissionController:
         cfg = self.config
         recent = self._recent_outcomes()
         return (
-            len(recent) >= cfg.min_outcomes
-            and sum(recent) / len(recent) > cfg.miss_ratio_threshold
+            len(recent) >= cfg.min_outcomes and sum(recent) / len(recent) > cfg.miss_ratio_threshold
         )
 
     def effective_compute_capacity(self) -> float:
