@@ -51,7 +51,7 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
     handles: list[Any] = []
     at = (0, fill // 2, fill) if "prompt.switch" in instance.card.capabilities else ()
 
-    def on_emit(index: int, switch_at: tuple[int, ...] = at) -> Any:
+    def on_emit(index: int, switch_at: tuple[int, ...]) -> Any:
         def emitted(emission: Any) -> None:
             meta = emission.spec.meta
             if emission.spec.stream == "media" and meta.final and meta.chunk in switch_at:
@@ -62,27 +62,33 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
 
         return emitted
 
+    def spawn_session(slab: int, max_chunks: int, decoder: str | None = None) -> Any:
+        name = decoder or str(slab)
+        handle = engine.spawn(
+            instance.loop("chunk_rollout"),
+            SessionRequest(
+                prompt="warm-up",
+                seed=0,
+                max_chunks=max_chunks,
+                kv_slab=slab,
+                fps=profile.fps,
+                width=profile.width,
+                height=profile.height,
+                decoder=decoder,
+            ),
+            instance,
+            loop_id=f"warm-up-{profile.width}x{profile.height}-{name}",
+            priority=Priority.BATCH,
+            # the other decoders' sessions switch once: their DiT shapes are warm already
+            on_emit=on_emit(len(handles), at if decoder is None else at[:1]),
+        )
+        handles.append(handle)
+        return handle
+
     start_s = time.perf_counter()
     try:
-        for index, slab in enumerate(slabs):
-            handles.append(
-                engine.spawn(
-                    instance.loop("chunk_rollout"),
-                    SessionRequest(
-                        prompt="warm-up",
-                        seed=0,
-                        max_chunks=chunks,
-                        kv_slab=slab,
-                        fps=profile.fps,
-                        width=profile.width,
-                        height=profile.height,
-                    ),
-                    instance,
-                    loop_id=f"warm-up-{profile.width}x{profile.height}-{slab}",
-                    priority=Priority.BATCH,
-                    on_emit=on_emit(index),
-                )
-            )
+        for slab in slabs:
+            spawn_session(slab, chunks)
         for handle in handles:
             await handle.result()
         if "text_to_video" in instance.card.capabilities:
@@ -105,28 +111,9 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
             )
             await job.result()
         for decoder in _other_decoders(instance):
-            # first chunk, steady chunks and a switch (a changing chunk decodes in parts),
-            # all at prefix lengths the sessions above compiled
-            handles.append(
-                engine.spawn(
-                    instance.loop("chunk_rollout"),
-                    SessionRequest(
-                        prompt="warm-up",
-                        seed=0,
-                        max_chunks=min(chunks, 4),
-                        kv_slab=0,
-                        fps=profile.fps,
-                        width=profile.width,
-                        height=profile.height,
-                        decoder=decoder,
-                    ),
-                    instance,
-                    loop_id=f"warm-up-{profile.width}x{profile.height}-{decoder}",
-                    priority=Priority.BATCH,
-                    on_emit=on_emit(len(handles), at[:1]),
-                )
-            )
-            await handles[-1].result()
+            # first chunk, a switch (a changing chunk decodes in parts) and steady chunks, all
+            # at prefix lengths the sessions above compiled
+            await spawn_session(0, min(chunks, 4), decoder).result()
     finally:
         await engine.close()
     return time.perf_counter() - start_s
