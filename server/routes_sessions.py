@@ -55,7 +55,7 @@ from sessions.host import Reject
 from sessions.resume import ResumeError
 from sessions.session import PromptTooLongError, Session, SessionStateError
 
-__all__ = ["router"]
+__all__ = ["SSE_HEADERS", "SSE_KEEPALIVE_S", "router", "sse_frame"]
 
 log = logging.getLogger(__name__)
 
@@ -389,9 +389,9 @@ async def events(session_id: str, request: Request, grant: AuthGrant) -> Streami
 
         async def replay() -> AsyncIterator[bytes]:
             for row in stored:
-                yield _sse(row["event_id"], row["type"], row["body"].encode())
+                yield sse_frame(row["event_id"], row["type"], row["body"].encode())
 
-        return StreamingResponse(replay(), media_type="text/event-stream", headers=_SSE_HEADERS)
+        return StreamingResponse(replay(), media_type="text/event-stream", headers=SSE_HEADERS)
     limit = ctx.config.limits.max_sse_per_session
     if ctx.sse_streams[session_id] >= limit:
         raise ApiError(
@@ -420,7 +420,7 @@ async def events(session_id: str, request: Request, grant: AuthGrant) -> Streami
                 return
             yield b"retry: 2000\n\n"
             for row in earlier:
-                yield _sse(row["event_id"], row["type"], row["body"].encode())
+                yield sse_frame(row["event_id"], row["type"], row["body"].encode())
             while True:
                 event = await subscription.next(SSE_KEEPALIVE_S)
                 if event is None:
@@ -428,18 +428,20 @@ async def events(session_id: str, request: Request, grant: AuthGrant) -> Streami
                         break
                     yield b": keepalive\n\n"
                     continue
-                yield _sse(event.event_id, type(event).__struct_config__.tag, encode_event(event))
+                yield sse_frame(
+                    event.event_id, type(event).__struct_config__.tag, encode_event(event)
+                )
         finally:
             subscription.close()
             ctx.sse_streams[session_id] -= 1
             if ctx.sse_streams[session_id] <= 0:
                 del ctx.sse_streams[session_id]
 
-    return StreamingResponse(follow(), media_type="text/event-stream", headers=_SSE_HEADERS)
+    return StreamingResponse(follow(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _sse(event_id: int, event_type: str, data: bytes) -> bytes:
+def sse_frame(event_id: int, event_type: str, data: bytes) -> bytes:
     return b"id: %d\nevent: %s\ndata: %s\n\n" % (event_id, event_type.encode(), data)

@@ -155,6 +155,9 @@ class JobBody(_Body):
     # exact: refuse distribution-altering extension parameters
     extensions: dict[str, dict[str, Any]] | None = None
     exact: bool = False
+    # a built-in program's name ("preview_and_final") or a program graph (docs/api.md
+    # "Programs"): the fields above are its loop nodes' defaults
+    program: Annotated[str, Field(min_length=1, max_length=64)] | dict[str, Any] | None = None
 
 
 class JobCreated(BaseModel):

@@ -162,6 +162,7 @@ class ChunkRollout:
             codec=codec,
             adapters=[] if isinstance(request, JobRequest) else list(request.adapters),
             keep_latents=isinstance(request, JobRequest) and request.keep_latents,
+            decode=not isinstance(request, JobRequest) or request.decode,
         )
 
     def _codec(self, request: SessionRequest | JobRequest) -> str:
@@ -252,6 +253,14 @@ class ChunkRollout:
                 state.step_latents.append(result.output.clone())
             state.denoise_step += 1
             state.phase = Phase.DECODE if state.denoise_step == len(self._steps) else Phase.DENOISE
+            if state.phase is Phase.DECODE and not state.decode:
+                # a copy: a captured graph may reuse its output buffer
+                state.latent_chunks.append(result.output.clone())
+                state.decoded = state.chunk_frames
+                if self._fold or self._plans.last_chunk(state):
+                    self._end_chunk(state)
+                else:
+                    state.phase = Phase.KV_UPDATE
         elif kind is PlanKind.VAE_DECODE:
             if state.collect_frames:
                 state.frames.append(result.output)
@@ -280,7 +289,17 @@ class ChunkRollout:
         }
         if state.collect_frames and state.frames:
             outputs["frames"] = torch.cat(state.frames)[: state.target_frames]
+        if state.latent_chunks:
+            outputs["latents"] = torch.cat(state.latent_chunks, dim=2)  # [1, C, f, h, w]
         return LoopResult(outputs)
+
+    def plans_total(self, state: ChunkRolloutState) -> int:
+        """The plans a bounded stream runs in all: a prompt encode, each chunk's steps, the
+        KV updates (none after the last chunk, none where the last step writes the cache) and,
+        when it decodes, one decode per chunk (a job's)."""
+        chunks = state.max_chunks or 1
+        kv_updates = 0 if self._fold else chunks - 1
+        return 1 + chunks * len(self._steps) + kv_updates + (chunks if state.decode else 0)
 
     # ---------------------------------------------------------------------------------------
     # chunk boundary and inputs

@@ -43,6 +43,11 @@ def test_sessions_import_no_server_client_or_model_code() -> None:
         *card_parts,
         "models.loops",
         "models.loops.requests",
+        # programs as data: the graph, its checks and the presets (their runner is model code)
+        "models.programs",
+        "models.programs.graph",
+        "models.programs.presets",
+        "models.programs.validation",
     ]
 
 
