@@ -160,7 +160,7 @@ class ChunkRollout:
             window_latents=window,
             decoder=_decoder_cache(m, lh, lw, codec),
             codec=codec,
-            adapters=[] if isinstance(request, JobRequest) else list(request.adapters),
+            adapters=list(request.adapters),
             keep_latents=isinstance(request, JobRequest) and request.keep_latents,
             decode=not isinstance(request, JobRequest) or request.decode,
         )

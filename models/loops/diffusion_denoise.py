@@ -67,6 +67,7 @@ class DiffusionState(LoopState, kw_only=True):
     text: torch.Tensor | None = None  # [1, L, text_dim]
     negative: torch.Tensor | None = None
     latents: torch.Tensor | None = None  # [1, C, f, h, w]
+    adapters: list[tuple[str, float]] = []  # LoRA adapters and strengths (models/lora.py)
     decoder: DecoderCache  # advanced in place by each decode
     frames: list[torch.Tensor] = []
 
@@ -117,6 +118,7 @@ class DiffusionDenoise:
             num_frames=num_frames,
             decode_chunk=profile.chunk_latent_frames,
             decode=request.decode,
+            adapters=list(request.adapters),
             decoder=m.new_decoder_cache(lh, lw),
             plugin_state=plugin_state,
         )
@@ -261,6 +263,8 @@ class DiffusionDenoise:
         progress = EmitSpec(
             Stream.PROGRESS, ProgressMeta(done=state.step + 1, total=self.plans_total(state))
         )
+        if state.adapters:  # the job's LoRA adapters active while its plans run
+            op = self._m.adapters.bind(op, state.adapters)
         return WorkPlan(
             loop_id=state.loop_id,
             kind=kind,

@@ -51,6 +51,8 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     # result has "latents" and no "frames"
     decode: bool = True
     negative_prompt: str = ""  # the unconditional branch of classifier-free guidance
+    # LoRA adapters registered at deploy scope (models/lora.py), with strengths
+    adapters: tuple[tuple[str, float], ...] = ()
     # extension name -> parameter overrides (only of extensions the server enabled; each
     # validated by the extension's schema before the loop starts, ``runtime.extensions``)
     extensions: dict[str, dict[str, Any]] = {}

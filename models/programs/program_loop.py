@@ -179,6 +179,8 @@ class ProgramLoop:
 
     def _node_request(self, request: ProgramRequest, node: Any) -> JobRequest:
         fields = {k: node.get(k) for k in _REQUEST_FIELDS if node.get(k) is not None}
+        if node.get("adapters"):  # [[name, strength], ...] in the wire form
+            fields["adapters"] = tuple((str(n), float(s)) for n, s in node.get("adapters"))
         task = task_of(self._program, node.node_id)
         return msgspec.structs.replace(request.job, task=task, decode=False, **fields)
 
