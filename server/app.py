@@ -499,6 +499,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
         routes_system,
         routes_trainer,
         routes_whep,
+        routes_workflows,
     )
     from server.openai_errors import OpenAIErrorBodies
 
@@ -531,6 +532,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     app.include_router(deployment.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_jobs.router)
+    app.include_router(routes_workflows.router)
     app.include_router(routes_trainer.router)
     # the OpenAI-compatible API (models, videos, images), errors in OpenAI's shape
     app.include_router(routes_openai_models.router)

@@ -160,6 +160,15 @@ class JobBody(_Body):
     program: Annotated[str, Field(min_length=1, max_length=64)] | dict[str, Any] | None = None
 
 
+class WorkflowBody(_Body):
+    """``POST /v1/workflows``: the body ComfyUI's ``/prompt`` takes, plus the served model."""
+
+    prompt: dict[str, Any]  # the API-format graph: {node id: {"class_type", "inputs"}}
+    client_id: Annotated[str, Field(max_length=256)] | None = None  # accepted, unused
+    extra_data: dict[str, Any] | None = None  # accepted, unused (ComfyUI's UI metadata)
+    model: str | None = None
+
+
 class JobCreated(BaseModel):
     id: str
 

@@ -94,6 +94,7 @@ class JobHost:
         restore_from: bytes | None = None,
         first_event_id: int = 1,
         program: str | dict[str, Any] | None = None,
+        origin: dict[str, Any] | None = None,
     ) -> Job:
         """Queues a job (batch class; never refused but while the model is held:
         ``ModelUnavailableError``). Raises ``KeyError``, ``ProfileError`` or
@@ -105,7 +106,9 @@ class JobHost:
         ids go on after its stored ones; ``program``: a built-in program's name or a graph
         (``models.programs``), checked against the card before the job exists
         (``ProgramError``, a 422 listing every problem): the request's fields are its loop
-        nodes' defaults, and its artifact node's task is the job's."""
+        nodes' defaults, and its artifact node's task is the job's; ``origin``: what the job
+        was made from, kept with its parameters (a compiled workflow's node mapping:
+        ``sessions.workflows``)."""
         if self._closed:
             raise HostError("the job host is closed")
         served = self.models.resolve(model)
@@ -174,6 +177,7 @@ class JobHost:
             params |= {"extensions": extensions or {}, "exact": exact}
         if graph is not None:
             params["program"] = graph.to_dict()
+        params |= origin or {}
         config = JobConfig(
             job_id=job_id,
             task=task,
@@ -268,6 +272,7 @@ class JobHost:
                         extensions=params.get("extensions"),
                         exact=params.get("exact", False),
                         program=params.get("program"),
+                        origin={"workflow": params["workflow"]} if "workflow" in params else None,
                         restore_from=blob,
                         first_event_id=1
                         + max((e["event_id"] for e in self.store.events(row["id"])), default=0),

@@ -46,12 +46,14 @@ class WorkflowCoverageError(DreamrtError, ValueError):
     status = 422
 
     def __init__(self, uncovered: list[dict[str, Any]]) -> None:
-        names = ", ".join(
-            f"{u['node']} ({u['class_type']})" + (f".{u['input']}" if u["input"] else "")
+        items = "; ".join(
+            f"{u['node']} ({u['class_type']})"
+            + (f".{u['input']}" if u["input"] else "")
+            + f": {u['reason']}"
             for u in uncovered
         )
         super().__init__(
-            f"the workflow has what dreamrt does not cover: {names}", uncovered=uncovered
+            f"the workflow has what dreamrt does not cover: {items}", uncovered=uncovered
         )
         self.uncovered = uncovered
 
@@ -135,6 +137,7 @@ class _Compiler:
             for name in node["inputs"]:
                 if name not in inputs:
                     self._miss(node_id, node["class_type"], name, "this input is not covered")
+            self._check_loader(node_id)  # reached from the sampler or not: each is checked
         outputs = [
             i for i, n in self.nodes.items() if n["class_type"] in ("SaveVideo", "SaveImage")
         ]
@@ -200,10 +203,7 @@ class _Compiler:
             if text is not None:
                 job[key] = self._value(text, "text", (str,))
                 self.mapping[text] = f"loop {key}"
-                clip = self._link(text, "clip", ("CLIPLoader",))
-                if clip is not None:
-                    self._loader(clip, "clip_name", "text_encoder")
-                    self._expect(clip, "type", ("wan",), "the card's text encoder is Wan's UMT5")
+                self._link(text, "clip", ("CLIPLoader",))
         if self.card.loops[loop_id].kind.value == "chunk_rollout" and job.get("negative_prompt"):
             job["negative_prompt"] = ""  # no CFG: the negative branch never runs
             self.mapping[sid] = " (no CFG: the negative prompt is unused)"
@@ -242,8 +242,6 @@ class _Compiler:
                 break
             cls = self._class(nxt)
             if cls == "UNETLoader":
-                self._loader(nxt, "unet_name", "dit")
-                self._expect(nxt, "weight_dtype", ("default",), "the card serves its own precision")
                 break
             if cls == "ModelSamplingSD3":
                 value = self._value(nxt, "shift", (int, float))
@@ -279,6 +277,17 @@ class _Compiler:
             return None
         self.mapping[node_id] = f"adapter {match}"
         return [match, float(strength if strength is not None else 1.0)]
+
+    def _check_loader(self, node_id: str) -> None:
+        cls = self._class(node_id)
+        if cls == "UNETLoader":
+            self._loader(node_id, "unet_name", "dit")
+            self._expect(node_id, "weight_dtype", ("default",), "the card serves its own precision")
+        elif cls == "CLIPLoader":
+            self._loader(node_id, "clip_name", "text_encoder")
+            self._expect(node_id, "type", ("wan",), "the card's text encoder is Wan's UMT5")
+        elif cls == "VAELoader":
+            self._loader(node_id, "vae_name", "vae")
 
     def _loader(self, node_id: str, name: str, kind: str) -> None:
         value = self._value(node_id, name, (str,))
@@ -318,9 +327,7 @@ class _Compiler:
         if images is not None:
             if self._link(images, "samples", SAMPLERS) not in (sid, None):
                 self._miss(images, "VAEDecode", "samples", "decodes another sampler's latents")
-            vae = self._link(images, "vae", ("VAELoader",))
-            if vae is not None:
-                self._loader(vae, "vae_name", "vae")
+            self._link(images, "vae", ("VAELoader",))
             self.mapping[images] = "decode node (full)"
 
     def _program(self, sid: str, oid: str, job: dict[str, Any]) -> Program:
