@@ -25,6 +25,7 @@ from server.routes_system import (
 )
 from server.schemas import JobBody, JobCreated
 from sessions.events import encode_event
+from sessions.moments import render_moment, session_of
 
 __all__ = ["router"]
 
@@ -48,6 +49,10 @@ async def submit(body: JobBody, request: Request, grant: AuthGrant) -> JobCreate
             headers={"Retry-After": str(retry)},
             retry_after_s=retry,
         )
+    if session_of(body.program) is not None:  # render a moment of a session
+        with creation_errors():
+            job = await render_moment(ctx.host, jobs, body.program)
+        return JobCreated(id=job.id)
     with creation_errors():
         job = jobs.submit_job(
             task=body.task,

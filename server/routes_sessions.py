@@ -44,6 +44,7 @@ from server.schemas import (
     OfferBody,
     PromptAccepted,
     PromptBody,
+    RenderBody,
     SdpAnswer,
     SessionBody,
     SessionCreated,
@@ -52,6 +53,7 @@ from server.webrtc import OfferError
 from sessions.audio import decode_audio
 from sessions.events import FeedbackRecorded, encode_event
 from sessions.host import Reject
+from sessions.moments import render_moment
 from sessions.resume import ResumeError
 from sessions.session import PromptTooLongError, Session, SessionStateError
 
@@ -323,6 +325,22 @@ async def fork(
         "context": answer.context_ref,
         "at_chunk": answer.at_chunk,
     }
+
+
+@router.post("/{session_id}/render", status_code=202)
+async def render(
+    session_id: str, body: RenderBody, request: Request, grant: AuthGrant
+) -> dict[str, Any]:
+    """Render a moment: the session's stream continued offline from its next chunk boundary
+    for ``chunks`` more chunks, decoded by the full VAE into a job's MP4 (``sessions.moments``);
+    the session goes on untouched."""
+    session = _live(request, session_id, grant)
+    ctx = ctx_of(request)
+    program = {"preset": "render_moment", "session": session.id, "chunks": body.chunks}
+    with creation_errors():
+        job = await render_moment(ctx.host, ctx.jobs, program)
+    moment = job.config.params["moment"]
+    return {"id": job.id, "session": moment["session"], "at_chunk": moment["chunk"]}
 
 
 @router.post("/{session_id}/choose", status_code=201)

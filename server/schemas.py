@@ -138,6 +138,12 @@ class ForkBody(_Body):
     seeds: Annotated[list[Seed], Field(min_length=2, max_length=8)] | None = None
 
 
+class RenderBody(_Body):
+    """``POST /v1/sessions/{id}/render``: the session continued offline for ``chunks`` more."""
+
+    chunks: Annotated[int, Field(ge=1, le=256)]
+
+
 class ChooseBody(_Body):
     candidate: Annotated[str, Field(min_length=1, max_length=64)]
 

@@ -95,6 +95,7 @@ class JobHost:
         first_event_id: int = 1,
         program: str | dict[str, Any] | None = None,
         origin: dict[str, Any] | None = None,
+        fork_from: Any = None,
     ) -> Job:
         """Queues a job (batch class; never refused but while the model is held:
         ``ModelUnavailableError``). Raises ``KeyError``, ``ProfileError`` or
@@ -108,7 +109,8 @@ class JobHost:
         (``ProgramError``, a 422 listing every problem): the request's fields are its loop
         nodes' defaults, and its artifact node's task is the job's; ``origin``: what the job
         was made from, kept with its parameters (a compiled workflow's node mapping:
-        ``sessions.workflows``)."""
+        ``sessions.workflows``); ``fork_from``: the state a program's loop node continues (a
+        session's, ``sessions.moments``)."""
         if self._closed:
             raise HostError("the job host is closed")
         served = self.models.resolve(model)
@@ -158,6 +160,14 @@ class JobHost:
             make = getattr(served, "program_loop", None)
             if make is None:
                 raise UnsupportedTaskError("program", f"model {card.model_id!r} runs no programs")
+            if (
+                fork_from is None
+                and restore_from is None
+                and any(n.get("session") for n in graph.nodes)
+            ):
+                raise UnsupportedTaskError(
+                    "program", "a program continuing a session starts from the session's state"
+                )
             loop = make(graph)
             task = "t2i" if artifact_task(graph) == "t2i" else "t2v"
         check = getattr(loop, "check_request", None)
@@ -199,7 +209,7 @@ class JobHost:
 
         run: Any = request
         if graph is not None:
-            run = ProgramRequest(program=graph.to_dict(), job=request)
+            run = ProgramRequest(program=graph.to_dict(), job=request, loop_id=job_id)
         handle = self.engine.spawn(
             loop,  # the card says which loop serves the task (a group's: its batched steps)
             run,
@@ -208,6 +218,7 @@ class JobHost:
             priority=Priority.BATCH,
             on_emit=on_emit,
             restore_from=restore_from,
+            fork_from=fork_from,
         )
         self._jobs[job_id] = job
         if self.recording is not None:

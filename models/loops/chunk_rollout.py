@@ -297,9 +297,11 @@ class ChunkRollout:
         """The plans a bounded stream runs in all: a prompt encode, each chunk's steps, the
         KV updates (none after the last chunk, none where the last step writes the cache) and,
         when it decodes, one decode per chunk (a job's)."""
-        chunks = state.max_chunks or 1
+        chunks = (state.max_chunks or 1) - state.next_chunk  # a continued stream: what is left
         kv_updates = 0 if self._fold else chunks - 1
-        return 1 + chunks * len(self._steps) + kv_updates + (chunks if state.decode else 0)
+        kv_updates += state.phase is Phase.KV_UPDATE  # at a chunk boundary before its update
+        encode = int(state.active_prompt != state.prompt)
+        return encode + chunks * len(self._steps) + kv_updates + (chunks if state.decode else 0)
 
     # ---------------------------------------------------------------------------------------
     # chunk boundary and inputs

@@ -66,3 +66,4 @@ class ProgramRequest(msgspec.Struct, frozen=True, kw_only=True):
 
     program: dict[str, Any]
     job: JobRequest
+    loop_id: str = ""  # the job's: names a state forked from another loop's (``fork``)

@@ -130,8 +130,7 @@ PARAMS: Mapping[NodeKind, Mapping[str, tuple[type, ...]]] = MappingProxyType(
                 "steps": (int,),
                 "guidance_scale": (int, float),
                 "adapters": (list,),  # [[name, strength], ...]: registered LoRA adapters
-                "session": (str,),  # continue this session's snapshot (chunk_rollout)
-                "at_chunk": (int,),  # ... taken at this chunk boundary (None: its newest)
+                "session": (str,),  # continue this session from its next chunk boundary
                 "chunks": (int,),  # ... for this many more chunks
             }
         ),

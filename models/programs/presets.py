@@ -4,7 +4,7 @@
 streamed as they are decoded (the job's ``job.preview`` events), and to the full VAE, whose
 frames are the artifact. ``render_moment``: a session's snapshot continued for more chunks at
 job priority, decoded by the full VAE into an MP4. ``resolve`` turns a request's ``program``
-(a name or a graph) into a ``Program``.
+(a name, a name with parameters, or a graph) into a ``Program``.
 """
 
 from __future__ import annotations
@@ -65,10 +65,15 @@ PRESETS: Mapping[str, Callable[..., Program]] = {
 
 
 def resolve(program: str | Mapping[str, Any]) -> Program:
-    """A preset by name or a graph in the wire form; ``ProgramError`` for an unknown name."""
+    """A preset by name, a preset with its loop node's parameters (``{"preset": name,
+    **params}``), or a graph in the wire form; ``ProgramError`` for an unknown name."""
+    params: dict[str, Any] = {}
+    if isinstance(program, Mapping) and "preset" in program:
+        params = {k: v for k, v in program.items() if k != "preset"}
+        program = program["preset"]
     if isinstance(program, str):
         preset = PRESETS.get(program)
         if preset is None:
             raise ProgramError([f"unknown program {program!r} (presets: {sorted(PRESETS)})"])
-        return preset()
+        return preset(**params)
     return Program.from_dict(program)

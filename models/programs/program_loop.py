@@ -110,12 +110,54 @@ class ProgramLoop:
     # contract
 
     def init(self, request: ProgramRequest, model: Any, ctx: LoopContext | None = None) -> Any:
-        state = ProgramState(
-            loop_id=ctx.loop_id if ctx is not None else "loop", program=self._program.to_dict()
+        return self._build(request, model, ctx.loop_id if ctx is not None else "loop", ctx)
+
+    def fork(self, source: Any, request: ProgramRequest, model: Any = None) -> ProgramState:
+        """The program started from another loop's state at a chunk boundary (the engine's
+        ``spawn(fork_from=...)``): its loop node continuing a session (parameter ``session``)
+        goes on from ``source`` (a ``ChunkRolloutState``, a copy the caller made) for its
+        ``chunks`` more chunks, without decoding: the program's decoders decode them from
+        fresh caches. ``request.job``'s loop id names the state."""
+        (node,) = [n for n in self._program.of_kind(NodeKind.LOOP) if n.get("session")]
+        if not isinstance(source, ChunkRolloutState):
+            raise ValueError(f"program {self._program.name!r}: a session's state continues here")
+        start = source.next_chunk
+        moment = msgspec.structs.replace(
+            source,
+            loop_id=request.loop_id,
+            max_chunks=start + int(node.get("chunks")),
+            collect_frames=False,
+            target_frames=None,
+            decode=False,
+            latent_chunks=[],
+            frames=[],
+            keep_latents=False,
+            step_latents=[],
         )
+        return self._build(request, model, request.loop_id, None, {node.node_id: moment})
+
+    def _build(
+        self,
+        request: ProgramRequest,
+        model: Any,
+        loop_id: str,
+        ctx: LoopContext | None,
+        sources: dict[str, Any] | None = None,
+    ) -> ProgramState:
+        state = ProgramState(loop_id=loop_id, program=self._program.to_dict())
+        sources = sources or {}
         for node in self._program.nodes:
             if node.kind is NodeKind.LOOP:
-                sub = self._loops[node.node_id].init(self._node_request(request, node), model, ctx)
+                sub = sources.get(node.node_id)
+                if sub is None and node.get("session"):
+                    raise ValueError(
+                        f"program {self._program.name!r}: node {node.node_id!r} continues "
+                        f"session {node.get('session')!r} and needs its state (fork)"
+                    )
+                if sub is None:
+                    sub = self._loops[node.node_id].init(
+                        self._node_request(request, node), model, ctx
+                    )
                 if isinstance(sub, ChunkRolloutState):
                     state.rollouts[node.node_id] = sub
                 else:
@@ -249,7 +291,8 @@ class ProgramLoop:
             source = self._program.into(node_id)[0].source
             if source in state.rollouts:
                 r = state.rollouts[source]
-                return (r.max_chunks or 1) * -(-r.chunk_frames // sub.decode_chunk)
+                chunks = (r.max_chunks or 1) - r.next_chunk
+                return chunks * -(-r.chunk_frames // sub.decode_chunk)
             return -(-state.denoises[source].latent_frames // sub.decode_chunk)
         return loop.plans_total(sub)
 

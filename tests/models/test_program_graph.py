@@ -126,9 +126,9 @@ def test_malformed_nodes_and_edges_are_refused_while_parsing() -> None:
     assert found == [
         "unknown program fields ['extra'] (it has name, nodes, edges)",
         "node 'd': parameter 'prompt' must be str, got 3",
-        "node 'd' (loop): unknown parameter 'temperature' (it takes ['adapters', 'at_chunk', "
-        "'chunks', 'guidance_scale', 'height', 'loop', 'negative_prompt', 'num_frames', "
-        "'prompt', 'seed', 'session', 'steps', 'width'])",
+        "node 'd' (loop): unknown parameter 'temperature' (it takes ['adapters', 'chunks', "
+        "'guidance_scale', 'height', 'loop', 'negative_prompt', 'num_frames', 'prompt', "
+        "'seed', 'session', 'steps', 'width'])",
         "node 'x': kind 'teleport' is not one of ['loop', 'decode', 'artifact', 'stream']",
         "node id 'bad id' must be 1-64 letters, digits, '_' or '-'",
         "edge {'from': 'd', 'to': 'x.y'}: 'from' must be 'node.port'",

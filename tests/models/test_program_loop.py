@@ -164,3 +164,44 @@ def test_a_program_on_a_bidirectional_card_equals_its_plain_job() -> None:
     out = asyncio.run(run_on_engine(instance, runs))
     assert torch.equal(out["program"][0]["frames"], out["job"][0]["frames"])
     assert out["program"][0]["frames"].shape[0] == 1
+
+
+def test_render_a_moment_continues_the_session_exactly(taehv) -> None:
+    """The session's state at a chunk boundary, continued by the render_moment program, makes
+    the latents the session itself goes on to make; the full VAE decodes them from there."""
+    from models.loops.requests import SessionRequest
+    from models.programs.presets import render_moment
+    from runtime.snapshot import clone_state
+
+    session = SessionRequest(prompt="a lighthouse at dusk", seed=3, max_chunks=3, decoder="tiny")
+    ctx = InlineContext("ses")
+    driver = Driver(taehv.loop("chunk_rollout"), ctx)
+
+    async def run_session() -> Any:
+        driver.init(session, taehv)
+        while driver.state.next_chunk < 1:  # chunk 0 decoded: a chunk boundary
+            await driver.step()
+        moment = clone_state(driver.state)
+        await driver.run()  # the session goes on by itself: chunks 1 and 2
+        return moment
+
+    moment = asyncio.run(run_session())
+    decoded = [
+        plan.args.latents
+        for plan in ctx.executed
+        if plan.kind is PlanKind.VAE_DECODE and plan.emits[0].meta.chunk >= 1
+    ]
+    program = render_moment(session="ses", chunks=2)
+    request = ProgramRequest(
+        program=program.to_dict(), job=JobRequest(task="t2v", prompt=""), loop_id="job"
+    )
+    loop = ProgramLoop(taehv, program)
+    state = loop.fork(moment, request, taehv)
+    assert state.rollouts["rollout"].max_chunks == 3 and state.loop_id == "job"
+    result = asyncio.run(Driver.from_state(loop, InlineContext("job"), state).run())
+    latents = result.outputs["latents.rollout"]
+    assert torch.equal(latents, torch.cat(decoded, dim=2))  # chunks 1 and 2 of the session
+    assert torch.equal(result.outputs["frames"], decode_alone(taehv, "full", latents, 3))
+    assert result.outputs["frames"].shape[0] == 9 + 12
+    with pytest.raises(ValueError, match="needs its state"):
+        loop.init(request, taehv, None)

@@ -73,3 +73,43 @@ def test_a_preview_and_final_job_streams_previews_and_serves_the_mp4(tmp_path) -
         unknown = client.post("/v1/jobs", json={**body, "program": "nope"})
         assert unknown.status_code == 422 and "unknown program 'nope'" in unknown.text
         assert client.get("/v1/jobs/job_nope/events").status_code == 404
+
+
+@pytest.mark.slow
+def test_render_a_moment_of_a_running_session(tmp_path) -> None:
+    with make_client(tmp_path, model=MODEL) as client:
+        session = client.post(
+            "/v1/sessions", json={"prompt": "a lighthouse", "seed": 3, "start": "now"}
+        ).json()
+        render = client.post(f"/v1/sessions/{session['id']}/render", json={"chunks": 2})
+        assert render.status_code == 202, render.text
+        answer = render.json()
+        assert answer["session"] == session["id"] and answer["at_chunk"] >= 0
+        view = wait_done(client, answer["id"], timeout_s=120)
+        assert view["state"] == "succeeded" and view["program"] == "render_moment"
+        artifact = client.get(f"/v1/jobs/{answer['id']}/artifact")
+        with av.open(io.BytesIO(artifact.content)) as container:
+            # two chunks through a fresh full decoder: 9 frames, then 12
+            assert sum(1 for _ in container.decode(video=0)) == 21
+        assert client.get(f"/v1/sessions/{session['id']}").json()["state"] != "failed"
+        by_job = client.post(
+            "/v1/jobs",
+            json={
+                "task": "t2v",
+                "prompt": "unused: the session's prompt memory goes on",
+                "program": {"preset": "render_moment", "session": session["id"], "chunks": 1},
+            },
+        )
+        assert by_job.status_code == 202, by_job.text
+        assert wait_done(client, by_job.json()["id"], timeout_s=120)["state"] == "succeeded"
+        gone = client.post(
+            "/v1/jobs",
+            json={
+                "task": "t2v",
+                "prompt": "x",
+                "program": {"preset": "render_moment", "session": "ses_none", "chunks": 1},
+            },
+        )
+        assert gone.status_code == 422 and "is not running here" in gone.text
+        assert client.post("/v1/sessions/ses_none/render", json={"chunks": 1}).status_code == 404
+        client.delete(f"/v1/sessions/{session['id']}")

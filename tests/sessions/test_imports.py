@@ -14,7 +14,7 @@ import sessions.artifacts, sessions.media_queue, sessions.prompt_memory, session
 import sessions.latency, sessions.forks, sessions.recording
 import sessions.records, sessions.snapshot_keeper, sessions.input_log
 import sessions.model_hold, sessions.weight_sync, sessions.model_sleep, sessions.rollout_groups
-import sessions.trainer_controls, sessions.workflows
+import sessions.trainer_controls, sessions.workflows, sessions.moments
 top = ('server', 'clients', 'models', 'torch')
 loaded = sorted(m for m in sys.modules if m.split('.')[0] in top)
 print(','.join(loaded))
