@@ -45,7 +45,7 @@ async def run_workflow(
         response = await api.request("POST", "/v1/workflows", json=workflow_body(path, model))
         created = response.json()
         stream.write(f"workflow {path.name} -> job {created['job']} on {created['model']}\n")
-        for node, role in sorted(created["nodes"].items(), key=lambda kv: kv[0]):
+        for node, role in sorted(created["nodes"].items(), key=lambda kv: (len(kv[0]), kv[0])):
             stream.write(f"  node {node}: {role}\n")
         task = "t2i" if _artifact_format(created["program"]) == "png" else "t2v"
         return await follow_job(
