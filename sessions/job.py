@@ -85,6 +85,7 @@ class Job:
         self.snapshots: JobSnapshots | None = None
         # hear a program's streamed frames: (stream name, uint8 [n, H, W, 3], MediaMeta)
         self.preview_listeners: list[Callable[[str, np.ndarray, MediaMeta], None]] = []
+        self.price_gpu_s: float | None = None  # a program's: its nodes' plans, costed
         self.events.publish(JobStateChanged(state=self._state.value))
 
     @property
@@ -260,6 +261,8 @@ class Job:
         program = self.config.params.get("program")
         if program is not None:
             body["program"] = program["name"]
+        if self.price_gpu_s is not None:
+            body["price_gpu_s"] = round(self.price_gpu_s, 6)
         if self.error is not None:
             body["error"] = self.error
         if self.artifact is not None:

@@ -224,10 +224,30 @@ class JobHost:
         if self.recording is not None:
             job.snapshots = JobSnapshots(self.recording, handle)
         job.attach(handle, on_finished=self._job_finished)
+        if graph is not None:
+            self._price(job, handle, loop)
         log.info(
             "job %s queued: %s %s %dx%d", job_id, task, card.model_id, profile.width, profile.height
         )
         return job
+
+    def _price(self, job: Job, handle: Any, loop: Any) -> None:
+        """Sets ``job.price_gpu_s`` at the program's first step boundary: the GPU-seconds its
+        nodes' plans cost by the engine's cost model (calibrated where measured, else the
+        analytic prior), summed over the plans each node has left."""
+        cost = getattr(self.engine, "cost", None)
+        if cost is None:
+            return
+
+        def priced(future: asyncio.Future[Any]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                return  # ended before its first boundary: nothing to price
+            job.price_gpu_s = sum(
+                count * cost.gpu_seconds(kind, sig, flops)
+                for kind, sig, count, flops in future.result()
+            )
+
+        handle.at_boundary(loop.plan_table).add_done_callback(priced)
 
     def _job_finished(self, job: Job) -> None:
         """Keeps the newest ``max_finished_jobs`` finished jobs in memory; older ones are read

@@ -331,6 +331,16 @@ class ChunkPlanner:
             raise RuntimeError(f"loop {state.loop_id}: no prompt encoded before denoising")
         return CrossKV(state.cross_k, state.cross_v)
 
+    def step_work(self, state: ChunkRolloutState) -> tuple[str, float]:
+        """(shape signature, FLOPs) of one denoising step or KV update of ``state``'s chunk."""
+        return self._shape(state), self._flops(state)
+
+    def decode_sig(self, state: ChunkRolloutState, first: bool) -> str:
+        """The shape signature of a whole-chunk decode of ``state``'s stream."""
+        return decode_shape_sig(
+            first, state.chunk_frames, self._shape(state), self._decoder_sig(state)
+        )
+
     def _shape(self, state: ChunkRolloutState) -> str:
         return chunk_shape_sig(state.chunk_frames, state.latent_h, state.latent_w)
 

@@ -303,6 +303,28 @@ class ChunkRollout:
         encode = int(state.active_prompt != state.prompt)
         return encode + chunks * len(self._steps) + kv_updates + (chunks if state.decode else 0)
 
+    def plan_table(self, state: ChunkRolloutState) -> list[tuple[str, str, int, float]]:
+        """(kind, shape signature, count, FLOPs per plan) of the plans a bounded stream has
+        left: what a price in GPU-seconds is made of (``CostModel.gpu_seconds``)."""
+        chunks = (state.max_chunks or 1) - state.next_chunk
+        sig, flops = self._plans.step_work(state)
+        kv_updates = (0 if self._fold else chunks - 1) + (state.phase is Phase.KV_UPDATE)
+        table = [
+            (PlanKind.TEXT_ENCODE.value, "embed", int(state.active_prompt != state.prompt), 0.0),
+            (PlanKind.CHUNK_STEP.value, sig, chunks * len(self._steps), flops),
+            (PlanKind.KV_UPDATE.value, sig, kv_updates, flops),
+        ]
+        if state.decode:
+            first = int(state.frames_emitted == 0)
+            table.append(
+                (PlanKind.VAE_DECODE.value, self._plans.decode_sig(state, True), first, 0.0)
+            )
+            rest = chunks - first
+            table.append(
+                (PlanKind.VAE_DECODE.value, self._plans.decode_sig(state, False), rest, 0.0)
+            )
+        return [row for row in table if row[2] > 0]
+
     # ---------------------------------------------------------------------------------------
     # chunk boundary and inputs
 

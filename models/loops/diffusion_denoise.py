@@ -244,6 +244,26 @@ class DiffusionDenoise:
                 "and >= 1 (1 turns classifier-free guidance off)"
             )
 
+    def plan_table(self, state: DiffusionState) -> list[tuple[str, str, int, float]]:
+        """(kind, shape signature, count, FLOPs per plan) of the plans left: what a price in
+        GPU-seconds is made of (``CostModel.gpu_seconds``)."""
+        cfg = state.guidance_scale != 1.0
+        encodes = (state.text is None) + (cfg and state.negative is None)
+        clip = f"clip{state.latent_frames}x{state.latent_h}x{state.latent_w}{':cfg' if cfg else ''}"
+        steps = len(self._steps) - state.denoise_step
+        table = [
+            (PlanKind.TEXT_ENCODE.value, "embed", int(encodes), 0.0),
+            (PlanKind.DIFFUSION_STEP.value, clip, steps, self._flops(state) * (2 if cfg else 1)),
+        ]
+        if state.decode:
+            hw = f"{state.latent_h}x{state.latent_w}"
+            for start in range(state.decoded_latents, state.latent_frames, state.decode_chunk):
+                n = min(state.decode_chunk, state.latent_frames - start)
+                table.append(
+                    (PlanKind.VAE_DECODE.value, f"decode:{int(start == 0)}:{n}x{hw}", 1, 0.0)
+                )
+        return [row for row in table if row[2] > 0]
+
     def plans_total(self, state: DiffusionState) -> int:
         """The plans this job runs in all (its progress total)."""
         encodes = 2 if state.guidance_scale != 1.0 else 1

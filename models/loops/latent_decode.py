@@ -145,6 +145,18 @@ class LatentDecode:
         frames = torch.cat(state.frames)[: state.num_frames] if state.frames else None
         return LoopResult({"frames": frames})
 
-    def plans_for(self, latent_frames: int, decode_chunk: int) -> int:
-        """How many decodes ``latent_frames`` fed in pieces of ``decode_chunk`` take."""
-        return -(-latent_frames // decode_chunk)
+    def plan_table(
+        self, state: DecodeState, latent_frames: int
+    ) -> list[tuple[str, str, int, float]]:
+        """(kind, shape signature, count, FLOPs per plan) of the decodes of ``latent_frames``
+        more latent frames (in pieces of ``decode_chunk``): a price's part."""
+        default = getattr(self._m, "default_decoder", "")
+        chunk_sig = chunk_shape_sig(state.chunk_frames, state.latent_h, state.latent_w)
+        decoder = "" if self._decoder == default else self._decoder
+        rows: dict[str, int] = {}
+        first = state.frames_out == 0
+        for start in range(0, latent_frames, state.decode_chunk):
+            n = min(state.decode_chunk, latent_frames - start)
+            sig = decode_shape_sig(first and start == 0, n, chunk_sig, decoder)
+            rows[sig] = rows.get(sig, 0) + 1
+        return [(PlanKind.VAE_DECODE.value, sig, n, 0.0) for sig, n in rows.items()]

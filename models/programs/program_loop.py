@@ -296,6 +296,28 @@ class ProgramLoop:
             return -(-state.denoises[source].latent_frames // sub.decode_chunk)
         return loop.plans_total(sub)
 
+    def plan_table(self, state: ProgramState) -> list[tuple[str, str, int, float]]:
+        """(kind, shape signature, count, FLOPs per plan) of every plan the program's nodes
+        have left: its price is the sum of their cost models' GPU-seconds (the engine's
+        ``CostModel.gpu_seconds`` of each row, times its count). Boundary calls only."""
+        table: list[tuple[str, str, int, float]] = []
+        for node_id, loop in self._loops.items():
+            if node_id in state.finished:
+                continue
+            sub = self._sub(state, node_id)
+            if node_id not in state.decodes:
+                table += loop.plan_table(sub)
+                continue
+            source = self._program.into(node_id)[0].source
+            if source in state.rollouts:
+                r = state.rollouts[source]
+                left = ((r.max_chunks or 1) - r.next_chunk) * r.chunk_frames
+                left += sum(p.shape[2] for p in r.latent_chunks) - sub.latent_frames
+            else:
+                left = state.denoises[source].latent_frames - sub.latent_frames
+            table += loop.plan_table(sub, left + sum(p.shape[2] for p in sub.pending))
+        return table
+
     def _wrap(self, state: ProgramState, plan: WorkPlan) -> WorkPlan:
         """``plan`` with the program's progress instead of its node's."""
         total = max(state.plans_total, state.step + 1)

@@ -157,6 +157,9 @@ def test_a_program_on_a_bidirectional_card_equals_its_plain_job() -> None:
         }
     )
     job = JobRequest(task="t2i", prompt="a lighthouse", seed=2, guidance_scale=1.0)
+    loop = ProgramLoop(instance, program)
+    state = loop.init(program_request(program, job), instance, None)
+    assert sum(row[2] for row in loop.plan_table(state)) == state.plans_total
     runs = {
         "program": (ProgramLoop(instance, program), program_request(program, job)),
         "job": (instance.loop("diffusion_denoise"), job),
@@ -205,3 +208,28 @@ def test_render_a_moment_continues_the_session_exactly(taehv) -> None:
     assert result.outputs["frames"].shape[0] == 9 + 12
     with pytest.raises(ValueError, match="needs its state"):
         loop.init(request, taehv, None)
+
+
+def test_a_programs_price_is_its_nodes_plans(taehv) -> None:
+    """The plan table a program is priced by: the rollout's plans without decodes, plus each
+    decoder's decodes, under the shape signatures the plain job's own decodes have (so a
+    decoder's measured cost prices the program), counting every plan the program runs."""
+    program = preview_and_final()
+    loop = ProgramLoop(taehv, program)
+    state = loop.init(program_request(program, TWO_CHUNKS), taehv, None)
+    table = loop.plan_table(state)
+    assert sum(row[2] for row in table) == state.plans_total
+    rollout = taehv.loop("chunk_rollout")
+    alone = rollout.plan_table(rollout.init(TWO_CHUNKS, taehv, None))
+    decodes = [row for row in alone if row[0] == "vae_decode"]
+    assert [row for row in table if row[0] != "vae_decode"] == [
+        row for row in alone if row[0] != "vae_decode"
+    ]
+    full = [row for row in table if row[0] == "vae_decode" and row[1].endswith(":full")]
+    tiny = [row for row in table if row[0] == "vae_decode" and not row[1].endswith(":full")]
+    assert full == decodes and len(tiny) == 2 and sum(r[2] for r in tiny) == 2
+    cost = CostModel(DeviceConstants.cpu())
+    price = sum(n * cost.gpu_seconds(kind, sig, flops) for kind, sig, n, flops in table)
+    plain = sum(n * cost.gpu_seconds(kind, sig, flops) for kind, sig, n, flops in alone)
+    tiny_s = sum(n * cost.gpu_seconds(kind, sig, flops) for kind, sig, n, flops in tiny)
+    assert price == pytest.approx(plain + tiny_s)  # the preview's decodes on top of the job

@@ -66,6 +66,7 @@ async def test_a_program_job_streams_previews_and_writes_the_final_mp4(taehv, tm
         types = [type(e) for e in job.events.history()]
         assert types.index(JobPreview) < types.index(JobArtifact)
         assert job.progress == 1.0 and job.snapshot()["program"] == "preview_and_final"
+        assert job.snapshot()["price_gpu_s"] > 0  # its nodes' plans, by the engine's cost model
         await host.store.run(lambda: None)
         row = host.store.get_job(job.id)
         assert row["params"]["program"]["name"] == "preview_and_final"
@@ -111,7 +112,9 @@ async def test_a_half_run_program_job_resumes_after_a_restart(taehv, tmp_path) -
     assert not job.terminal
     await first.engine.close()
     first.store.close()
+    recording.close()  # the process ends: its snapshot writes are done
 
+    recording = Recording(tmp_path / "rec", snapshot_every=0, media=False)
     second = await make_host(taehv, tmp_path, recording)
     try:
         rows = await second.store.run(second.store.recover)
