@@ -78,6 +78,7 @@ class ServerContext:
     heap: HeapTrim | None = None
     memory: MemoryWatch | None = None  # $DREAMRT_DEBUG_MEMORY: the heap's growers, logged
     peers: dict[str, ViewerPeer] = field(default_factory=dict)
+    job_peers: set[Any] = field(default_factory=set)  # server.job_preview.JobPreviewPeer
     undo: list[Callable[[], None]] = field(default_factory=list)
     rooms: dict[str, LiveKitParticipant] = field(default_factory=dict)
     pacers: dict[str, FramePacer] = field(default_factory=dict)

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 
+from server.job_preview import JobPreviewPeer
 from server.routes_sessions import SSE_HEADERS, SSE_KEEPALIVE_S, sse_frame
 from server.routes_system import (
     ApiError,
@@ -23,7 +24,7 @@ from server.routes_system import (
     ctx_of,
     require_general,
 )
-from server.schemas import JobBody, JobCreated
+from server.schemas import JobBody, JobCreated, OfferBody, SdpAnswer
 from sessions.events import encode_event
 from sessions.moments import render_moment, session_of
 
@@ -174,6 +175,30 @@ async def events(job_id: str, request: Request, grant: AuthGrant) -> StreamingRe
             subscription.close()
 
     return StreamingResponse(follow(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+@router.post("/{job_id}/preview")
+async def preview(job_id: str, body: OfferBody, request: Request, grant: AuthGrant) -> SdpAnswer:
+    """A WebRTC viewer of a program job's preview stream (``server.job_preview``): the frames
+    previewed so far, then each as it is decoded; the track ends with the job."""
+    require_general(grant)
+    ctx = ctx_of(request)
+    job = ctx.jobs.job(job_id)
+    if job is None:
+        raise ApiError(404, "not_found", f"no job {job_id!r} is running here")
+    if job.terminal:
+        message = f"job {job_id!r} is {job.state.value}: its previews are in its events"
+        raise ApiError(409, "conflict", message)
+    if not job.previews:
+        raise ApiError(409, "conflict", f"job {job_id!r}'s program has no preview stream")
+    peer = JobPreviewPeer(job, ice_servers=ctx.config.ice_servers, on_closed=ctx.job_peers.discard)
+    ctx.job_peers.add(peer)
+    try:
+        answer = await peer.answer(body.sdp)
+    except BaseException:
+        await peer.close()
+        raise
+    return SdpAnswer(sdp=answer.sdp, type="answer")
 
 
 @router.delete("/{job_id}", status_code=204)

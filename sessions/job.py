@@ -21,6 +21,7 @@ deleted when the job ends.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -86,6 +87,8 @@ class Job:
         # hear a program's streamed frames: (stream name, uint8 [n, H, W, 3], MediaMeta)
         self.preview_listeners: list[Callable[[str, np.ndarray, MediaMeta], None]] = []
         self.price_gpu_s: float | None = None  # a program's: its nodes' plans, costed
+        # the newest previewed frames (uint8 [n, H, W, 3] per decode), for a late viewer
+        self.preview_history: collections.deque[np.ndarray] = collections.deque(maxlen=64)
         self.events.publish(JobStateChanged(state=self._state.value))
 
     @property
@@ -151,7 +154,8 @@ class Job:
                 jpeg_b64=jpeg_b64(frames[-1]),
             )
         )
-        for listener in self.preview_listeners:
+        self.preview_history.append(frames)
+        for listener in list(self.preview_listeners):
             listener(emission.spec.stream, frames, meta)
 
     # LoopOutcome: how the loop's end moves the job (sessions.loop_watch)
@@ -230,6 +234,12 @@ class Job:
             self.artifact = None
         self.error = reason
         self._persistence.update(artifact_path=None, error=reason)
+
+    @property
+    def previews(self) -> bool:
+        """Whether the job's program streams previews (it has a stream node)."""
+        program = self.config.params.get("program") or {}
+        return any(n.get("kind") == "stream" for n in program.get("nodes", {}).values())
 
     @property
     def handle(self) -> LoopHandleLike | None:
