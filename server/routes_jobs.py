@@ -105,6 +105,9 @@ async def _job_view(request: Request, job_id: str) -> dict[str, Any]:
         "_artifact_path": row["artifact_path"],
         "_media_type": row["media_type"],
     }
+    program = (row["params"] or {}).get("program")
+    if program is not None:
+        view["program"] = program["name"]
     if row["error"]:
         view["error"] = row["error"]
     return view

@@ -172,7 +172,10 @@ class _Compiler:
             return job
         schedule = self.card.loops[loop_id].schedule
         assert schedule is not None  # a serving loop of a validated card has one
-        job["seed"] = self._value(sid, "noise_seed" if advanced else "seed", (int,))
+        seed_name = "noise_seed" if advanced else "seed"
+        job["seed"] = self._value(sid, seed_name, (int,))
+        if job["seed"] is not None and not 0 <= job["seed"] < 2**63:
+            self._miss(sid, cls, seed_name, f"{job['seed']}: seeds are 0 .. 2**63 - 1 here")
         steps = self._value(sid, "steps", (int,))
         if steps is not None and steps != schedule.steps:
             self._miss(

@@ -101,24 +101,25 @@ def mutate(workflow: dict[str, Any], node: str, **inputs: Any) -> dict[str, Any]
 
 def test_each_uncovered_node_and_parameter_is_named() -> None:
     base = load("wan21_t2v.json")
-    cases = {
-        ("37", "unet_name"): mutate(base, "37", unet_name="wan2.1_t2v_14B_fp16.safetensors"),
-        ("37", "weight_dtype"): mutate(base, "37", weight_dtype="fp8_e4m3fn"),
-        ("38", "clip_name"): mutate(base, "38", clip_name="t5xxl_fp16.safetensors"),
-        ("38", "type"): mutate(base, "38", type="sd3"),
-        ("39", "vae_name"): mutate(base, "39", vae_name="wan2.2_vae.safetensors"),
-        ("40", "batch_size"): mutate(base, "40", batch_size=2),
-        ("40", "width"): mutate(base, "40", width=830),
-        ("3", "scheduler"): mutate(base, "3", scheduler="karras"),
-        ("3", "denoise"): mutate(base, "3", denoise=0.6),
-        ("3", "cfg"): mutate(base, "3", cfg=0.5),
-        ("3", "seed"): mutate(base, "3", seed=["6", 0]),
-        ("57", "fps"): mutate(base, "57", fps=24),
-        ("58", "format"): mutate(base, "58", format="webm"),
-        ("52", "lora_name"): mutate(base, "52", lora_name="unknown_style.safetensors"),
-        ("3", "eta"): mutate(base, "3", eta=0.5),
-    }
-    for expected, workflow in cases.items():
+    cases = [
+        (("37", "unet_name"), mutate(base, "37", unet_name="wan2.1_t2v_14B_fp16.safetensors")),
+        (("37", "weight_dtype"), mutate(base, "37", weight_dtype="fp8_e4m3fn")),
+        (("38", "clip_name"), mutate(base, "38", clip_name="t5xxl_fp16.safetensors")),
+        (("38", "type"), mutate(base, "38", type="sd3")),
+        (("39", "vae_name"), mutate(base, "39", vae_name="wan2.2_vae.safetensors")),
+        (("40", "batch_size"), mutate(base, "40", batch_size=2)),
+        (("40", "width"), mutate(base, "40", width=830)),
+        (("3", "scheduler"), mutate(base, "3", scheduler="karras")),
+        (("3", "denoise"), mutate(base, "3", denoise=0.6)),
+        (("3", "cfg"), mutate(base, "3", cfg=0.5)),
+        (("3", "seed"), mutate(base, "3", seed=["6", 0])),
+        (("3", "seed"), mutate(base, "3", seed=2**64 - 1)),
+        (("57", "fps"), mutate(base, "57", fps=24)),
+        (("58", "format"), mutate(base, "58", format="webm")),
+        (("52", "lora_name"), mutate(base, "52", lora_name="unknown_style.safetensors")),
+        (("3", "eta"), mutate(base, "3", eta=0.5)),
+    ]
+    for expected, workflow in cases:
         found = rejected(workflow, adapters=("watercolor",))
         assert found == [expected], (expected, found)
     foreign = copy.deepcopy(base)
