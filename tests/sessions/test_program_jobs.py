@@ -129,3 +129,18 @@ async def test_a_half_run_program_job_resumes_after_a_restart(taehv, tmp_path) -
     finally:
         await close_host(second)
         recording.close()
+
+
+async def test_a_program_job_cancels_like_any_job(taehv, tmp_path) -> None:
+    host = await make_host(taehv, tmp_path)
+    try:
+        job = host.submit_job(
+            task="t2v", prompt="a kite", num_frames=41, seed=5, program="preview_and_final"
+        )
+        while job.progress == 0:  # running: its plans are in the engine's queue
+            await asyncio.sleep(0.01)
+        assert await host.cancel_job(job.id)
+        assert job.state.value == "cancelled" and job.artifact is None
+        assert host.engine.stats().running_loops == 0  # every node's plans went with it
+    finally:
+        await close_host(host)
