@@ -113,3 +113,26 @@ def test_render_a_moment_of_a_running_session(tmp_path) -> None:
         assert gone.status_code == 422 and "is not running here" in gone.text
         assert client.post("/v1/sessions/ses_none/render", json={"chunks": 1}).status_code == 404
         client.delete(f"/v1/sessions/{session['id']}")
+
+
+@pytest.mark.slow
+def test_render_a_moment_of_a_closed_session_from_its_snapshot(tmp_path) -> None:
+    with make_client(tmp_path, model=MODEL, snapshot_every=1) as client:
+        session = client.post(
+            "/v1/sessions", json={"prompt": "a lighthouse", "seed": 3, "start": "now"}
+        ).json()
+        client.delete(f"/v1/sessions/{session['id']}")
+        render = client.post(
+            "/v1/jobs",
+            json={
+                "task": "t2v",
+                "prompt": "unused",
+                "program": {"preset": "render_moment", "session": session["id"], "chunks": 1},
+            },
+        )
+        assert render.status_code == 202, render.text
+        view = wait_done(client, render.json()["id"], timeout_s=120)
+        assert view["state"] == "succeeded" and view["program"] == "render_moment"
+        artifact = client.get(f"/v1/jobs/{render.json()['id']}/artifact")
+        with av.open(io.BytesIO(artifact.content)) as container:
+            assert sum(1 for _ in container.decode(video=0)) == 9
