@@ -178,13 +178,3 @@ def test_a_compiled_workflow_runs_to_the_frames_of_its_plain_job() -> None:
     alone, _ = asyncio.run(run_inline(instance.loop("diffusion_denoise"), plain, instance))
     assert result.outputs["frames"].shape == (9, 64, 64, 3)
     assert torch.equal(result.outputs["frames"], alone.outputs["frames"])
-    other, _ = asyncio.run(
-        run_inline(
-            instance.loop("diffusion_denoise"),
-            JobRequest(
-                **{**{f: getattr(plain, f) for f in plain.__struct_fields__}, "negative_prompt": ""}
-            ),
-            instance,
-        )
-    )
-    assert not torch.equal(other.outputs["frames"], alone.outputs["frames"])  # it mattered

@@ -176,7 +176,7 @@ def test_render_a_moment_continues_the_session_exactly(taehv) -> None:
     from models.programs.presets import render_moment
     from runtime.snapshot import clone_state
 
-    session = SessionRequest(prompt="a lighthouse at dusk", seed=3, max_chunks=3, decoder="tiny")
+    session = SessionRequest(prompt="a lighthouse at dusk", seed=3, max_chunks=2, decoder="tiny")
     ctx = InlineContext("ses")
     driver = Driver(taehv.loop("chunk_rollout"), ctx)
 
@@ -185,7 +185,7 @@ def test_render_a_moment_continues_the_session_exactly(taehv) -> None:
         while driver.state.next_chunk < 1:  # chunk 0 decoded: a chunk boundary
             await driver.step()
         moment = clone_state(driver.state)
-        await driver.run()  # the session goes on by itself: chunks 1 and 2
+        await driver.run()  # the session goes on by itself: chunk 1
         return moment
 
     moment = asyncio.run(run_session())
@@ -194,18 +194,18 @@ def test_render_a_moment_continues_the_session_exactly(taehv) -> None:
         for plan in ctx.executed
         if plan.kind is PlanKind.VAE_DECODE and plan.emits[0].meta.chunk >= 1
     ]
-    program = render_moment(session="ses", chunks=2)
+    program = render_moment(session="ses", chunks=1)
     request = ProgramRequest(
         program=program.to_dict(), job=JobRequest(task="t2v", prompt=""), loop_id="job"
     )
     loop = ProgramLoop(taehv, program)
     state = loop.fork(moment, request, taehv)
-    assert state.rollouts["rollout"].max_chunks == 3 and state.loop_id == "job"
+    assert state.rollouts["rollout"].max_chunks == 2 and state.loop_id == "job"
     result = asyncio.run(Driver.from_state(loop, InlineContext("job"), state).run())
     latents = result.outputs["latents.rollout"]
-    assert torch.equal(latents, torch.cat(decoded, dim=2))  # chunks 1 and 2 of the session
+    assert torch.equal(latents, torch.cat(decoded, dim=2))  # chunk 1 of the session
     assert torch.equal(result.outputs["frames"], decode_alone(taehv, "full", latents, 3))
-    assert result.outputs["frames"].shape[0] == 9 + 12
+    assert result.outputs["frames"].shape[0] == 9
     with pytest.raises(ValueError, match="needs its state"):
         loop.init(request, taehv, None)
 
