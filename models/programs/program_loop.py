@@ -15,9 +15,10 @@ as a lone loop's; the program replaces the nodes' progress emissions by its own 
 plans of all its nodes). Its state is the nodes' loop states plus how many pieces each tensor
 edge delivered, one ``msgspec`` struct: a snapshot of a half-run program resumes like a job.
 
-A program node needs a validated program (``models.programs.validation.check``); the request
-(``ProgramRequest``) carries the program's wire form and the job's fields, the defaults of
-every loop node.
+A ``ProgramLoop`` checks its program against the card first
+(``models.programs.validation.check``); the request (``ProgramRequest``) carries the program's
+wire form and the job's fields, the defaults of every loop node (a node's own parameters,
+``adapters`` included, override them).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ _REQUEST_FIELDS = (
 
 class ProgramState(LoopState, kw_only=True):
     loop_id: str
-    program: dict[str, Any]  # the wire form (Program.to_dict): what a resumed run checks
+    program: dict[str, Any]  # the wire form (Program.to_dict): what the state is a run of
     rollouts: dict[str, ChunkRolloutState] = {}
     denoises: dict[str, DiffusionState] = {}
     decodes: dict[str, DecodeState] = {}
@@ -117,7 +118,7 @@ class ProgramLoop:
         ``spawn(fork_from=...)``): its loop node continuing a session (parameter ``session``)
         goes on from ``source`` (a ``ChunkRolloutState``, a copy the caller made) for its
         ``chunks`` more chunks, without decoding: the program's decoders decode them from
-        fresh caches. ``request.job``'s loop id names the state."""
+        fresh caches. ``request.loop_id`` (the job's id) names the state."""
         (node,) = [n for n in self._program.of_kind(NodeKind.LOOP) if n.get("session")]
         if not isinstance(source, ChunkRolloutState):
             raise ValueError(f"program {self._program.name!r}: a session's state continues here")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 
@@ -178,3 +179,45 @@ def test_a_compiled_workflow_runs_to_the_frames_of_its_plain_job() -> None:
     alone, _ = asyncio.run(run_inline(instance.loop("diffusion_denoise"), plain, instance))
     assert result.outputs["frames"].shape == (9, 64, 64, 3)
     assert torch.equal(result.outputs["frames"], alone.outputs["frames"])
+
+
+def test_a_workflows_lora_reaches_the_denoising_steps(tmp_path: Path) -> None:
+    """LoraLoaderModelOnly -> a registered adapter, active on the job's denoising steps: the
+    compiled text-to-image program equals the plain job with that adapter, not the one without."""
+    from tests.models.test_lora import lora_tensors, write_peft
+
+    instance = load_instance(get("wan2.1-t2v-tiny-random"), device="cpu")
+    layers = lora_tensors(instance.dit, ["blocks.0.self_attn.q", "blocks.0.ffn.0"], seed=2)
+    instance.adapters.register("watercolor", write_peft(tmp_path / "wc", layers, alpha=4.0))
+    workflow = load("wan21_t2v_tiny.json")["prompt"]
+    workflow["40"]["inputs"]["length"] = 1  # one frame: text-to-image, saved as an image
+    del workflow["57"], workflow["58"]
+    workflow["9"] = {
+        "class_type": "SaveImage",
+        "inputs": {"images": ["8", 0], "filename_prefix": "x"},
+    }
+    workflow["52"] = {
+        "class_type": "LoraLoaderModelOnly",
+        "inputs": {
+            "lora_name": "watercolor.safetensors",
+            "strength_model": 0.8,
+            "model": ["37", 0],
+        },
+    }
+    workflow["48"]["inputs"]["model"] = ["52", 0]
+    compiled = compile_workflow(workflow, instance.card, adapters=("watercolor",))
+    assert compiled.program.node("sampler_3").params["adapters"] == [["watercolor", 0.8]]
+    request = ProgramRequest(
+        program=compiled.program.to_dict(), job=JobRequest(task="t2i", prompt="x")
+    )
+    result, _ = asyncio.run(run_inline(ProgramLoop(instance, compiled.program), request, instance))
+    fields = dict(prompt="a red kite over a beach", negative_prompt="blurry", seed=11)
+    plain = JobRequest(task="t2i", width=64, height=64, guidance_scale=5.0, **fields)
+    loop = instance.loop("diffusion_denoise")
+    with_lora, _ = asyncio.run(
+        run_inline(loop, msgspec.structs.replace(plain, adapters=(("watercolor", 0.8),)), instance)
+    )
+    without, _ = asyncio.run(run_inline(loop, plain, instance))
+    assert result.outputs["frames"].shape == (1, 64, 64, 3)
+    assert torch.equal(result.outputs["frames"], with_lora.outputs["frames"])
+    assert not torch.equal(result.outputs["frames"], without.outputs["frames"])
