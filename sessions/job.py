@@ -124,9 +124,11 @@ class Job:
         try:
             if self.terminal:
                 return
-            if emission.spec.stream != Stream.PROGRESS:
+            if emission.spec.stream not in (Stream.PROGRESS, Stream.MEDIA, Stream.APPLIED):
                 if isinstance(emission.spec.meta, MediaMeta):  # a program's stream node
                     self._preview(emission)
+                return
+            if emission.spec.stream != Stream.PROGRESS:
                 return
             done, total = emission.spec.meta.done, emission.spec.meta.total
             if self._state is JobState.QUEUED:

@@ -21,6 +21,7 @@ from runtime.contract import PlanKind, Priority, Stream
 from runtime.cost import CostModel, DeviceConstants
 from runtime.driver import Driver, InlineContext
 from runtime.engine import Engine
+from runtime.scheduler import ends_chunk
 
 # the tiny card's chunks are 3 latent frames: 9 pixel frames, then 12 each
 TWO_CHUNKS = JobRequest(task="t2v", prompt="a red kite over a beach", num_frames=17, seed=5)
@@ -117,6 +118,10 @@ def test_a_half_run_program_resumes_from_its_snapshot(taehv) -> None:
     assert kinds.index((PlanKind.VAE_DECODE, tiny)) < kinds.index((PlanKind.VAE_DECODE, full))
     assert kinds.index((PlanKind.VAE_DECODE, full)) < chunk_1
     assert sum(1 for k in kinds if k[0] is PlanKind.VAE_DECODE) == 4
+    # the rollout's chunk ends are the runtime's chunk boundaries, as in its plain job (a
+    # weight sync holds a program there): chunk 0's KV update, chunk 1's last step
+    ends = [plan.kind for plan in ctx.executed if ends_chunk(plan.emits)]
+    assert ends == [PlanKind.KV_UPDATE, PlanKind.CHUNK_STEP]
 
     async def half() -> bytes:
         driver = Driver(ProgramLoop(taehv, program), InlineContext("p"))
