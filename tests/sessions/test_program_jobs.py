@@ -144,3 +144,30 @@ async def test_a_program_job_cancels_like_any_job(taehv, tmp_path) -> None:
         assert host.engine.stats().running_loops == 0  # every node's plans went with it
     finally:
         await close_host(host)
+
+
+async def test_a_weight_sync_holds_a_program_job_between_chunks(taehv, tmp_path) -> None:
+    """The hold of a weight sync (chunk boundaries) reaches a program job mid-run, as it reaches
+    a plain job: the rollout marks its chunk ends though it does not decode."""
+    from sessions.model_hold import ModelHold
+
+    host = await make_host(taehv, tmp_path)
+    try:
+        job = host.submit_job(
+            task="t2v", prompt="a kite", num_frames=41, seed=5, program="preview_and_final"
+        )
+        while job.progress == 0:
+            await asyncio.sleep(0.01)
+        hold = ModelHold(host.models, lambda model_id: [(job, host.engine.handle(job.id))])
+        held = await hold.hold(
+            MODEL, reason="weights_sync", retry_after_s=1.0, after_chunk=True, timeout_s=30.0
+        )
+        assert [h.owner for h in held] == [job] and not job.terminal
+        at = job.progress
+        await asyncio.sleep(0.2)
+        assert job.progress == at  # held: nothing of it runs
+        hold.release(MODEL, held)
+        await asyncio.wait_for(job.wait_finished(), 120)
+        assert job.state.value == "succeeded"
+    finally:
+        await close_host(host)
