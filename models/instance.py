@@ -344,6 +344,13 @@ class WanInstance(InstanceSizing, InstanceDecoders):
         except KeyError as exc:
             raise InstanceError(f"card {self.card.model_id!r}: {exc.args[0]}") from None
 
+    def program_loop(self, program: Any) -> Loop[Any]:
+        """The loop running ``program`` (a ``models.programs.graph.Program``) on this instance
+        (``ProgramError`` if the card cannot run it)."""
+        from models.programs.program_loop import ProgramLoop
+
+        return ProgramLoop(self, program)
+
     def group_loop(self, capability: str) -> Loop[Any]:
         """``capability``'s loop for a rollout group's samples (``models.loops.rollout_group``)."""
         return group_loop(self, capability) or self.loop_for(capability)

@@ -87,6 +87,7 @@ class ServerContext:
     heap: HeapTrim | None = None
     memory: MemoryWatch | None = None  # $DREAMRT_DEBUG_MEMORY: the heap's growers, logged
     peers: dict[str, ViewerPeer] = field(default_factory=dict)
+    job_peers: set[Any] = field(default_factory=set)  # server.job_preview.JobPreviewPeer
     undo: list[Callable[[], None]] = field(default_factory=list)
     rooms: dict[str, LiveKitParticipant] = field(default_factory=dict)
     pacers: dict[str, FramePacer] = field(default_factory=dict)
@@ -505,6 +506,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
         routes_system,
         routes_trainer,
         routes_whep,
+        routes_workflows,
     )
     from server.openai_errors import OpenAIErrorBodies
 
@@ -537,6 +539,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     app.include_router(deployment.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_jobs.router)
+    app.include_router(routes_workflows.router)
     app.include_router(routes_trainer.router)
     # the OpenAI-compatible API (models, videos, images), errors in OpenAI's shape
     app.include_router(routes_openai_models.router)

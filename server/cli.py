@@ -68,6 +68,17 @@ def _build_parser() -> argparse.ArgumentParser:
     job.add_argument("--steps", type=int, default=None)
     job.add_argument("--seed", type=int, default=None)
     job.add_argument("--token", default=None)
+
+    run = sub.add_parser(
+        "run",
+        help="run a ComfyUI API-format workflow on a server and download its artifact",
+        parents=[common],
+    )
+    run.add_argument("workflow", type=Path, help="ComfyUI API-format JSON (or a /prompt body)")
+    run.add_argument("--url", default="http://127.0.0.1:8000")
+    run.add_argument("--model", default=None)
+    run.add_argument("--out", type=Path, default=None)
+    run.add_argument("--token", default=None)
     from server import replay as replay_cli
 
     replay_cli.add_parser(sub, [common])
@@ -113,6 +124,21 @@ def _watch(args: argparse.Namespace) -> int:
         )
     except (ApiCallError, TimeoutError, OSError) as exc:
         sys.stderr.write(f"dreamrt watch: {exc}\n")
+        return 1
+    return 0
+
+
+def _run_workflow(args: argparse.Namespace) -> int:
+    from clients.python.api import ApiCallError
+    from clients.python.job import JobFailed
+    from clients.python.workflow import run_workflow
+
+    try:
+        asyncio.run(
+            run_workflow(args.url, args.workflow, model=args.model, out=args.out, token=args.token)
+        )
+    except (ApiCallError, JobFailed, TimeoutError, OSError, ValueError) as exc:
+        sys.stderr.write(f"dreamrt run: {exc}\n")
         return 1
     return 0
 
@@ -193,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if args.command in ("watch", "job") and args.log_level != "debug":
+    if args.command in ("watch", "job", "run") and args.log_level != "debug":
         # The clients print their own progress; per-request HTTP and ICE chatter would drown it.
         for noisy in ("httpx", "aioice", "aiortc"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -211,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         return _watch(args)
     if args.command == "job":
         return _job(args)
+    if args.command == "run":
+        return _run_workflow(args)
     if args.command == "export":
         from server import export as export_cli
 

@@ -7,12 +7,15 @@ Finished jobs stay readable from the store after the process restarts.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, StreamingResponse
 
+from server.job_preview import JobPreviewPeer
+from server.routes_sessions import SSE_HEADERS, SSE_KEEPALIVE_S, sse_frame
 from server.routes_system import (
     ApiError,
     AuthGrant,
@@ -21,7 +24,9 @@ from server.routes_system import (
     ctx_of,
     require_general,
 )
-from server.schemas import JobBody, JobCreated
+from server.schemas import JobBody, JobCreated, OfferBody, SdpAnswer
+from sessions.events import encode_event
+from sessions.moments import render_moment, session_of
 
 __all__ = ["router"]
 
@@ -45,6 +50,10 @@ async def submit(body: JobBody, request: Request, grant: AuthGrant) -> JobCreate
             headers={"Retry-After": str(retry)},
             retry_after_s=retry,
         )
+    if session_of(body.program) is not None:  # render a moment of a session
+        with creation_errors():
+            job = await render_moment(ctx.host, jobs, body.program)
+        return JobCreated(id=job.id)
     with creation_errors():
         job = jobs.submit_job(
             task=body.task,
@@ -57,6 +66,7 @@ async def submit(body: JobBody, request: Request, grant: AuthGrant) -> JobCreate
             seed=body.seed,
             extensions=body.extensions or {},
             exact=body.exact,
+            program=body.program,
         )
     return JobCreated(id=job.id)
 
@@ -95,6 +105,9 @@ async def _job_view(request: Request, job_id: str) -> dict[str, Any]:
         "_artifact_path": row["artifact_path"],
         "_media_type": row["media_type"],
     }
+    program = (row["params"] or {}).get("program")
+    if program is not None:
+        view["program"] = program["name"]
     if row["error"]:
         view["error"] = row["error"]
     return view
@@ -121,6 +134,74 @@ async def artifact(job_id: str, request: Request, grant: AuthGrant) -> FileRespo
     if not path.exists():
         raise ApiError(410, "gone", f"the artifact of job {job_id!r} is no longer on disk")
     return FileResponse(path, media_type=view["_media_type"], filename=path.name)
+
+
+@router.get("/{job_id}/events")
+async def events(job_id: str, request: Request, grant: AuthGrant) -> StreamingResponse:
+    """Server-Sent Events of a job (``job.state``, ``job.progress``, a program's
+    ``job.preview``, ``job.artifact``), as for a session: replays after ``Last-Event-ID`` (or
+    ``?after=``), then follows live until the job ends; a job no longer in memory replays its
+    stored events."""
+    require_general(grant)
+    ctx = ctx_of(request)
+    after = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
+    if not after.isdigit():
+        raise ApiError(
+            400, "bad_request", f"Last-Event-ID/after must be an event id, got {after!r}"
+        )
+    job = ctx.jobs.job(job_id)
+    if job is None:
+        rows = await ctx.store.run(ctx.store.events, job_id)
+        if not rows and await ctx.store.run(ctx.store.get_job, job_id) is None:
+            raise ApiError(404, "not_found", f"no job {job_id!r}")
+
+        async def replay() -> AsyncIterator[bytes]:
+            for row in rows:
+                if row["event_id"] > int(after):
+                    yield sse_frame(row["event_id"], row["type"], row["body"].encode())
+
+        return StreamingResponse(replay(), media_type="text/event-stream", headers=SSE_HEADERS)
+    subscription = job.events.subscribe(after_id=int(after))
+
+    async def follow() -> AsyncIterator[bytes]:
+        try:
+            while True:
+                event = await subscription.next(SSE_KEEPALIVE_S)
+                if event is None:
+                    if subscription.closed:
+                        break
+                    yield b": keepalive\n\n"
+                    continue
+                tag = type(event).__struct_config__.tag
+                yield sse_frame(event.event_id, str(tag), encode_event(event))
+        finally:
+            subscription.close()
+
+    return StreamingResponse(follow(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+@router.post("/{job_id}/preview")
+async def preview(job_id: str, body: OfferBody, request: Request, grant: AuthGrant) -> SdpAnswer:
+    """A WebRTC viewer of a program job's preview stream (``server.job_preview``): the frames
+    previewed so far, then each as it is decoded; the track ends with the job."""
+    require_general(grant)
+    ctx = ctx_of(request)
+    job = ctx.jobs.job(job_id)
+    if job is None:
+        raise ApiError(404, "not_found", f"no job {job_id!r} is running here")
+    if job.terminal:
+        message = f"job {job_id!r} is {job.state.value}: its previews are in its events"
+        raise ApiError(409, "conflict", message)
+    if not job.previews:
+        raise ApiError(409, "conflict", f"job {job_id!r}'s program has no preview stream")
+    peer = JobPreviewPeer(job, ice_servers=ctx.config.ice_servers, on_closed=ctx.job_peers.discard)
+    ctx.job_peers.add(peer)
+    try:
+        answer = await peer.answer(body.sdp)
+    except BaseException:
+        await peer.close()
+        raise
+    return SdpAnswer(sdp=answer.sdp, type="answer")
 
 
 @router.delete("/{job_id}", status_code=204)

@@ -45,6 +45,7 @@ from server.schemas import (
     Profile,
     PromptAccepted,
     PromptBody,
+    RenderBody,
     SdpAnswer,
     SessionBody,
     SessionCreated,
@@ -53,10 +54,11 @@ from server.webrtc import OfferError
 from sessions.audio import decode_audio
 from sessions.events import FeedbackRecorded, encode_event
 from sessions.host import Reject
+from sessions.moments import render_moment
 from sessions.resume import ResumeError
 from sessions.session import PromptTooLongError, Session, SessionStateError
 
-__all__ = ["router"]
+__all__ = ["SSE_HEADERS", "SSE_KEEPALIVE_S", "router", "sse_frame"]
 
 log = logging.getLogger(__name__)
 
@@ -326,6 +328,22 @@ async def fork(
     }
 
 
+@router.post("/{session_id}/render", status_code=202)
+async def render(
+    session_id: str, body: RenderBody, request: Request, grant: AuthGrant
+) -> dict[str, Any]:
+    """Render a moment: the session's stream continued offline from its next chunk boundary
+    for ``chunks`` more chunks, decoded by the full VAE into a job's MP4 (``sessions.moments``);
+    the session goes on untouched."""
+    session = _live(request, session_id, grant)
+    ctx = ctx_of(request)
+    program = {"preset": "render_moment", "session": session.id, "chunks": body.chunks}
+    with creation_errors():
+        job = await render_moment(ctx.host, ctx.jobs, program)
+    moment = job.config.params["moment"]
+    return {"id": job.id, "session": moment["session"], "at_chunk": moment["chunk"]}
+
+
 @router.post("/{session_id}/choose", status_code=201)
 async def choose(
     session_id: str, body: ChooseBody, request: Request, grant: AuthGrant
@@ -390,9 +408,9 @@ async def events(session_id: str, request: Request, grant: AuthGrant) -> Streami
 
         async def replay() -> AsyncIterator[bytes]:
             for row in stored:
-                yield _sse(row["event_id"], row["type"], row["body"].encode())
+                yield sse_frame(row["event_id"], row["type"], row["body"].encode())
 
-        return StreamingResponse(replay(), media_type="text/event-stream", headers=_SSE_HEADERS)
+        return StreamingResponse(replay(), media_type="text/event-stream", headers=SSE_HEADERS)
     limit = ctx.config.limits.max_sse_per_session
     if ctx.sse_streams[session_id] >= limit:
         raise ApiError(
@@ -421,7 +439,7 @@ async def events(session_id: str, request: Request, grant: AuthGrant) -> Streami
                 return
             yield b"retry: 2000\n\n"
             for row in earlier:
-                yield _sse(row["event_id"], row["type"], row["body"].encode())
+                yield sse_frame(row["event_id"], row["type"], row["body"].encode())
             while True:
                 event = await subscription.next(SSE_KEEPALIVE_S)
                 if event is None:
@@ -430,18 +448,18 @@ async def events(session_id: str, request: Request, grant: AuthGrant) -> Streami
                     yield b": keepalive\n\n"
                     continue
                 tag = str(type(event).__struct_config__.tag)  # every event's is its type name
-                yield _sse(event.event_id, tag, encode_event(event))
+                yield sse_frame(event.event_id, tag, encode_event(event))
         finally:
             subscription.close()
             ctx.sse_streams[session_id] -= 1
             if ctx.sse_streams[session_id] <= 0:
                 del ctx.sse_streams[session_id]
 
-    return StreamingResponse(follow(), media_type="text/event-stream", headers=_SSE_HEADERS)
+    return StreamingResponse(follow(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _sse(event_id: int, event_type: str, data: bytes) -> bytes:
+def sse_frame(event_id: int, event_type: str, data: bytes) -> bytes:
     return b"id: %d\nevent: %s\ndata: %s\n\n" % (event_id, event_type.encode(), data)

@@ -138,6 +138,12 @@ class ForkBody(_Body):
     seeds: Annotated[list[Seed], Field(min_length=2, max_length=8)] | None = None
 
 
+class RenderBody(_Body):
+    """``POST /v1/sessions/{id}/render``: the session continued offline for ``chunks`` more."""
+
+    chunks: Annotated[int, Field(ge=1, le=256)]
+
+
 class ChooseBody(_Body):
     candidate: Annotated[str, Field(min_length=1, max_length=64)]
 
@@ -155,6 +161,18 @@ class JobBody(_Body):
     # exact: refuse distribution-altering extension parameters
     extensions: dict[str, dict[str, Any]] | None = None
     exact: bool = False
+    # a built-in program's name ("preview_and_final") or a program graph (docs/api.md
+    # "Programs"): the fields above are its loop nodes' defaults
+    program: Annotated[str, Field(min_length=1, max_length=64)] | dict[str, Any] | None = None
+
+
+class WorkflowBody(_Body):
+    """``POST /v1/workflows``: the body ComfyUI's ``/prompt`` takes, plus the served model."""
+
+    prompt: dict[str, Any]  # the API-format graph: {node id: {"class_type", "inputs"}}
+    client_id: Annotated[str, Field(max_length=256)] | None = None  # accepted, unused
+    extra_data: dict[str, Any] | None = None  # accepted, unused (ComfyUI's UI metadata)
+    model: str | None = None
 
 
 class JobCreated(BaseModel):

@@ -20,6 +20,7 @@ import numpy as np
 __all__ = [
     "Artifact",
     "ArtifactError",
+    "jpeg_b64",
     "preferred_video_codec",
     "write_mp4",
     "write_png",
@@ -113,6 +114,18 @@ def write_png(frames: np.ndarray, path: str | Path) -> Artifact:
     Image.fromarray(frames[0]).save(tmp, format="PNG")
     os.replace(tmp, path)
     return Artifact(path, "image/png", path.stat().st_size, 1, "png")
+
+
+def jpeg_b64(frame: np.ndarray, quality: int = 80) -> str:
+    """One uint8 [H, W, 3] frame as base64 JPEG (a job's preview event)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(frame)).save(out, format="JPEG", quality=quality)
+    return base64.b64encode(out.getvalue()).decode("ascii")
 
 
 def write_task_artifact(

@@ -36,6 +36,7 @@ __all__ = [
     "InputShown",
     "InputSuperseded",
     "JobArtifact",
+    "JobPreview",
     "JobProgress",
     "JobStateChanged",
     "MediaChunk",
@@ -207,6 +208,19 @@ class JobArtifact(_Base, tag="job.artifact"):
     size_bytes: int
 
 
+class JobPreview(_Base, tag="job.preview"):
+    """Frames a program's stream node received (``preview``: the tiny decoder's), as they are
+    decoded: their place in the clip and the last of them as a JPEG."""
+
+    stream: str
+    frame_start: int
+    num_frames: int
+    pts_90k: int
+    width: int
+    height: int
+    jpeg_b64: str  # the last frame of the piece, base64 JPEG
+
+
 class WeightsUpdated(_Base, tag="weights.updated"):
     """The model's weights changed (a weight sync): chunks from ``chunk`` on are made by
     ``weights_version`` (the previous one made the chunks before it)."""
@@ -241,6 +255,7 @@ Event = (
     | JobStateChanged
     | JobProgress
     | JobArtifact
+    | JobPreview
     | WeightsUpdated
     | ModelSleep
 )

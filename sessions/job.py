@@ -21,6 +21,7 @@ deleted when the job ends.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -30,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from runtime.contract import Emission, LoopResult, Stream
-from sessions.artifacts import Artifact, write_task_artifact
-from sessions.events import EventStream, JobArtifact, JobProgress, JobStateChanged
+from runtime.contract import Emission, LoopResult, MediaMeta, Stream
+from sessions.artifacts import Artifact, jpeg_b64, write_task_artifact
+from sessions.events import EventStream, JobArtifact, JobPreview, JobProgress, JobStateChanged
 from sessions.job_snapshots import JobSnapshots
 from sessions.loop_handle import LoopHandleLike
 from sessions.loop_watch import LoopWatch
@@ -83,6 +84,11 @@ class Job:
         self._loop = LoopWatch(f"job {self.id}")
         self.suspended = False  # stopped by a graceful shutdown, to resume in the next process
         self.snapshots: JobSnapshots | None = None
+        # hear a program's streamed frames: (stream name, uint8 [n, H, W, 3], MediaMeta)
+        self.preview_listeners: list[Callable[[str, np.ndarray, MediaMeta], None]] = []
+        self.price_gpu_s: float | None = None  # a program's: its nodes' plans, costed
+        # the newest previewed frames (uint8 [n, H, W, 3] per decode), for a late viewer
+        self.preview_history: collections.deque[np.ndarray] = collections.deque(maxlen=64)
         self.events.publish(JobStateChanged(state=self._state.value))
 
     @property
@@ -116,7 +122,13 @@ class Job:
     def on_emission(self, emission: Emission) -> None:
         """The engine's ``on_emit`` callback. Never raises."""
         try:
-            if emission.spec.stream != Stream.PROGRESS or self.terminal:
+            if self.terminal:
+                return
+            if emission.spec.stream not in (Stream.PROGRESS, Stream.MEDIA, Stream.APPLIED):
+                if isinstance(emission.spec.meta, MediaMeta):  # a program's stream node
+                    self._preview(emission)
+                return
+            if emission.spec.stream != Stream.PROGRESS:
                 return
             done, total = emission.spec.meta.done, emission.spec.meta.total
             if self._state is JobState.QUEUED:
@@ -129,6 +141,24 @@ class Job:
                 self.snapshots.step_done()
         except Exception:
             log.exception("job %s: emission %r failed", self.id, emission.spec)
+
+    def _preview(self, emission: Emission) -> None:
+        meta = emission.spec.meta
+        frames = np.asarray(emission.output)  # uint8 [n, H, W, 3]
+        self.events.publish(
+            JobPreview(
+                stream=str(emission.spec.stream),
+                frame_start=meta.frame_start,
+                num_frames=int(frames.shape[0]),
+                pts_90k=meta.pts_90k,
+                width=int(frames.shape[2]),
+                height=int(frames.shape[1]),
+                jpeg_b64=jpeg_b64(frames[-1]),
+            )
+        )
+        self.preview_history.append(frames)
+        for listener in list(self.preview_listeners):
+            listener(emission.spec.stream, frames, meta)
 
     # LoopOutcome: how the loop's end moves the job (sessions.loop_watch)
 
@@ -208,6 +238,12 @@ class Job:
         self._persistence.update(artifact_path=None, error=reason)
 
     @property
+    def previews(self) -> bool:
+        """Whether the job's program streams previews (it has a stream node)."""
+        program = self.config.params.get("program") or {}
+        return any(n.get("kind") == "stream" for n in program.get("nodes", {}).values())
+
+    @property
     def handle(self) -> LoopHandleLike | None:
         return self._loop.handle
 
@@ -234,6 +270,11 @@ class Job:
             "model": self.config.model_id,
             "created_at": self.created_at,
         }
+        program = self.config.params.get("program")
+        if program is not None:
+            body["program"] = program["name"]
+        if self.price_gpu_s is not None:
+            body["price_gpu_s"] = round(self.price_gpu_s, 6)
         if self.error is not None:
             body["error"] = self.error
         if self.artifact is not None:

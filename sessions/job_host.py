@@ -19,7 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from models.loops.requests import JobRequest
+from models.loops.requests import JobRequest, ProgramRequest
+from models.programs.graph import Program
+from models.programs.presets import resolve
+from models.programs.validation import artifact_task
+from models.programs.validation import check as check_program
 from runtime.contract import Emission, Priority
 from sessions.job import Job, JobConfig
 from sessions.job_snapshots import JobSnapshots
@@ -89,6 +93,9 @@ class JobHost:
         keep_latents: bool = False,
         restore_from: bytes | None = None,
         first_event_id: int = 1,
+        program: str | dict[str, Any] | None = None,
+        origin: dict[str, Any] | None = None,
+        fork_from: Any = None,
     ) -> Job:
         """Queues a job (batch class; never refused but while the model is held:
         ``ModelUnavailableError``). Raises ``KeyError``, ``ProfileError`` or
@@ -97,7 +104,13 @@ class JobHost:
         other samples); ``tap`` also hears every emission of its loop (the group's records);
         ``keep_latents``: each chunk's capture carries its per-step latents; ``restore_from``:
         the job's snapshot (it goes on from there); ``first_event_id``: a resumed job's event
-        ids go on after its stored ones."""
+        ids go on after its stored ones; ``program``: a built-in program's name or a graph
+        (``models.programs``), checked against the card before the job exists
+        (``ProgramError``, a 422 listing every problem): the request's fields are its loop
+        nodes' defaults, and its artifact node's task is the job's; ``origin``: what the job
+        was made from, kept with its parameters (a compiled workflow's node mapping:
+        ``sessions.workflows``); ``fork_from``: the state a program's loop node continues (a
+        session's, ``sessions.moments``)."""
         if self._closed:
             raise HostError("the job host is closed")
         served = self.models.resolve(model)
@@ -140,6 +153,23 @@ class JobHost:
             keep_latents=keep_latents,
         )
         loop = served.group_loop(capability) if group else served.loop(spec.loop_id)
+        graph: Program | None = None
+        if program is not None:
+            graph = resolve(program)
+            check_program(graph, card)
+            make = getattr(served, "program_loop", None)
+            if make is None:
+                raise UnsupportedTaskError("program", f"model {card.model_id!r} runs no programs")
+            if (
+                fork_from is None
+                and restore_from is None
+                and any(n.get("session") for n in graph.nodes)
+            ):
+                raise UnsupportedTaskError(
+                    "program", "a program continuing a session starts from the session's state"
+                )
+            loop = make(graph)
+            task = "t2i" if artifact_task(graph) == "t2i" else "t2v"
         check = getattr(loop, "check_request", None)
         if check is not None:  # extension pre-flight: refused here, before the job exists
             try:
@@ -155,6 +185,9 @@ class JobHost:
         }
         if extensions or exact:  # kept so that a resumed job runs as it was asked
             params |= {"extensions": extensions or {}, "exact": exact}
+        if graph is not None:
+            params["program"] = graph.to_dict()
+        params |= origin or {}
         config = JobConfig(
             job_id=job_id,
             task=task,
@@ -174,23 +207,47 @@ class JobHost:
                 job.on_emission(emission)
                 tap(emission)
 
+        run: Any = request
+        if graph is not None:
+            run = ProgramRequest(program=graph.to_dict(), job=request, loop_id=job_id)
         handle = self.engine.spawn(
             loop,  # the card says which loop serves the task (a group's: its batched steps)
-            request,
+            run,
             served,
             loop_id=job_id,
             priority=Priority.BATCH,
             on_emit=on_emit,
             restore_from=restore_from,
+            fork_from=fork_from,
         )
         self._jobs[job_id] = job
         if self.recording is not None:
             job.snapshots = JobSnapshots(self.recording, handle)
         job.attach(handle, on_finished=self._job_finished)
+        if graph is not None:
+            self._price(job, handle, loop)
         log.info(
             "job %s queued: %s %s %dx%d", job_id, task, card.model_id, profile.width, profile.height
         )
         return job
+
+    def _price(self, job: Job, handle: Any, loop: Any) -> None:
+        """Sets ``job.price_gpu_s`` at the program's first step boundary: the GPU-seconds its
+        nodes' plans cost by the engine's cost model (calibrated where measured, else the
+        analytic prior), summed over the plans each node has left."""
+        cost = getattr(self.engine, "cost", None)
+        if cost is None:
+            return
+
+        def priced(future: asyncio.Future[Any]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                return  # ended before its first boundary: nothing to price
+            job.price_gpu_s = sum(
+                count * cost.gpu_seconds(kind, sig, flops)
+                for kind, sig, count, flops in future.result()
+            )
+
+        handle.at_boundary(loop.plan_table).add_done_callback(priced)
 
     def _job_finished(self, job: Job) -> None:
         """Keeps the newest ``max_finished_jobs`` finished jobs in memory; older ones are read
@@ -245,6 +302,8 @@ class JobHost:
                         job_id=row["id"],
                         extensions=params.get("extensions"),
                         exact=params.get("exact", False),
+                        program=params.get("program"),
+                        origin={"workflow": params["workflow"]} if "workflow" in params else None,
                         restore_from=blob,
                         first_event_id=1
                         + max((e["event_id"] for e in self.store.events(row["id"])), default=0),

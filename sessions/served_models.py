@@ -112,6 +112,8 @@ class ServedModel(Protocol):
 
     def chunk_seconds(self, profile: Profile) -> float: ...
 
+    def program_loop(self, program: Any) -> Loop[Any]: ...
+
 
 class EngineLike(Protocol):
     """What the hosts use of ``runtime.engine.Engine``."""

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from clients.python.api import DreamrtClient
 
-__all__ = ["JobFailed", "run_job"]
+__all__ = ["JobFailed", "follow_job", "run_job"]
 
 _EXT = {"t2v": ".mp4", "t2i": ".png"}
 
@@ -43,22 +43,38 @@ async def run_job(
     async with DreamrtClient(url, token=token) as api:
         job_id = await api.submit_job(task, prompt, **params)
         stream.write(f"job {job_id} submitted ({task})\n")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            view = await api.job(job_id)
-            stream.write(f"\r{view['state']:>9} {_bar(view['progress'])}")
-            stream.flush()
-            if view["state"] in ("succeeded", "failed", "cancelled"):
-                break
-            if loop.time() > deadline:
-                raise TimeoutError(f"job {job_id} did not finish within {timeout_s} s")
-            await asyncio.sleep(poll_s)
-        stream.write("\n")
-        if view["state"] != "succeeded":
-            raise JobFailed(f"job {job_id} {view['state']}: {view.get('error', 'no error given')}")
-        path = out or Path(f"{job_id}{_EXT.get(task, '')}")
-        media_type, size = await api.download_artifact(job_id, path)
-        stream.write(f"wrote {path} ({media_type}, {size} bytes)\n")
-        view["out"] = str(path)
-        return view
+        return await follow_job(
+            api, job_id, task, out=out, poll_s=poll_s, timeout_s=timeout_s, stream=stream
+        )
+
+
+async def follow_job(
+    api: DreamrtClient,
+    job_id: str,
+    task: str,
+    *,
+    out: Path | None = None,
+    poll_s: float = 0.25,
+    timeout_s: float = 3600.0,
+    stream: TextIO = sys.stdout,
+) -> dict[str, Any]:
+    """Polls ``job_id`` to its end drawing progress, then downloads its artifact."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        view = await api.job(job_id)
+        stream.write(f"\r{view['state']:>9} {_bar(view['progress'])}")
+        stream.flush()
+        if view["state"] in ("succeeded", "failed", "cancelled"):
+            break
+        if loop.time() > deadline:
+            raise TimeoutError(f"job {job_id} did not finish within {timeout_s} s")
+        await asyncio.sleep(poll_s)
+    stream.write("\n")
+    if view["state"] != "succeeded":
+        raise JobFailed(f"job {job_id} {view['state']}: {view.get('error', 'no error given')}")
+    path = out or Path(f"{job_id}{_EXT.get(task, '')}")
+    media_type, size = await api.download_artifact(job_id, path)
+    stream.write(f"wrote {path} ({media_type}, {size} bytes)\n")
+    view["out"] = str(path)
+    return view

@@ -279,6 +279,8 @@ class ChunkPlanner:
                 *emits,
                 EmitSpec(Stream.PROGRESS, ProgressMeta(done=state.plans_done + 1, total=total)),
             )
+        if not state.decode and self._ends_chunk(state, kind):
+            emits = (*emits, self._chunk_end(state))
         if state.adapters:  # the session's LoRA adapters active while its plans run
             op = self._m.adapters.bind(op, state.adapters)
         return WorkPlan(
@@ -297,6 +299,29 @@ class ChunkPlanner:
             inputs=tuple(seq for _, seq, changes in state.acks if changes),
             waiting_inputs=tuple(seq for _, seq, changes in state.next_acks if changes),
         )
+
+    def _ends_chunk(self, state: ChunkRolloutState, kind: PlanKind) -> bool:
+        """Whether a plan of ``kind`` finishes the chunk of a stream that does not decode:
+        its KV update, or its last step where no KV update follows."""
+        if kind is PlanKind.KV_UPDATE:
+            return True
+        last_step = kind is PlanKind.CHUNK_STEP and state.denoise_step + 1 == len(self._steps)
+        return last_step and (self._fold or self.last_chunk(state))
+
+    @staticmethod
+    def _chunk_end(state: ChunkRolloutState) -> EmitSpec:
+        """The mark of a chunk's end on a stream that does not decode: final media of no frames
+        (the runtime's chunk boundary, where a weight sync holds the loop and a moment is
+        taken; its frames come from a program's decoders)."""
+        meta = MediaMeta(
+            chunk=state.chunk,
+            segment=state.segment,
+            frame_start=state.frames_emitted,
+            pts_90k=pts_of_frame(state.frames_emitted, state.fps),
+            num_frames=0,
+            fps=state.fps,
+        )
+        return EmitSpec(Stream.MEDIA, meta)
 
     def _followups(self, state: ChunkRolloutState, kind: PlanKind) -> tuple[Followup, ...]:
         """Plans still to come before this plan's media is due: the chunk's remaining steps
@@ -331,6 +356,16 @@ class ChunkPlanner:
         if state.cross_k is None or state.cross_v is None:
             raise RuntimeError(f"loop {state.loop_id}: no prompt encoded before denoising")
         return CrossKV(state.cross_k, state.cross_v)
+
+    def step_work(self, state: ChunkRolloutState) -> tuple[str, float]:
+        """(shape signature, FLOPs) of one denoising step or KV update of ``state``'s chunk."""
+        return self._shape(state), self._flops(state)
+
+    def decode_sig(self, state: ChunkRolloutState, first: bool) -> str:
+        """The shape signature of a whole-chunk decode of ``state``'s stream."""
+        return decode_shape_sig(
+            first, state.chunk_frames, self._shape(state), self._decoder_sig(state)
+        )
 
     def _shape(self, state: ChunkRolloutState) -> str:
         return chunk_shape_sig(state.chunk_frames, state.latent_h, state.latent_w)

@@ -160,8 +160,9 @@ class ChunkRollout:
             window_latents=window,
             decoder=_decoder_cache(m, lh, lw, codec),
             codec=codec,
-            adapters=[] if isinstance(request, JobRequest) else list(request.adapters),
+            adapters=list(request.adapters),
             keep_latents=isinstance(request, JobRequest) and request.keep_latents,
+            decode=not isinstance(request, JobRequest) or request.decode,
         )
 
     def _codec(self, request: SessionRequest | JobRequest) -> str:
@@ -252,6 +253,14 @@ class ChunkRollout:
                 state.step_latents.append(result.output.clone())
             state.denoise_step += 1
             state.phase = Phase.DECODE if state.denoise_step == len(self._steps) else Phase.DENOISE
+            if state.phase is Phase.DECODE and not state.decode:
+                # a copy: a captured graph may reuse its output buffer
+                state.latent_chunks.append(result.output.clone())
+                state.decoded = state.chunk_frames
+                if self._fold or self._plans.last_chunk(state):
+                    self._end_chunk(state)
+                else:
+                    state.phase = Phase.KV_UPDATE
         elif kind is PlanKind.VAE_DECODE:
             if state.collect_frames:
                 state.frames.append(result.output)
@@ -280,7 +289,41 @@ class ChunkRollout:
         }
         if state.collect_frames and state.frames:
             outputs["frames"] = torch.cat(state.frames)[: state.target_frames]
+        if state.latent_chunks:
+            outputs["latents"] = torch.cat(state.latent_chunks, dim=2)  # [1, C, f, h, w]
         return LoopResult(outputs)
+
+    def plans_total(self, state: ChunkRolloutState) -> int:
+        """The plans a bounded stream runs in all: a prompt encode, each chunk's steps, the
+        KV updates (none after the last chunk, none where the last step writes the cache) and,
+        when it decodes, one decode per chunk (a job's)."""
+        chunks = (state.max_chunks or 1) - state.next_chunk  # a continued stream: what is left
+        kv_updates = 0 if self._fold else chunks - 1
+        kv_updates += state.phase is Phase.KV_UPDATE  # at a chunk boundary before its update
+        encode = int(state.active_prompt != state.prompt)
+        return encode + chunks * len(self._steps) + kv_updates + (chunks if state.decode else 0)
+
+    def plan_table(self, state: ChunkRolloutState) -> list[tuple[str, str, int, float]]:
+        """(kind, shape signature, count, FLOPs per plan) of the plans a bounded stream has
+        left: what a price in GPU-seconds is made of (``CostModel.gpu_seconds``)."""
+        chunks = (state.max_chunks or 1) - state.next_chunk
+        sig, flops = self._plans.step_work(state)
+        kv_updates = (0 if self._fold else chunks - 1) + (state.phase is Phase.KV_UPDATE)
+        table = [
+            (PlanKind.TEXT_ENCODE.value, "embed", int(state.active_prompt != state.prompt), 0.0),
+            (PlanKind.CHUNK_STEP.value, sig, chunks * len(self._steps), flops),
+            (PlanKind.KV_UPDATE.value, sig, kv_updates, flops),
+        ]
+        if state.decode:
+            first = int(state.frames_emitted == 0)
+            table.append(
+                (PlanKind.VAE_DECODE.value, self._plans.decode_sig(state, True), first, 0.0)
+            )
+            rest = chunks - first
+            table.append(
+                (PlanKind.VAE_DECODE.value, self._plans.decode_sig(state, False), rest, 0.0)
+            )
+        return [row for row in table if row[2] > 0]
 
     # ---------------------------------------------------------------------------------------
     # chunk boundary and inputs

@@ -92,6 +92,10 @@ class ChunkRolloutState(LoopState, kw_only=True):
     # (a state snapshotted before sessions could pick one)
     codec: str = ""
     frames: list[torch.Tensor] = []  # collected uint8 [n, H, W, 3] chunks (jobs only)
+    # False: chunks are not decoded; each chunk's final latents [1, C, c, h, w] are kept in
+    # ``latent_chunks`` instead (a program's decode nodes take them from there)
+    decode: bool = True
+    latent_chunks: list[torch.Tensor] = []
 
     @property
     def next_chunk(self) -> int:

@@ -54,17 +54,20 @@ class DiffusionState(LoopState, kw_only=True):
     loop_id: str
     seed: int
     prompt: str
+    negative_prompt: str = NEGATIVE_PROMPT
     guidance_scale: float
     latent_frames: int
     latent_h: int
     latent_w: int
     num_frames: int  # pixel frames requested (the decode may give a few more; trimmed)
     decode_chunk: int
+    decode: bool = True  # False: stop at the latents (a program's decode nodes take them)
     denoise_step: int = 0
     decoded_latents: int = 0
     text: torch.Tensor | None = None  # [1, L, text_dim]
     negative: torch.Tensor | None = None
     latents: torch.Tensor | None = None  # [1, C, f, h, w]
+    adapters: list[tuple[str, float]] = []  # LoRA adapters and strengths (models/lora.py)
     decoder: DecoderCache  # advanced in place by each decode
     frames: list[torch.Tensor] = []
 
@@ -107,12 +110,15 @@ class DiffusionDenoise:
             loop_id=ctx.loop_id if ctx is not None else "loop",
             seed=request.seed,
             prompt=request.prompt,
+            negative_prompt=request.negative_prompt,
             guidance_scale=guidance,
             latent_frames=latent_frames,
             latent_h=lh,
             latent_w=lw,
             num_frames=num_frames,
             decode_chunk=profile.chunk_latent_frames,
+            decode=request.decode,
+            adapters=list(request.adapters),
             decoder=m.new_decoder_cache(lh, lw),
             plugin_state=plugin_state,
         )
@@ -140,7 +146,7 @@ class DiffusionDenoise:
             )
         if cfg and state.negative is None:
             return self._plan(
-                state, PlanKind.TEXT_ENCODE, self._m.text_embed_op, NEGATIVE_PROMPT, "embed"
+                state, PlanKind.TEXT_ENCODE, self._m.text_embed_op, state.negative_prompt, "embed"
             )
         if state.denoise_step < len(self._steps):
             step = self._steps[state.denoise_step]
@@ -181,7 +187,7 @@ class DiffusionDenoise:
                 f"{':cfg' if cfg else ''}",
                 flops=self._flops(state) * (2 if cfg else 1),
             )
-        if state.decoded_latents < state.latent_frames:
+        if state.decode and state.decoded_latents < state.latent_frames:
             start = state.decoded_latents
             end = min(state.latent_frames, start + state.decode_chunk)
             assert state.latents is not None  # the steps made them
@@ -239,9 +245,30 @@ class DiffusionDenoise:
                 "and >= 1 (1 turns classifier-free guidance off)"
             )
 
-    def _total_plans(self, state: DiffusionState) -> int:
+    def plan_table(self, state: DiffusionState) -> list[tuple[str, str, int, float]]:
+        """(kind, shape signature, count, FLOPs per plan) of the plans left: what a price in
+        GPU-seconds is made of (``CostModel.gpu_seconds``)."""
+        cfg = state.guidance_scale != 1.0
+        encodes = (state.text is None) + (cfg and state.negative is None)
+        clip = f"clip{state.latent_frames}x{state.latent_h}x{state.latent_w}{':cfg' if cfg else ''}"
+        steps = len(self._steps) - state.denoise_step
+        table = [
+            (PlanKind.TEXT_ENCODE.value, "embed", int(encodes), 0.0),
+            (PlanKind.DIFFUSION_STEP.value, clip, steps, self._flops(state) * (2 if cfg else 1)),
+        ]
+        if state.decode:
+            hw = f"{state.latent_h}x{state.latent_w}"
+            for start in range(state.decoded_latents, state.latent_frames, state.decode_chunk):
+                n = min(state.decode_chunk, state.latent_frames - start)
+                table.append(
+                    (PlanKind.VAE_DECODE.value, f"decode:{int(start == 0)}:{n}x{hw}", 1, 0.0)
+                )
+        return [row for row in table if row[2] > 0]
+
+    def plans_total(self, state: DiffusionState) -> int:
+        """The plans this job runs in all (its progress total)."""
         encodes = 2 if state.guidance_scale != 1.0 else 1
-        decodes = math.ceil(state.latent_frames / state.decode_chunk)
+        decodes = math.ceil(state.latent_frames / state.decode_chunk) if state.decode else 0
         return encodes + len(self._steps) + decodes
 
     def _plan(
@@ -255,8 +282,10 @@ class DiffusionDenoise:
         flops: float = 0.0,
     ) -> WorkPlan:
         progress = EmitSpec(
-            Stream.PROGRESS, ProgressMeta(done=state.step + 1, total=self._total_plans(state))
+            Stream.PROGRESS, ProgressMeta(done=state.step + 1, total=self.plans_total(state))
         )
+        if state.adapters:  # the job's LoRA adapters active while its plans run
+            op = self._m.adapters.bind(op, state.adapters)
         return WorkPlan(
             loop_id=state.loop_id,
             kind=kind,

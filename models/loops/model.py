@@ -85,8 +85,10 @@ class LoopModel(Protocol):
         or, with ``slab=None`` (jobs, tests), one with its own buffers."""
         ...
 
-    def new_decoder_cache(self, latent_h: int, latent_w: int) -> DecoderCache:
-        """A fresh per-stream VAE decoder cache."""
+    def new_decoder_cache(
+        self, latent_h: int, latent_w: int, decoder: str | None = None
+    ) -> DecoderCache:
+        """A fresh per-stream decoder cache of ``decoder`` (None: the model's default)."""
         ...
 
     def tokens_per_frame(self, latent_h: int, latent_w: int) -> int: ...

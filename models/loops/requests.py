@@ -47,7 +47,23 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     seed: int = 0
     guidance_scale: float | None = None
     keep_latents: bool = False  # chunk_rollout: each step's latents on the chunk's capture
+    # False: the loop stops at latents (a program's decode nodes turn them into frames); its
+    # result has "latents" and no "frames"
+    decode: bool = True
+    negative_prompt: str = ""  # the unconditional branch of classifier-free guidance
+    # LoRA adapters registered at deploy scope (models/lora.py), with strengths
+    adapters: tuple[tuple[str, float], ...] = ()
     # extension name -> parameter overrides (only of extensions the server enabled; each
     # validated by the extension's schema before the loop starts, ``runtime.extensions``)
     extensions: dict[str, dict[str, Any]] = {}
     exact: bool = False  # refuse distribution-altering extension parameters
+
+
+class ProgramRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Starts a program (``models.programs.program_loop``): ``program`` is its wire form
+    (``models.programs.graph.Program.to_dict``), ``job`` the request fields every loop node
+    starts from (a node's own parameters override them)."""
+
+    program: dict[str, Any]
+    job: JobRequest
+    loop_id: str = ""  # the job's: names a state forked from another loop's (``fork``)

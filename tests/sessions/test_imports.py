@@ -14,7 +14,7 @@ import sessions.artifacts, sessions.media_queue, sessions.prompt_memory, session
 import sessions.latency, sessions.forks, sessions.recording
 import sessions.records, sessions.snapshot_keeper, sessions.input_log
 import sessions.model_hold, sessions.weight_sync, sessions.model_sleep, sessions.rollout_groups
-import sessions.trainer_controls
+import sessions.trainer_controls, sessions.workflows, sessions.moments
 top = ('server', 'clients', 'models', 'torch')
 loaded = sorted(m for m in sys.modules if m.split('.')[0] in top)
 print(','.join(loaded))
@@ -43,6 +43,14 @@ def test_sessions_import_no_server_client_or_model_code() -> None:
         *card_parts,
         "models.loops",
         "models.loops.requests",
+        # programs as data: the graph, its checks, the presets and the ComfyUI compiler (their
+        # runner is model code)
+        "models.programs",
+        "models.programs.comfyui",
+        "models.programs.comfyui_nodes",
+        "models.programs.graph",
+        "models.programs.presets",
+        "models.programs.validation",
     ]
 
 
