@@ -493,6 +493,43 @@ async def _teardown(ctx: ServerContext) -> None:
     log.info("dreamrt stopped")
 
 
+def starts_listening_first(config: ServerConfig) -> bool:
+    """Whether the server listens before it is ready: one with a warm-up (``--compile``) does,
+    since compiling its set takes minutes on a GPU. Until the build and warm-up are done,
+    ``/healthz`` answers 503 ``"starting"`` (a readiness probe waits) and every route that
+    needs the model 503 ``starting`` with ``Retry-After``. Others build first (seconds)."""
+    warmup = config.model.warmup
+    return bool(config.model.compile if warmup is None else warmup)
+
+
+def _built(app: FastAPI, task: asyncio.Task[ServerContext]) -> None:
+    """The background build ended: serve with its context, or stop the server (exit code 3:
+    ``server.serve_cli``) with the error logged."""
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is None:
+        app.state.ctx = task.result()
+        return
+    log.error("dreamrt could not start: %s", error, exc_info=error)
+    app.state.start_error = error
+    stop = getattr(app.state, "stop_serving", None)
+    if stop is not None:
+        stop()
+
+
+async def _stop_build(build: asyncio.Task[ServerContext]) -> None:
+    """At shutdown: tear down what the build made, or cancel a build still running (the
+    process is exiting; a thread it started finishes on its own)."""
+    if not build.done():
+        build.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await build
+        return
+    if not build.cancelled() and build.exception() is None:
+        await _teardown(build.result())
+
+
 def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     """The dreamrt app for ``config`` (keyword overrides replace its settings, by key:
     ``create_app(data_dir=..., device="cpu")``)."""
@@ -516,12 +553,20 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ctx = await _build(config)
-        app.state.ctx = ctx
+        if not starts_listening_first(config):
+            ctx = await _build(config)
+            app.state.ctx = ctx
+            try:
+                yield
+            finally:
+                await _teardown(ctx)
+            return
+        build = asyncio.create_task(_build(config), name="dreamrt-build")
+        build.add_done_callback(lambda task: _built(app, task))
         try:
             yield
         finally:
-            await _teardown(ctx)
+            await _stop_build(build)
 
     app = FastAPI(title="dreamrt", version="0.1.0", lifespan=lifespan)
     app.state.config = config

@@ -137,16 +137,17 @@ def require_general(grant: Grant) -> None:
         raise ApiError(403, "forbidden", f"a token of scope {grant.scope!r} cannot use this route")
 
 
-@router.get("/healthz")
-async def healthz(request: Request) -> dict[str, str]:
+@router.get("/healthz", responses={503: {"description": "starting: not ready yet"}})
+async def healthz(request: Request) -> Any:
     ctx = getattr(request.app.state, "ctx", None)
     config = request.app.state.config
-    if ctx is None:
-        return {
+    if ctx is None:  # loading the model or warming up: a readiness probe must wait
+        starting = {
             "status": "starting",
             "model": config.model.card or "default",
             "device": config.model.device,
         }
+        return JSONResponse(starting, status_code=503, headers={"Retry-After": "1"})
     status = "draining" if request.app.state.draining else "ok"  # server.shutdown
     return {"status": status, "model": ctx.model_id, "device": ctx.device}
 

@@ -83,6 +83,10 @@ def serve(args: argparse.Namespace, argv: list[str]) -> int:
         app,
         timeout_s=config.shutdown_timeout_s,
     )
+    # a server that listens while it warms up (server.app.starts_listening_first) stops itself
+    # when its build fails
+    app.state.stop_serving = lambda: setattr(server, "should_exit", True)
     with contextlib.suppress(KeyboardInterrupt):  # SIGINT: uvicorn raises it again at exit
         server.run()
-    return 0 if server.started else 3
+    failed = getattr(app.state, "start_error", None) is not None
+    return 0 if server.started and not failed else 3

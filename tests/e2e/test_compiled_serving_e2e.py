@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,7 +26,7 @@ import pytest
 
 from clients.python.api import DreamrtClient
 from clients.python.viewer import Viewer
-from infra.browser_harness import ServerProcess
+from infra.browser_harness import REPO_ROOT, ServerProcess, free_port
 
 # a cold compile of the set on a loaded 2-core machine takes minutes; warm (the cache) seconds
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -145,3 +147,23 @@ async def test_serving_after_ready_compiles_nothing(server: ServerProcess) -> No
             await asyncio.gather(
                 viewer.close(), candidate.close(), full.close(), return_exceptions=True
             )
+
+
+def test_a_start_that_fails_while_listening_exits_with_its_error(tmp_path: Path) -> None:
+    """A compiled server listens while it loads and warms up; a load that fails then stops it
+    with exit code 3 and the error in its log, as a failing start always did."""
+    empty = tmp_path / "checkpoint"
+    empty.mkdir()
+    port = free_port("127.0.0.1")
+    done = subprocess.run(
+        [sys.executable, "-m", "server", "serve", "--port", str(port), "--device", "cpu"]
+        + ["--model", "wan2.1-1.3b-causal", "--compile", "--checkpoint", str(empty)]
+        + ["--data-dir", str(tmp_path / "data")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "dreamrt could not start" in done.stderr and "lacks: dit" in done.stderr

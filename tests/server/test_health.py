@@ -1,9 +1,23 @@
+import asyncio
 import logging
+import threading
+import time
 
+import pytest
 from fastapi.testclient import TestClient
 
+from server import app as app_module
 from server.app import DEFAULT_MODEL, create_app
+from server.server_config import ServerConfig
 from tests.server.conftest import make_client
+
+
+def wait_ready(client: TestClient, timeout_s: float = 120.0) -> None:
+    """Poll ``/healthz`` until the server is ready (a warming server listens first)."""
+    deadline = time.monotonic() + timeout_s
+    while (health := client.get("/healthz")).status_code == 503:
+        assert time.monotonic() < deadline, health.json()
+        time.sleep(0.05)
 
 
 def test_healthz_answers_ok_with_the_served_model_and_device(client: TestClient) -> None:
@@ -14,13 +28,16 @@ def test_healthz_answers_ok_with_the_served_model_and_device(client: TestClient)
 
 def test_healthz_says_starting_before_the_lifespan_ran(tmp_path) -> None:
     bare = TestClient(create_app(data_dir=tmp_path, device="cpu"))  # no `with`: no lifespan
-    assert bare.get("/healthz").json()["status"] == "starting"
+    starting = bare.get("/healthz")
+    assert starting.status_code == 503 and starting.json()["status"] == "starting"
+    assert starting.headers["retry-after"] == "1"
     assert bare.get("/v1/models").status_code == 503
 
 
 def test_a_warm_up_session_runs_before_serving_on_its_own_engine(tmp_path, caplog) -> None:
     caplog.set_level(logging.INFO, logger="server.app")
     with make_client(tmp_path, warmup=True) as client:
+        wait_ready(client)
         assert client.get("/healthz").json()["status"] == "ok"
         stats = client.app.state.ctx.engine.stats()
     messages = [r.getMessage() for r in caplog.records if r.name == "server.app"]
@@ -38,3 +55,48 @@ def test_no_warm_up_unless_compiled_or_asked(tmp_path, caplog) -> None:
     messages = [r.getMessage() for r in caplog.records if r.name == "server.app"]
     assert any(m.startswith("dreamrt ready") for m in messages)  # the log was captured
     assert not any("warm" in m for m in messages)
+
+
+def test_a_warming_server_listens_and_says_starting_until_ready(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+    build = app_module._build
+
+    async def held_build(config: ServerConfig):  # the warm-up holds here until released
+        await asyncio.to_thread(release.wait, 60)
+        return await build(config)
+
+    monkeypatch.setattr(app_module, "_build", held_build)
+    with make_client(tmp_path, warmup=True) as client:
+        starting = client.get("/healthz")
+        assert starting.status_code == 503 and starting.json()["status"] == "starting"
+        models = client.get("/v1/models")
+        assert models.status_code == 503 and models.headers["retry-after"] == "1"
+        release.set()
+        wait_ready(client)
+        assert client.get("/healthz").json()["status"] == "ok"
+        assert client.get("/v1/models").status_code == 200
+
+
+def test_a_build_that_fails_after_listening_stops_the_server(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def failing_build(config: ServerConfig):
+        raise RuntimeError("the checkpoint is not there")
+
+    monkeypatch.setattr(app_module, "_build", failing_build)
+    app = create_app(data_dir=tmp_path / "data", device="cpu", warmup=True)
+    stopped = threading.Event()
+    app.state.stop_serving = stopped.set  # what `dreamrt serve` sets: uvicorn's should_exit
+    with TestClient(app) as client:
+        assert stopped.wait(30), "the server was not told to stop"
+        assert str(app.state.start_error) == "the checkpoint is not there"
+        assert client.get("/healthz").status_code == 503
+
+
+def test_only_a_warming_server_listens_first() -> None:
+    assert app_module.starts_listening_first(ServerConfig.of(compile=True))
+    assert app_module.starts_listening_first(ServerConfig.of(warmup=True))
+    assert not app_module.starts_listening_first(ServerConfig.of(compile=True, warmup=False))
+    assert not app_module.starts_listening_first(ServerConfig.of())
