@@ -7,15 +7,14 @@ Finished jobs stay readable from the store after the process restarts.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 
+from server import sse
 from server.job_preview import JobPreviewPeer
-from server.routes_sessions import SSE_HEADERS, SSE_KEEPALIVE_S, sse_frame
 from server.routes_system import (
     ApiError,
     AuthGrant,
@@ -25,7 +24,6 @@ from server.routes_system import (
     require_general,
 )
 from server.schemas import JobBody, JobCreated, OfferBody, SdpAnswer
-from sessions.events import encode_event
 from sessions.moments import render_moment, session_of
 
 __all__ = ["router"]
@@ -144,40 +142,14 @@ async def events(job_id: str, request: Request, grant: AuthGrant) -> StreamingRe
     stored events."""
     require_general(grant)
     ctx = ctx_of(request)
-    after = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
-    if not after.isdigit():
-        raise ApiError(
-            400, "bad_request", f"Last-Event-ID/after must be an event id, got {after!r}"
-        )
+    after = sse.after_id(request)
     job = ctx.jobs.job(job_id)
     if job is None:
         rows = await ctx.store.run(ctx.store.events, job_id)
         if not rows and await ctx.store.run(ctx.store.get_job, job_id) is None:
             raise ApiError(404, "not_found", f"no job {job_id!r}")
-
-        async def replay() -> AsyncIterator[bytes]:
-            for row in rows:
-                if row["event_id"] > int(after):
-                    yield sse_frame(row["event_id"], row["type"], row["body"].encode())
-
-        return StreamingResponse(replay(), media_type="text/event-stream", headers=SSE_HEADERS)
-    subscription = job.events.subscribe(after_id=int(after))
-
-    async def follow() -> AsyncIterator[bytes]:
-        try:
-            while True:
-                event = await subscription.next(SSE_KEEPALIVE_S)
-                if event is None:
-                    if subscription.closed:
-                        break
-                    yield b": keepalive\n\n"
-                    continue
-                tag = type(event).__struct_config__.tag
-                yield sse_frame(event.event_id, str(tag), encode_event(event))
-        finally:
-            subscription.close()
-
-    return StreamingResponse(follow(), media_type="text/event-stream", headers=SSE_HEADERS)
+        return sse.response(sse.stored_frames(r for r in rows if r["event_id"] > after))
+    return sse.response(sse.live_frames(job.events.subscribe(after_id=after)))
 
 
 @router.post("/{job_id}/preview")

@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
+from server import sse
 from server.auth import Grant
 from server.fleet_worker import write_session_manifest
 from server.livekit_token import AVATAR_ATTRIBUTE, identity_for, mint_join_token, require_sdk
@@ -52,19 +53,17 @@ from server.schemas import (
 )
 from server.webrtc import OfferError
 from sessions.audio import decode_audio
-from sessions.events import FeedbackRecorded, encode_event
+from sessions.events import FeedbackRecorded
 from sessions.host import Reject
 from sessions.moments import render_moment
 from sessions.resume import ResumeError
 from sessions.session import PromptTooLongError, Session, SessionStateError
 
-__all__ = ["SSE_HEADERS", "SSE_KEEPALIVE_S", "router", "sse_frame"]
+__all__ = ["router"]
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/sessions")
-
-SSE_KEEPALIVE_S = 15.0
 
 
 def _live(request: Request, session_id: str, grant: Grant) -> Session:
@@ -394,41 +393,31 @@ async def events(session_id: str, request: Request, grant: AuthGrant) -> Streami
     if not grant.allows_session(session_id):
         raise ApiError(403, "forbidden", f"this token does not grant session {session_id!r}")
     ctx = ctx_of(request)
-    after = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
-    if not after.isdigit():
-        raise ApiError(
-            400, "bad_request", f"Last-Event-ID/after must be an event id, got {after!r}"
-        )
+    after = sse.after_id(request)
     session = ctx.host.session(session_id)
     if session is None:
         rows = await ctx.store.run(ctx.store.events, session_id)
         if not rows and await ctx.store.run(ctx.store.get_session, session_id) is None:
             raise ApiError(404, "not_found", f"no session {session_id!r}")
-        stored = [r for r in rows if r["event_id"] > int(after)]
-
-        async def replay() -> AsyncIterator[bytes]:
-            for row in stored:
-                yield sse_frame(row["event_id"], row["type"], row["body"].encode())
-
-        return StreamingResponse(replay(), media_type="text/event-stream", headers=SSE_HEADERS)
+        return sse.response(sse.stored_frames(r for r in rows if r["event_id"] > after))
     limit = ctx.config.limits.max_sse_per_session
     if ctx.sse_streams[session_id] >= limit:
         raise ApiError(
             429,
             "too_many_streams",
             f"session {session_id!r} already has {limit} event streams open",
-            headers={"Retry-After": str(int(SSE_KEEPALIVE_S))},
+            headers={"Retry-After": str(int(sse.SSE_KEEPALIVE_S))},
         )
-    subscription = session.events.subscribe(after_id=int(after))
+    subscription = session.events.subscribe(after_id=after)
     earlier: list[dict[str, Any]] = []
     first_id = session.events.first_id
-    if int(after) + 1 < first_id:  # resumed: what its previous process published is stored
+    if after + 1 < first_id:  # resumed: what its previous process published is stored
         try:
             rows = await ctx.store.run(ctx.store.events, session_id)
         except BaseException:
             subscription.close()
             raise
-        earlier = [r for r in rows if int(after) < r["event_id"] < first_id]
+        earlier = [r for r in rows if after < r["event_id"] < first_id]
 
     async def follow() -> AsyncIterator[bytes]:
         # counted from the first byte (a response never started holds nothing) to the end,
@@ -438,28 +427,14 @@ async def events(session_id: str, request: Request, grant: AuthGrant) -> Streami
             if ctx.sse_streams[session_id] > limit:  # two requests raced past the check
                 return
             yield b"retry: 2000\n\n"
-            for row in earlier:
-                yield sse_frame(row["event_id"], row["type"], row["body"].encode())
-            while True:
-                event = await subscription.next(SSE_KEEPALIVE_S)
-                if event is None:
-                    if subscription.closed:
-                        break
-                    yield b": keepalive\n\n"
-                    continue
-                tag = str(type(event).__struct_config__.tag)  # every event's is its type name
-                yield sse_frame(event.event_id, tag, encode_event(event))
+            for stored in sse.stored_frames(earlier):
+                yield stored
+            async for live in sse.live_frames(subscription):
+                yield live
         finally:
             subscription.close()
             ctx.sse_streams[session_id] -= 1
             if ctx.sse_streams[session_id] <= 0:
                 del ctx.sse_streams[session_id]
 
-    return StreamingResponse(follow(), media_type="text/event-stream", headers=SSE_HEADERS)
-
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def sse_frame(event_id: int, event_type: str, data: bytes) -> bytes:
-    return b"id: %d\nevent: %s\ndata: %s\n\n" % (event_id, event_type.encode(), data)
+    return sse.response(follow())

@@ -46,10 +46,15 @@ BODIES = {
     ("POST", "/v1/sessions/{session_id}/pause"): None,
     ("POST", "/v1/sessions/{session_id}/resume"): None,
     ("GET", "/v1/sessions/{session_id}/events"): None,
+    ("POST", "/v1/sessions/{session_id}/render"): {"chunks": 1},
     ("POST", "/v1/jobs"): {"task": "t2i", "prompt": "a kite"},
     ("GET", "/v1/jobs/{job_id}"): None,
     ("GET", "/v1/jobs/{job_id}/artifact"): None,
     ("DELETE", "/v1/jobs/{job_id}"): None,
+    ("GET", "/v1/jobs/{job_id}/events"): None,
+    ("POST", "/v1/jobs/{job_id}/preview"): {"sdp": "v=0\r\n", "type": "offer"},
+    ("POST", "/v1/workflows"): {"prompt": {}},
+    ("GET", "/v1/workflows/{workflow_id}"): None,
     ("POST", "/v1/faults"): {"target": "ses_x", "kind": "nan"},
     ("GET", "/v1/weights"): None,
     ("POST", "/v1/weights"): {"path": "/nonexistent/weights.safetensors"},
@@ -108,6 +113,7 @@ def test_every_v1_route_refuses_missing_expired_and_wrong_scope_tokens(tmp_path)
         time.sleep(0.4)
         ids = {"session_id": other["id"], "job_id": job["id"], "group_id": "grp_x"}
         ids.update(sample_id="job_x", chunk="0", model_id="tiny-world", video_id=job["id"])
+        ids.update(workflow_id=job["id"])
         checked = 0
         for method, path in routes:
             missing = call(client, method, path, None, **ids)
@@ -121,7 +127,7 @@ def test_every_v1_route_refuses_missing_expired_and_wrong_scope_tokens(tmp_path)
             refused = call(client, method, path, wrong, **ids)
             assert refused.status_code == 403, (method, path, refused.text)
             checked += 1
-        assert checked == len(BODIES) == 37
+        assert checked == len(BODIES) == 42
         # and the right token gets past auth on a session route (the contrast that makes the
         # 403s above about scope): the session's own token reads it
         own = {"Authorization": f"Bearer {mine['token']}"}
