@@ -19,31 +19,26 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from runtime.errors import DreamrtError
 from server.auth import Authenticator, AuthMode, check_admin_key, resolve_auth_mode
+from server.context import ServerContext
 from server.deployment import engine_id_for
-from server.frame_pacer import FramePacer
 from server.heap_trim import HeapTrim
-from server.livekit_participant import LiveKitParticipant
-from server.livekit_room import LiveKitRoom, RoomConnection
-from server.livekit_token import LiveKitCredentials
+from server.lifespan import lifespan_of
 from server.loop_watchdog import LoopWatchdog
 from server.memory_watch import MemoryWatch
-from server.metrics import MetricsSnapshot, ServerMetrics
+from server.metrics import ServerMetrics
 from server.request_guard import RequestGuard
 from server.server_config import ServerConfig
 from server.warm_up import warm_up_set
-from server.webrtc import ViewerPeer, configure_video_bitrate, restrict_host_candidates
-from sessions.forks import ForkRegistry, Forks
+from server.webrtc import configure_video_bitrate, restrict_host_candidates
+from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
 from sessions.job_host import JobHost
 from sessions.recording import Recording
@@ -52,12 +47,6 @@ from sessions.served_models import ServedModels
 from sessions.store import Store
 from sessions.trainer_controls import TrainerControls
 
-if TYPE_CHECKING:
-    from runtime.engine import Engine
-    from runtime.faults import FaultInjector
-    from server.fleet_worker import FleetWorker
-    from server.whep import WhepResources
-
 __all__ = ["DEFAULT_MODEL", "ServerConfig", "ServerContext", "create_app", "resolve_admin_key"]
 
 log = logging.getLogger(__name__)
@@ -65,133 +54,6 @@ log = logging.getLogger(__name__)
 # The embedded default: trained weights shipped in the repository, real time on one CPU core
 # (its evaluation: infra/bench/RESULTS.md, tiny-world).
 DEFAULT_MODEL = "tiny-world"
-
-
-@dataclass
-class ServerContext:
-    """The live objects of one running server (built by the lifespan)."""
-
-    config: ServerConfig
-    store: Store
-    engine: Engine
-    host: SessionHost
-    jobs: JobHost
-    auth: Authenticator
-    metrics: ServerMetrics
-    device: str
-    model_id: str
-    forks: Forks  # a ForkRegistry; under --gpus N a stand-in that refuses forks
-    trainer: TrainerControls
-    resumer: Resumer
-    faults: FaultInjector | None = None  # with --fault-injection
-    heap: HeapTrim | None = None
-    memory: MemoryWatch | None = None  # $DREAMRT_DEBUG_MEMORY: the heap's growers, logged
-    peers: dict[str, ViewerPeer] = field(default_factory=dict)
-    job_peers: set[Any] = field(default_factory=set)  # server.job_preview.JobPreviewPeer
-    undo: list[Callable[[], None]] = field(default_factory=list)
-    rooms: dict[str, LiveKitParticipant] = field(default_factory=dict)
-    pacers: dict[str, FramePacer] = field(default_factory=dict)
-    sse_streams: Counter[str] = field(default_factory=Counter)  # open event streams by session
-    room_factory: Callable[[], RoomConnection] = LiveKitRoom
-    engine_id: str = ""
-    public_url: str = ""
-    draining: bool = False  # leaving the fleet: the card says so, the fleet worker unregistered
-    fleet: FleetWorker | None = None  # with --fleet
-    whep: WhepResources | None = None  # made by the first WHEP request
-    # what the instance compiled after ready (models.compile_guard; {} for a non-Wan instance)
-    compiles_after_ready: Callable[[], dict[str, int]] = dict
-
-    @property
-    def livekit_credentials(self) -> LiveKitCredentials:
-        return LiveKitCredentials.resolve(self.config.livekit_key, self.config.livekit_secret)
-
-    def pacer_for(self, session: Any) -> FramePacer:
-        """The one pacer of ``session``'s video, shared by its WebRTC viewer and LiveKit sink."""
-        for sid in [sid for sid, p in self.pacers.items() if p.session.terminal]:
-            del self.pacers[sid]
-        pacer = self.pacers.get(session.id)
-        if pacer is None or pacer.session is not session:
-            pacer = self.pacers[session.id] = FramePacer(session)
-            # gone with the session, not at the next pacer_for: it holds the session (its event
-            # history, its last frame) and the node may stay idle for hours
-            session.loop_watch.on_finished(lambda: self._pacer_ended(pacer))
-        return pacer
-
-    def _pacer_ended(self, pacer: FramePacer) -> None:
-        if self.pacers.get(pacer.session.id) is pacer:
-            del self.pacers[pacer.session.id]
-
-    def open_room(
-        self, session: Any, *, url: str, room: str, token: str, **options: Any
-    ) -> LiveKitParticipant:
-        """Starts ``session``'s LiveKit participant (joins in the background)."""
-        participant = LiveKitParticipant(
-            session,
-            self.room_factory(),
-            url=url,
-            room_name=room,
-            token=token,
-            pacer=self.pacer_for(session),
-            store=self.store,
-            control_rate_per_s=self.config.limits.control_rate_per_s,
-            on_closed=self._room_closed,
-            **options,
-        )
-        self.rooms[session.id] = participant
-        participant.start()
-        return participant
-
-    def _room_closed(self, participant: LiveKitParticipant) -> None:
-        if self.rooms.get(participant.session.id) is participant:
-            del self.rooms[participant.session.id]
-
-    def open_peer(self, session: Any) -> ViewerPeer:
-        """A new viewer peer for ``session`` (the caller closes any previous one first)."""
-        peer = ViewerPeer(
-            session,
-            store=self.store,
-            ice_servers=self.config.ice_servers,
-            limits=self.config.limits,
-            on_closed=self._peer_closed,
-            pacer=self.pacer_for(session),
-        )
-        self.peers[session.id] = peer
-        return peer
-
-    def _peer_closed(self, peer: ViewerPeer) -> None:
-        if self.peers.get(peer.session.id) is peer:
-            del self.peers[peer.session.id]
-
-    def metrics_snapshot(self) -> MetricsSnapshot:
-        counts = self.host.counts()
-        stats = self.engine.stats()
-        slabs_free, slabs_capacity = self.host.slab_counts()
-        return MetricsSnapshot(
-            sessions_by_state=counts["sessions_by_state"],
-            jobs_by_state=self.jobs.counts(),
-            frames_sent=counts["frames_sent"],
-            stalls=counts["stalls"],
-            media_dropped=counts["media_dropped"],
-            admission_rejections=counts["rejections"],
-            queue_depth=stats.queue_depth,
-            running_loops=stats.running_loops,
-            executing=stats.executing,
-            kv_slabs_free=slabs_free,
-            kv_slabs_capacity=slabs_capacity,
-            server_tasks=self.server_tasks(),
-            sse_streams=sum(self.sse_streams.values()),
-            peers=len(self.peers),
-            compiles_after_ready=self.compiles_after_ready(),
-        )
-
-    def server_tasks(self) -> int:
-        """Background tasks the server owns now: peers' tasks, loop drivers, session watchers."""
-        names = ("dreamrt-loop-", "session-", "job-", "peer-")
-        try:
-            tasks = asyncio.all_tasks()
-        except RuntimeError:
-            return 0
-        return sum(1 for t in tasks if not t.done() and t.get_name().startswith(names))
 
 
 def resolve_admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
@@ -493,43 +355,6 @@ async def _teardown(ctx: ServerContext) -> None:
     log.info("dreamrt stopped")
 
 
-def starts_listening_first(config: ServerConfig) -> bool:
-    """Whether the server listens before it is ready: one with a warm-up (``--compile``) does,
-    since compiling its set takes minutes on a GPU. Until the build and warm-up are done,
-    ``/healthz`` answers 503 ``"starting"`` (a readiness probe waits) and every route that
-    needs the model 503 ``starting`` with ``Retry-After``. Others build first (seconds)."""
-    warmup = config.model.warmup
-    return bool(config.model.compile if warmup is None else warmup)
-
-
-def _built(app: FastAPI, task: asyncio.Task[ServerContext]) -> None:
-    """The background build ended: serve with its context, or stop the server (exit code 3:
-    ``server.serve_cli``) with the error logged."""
-    if task.cancelled():
-        return
-    error = task.exception()
-    if error is None:
-        app.state.ctx = task.result()
-        return
-    log.error("dreamrt could not start: %s", error, exc_info=error)
-    app.state.start_error = error
-    stop = getattr(app.state, "stop_serving", None)
-    if stop is not None:
-        stop()
-
-
-async def _stop_build(build: asyncio.Task[ServerContext]) -> None:
-    """At shutdown: tear down what the build made, or cancel a build still running (the
-    process is exiting; a thread it started finishes on its own)."""
-    if not build.done():
-        build.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await build
-        return
-    if not build.cancelled() and build.exception() is None:
-        await _teardown(build.result())
-
-
 def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     """The dreamrt app for ``config`` (keyword overrides replace its settings, by key:
     ``create_app(data_dir=..., device="cpu")``)."""
@@ -551,23 +376,8 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     if isinstance(config.data_dir, str):
         config = config.replace(data_dir=Path(config.data_dir))
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if not starts_listening_first(config):
-            ctx = await _build(config)
-            app.state.ctx = ctx
-            try:
-                yield
-            finally:
-                await _teardown(ctx)
-            return
-        build = asyncio.create_task(_build(config), name="dreamrt-build")
-        build.add_done_callback(lambda task: _built(app, task))
-        try:
-            yield
-        finally:
-            await _stop_build(build)
-
+    # _build is looked up at each create_app: tests replace it to hold or fail a start
+    lifespan = lifespan_of(config, _build, _teardown)
     app = FastAPI(title="dreamrt", version="0.1.0", lifespan=lifespan)
     app.state.config = config
     app.state.draining = False  # set when a graceful shutdown begins (server.shutdown)

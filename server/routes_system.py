@@ -25,7 +25,7 @@ from server.metrics import CONTENT_TYPE
 from server.schemas import FaultBody, TokenBody, TokenIssued
 
 if TYPE_CHECKING:
-    from server.app import ServerContext
+    from server.context import ServerContext
 
 __all__ = [
     "ApiError",

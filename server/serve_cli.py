@@ -83,7 +83,7 @@ def serve(args: argparse.Namespace, argv: list[str]) -> int:
         app,
         timeout_s=config.shutdown_timeout_s,
     )
-    # a server that listens while it warms up (server.app.starts_listening_first) stops itself
+    # a server that listens while it warms up (server.lifespan.starts_listening_first) stops itself
     # when its build fails
     app.state.stop_serving = lambda: setattr(server, "should_exit", True)
     with contextlib.suppress(KeyboardInterrupt):  # SIGINT: uvicorn raises it again at exit

@@ -8,6 +8,7 @@ from fastapi.testclient import TestClient
 
 from server import app as app_module
 from server.app import DEFAULT_MODEL, create_app
+from server.lifespan import starts_listening_first
 from server.server_config import ServerConfig
 from tests.server.conftest import make_client
 
@@ -96,7 +97,7 @@ def test_a_build_that_fails_after_listening_stops_the_server(
 
 
 def test_only_a_warming_server_listens_first() -> None:
-    assert app_module.starts_listening_first(ServerConfig.of(compile=True))
-    assert app_module.starts_listening_first(ServerConfig.of(warmup=True))
-    assert not app_module.starts_listening_first(ServerConfig.of(compile=True, warmup=False))
-    assert not app_module.starts_listening_first(ServerConfig.of())
+    assert starts_listening_first(ServerConfig.of(compile=True))
+    assert starts_listening_first(ServerConfig.of(warmup=True))
+    assert not starts_listening_first(ServerConfig.of(compile=True, warmup=False))
+    assert not starts_listening_first(ServerConfig.of())

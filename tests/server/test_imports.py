@@ -15,6 +15,7 @@ SERVER = Path(__file__).resolve().parents[2] / "server"
 # world, a replay's own model, and the CLI entry points that check flags against the models.
 COMPOSITION_ROOTS = {
     "app.py",
+    "context.py",
     "warm_up.py",
     "spmd_serving.py",
     "replay.py",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from server.app import ServerContext
+from server.context import ServerContext
 from sessions.loop_watch import LoopWatch
 
 
