@@ -168,7 +168,8 @@ def _clean_up(
     created = response.json()
     if operation.path == "/v1/sessions":
         httpx.delete(f"{base_url}/v1/sessions/{created['id']}", headers=headers, timeout=10)
-    elif operation.path == "/v1/jobs":
+    elif operation.path in ("/v1/jobs", "/v1/workflows", "/v1/sessions/{session_id}/render"):
+        # a job (a workflow's id is its job's; a render is a job continuing a session)
         httpx.delete(f"{base_url}/v1/jobs/{created['id']}", headers=headers, timeout=10)
     elif operation.path == "/v1/videos":  # a t2v job too (the OpenAI-compatible API)
         httpx.delete(f"{base_url}/v1/videos/{created['id']}", headers=headers, timeout=10)
