@@ -6,13 +6,14 @@ one ``--compile-cache`` directory:
 
 1. **fresh**: ready time with an empty compile cache (with ``--empty-local-caches``, Inductor's
    and Triton's default caches are emptied before each server too, as on a new machine). Then
-   the mixed scenario: one session at the card's profile watched by a real aiortc viewer; after
+   the ``--setups`` of ``infra.bench.capacity`` on this server (sessions per GPU with admission
+   on; each waits until admission is no longer tightened by earlier deadline misses). Then the
+   mixed scenario: one session at the card's profile watched by a real aiortc viewer; after
    ``--baseline-s`` a t2v job of ``--job-frames`` is submitted, and the session's fresh frames
    are timed until the job ends (delivered fps, p95 and max frame interval, against the
-   baseline window); then the same job alone, for the job's time against alone. Then the
-   ``--setups`` of ``infra.bench.capacity`` on the same server (sessions per GPU with admission
-   on). ``dreamrt_compiles_after_ready_total`` is read at ready, after the mixed scenario and
-   at the end.
+   baseline window); then the same job alone, for the job's time against alone.
+   ``dreamrt_compiles_after_ready_total`` is read at ready, after the mixed scenario and at the
+   end.
 2. **cached**: the same card and ``--compile-cache`` again: the ready time of a restart (of a
    "fresh machine" that mounts the cache, with ``--empty-local-caches``).
 3. optional ``--second-model``: another card on the same cache directory (a cache of its own
@@ -193,19 +194,38 @@ def _phase(
     save()
 
 
+def _untightened(url: str, timeout_s: float = 45.0) -> float:
+    """Wait until admission's capacity is not lowered by recent deadline misses (they age out:
+    ``runtime.admission``) -> seconds waited; a setup then measures the full capacity."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout_s:
+        load = httpx.get(f"{url}/v1/deployment", timeout=10.0).json()["load"]
+        if not load["tightened"]:
+            break
+        time.sleep(1.0)
+    return round(time.monotonic() - began, 1)
+
+
 def _run_setups(url: str, text: str, args: argparse.Namespace, result: dict, save: Any) -> None:
     """The capacity setups against ``url``, one after another, each saved as it ends."""
     done = result.setdefault("setups", {})
     for setup in (parse_setup(t) for t in text.split(",") if t.strip()):
+        waited_s = _untightened(url)
         got = asyncio.run(run_setup(url, setup, args))
-        done[setup.name] = got
+        done[setup.name] = {**got, "waited_untightened_s": waited_s}
         fps = [x["fps"] for x in got["sessions"]]
-        print(f"  {setup.name}: {got['admitted']} admitted, fps {fps}, refusal {got['refusal']}")
+        print(
+            f"  {setup.name}: {got['admitted']} admitted, fps {fps}, refusal {got['refusal']}"
+            f" (waited {waited_s} s for an untightened admission)",
+            flush=True,
+        )
         save()
 
 
 def _fresh_work(args: argparse.Namespace) -> Any:
     def work(url: str, result: dict[str, Any], save: Any) -> None:
+        if args.setups:  # first: the mixed scenario's deadline misses would lower capacity
+            _run_setups(url, args.setups, args, result, save)
         mixed = result["mixed"] = asyncio.run(_mixed(url, args))
         result["compiles_after_mixed"] = compiles_after_ready(url)
         print(
@@ -215,8 +235,6 @@ def _fresh_work(args: argparse.Namespace) -> Any:
             flush=True,
         )
         save()
-        if args.setups:
-            _run_setups(url, args.setups, args, result, save)
 
     return work
 
