@@ -328,7 +328,7 @@ class WanInstance(InstanceSizing, InstanceDecoders):
 
     def batched_plan_kinds(self) -> frozenset[str]:
         """The plan kinds of a steady chunk the engine may run for several sessions as one
-        call (admission prices them per batch, ``sessions.host.batch_pricing``)."""
+        call (admission prices them per batch, ``sessions.session_pricing.batch_pricing``)."""
         return frozenset({"chunk_step"}) if self.chunk_step_op.batchable else frozenset()
 
     # ---------------------------------------------------------------------------------------
