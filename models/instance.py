@@ -20,7 +20,6 @@ satisfy what the loops use: a ``WanDiT``-compatible DiT, a VAE-like codec
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import math
 from pathlib import Path
@@ -28,10 +27,11 @@ from typing import Any, Protocol
 
 import torch
 
-from models.card import KVUpdate, ModelCard, Profile
-from models.card_vocabulary import coerce
+from models.card import ModelCard, Profile
 from models.compile_guard import CompileGuard
 from models.instance_decoders import InstanceDecoders, with_loaded_decoders
+from models.instance_errors import InstanceError
+from models.instance_levers import InstanceLevers
 from models.instance_sizing import InstanceSizing
 from models.loops.chunk_restart import RegenerateWhenSooner, RestartPolicy
 from models.loops.ops import (
@@ -47,10 +47,6 @@ from models.loops.registry import build_loop
 from models.loops.rollout_group import group_loop
 from models.lora import LoRAAdapters
 from models.resident_weights import ResidentWeights
-from models.wan.attention import WanSelfAttention
-from models.wan.attention_kernels import UnknownBackendError, select_backend
-from models.wan.cuda_graphs import ChunkGraphs
-from models.wan.fp8 import quantize_linears
 from models.wan.kv_cache import ChunkKVCache
 from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
 from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache
@@ -61,10 +57,6 @@ from runtime.contract import Loop
 __all__ = ["InstanceError", "WanInstance", "load_instance"]
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class InstanceError(RuntimeError):
-    """A card that cannot be instantiated here (names the card and the reason)."""
 
 
 class ComponentBuilder(Protocol):
@@ -93,14 +85,16 @@ def _component_builder(family: str) -> ComponentBuilder:
     return importlib.import_module(module).build_components
 
 
-class WanInstance(InstanceSizing, InstanceDecoders):
+class WanInstance(InstanceSizing, InstanceDecoders, InstanceLevers):
     """A loaded Wan-family card (implements ``runtime.contract.ModelState`` and
     ``models.loops.model.LoopModel``).
 
     ``dit``/``vae``/``text`` are the components; the ``*_op`` attributes are the StepOps the
     loops put into their WorkPlans. Sizing helpers (``kv_slab_bytes``, ``peak_bytes``,
     ``chunk_flops``) serve admission before a session is admitted. Sessions' chunk-KV caches
-    live in one preallocated ``KVSlabBuffer`` per geometry (``reserve_kv_slabs``).
+    live in one preallocated ``KVSlabBuffer`` per geometry (``reserve_kv_slabs``). The serving
+    levers (``configure``, ``compile``, ``seal``) are ``InstanceLevers``
+    (``models/instance_levers.py``).
     """
 
     def __init__(
@@ -162,137 +156,6 @@ class WanInstance(InstanceSizing, InstanceDecoders):
         self.extensions: dict[str, Any] = dict(extensions or {})
         self.block_observers: tuple[Any, ...] = tuple(block_observers)
 
-    def configure(
-        self,
-        *,
-        attention: str | None = None,
-        fp8: str | None = None,
-        overlap_decode: bool | None = None,
-        cuda_graphs: bool | None = None,
-        kv_update: str | None = None,
-        kv_cache: str | None = None,
-    ) -> None:
-        """Set serving levers without compiling anything (each None: left as it is); the
-        options and their measured effect are in docs/architecture.md ("Serving levers").
-
-        ``attention``: a name of ``models.wan.attention_kernels.ATTENTION_BACKENDS`` (unknown:
-        ``InstanceError``; lossy ones fall back to SDPA, logged, where they cannot run).
-        ``fp8``: "row" | "tensor" FP8 linears in the blocks (one-way). ``overlap_decode``: VAE
-        decode on a second CUDA stream. ``cuda_graphs``: steady-state chunk forwards replay CUDA
-        graphs (``models/wan/cuda_graphs.py``; a no-op off CUDA). ``kv_update``: "last_step"
-        folds the KV-update pass into the last denoising step, "clean" is the separate pass
-        (a deviation from a recipe trained the other way). ``kv_cache``: "fp8" stores the
-        chunk-K/V cache in e4m3 with per-head scales, read by FA3's FP8 kernel where it runs
-        (``models/wan/kv_fp8.py``; before any slab is reserved), "model" in the model's dtype.
-        ``levers`` records what is in force.
-        """
-        if attention is not None:
-            try:
-                kernel = select_backend(attention)
-            except UnknownBackendError as exc:
-                raise InstanceError(exc.args[0]) from None
-            for module in self.dit.modules():
-                if isinstance(module, WanSelfAttention):
-                    module.kernel = kernel
-            self.levers["attention"] = kernel.name
-        if overlap_decode is not None:
-            for op in self._other_decode_ops.values():
-                op.set_overlap(overlap_decode, self.device)
-            self.decode_op.set_overlap(overlap_decode, self.device)
-            self.levers["overlap_decode"] = self.decode_op.overlap
-        if fp8 not in (None, "row", "tensor"):
-            raise InstanceError(f"fp8 {fp8!r} is not one of None, 'row', 'tensor'")
-        if fp8 is not None and not self._fp8:
-            quantize_linears(
-                self.dit, lambda name: name.startswith("blocks."), per_tensor=fp8 == "tensor"
-            )
-            self._fp8 = True
-            self.levers["fp8"] = fp8
-        if cuda_graphs is not None:
-            self.dit.chunk_graphs = ChunkGraphs() if cuda_graphs else None
-            self.levers["cuda_graphs"] = cuda_graphs
-        if kv_update is not None:
-            self._set_kv_update(kv_update)
-        if kv_cache is not None:
-            self._set_kv_cache(kv_cache)
-
-    def _set_kv_cache(self, kv_cache: str) -> None:
-        dtypes = {"model": self.dtype, "fp8": torch.float8_e4m3fn}
-        if kv_cache not in dtypes:
-            raise InstanceError(f"kv_cache {kv_cache!r} is not one of {sorted(dtypes)}")
-        if dtypes[kv_cache] == self.kv_dtype:
-            return
-        if self._slab_buffers:
-            raise InstanceError("kv_cache must be set before K/V slabs are reserved")
-        if kv_cache == "fp8" and self.kv_config is not self.dit.config:
-            raise InstanceError("an FP8 K/V cache is not built for sequence-parallel serving")
-        self.kv_dtype = dtypes[kv_cache]
-        self.levers["kv_cache"] = kv_cache
-
-    def _set_kv_update(self, kv_update: str) -> None:
-        spec = self.card.loops.get("chunk_rollout")
-        if spec is None:
-            raise InstanceError(f"card {self.card.model_id!r} has no chunk_rollout to fold")
-        try:
-            spec = dataclasses.replace(spec, kv_update=coerce(KVUpdate, kv_update, "kv_update"))
-        except ValueError as exc:
-            raise InstanceError(f"kv_update {kv_update!r}: {exc}") from None
-        loops = {**self.card.loops, "chunk_rollout": spec}
-        self.card = dataclasses.replace(self.card, loops=loops)
-        self.levers["kv_update"] = spec.kv_update.value
-
-    def compile(
-        self,
-        *,
-        attention: str = "auto",
-        fp8: str | None = None,
-        overlap_decode: bool = True,
-        cuda_graphs: bool = False,
-        kv_update: str | None = None,
-        kv_cache: str | None = None,
-    ) -> None:
-        """Optimise the step bodies for serving (GPU; infra/bench/RESULTS.md): ``configure``
-        the levers, then (once) ``torch.compile`` every DiT block (one graph for all of them;
-        one more per K/V prefix length while a cache fills) and the VAE decoder (3D conv weights
-        channels-last: cuDNN's fast layout once the norms around them are fused; a tiny decoder's
-        2D convolutions keep their layout - ``dreamrt bench tiny-decoder`` measures both). The
-        first chunks after this pay the compilation. Compilation and FP8 are one-way."""
-        self.configure(
-            attention=attention,
-            fp8=fp8,
-            overlap_decode=overlap_decode,
-            cuda_graphs=cuda_graphs,
-            kv_update=kv_update,
-            kv_cache=kv_cache,
-        )
-        if self._compiled:
-            return
-        for block in self.dit.blocks:
-            block.compile()
-            self.compile_guard.wrap(block, "dit.blocks")  # one name: a shape counts once
-        for name, codec in (("vae", self.vae), *self._other_codecs.items()):
-            if hasattr(codec, "decoder") and isinstance(codec.decoder, torch.nn.Module):
-                for module in codec.modules():
-                    if isinstance(module, torch.nn.Conv3d):
-                        module.weight.data = module.weight.data.contiguous(
-                            memory_format=torch.channels_last_3d
-                        )
-                codec.decoder.compile()
-                self.compile_guard.wrap(codec.decoder, f"{name}.decoder")
-        self._compiled = True
-        self.levers["compiled"] = True
-
-    def seal(self, *, enforce: bool = True) -> None:
-        """At ready, after the warm-up: compile and capture nothing more; a call outside the
-        compiled set runs eagerly, logged once and counted (``models.compile_guard``).
-        ``enforce=False`` (no warm-up ran): only count what still compiles. A no-op uncompiled."""
-        if self._compiled:
-            self.compile_guard.seal(self.dit.chunk_graphs, enforce=enforce)
-
-    def compiles_after_ready(self) -> dict[str, int]:
-        """``CompileGuard.after_ready`` (all zero on an uncompiled or unsealed instance)."""
-        return self.compile_guard.after_ready()
-
     def shard_sequence(self, group: Any) -> None:
         """Ulysses over ``group`` (models/wan/sequence_parallel.py); slabs get H/sp heads."""
         from models.wan.sequence_parallel import enable, local_kv_config
@@ -328,7 +191,7 @@ class WanInstance(InstanceSizing, InstanceDecoders):
 
     def batched_plan_kinds(self) -> frozenset[str]:
         """The plan kinds of a steady chunk the engine may run for several sessions as one
-        call (admission prices them per batch, ``sessions.host.batch_pricing``)."""
+        call (admission prices them per batch, ``sessions.session_pricing.batch_pricing``)."""
         return frozenset({"chunk_step"}) if self.chunk_step_op.batchable else frozenset()
 
     # ---------------------------------------------------------------------------------------

@@ -43,7 +43,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from runtime.admission import AdmissionController
@@ -53,12 +52,11 @@ from runtime.contract import (
     Loop,
     LoopFailed,
     LoopState,
-    PlanWithdrawn,
     Priority,
     StepResult,
-    WorkPlan,
 )
 from runtime.cost import CostModel
+from runtime.engine_plans import EnginePlans, PlanEntry
 from runtime.engine_state import EngineError, EngineState, check_engine_transition
 from runtime.engine_stats import EngineCounters, EngineStats
 from runtime.executor import ExecJob, Executor, JobOutcome
@@ -73,8 +71,8 @@ from runtime.loop_handle import (
     build_driver,
 )
 from runtime.observers import BatchListener, BatchReport, Observer
-from runtime.plan_timing import PlanTiming, PlanWindow
-from runtime.scheduler import Batch, PlayoutDeadlines, Scheduler, Ticket, ends_chunk
+from runtime.plan_timing import PlanTiming
+from runtime.scheduler import Batch, PlayoutDeadlines, Scheduler
 from runtime.step_edf import StepEdfScheduler
 
 __all__ = ["Engine", "EngineError", "EngineState", "EngineStats", "LoopHandle", "LoopStatus"]
@@ -82,21 +80,13 @@ __all__ = ["Engine", "EngineError", "EngineState", "EngineStats", "LoopHandle", 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class _PlanEntry:
-    plan_id: int
-    record: LoopRecord
-    plan: WorkPlan
-    future: asyncio.Future[StepResult]
-    deadline_s: float | None  # the playout deadline (misses are counted against it)
-
-
-class Engine:
+class Engine(EnginePlans):
     """Runs loops: admits nothing itself (``admission`` is the server's gate), schedules their
     plans with ``scheduler`` (default: a new ``StepEdfScheduler()``; a scheduler serves one
     engine), executes them on one thread, feeds results back. ``observers`` run around each
     batch on the executor thread; ``listeners`` hear each finished batch on the event loop.
-    See the module docstring."""
+    The loops' plans (submit, withdraw, drop, retime: ``LoopControl``) are ``EnginePlans``
+    (``runtime.engine_plans``). See the module docstring."""
 
     def __init__(
         self,
@@ -127,7 +117,7 @@ class Engine:
         self._clock = clock
         self._state = EngineState.CREATED
         self._loops: dict[str, LoopRecord] = {}
-        self._plans: dict[int, _PlanEntry] = {}
+        self._plans: dict[int, PlanEntry] = {}
         self._next_plan_id = 0
         self._in_flight: Batch | None = None
         self._wake: asyncio.Event | None = None
@@ -300,102 +290,6 @@ class Engine:
         record.release_state()
         record.finished.set()
         self._poke()  # a policy that reserved the executor for this loop may now pick another
-
-    # -- plans ------------------------------------------------------------------------------
-
-    async def submit_plan(self, record: LoopRecord, plan: WorkPlan) -> StepResult:
-        if record.cancel_reason is not None:
-            raise Cancelled(record.loop_id, record.cancel_reason)
-        if self._state is not EngineState.RUNNING:
-            raise Cancelled(record.loop_id, "engine_closed")
-        if self._broken is not None:
-            raise LoopFailed(
-                record.loop_id, "internal", f"engine scheduler crashed: {self._broken}"
-            )
-        now_s = self._clock()
-        record.trace.planned(plan.inputs)
-        window = self._window(record, plan, now_s)
-        plan_id = self._next_plan_id
-        self._next_plan_id += 1
-        future: asyncio.Future[StepResult] = asyncio.get_running_loop().create_future()
-        self._plans[plan_id] = _PlanEntry(plan_id, record, plan, future, window.deadline_s)
-        self.scheduler.submit(
-            Ticket(
-                plan_id=plan_id,
-                loop_id=record.loop_id,
-                priority=record.priority,
-                batch_key=(*plan.batch_key, f"op@{id(plan.op):x}"),
-                batchable=plan.op.batchable,
-                deadline_s=window.rank_s,
-                cost_gpu_s=window.cost_s,
-                enqueued_s=now_s,
-                eligible_s=window.eligible_s,
-                ends_chunk=ends_chunk(plan.emits),
-            )
-        )
-        record.queued_plan = plan_id
-        self._poke()
-        try:
-            return await future
-        except asyncio.CancelledError:
-            if record.queued_plan == plan_id:
-                self._drop_queued(record, None)
-            raise
-
-    def _window(self, record: LoopRecord, plan: WorkPlan, now_s: float) -> PlanWindow:
-        return self.timing.window(
-            plan,
-            priority=record.priority,
-            media_t0_s=record.media_t0_s,
-            trace=record.trace,
-            now_s=now_s,
-        )
-
-    def _drop_queued(self, record: LoopRecord, error: BaseException | None) -> None:
-        for plan_id in self.scheduler.drop_loop(record.loop_id):
-            entry = self._plans.pop(plan_id)
-            if error is not None and not entry.future.done():
-                entry.future.set_exception(error)
-        record.queued_plan = None
-
-    def cancel_loop(self, record: LoopRecord, reason: str) -> None:
-        if record.status is not LoopStatus.RUNNING or record.cancel_reason is not None:
-            return
-        record.cancel_reason = reason
-        logger.info("loop %s: cancel requested (%s)", record.loop_id, reason)
-        self._drop_queued(record, Cancelled(record.loop_id, reason))
-        self._poke()
-
-    def set_loop_paused(self, record: LoopRecord, paused: bool, *, hold: bool = False) -> None:
-        if record.status is not LoopStatus.RUNNING:
-            return
-        stopped = record.stopped
-        if hold and record.held and not paused:  # a released loop re-describes its plan
-            self._drop_queued(record, PlanWithdrawn(record.loop_id))
-        setattr(record, "held" if hold else "paused", paused)
-        if record.stopped != stopped:
-            pause = self.scheduler.pause_loop if record.stopped else self.scheduler.resume_loop
-            pause(record.loop_id)
-        self._poke()
-
-    def set_loop_media_t0(self, record: LoopRecord, t0_s: float) -> None:
-        record.media_t0_s = t0_s
-        if record.queued_plan is not None:
-            entry = self._plans[record.queued_plan]
-            window = self._window(record, entry.plan, self._clock())
-            entry.deadline_s = window.deadline_s
-            self.scheduler.update(
-                entry.plan_id, deadline_s=window.rank_s, eligible_s=window.eligible_s
-            )
-            self._poke()
-
-    def inputs_arrived(self, record: LoopRecord) -> None:
-        """Live inputs were queued for ``record``: with ``withdraw_on_input``, its plan still
-        waiting in the queue (not executing) is taken back so the loop absorbs them now."""
-        if not self.withdraw_on_input or record.queued_plan is None or record.done:
-            return
-        self._drop_queued(record, PlanWithdrawn(record.loop_id))
-        self._poke()
 
     # -- schedule -> execute -> update ------------------------------------------------------
 

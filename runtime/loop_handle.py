@@ -226,7 +226,8 @@ class LoopRecord:
 
 
 class LoopControl(Protocol):
-    """What the engine offers handles and contexts (implemented by ``runtime.engine.Engine``)."""
+    """What the engine offers handles and contexts (implemented by ``runtime.engine.Engine``,
+    in its mixin ``runtime.engine_plans.EnginePlans``)."""
 
     async def submit_plan(self, record: LoopRecord, plan: WorkPlan) -> StepResult: ...
 

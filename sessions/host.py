@@ -12,6 +12,7 @@ activation bytes and a chunk-KV slab from the slab pool of its geometry. When th
 sessions' denoising steps (``batched_plan_kinds``) and the chunk is priced from measurements,
 the request carries a ``BatchPricing``: sessions of one shape are priced as the batches they
 run in (``batch_pricing``), so a second session of a small profile costs less than the first.
+Both prices are computed in ``sessions.session_pricing``.
 The first session of a geometry makes the served model preallocate that geometry's K/V buffer
 (``slabs_per_geometry`` slabs) and registers its pool with admission; the slab index travels to
 the loop in ``SessionRequest.kv_slab``.
@@ -34,7 +35,7 @@ from typing import Any, Literal
 
 from models.card import Profile
 from models.loops.requests import SessionRequest
-from runtime.admission import AdmissionRequest, BatchPricing, Reject
+from runtime.admission import AdmissionRequest, Reject
 from runtime.contract import Priority
 from runtime.pools import KVSlabPool
 from sessions.handoff import forget_manifest
@@ -48,9 +49,12 @@ from sessions.served_models import (
     new_id,
 )
 from sessions.session import Session, SessionConfig
+from sessions.session_pricing import ADMISSION_COSTS, batch_pricing, chunk_gpu_seconds
 from sessions.store import Store
 
-__all__ = ["Reject", "SessionHost"]  # Reject: what create_session answers on no capacity
+# Reject: what create_session answers on no capacity; the pricing functions are
+# sessions.session_pricing's, importable from here as before
+__all__ = ["Reject", "SessionHost", "batch_pricing", "chunk_gpu_seconds"]
 
 log = logging.getLogger(__name__)
 
@@ -60,70 +64,6 @@ SESSION_LOOP = "chunk_rollout"
 @dataclass(frozen=True, slots=True)
 class _Live:
     session: Session
-
-
-ADMISSION_COSTS = ("auto", "measured", "prior")
-
-
-def chunk_gpu_seconds(
-    cost: Any,
-    served: ServedModel,
-    profile: Profile,
-    *,
-    measured: bool = True,
-    decoder: str | None = None,
-) -> float:
-    """GPU-seconds of one steady chunk of a session of ``profile``: from the cost model's
-    calibration when ``measured`` and every plan of the chunk has been measured on this device
-    (a session of the profile ran a steady chunk), asynchronous device time included; the
-    analytic prior of the chunk's FLOPs otherwise (the warm-up's compiling runs calibrate
-    nothing). On an H200 the prior priced a 480x272@16 session at a third of what it costs.
-    ``decoder``: the session's (None: the model's default)."""
-    plans = _steady_plans(served, profile, decoder) if measured else ()
-    if _calibrated(cost, plans):
-        return sum(n * cost.gpu_seconds(kind, sig) for kind, sig, n in plans)
-    flops = served.chunk_flops(profile) if decoder is None else served.chunk_flops(profile, decoder)
-    return cost.prior(flops, 0.0)
-
-
-def _steady_plans(served: ServedModel, profile: Profile, decoder: str | None) -> Any:
-    if decoder is None:
-        return served.steady_chunk_plans(profile)
-    return served.steady_chunk_plans(profile, decoder)
-
-
-def batch_pricing(
-    cost: Any,
-    served: ServedModel,
-    profile: Profile,
-    *,
-    max_batch: int,
-    decoder: str | None = None,
-) -> BatchPricing | None:
-    """How sessions of ``profile`` are priced together (``runtime.admission.BatchPricing``):
-    GPU-s per media second of the plans of a steady chunk the model batches across sessions
-    (``batched_plan_kinds``: its denoising steps), for 1 .. ``max_batch`` sessions as one batch
-    (``CostModel.gpu_seconds(batch_size=k)``: measured per batch size, fitted between).
-    None where nothing batches, the engine runs one plan at a time, or the chunk's plans are
-    not all measured (the prior knows no batches)."""
-    kinds = frozenset(getattr(served, "batched_plan_kinds", lambda: ())())
-    plans = _steady_plans(served, profile, decoder)
-    batched = [(kind, sig, n) for kind, sig, n in plans if kind in kinds]
-    chunk_s = served.chunk_seconds(profile)
-    if max_batch < 2 or not batched or chunk_s <= 0 or not _calibrated(cost, plans):
-        return None
-    shares = tuple(
-        sum(n * cost.gpu_seconds(kind, sig, batch_size=k) for kind, sig, n in batched) / chunk_s
-        for k in range(1, max_batch + 1)
-    )
-    key = f"{served.card.model_id}:" + ",".join(f"{kind}/{sig}" for kind, sig, _ in batched)
-    return BatchPricing(key, shares)
-
-
-def _calibrated(cost: Any, plans: Any) -> bool:
-    return bool(plans) and all(
-        cost.samples(kind, sig) >= cost.min_samples for kind, sig, _ in plans
-    )
 
 
 class SessionHost:

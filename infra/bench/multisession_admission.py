@@ -16,7 +16,7 @@ from models.instance import WanInstance
 from runtime.admission import AdmissionConfig, AdmissionController, AdmissionRequest, Reject
 from runtime.cost import CostModel
 from runtime.pools import KVSlabPool
-from sessions.host import chunk_gpu_seconds
+from sessions.session_pricing import chunk_gpu_seconds
 
 __all__ = ["admission_controller", "admission_limit", "measured_share", "session_request"]
 

@@ -11,8 +11,9 @@ from runtime.admission import AdmissionConfig, AdmissionController, Reject
 from runtime.cost import CostModel, DeviceConstants
 from runtime.engine import Engine
 from sessions.events import SessionStateChanged
-from sessions.host import SessionHost, chunk_gpu_seconds
+from sessions.host import SessionHost
 from sessions.served_models import HostError, ServedModels
+from sessions.session_pricing import chunk_gpu_seconds
 from sessions.store import Store
 from tests.sessions.conftest import TINY_MODEL
 
