@@ -6,6 +6,8 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# test files run on this many cores side by side (pytest-xdist; 0: one process)
+PYTEST_WORKERS ?= 2
 
 .PHONY: run test lint install browser clean
 
@@ -38,7 +40,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint browser
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
