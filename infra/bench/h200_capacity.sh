@@ -8,7 +8,8 @@
 #                                                             # session, sessions per GPU
 #
 # Wheels: the device image lacks msgspec, aiortc, av, fastapi and fa3-fwd; they travel as one
-# xz tarball of their unpacked wheels (.whl/site.tar.xz, carried: 64 MiB per call in all).
+# xz tarball of their unpacked wheels (.whl/site.tar.xz, made by infra/bench/device_wheels.sh;
+# carried: 64 MiB per call in all).
 set -uo pipefail
 stages="${1:-engine}"
 OUT="${OUT:-/tmp/out}"
