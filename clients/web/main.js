@@ -9,9 +9,9 @@
  * empty Start uses the first one.
  */
 
-import { ActionInput, isTextTarget } from "./action_input.js";
+import { ActionInput } from "./action_input.js";
 import { ApiClient } from "./api.js";
-import { ConfigError, parseIceServers, readConfig, storeSettings } from "./config.js";
+import { ConfigError, readConfig } from "./config.js";
 import { EventLog } from "./event_log.js";
 import { ForkPicker } from "./fork_picker.js";
 import { FrameClock } from "./frame_clock.js";
@@ -20,6 +20,7 @@ import { Keycaps } from "./keycaps.js";
 import { ModelGuide, decoderChoices, describeSession } from "./model_guide.js";
 import { HttpPcmTransport, PushToTalk, TrackTransport } from "./microphone.js";
 import { PageState, PageStateMachine } from "./page_state.js";
+import { bindSettingsForm, bindShortcuts } from "./page_keys.js";
 import { StatsView } from "./stats_view.js";
 import { LatencyBar } from "./latency_bar.js";
 
@@ -78,9 +79,14 @@ class App {
   init() {
     this._bindComposer();
     this._bindControls();
-    this._bindShortcuts();
+    bindShortcuts({
+      talk: () => this.talk,
+      spaceOwners: () => [document.body, this.stage, this.video, document.documentElement],
+      focusPrompt: () => this.prompt.focus(),
+      togglePause: () => this._togglePause(),
+    });
     this._bindKeycaps();
-    this._bindSettings();
+    bindSettingsForm(this.config, this.api);
     this.actions.start();
     this.frames.start();
     window.addEventListener("pagehide", () => this.session?.close({ keepalive: true }));
@@ -393,50 +399,6 @@ class App {
     this.keycaps.bind({
       press: (name) => (name === "talk" ? this.talk?.press() : this.actions.enabled && this.actions.setKey(name, true)),
       release: (name) => (name === "talk" ? this.talk?.release() : this.actions.setKey(name, false)),
-    });
-  }
-
-  _bindShortcuts() {
-    const spaceOwners = () => [document.body, this.stage, this.video, document.documentElement];
-    window.addEventListener("keydown", (event) => {
-      if (isTextTarget(event.target) || event.ctrlKey || event.metaKey || event.altKey) return;
-      if (event.code === "Space" && spaceOwners().includes(event.target)) {
-        event.preventDefault();
-        if (!event.repeat) this.talk?.press();
-      } else if (event.key === "/") {
-        event.preventDefault();
-        this.prompt.focus();
-      } else if ((event.key === "p" || event.key === "P") && !event.repeat) {
-        this._togglePause();
-      }
-    });
-    window.addEventListener("keyup", (event) => {
-      if (event.code === "Space" && this.talk?.talking && event.target !== $("talk")) {
-        event.preventDefault();
-        this.talk.release();
-      }
-    });
-    window.addEventListener("blur", () => this.talk?.release());
-  }
-
-  _bindSettings() {
-    const ice = $("settings-ice");
-    const key = $("settings-key");
-    ice.value = this.config.iceText;
-    key.value = this.config.apiKey;
-    $("settings-form").addEventListener("submit", (event) => {
-      event.preventDefault();
-      try {
-        this.config.iceServers = parseIceServers(ice.value);
-      } catch (err) {
-        $("settings-status").textContent = err.message;
-        return;
-      }
-      this.config.iceText = ice.value;
-      this.config.apiKey = key.value;
-      this.api.apiKey = key.value;
-      storeSettings({ ice: ice.value, key: key.value });
-      $("settings-status").textContent = "Saved; used by the next session.";
     });
   }
 
