@@ -24,7 +24,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from runtime.task_set import TaskSet
-from server.webrtc import OfferError, ice_server, video_codec_preferences
+from server.webrtc import add_video_sender, apply_offer, ice_server
 from sessions.job import Job
 from sessions.playout import PTS_HZ
 
@@ -101,15 +101,8 @@ class JobPreviewPeer:
 
     async def answer(self, sdp: str) -> RTCSessionDescription:
         """Answers the offer ``sdp`` (a recvonly video m-line); ``OfferError`` otherwise."""
-        if "m=video" not in sdp:
-            raise OfferError("the offer has no video m-line; add a recvonly video transceiver")
-        video = self.pc.addTransceiver(self.track, direction="sendonly")
-        video.setCodecPreferences(video_codec_preferences())
-        try:
-            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-            await self.pc.setLocalDescription(await self.pc.createAnswer())
-        except Exception as exc:  # noqa: BLE001 - aiortc raises assorted types on malformed SDP
-            raise OfferError(f"cannot answer the offer: {type(exc).__name__}: {exc}") from None
+        add_video_sender(self.pc, self.track, sdp)
+        await apply_offer(self.pc, sdp)
         for frames in self.job.preview_history:
             self.track.push(frames)
         self.job.preview_listeners.append(self._on_preview)

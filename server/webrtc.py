@@ -63,6 +63,8 @@ __all__ = [
     "AUDIO_PUSH_S",
     "OfferError",
     "ViewerPeer",
+    "add_video_sender",
+    "apply_offer",
     "configure_video_bitrate",
     "ice_server",
     "restrict_host_candidates",
@@ -81,6 +83,25 @@ class OfferError(DreamrtError, ValueError):
 
     code = "bad_offer"
     status = 400
+
+
+def add_video_sender(pc: RTCPeerConnection, track: Any, sdp: str) -> Any:
+    """``track``'s sendonly video transceiver on ``pc`` for the offer ``sdp``, codecs in
+    ``video_codec_preferences`` order; ``OfferError`` if the offer has no video m-line."""
+    if "m=video" not in sdp:
+        raise OfferError("the offer has no video m-line; add a recvonly video transceiver")
+    video = pc.addTransceiver(track, direction="sendonly")
+    video.setCodecPreferences(video_codec_preferences())
+    return video
+
+
+async def apply_offer(pc: RTCPeerConnection, sdp: str) -> None:
+    """Sets the offer ``sdp`` and ``pc``'s answer; ``OfferError`` if aiortc cannot."""
+    try:
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        await pc.setLocalDescription(await pc.createAnswer())
+    except Exception as exc:  # noqa: BLE001 - aiortc raises assorted types on malformed SDP
+        raise OfferError(f"cannot answer the offer: {type(exc).__name__}: {exc}") from None
 
 
 def video_codec_preferences() -> list[Any]:
@@ -216,19 +237,12 @@ class ViewerPeer:
 
     async def answer(self, sdp: str) -> RTCSessionDescription:
         """Answers the offer ``sdp``; ``OfferError`` if it cannot be answered."""
-        if "m=video" not in sdp:
-            raise OfferError("the offer has no video m-line; add a recvonly video transceiver")
-        video = self.pc.addTransceiver(self.track, direction="sendonly")
-        video.setCodecPreferences(video_codec_preferences())
+        video = add_video_sender(self.pc, self.track, sdp)
         if "m=audio" in sdp:
             self.pc.addTransceiver(
                 "audio", direction="recvonly" if self._audio_wanted else "inactive"
             )
-        try:
-            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-            await self.pc.setLocalDescription(await self.pc.createAnswer())
-        except Exception as exc:  # noqa: BLE001 - aiortc raises assorted types on malformed SDP
-            raise OfferError(f"cannot answer the offer: {type(exc).__name__}: {exc}") from None
+        await apply_offer(self.pc, sdp)
         if video.currentDirection not in ("sendonly", "sendrecv"):
             raise OfferError(
                 f"the offer's video m-line lets the server send nothing (answer direction "
