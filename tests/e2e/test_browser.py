@@ -171,7 +171,8 @@ def test_typed_prompt_is_applied(live_page: Any, server: ServerProcess) -> None:
             (s) => [s.dataset.segment, Number(s.style.flexGrow)])"""
     )
     assert [name for name, _ in bar] == ["wait", "generate", "send"]
-    assert abs(sum(grow for _, grow in bar) - 1.0) < 1e-6 and bar[1][1] > 0, bar
+    # the page rounds each share to 6 decimals: three of them sum to 1 within 1.5e-6
+    assert abs(sum(grow for _, grow in bar) - 1.0) <= 2e-6 and bar[1][1] > 0, bar
 
 
 def test_held_key_is_applied(live_page: Any, server: ServerProcess) -> None:
