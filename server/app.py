@@ -29,7 +29,7 @@ from runtime.errors import DreamrtError
 from server.auth import Authenticator, AuthMode, check_admin_key, resolve_auth_mode
 from server.context import ServerContext
 from server.deployment import engine_id_for
-from server.heap_trim import HeapTrim
+from server.heap_trim import HeapTrim, freeze_loaded_heap
 from server.lifespan import lifespan_of
 from server.loop_watchdog import LoopWatchdog
 from server.memory_watch import MemoryWatch
@@ -269,6 +269,9 @@ async def _build(config: ServerConfig) -> ServerContext:
     if seal is not None:
         seal(enforce=bool(warmed))
         ctx.compiles_after_ready = instance.compiles_after_ready
+    # the model and the warm-up's graphs live as long as the process: out of the collector's
+    # walk, or a full collection stands the event loop still for seconds (server.heap_trim)
+    ctx.undo.append(freeze_loaded_heap())
     jobs.resume_jobs(unfinished_jobs)
     # ended sessions' freed native memory goes back to the OS (RSS does not ratchet up)
     ctx.heap = HeapTrim(

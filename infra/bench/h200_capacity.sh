@@ -7,6 +7,11 @@
 #   bash infra/bench/h200_capacity.sh warm                    # ready times, a job beside a
 #                                                             # session, sessions per GPU
 #
+# The warm stage's fresh start alone takes ~400 s on the H200, so its phases can span two calls
+# of one warm machine: WARM_CACHE=data/warm-cache (ignored by git, so it stays on the machine
+# between calls) with WARM_PHASES=fresh, then at once WARM_PHASES=cached with the same
+# WARM_CACHE (WARM_ARGS="--mixed-on cached --cached-setups ..." for what the first call missed).
+#
 # Wheels: the device image lacks msgspec, aiortc, av, fastapi and fa3-fwd; they travel as one
 # xz tarball of their unpacked wheels (.whl/site.tar.xz, made by infra/bench/device_wheels.sh;
 # carried: 64 MiB per call in all).
@@ -49,11 +54,15 @@ if has server; then
   tail -40 "$OUT/capacity.log"
 fi
 if has warm; then
+  # servers run in sessions of their own: one left by a call cut short would hold the GPU
+  pkill -INT -f -- '--compile-cache' && sleep 5
   timeout "${WARM_S:-560}" $PY -m infra.bench.warm_serving --model wan2.1-1.3b-causal \
     --device cuda --random-weights --max-sessions "${WARM_MAX_SESSIONS:-6}" --job-frames 241 \
     --setups "${WARM_SETUPS:-full=832x480@16,tiny=832x480@16/tiny,small=480x272@16}" \
     --phases "${WARM_PHASES:-fresh,cached}" --empty-local-caches --keep-logs "$OUT/logs" \
+    ${WARM_CACHE:+--cache "$WARM_CACHE"} ${WARM_ARGS:-} \
     --json "$OUT/warm_serving.json" >"$OUT/warm_serving.log" 2>&1
   tail -40 "$OUT/warm_serving.log"
+  pkill -INT -f -- '--compile-cache' && sleep 5
 fi
 exit 0

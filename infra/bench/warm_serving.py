@@ -8,14 +8,17 @@ one ``--compile-cache`` directory:
    and Triton's default caches are emptied before each server too, as on a new machine). Then
    the ``--setups`` of ``infra.bench.capacity`` on this server (sessions per GPU with admission
    on; each waits until admission is no longer tightened by earlier deadline misses). Then the
-   mixed scenario: one session at the card's profile watched by a real aiortc viewer; after
-   ``--baseline-s`` a t2v job of ``--job-frames`` is submitted, and the session's fresh frames
-   are timed until the job ends (delivered fps, p95 and max frame interval, against the
-   baseline window); then the same job alone, for the job's time against alone.
+   mixed scenario (unless ``--mixed-on`` leaves ``fresh`` out): one session at the card's
+   profile watched by a real aiortc viewer; after ``--baseline-s`` a t2v job of
+   ``--job-frames`` is submitted, and the session's fresh frames are timed until the job ends
+   (delivered fps, p95 and max frame interval, against the baseline window); then the same
+   job alone, for the job's time against alone.
    ``dreamrt_compiles_after_ready_total`` is read at ready, after the mixed scenario and at the
    end.
 2. **cached**: the same card and ``--compile-cache`` again: the ready time of a restart (of a
-   "fresh machine" that mounts the cache, with ``--empty-local-caches``).
+   "fresh machine" that mounts the cache, with ``--empty-local-caches``), then its
+   ``--cached-setups`` and (``--mixed-on cached``) the mixed scenario. With ``--cache DIR`` the
+   cached phase may run in a later invocation than the fresh one (``--phases cached``).
 3. optional ``--second-model``: another card on the same cache directory (a cache of its own
    within it: the key names the card), its ready time and its ``--second-setups``.
 
@@ -222,10 +225,14 @@ def _run_setups(url: str, text: str, args: argparse.Namespace, result: dict, sav
         save()
 
 
-def _fresh_work(args: argparse.Namespace) -> Any:
+def _serving_work(args: argparse.Namespace, setups: str, mixed_too: bool) -> Any:
+    """The capacity ``setups``, then (``mixed_too``) the mixed scenario."""
+
     def work(url: str, result: dict[str, Any], save: Any) -> None:
-        if args.setups:  # first: the mixed scenario's deadline misses would lower capacity
-            _run_setups(url, args.setups, args, result, save)
+        if setups:  # first: the mixed scenario's deadline misses would lower capacity
+            _run_setups(url, setups, args, result, save)
+        if not mixed_too:
+            return
         mixed = result["mixed"] = asyncio.run(_mixed(url, args))
         result["compiles_after_mixed"] = compiles_after_ready(url)
         print(
@@ -239,14 +246,6 @@ def _fresh_work(args: argparse.Namespace) -> Any:
     return work
 
 
-def _setups_work(text: str, args: argparse.Namespace) -> Any:
-    def work(url: str, result: dict[str, Any], save: Any) -> None:
-        if text:
-            _run_setups(url, text, args, result, save)
-
-    return work
-
-
 def _print(report: dict[str, Any]) -> None:
     print("\n| server | ready s | compiles at ready / at end | outside-set log lines |")
     print("| --- | --- | --- | --- |")
@@ -256,10 +255,14 @@ def _print(report: dict[str, Any]) -> None:
             f"{r.get('compiles_at_end')} | {len(r['log']['outside_set_lines'])} |"
             + (f" error: {r['error'][:100]}" if "error" in r else "")
         )
-    mixed = report["phases"].get("fresh", {}).get("mixed")
-    if mixed:
+    for name, r in report["phases"].items():
+        mixed = r.get("mixed")
+        if not mixed:
+            continue
         b, d = mixed["baseline"], mixed["during_job"]
-        print("\n| session | fps | p95 interval ms | max interval ms | stalls/min |")
+        print(
+            f"\n| {name} server: session | fps | p95 interval ms | max interval ms | stalls/min |"
+        )
         print("| --- | --- | --- | --- | --- |")
         for label, s in (("before the job", b), ("during the job", d)):
             print(
@@ -268,7 +271,8 @@ def _print(report: dict[str, Any]) -> None:
             )
         print(
             f"job {mixed['job']['state']} in {mixed['job']['seconds']} s beside the session, "
-            f"{mixed['job_alone']['seconds']} s alone; first frame {mixed['first_frame_s']} s"
+            f"{mixed['job_alone']['seconds']} s alone; first frame {mixed['first_frame_s']} s; "
+            f"compiles after it {r.get('compiles_after_mixed')}"
         )
     print(
         "\n| server | setup | admitted | refused with | fps each | stalls/min max "
@@ -296,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-frames", type=int, default=241)
     parser.add_argument("--job-timeout-s", type=float, default=240.0)
     parser.add_argument("--setups", default="", help="capacity setups on the fresh server")
+    parser.add_argument("--cached-setups", default="", help="capacity setups on the cached server")
+    parser.add_argument(
+        "--mixed-on",
+        default="fresh",
+        help="the phases whose server runs the mixed scenario (comma list; 'none': no phase)",
+    )
     parser.add_argument("--second-model", default=None)
     parser.add_argument("--second-setups", default="")
     parser.add_argument("--phases", default="fresh,cached,second")
@@ -304,7 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=60.0)
     parser.add_argument("--startup-timeout-s", type=float, default=600.0)
     parser.add_argument("--server-arg", action="append", default=[], help="serve argument, all")
-    parser.add_argument("--cache", type=Path, default=None, help="default: a temp dir")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="the --compile-cache of every server (default: a temp dir); the fresh phase empties"
+        " it first, so a later run's cached phase can reuse what this run's fresh one wrote",
+    )
     parser.add_argument(
         "--empty-local-caches",
         action="store_true",
@@ -314,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     phases = {p.strip() for p in args.phases.split(",")}
+    mixed_on = {p.strip() for p in args.mixed_on.split(",")}
     report: dict[str, Any] = {"argv": argv or sys.argv[1:], "phases": {}}
 
     def save() -> None:
@@ -326,11 +343,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the servers use --compile-cache
 
         if "fresh" in phases:
-            _phase(root, "fresh", args, args.model, cache, _fresh_work(args), report, save)
+            shutil.rmtree(cache, ignore_errors=True)
+            fresh = _serving_work(args, args.setups, mixed_too="fresh" in mixed_on)
+            _phase(root, "fresh", args, args.model, cache, fresh, report, save)
         if "cached" in phases:
-            _phase(root, "cached", args, args.model, cache, _setups_work("", args), report, save)
+            cached = _serving_work(args, args.cached_setups, mixed_too="cached" in mixed_on)
+            _phase(root, "cached", args, args.model, cache, cached, report, save)
         if "second" in phases and args.second_model:
-            second = _setups_work(args.second_setups, args)
+            second = _serving_work(args, args.second_setups, mixed_too=False)
             _phase(root, "second", args, args.second_model, cache, second, report, save)
     _print(report)
     return 0

@@ -1,4 +1,5 @@
 import asyncio
+import gc
 import logging
 import threading
 import time
@@ -47,6 +48,13 @@ def test_a_warm_up_session_runs_before_serving_on_its_own_engine(tmp_path, caplo
     assert len(warm) == 1 and ready and messages.index(warm[0]) < ready[0]
     # the serving engine (and the cost model it calibrates) never saw the warm-up's plans
     assert stats.plans_executed == 0 and stats.loops_succeeded == 0
+
+
+def test_what_the_server_holds_at_ready_is_frozen_until_shutdown(tmp_path) -> None:
+    with make_client(tmp_path, warmup=True) as client:
+        wait_ready(client)
+        assert gc.get_freeze_count() > 0  # the model and the warm-up's graphs
+    assert gc.get_freeze_count() == 0  # shutdown hands them back to the collector
 
 
 def test_no_warm_up_unless_compiled_or_asked(tmp_path, caplog) -> None:

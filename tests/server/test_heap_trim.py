@@ -1,10 +1,13 @@
-"""HeapTrim: a collection and a trim after sessions ended, never while one is live."""
+"""HeapTrim: a collection and a trim after sessions ended, never while one is live; what the
+process held at ready frozen out of the collector's walk."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
-from server.heap_trim import HeapTrim
+from server.heap_trim import HeapTrim, freeze_loaded_heap
 
 
 async def test_trims_once_sessions_ended_and_none_is_live() -> None:
@@ -29,3 +32,29 @@ async def test_trim_now_collects_and_trims() -> None:
     heap = HeapTrim(lambda: 0)
     await heap.trim_now()
     assert heap.trims == (1 if heap._trim is not None else 0)  # noqa: SLF001 - glibc or not
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.me = self  # a reference cycle: only the collector frees it
+
+
+def test_freeze_loaded_heap_keeps_what_exists_out_of_the_collectors_walk() -> None:
+    loaded = _Node()
+    loaded_ref = weakref.ref(loaded)
+    undo = freeze_loaded_heap()
+    try:
+        assert gc.get_freeze_count() > 0
+        del loaded
+        gc.collect()
+        assert loaded_ref() is not None  # frozen: a full collection no longer walks it
+        served = _Node()
+        served_ref = weakref.ref(served)
+        del served
+        gc.collect()
+        assert served_ref() is None  # what serving creates after ready is still collected
+    finally:
+        undo()
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert loaded_ref() is None  # unfrozen at shutdown: collectable again
