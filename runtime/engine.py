@@ -17,7 +17,10 @@ engine and scheduler).
   ``media_t0_s + plan.due_media_s + playout_buffer_s - sum(predicted cost of followups)``,
   eligible when the lead policy (``runtime.lead``) says; ``media_t0_s`` (engine clock) starts
   at ``spawn`` and moves with ``LoopHandle.set_media_t0``. A late plan still runs and is
-  counted (``EngineStats.deadline_misses``, ``AdmissionController.record_deadline``).
+  counted (``EngineStats.deadline_misses``). Admission (``AdmissionController.record_deadline``)
+  learns only from the plans after a loop's first chunk: the first is due as its viewer
+  connects and misses by construction (a session's first-frame latency is measured apart), so
+  counting it would tighten admission for every session that starts.
 - **Inputs** (``LoopHandle.push_input``) are timed by the loop's ``InputTrace`` (the
   ``applied`` emission carries its ``InputTiming``); with ``withdraw_on_input`` a queued plan
   is taken back (``PlanWithdrawn``): an input waits only for the plan actually executing.
@@ -72,7 +75,7 @@ from runtime.loop_handle import (
 )
 from runtime.observers import BatchListener, BatchReport, Observer
 from runtime.plan_timing import PlanTiming
-from runtime.scheduler import Batch, PlayoutDeadlines, Scheduler
+from runtime.scheduler import Batch, PlayoutDeadlines, Scheduler, ends_chunk
 from runtime.step_edf import StepEdfScheduler
 
 __all__ = ["Engine", "EngineError", "EngineState", "EngineStats", "LoopHandle", "LoopStatus"]
@@ -355,8 +358,10 @@ class Engine(EnginePlans):
                 if entry.deadline_s is not None:
                     late = outcome.finished_s > entry.deadline_s
                     missed, met = missed + late, met + (not late)
-                    if self.admission is not None:
+                    if self.admission is not None and record.chunks_out > 0:
                         self.admission.record_deadline(missed=late)
+                if ends_chunk(entry.plan.emits):
+                    record.chunks_out += 1
             if entry.future.done():
                 continue
             if record.cancel_reason is not None:

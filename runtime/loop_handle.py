@@ -126,6 +126,7 @@ class LoopRecord:
     boundary_calls: list[BoundaryCall] = field(default_factory=list)
     chunk_ended: bool = True  # no plan ran since a chunk's final media (or since the start)
     plan_follows_chunk: bool = False  # the plan now queued was described at a chunk boundary
+    chunks_out: int = 0  # plans that ended a chunk (its final media) and ran
     # input log: called with (state.step, inputs) each time the loop is handed inputs
     on_inputs: Callable[[int, list[InputEvent]], None] | None = None
 

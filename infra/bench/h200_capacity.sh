@@ -58,7 +58,7 @@ if has warm; then
   pkill -INT -f -- '--compile-cache' && sleep 5
   timeout "${WARM_S:-560}" $PY -m infra.bench.warm_serving --model wan2.1-1.3b-causal \
     --device cuda --random-weights --max-sessions "${WARM_MAX_SESSIONS:-6}" --job-frames 241 \
-    --setups "${WARM_SETUPS:-full=832x480@16,tiny=832x480@16/tiny,small=480x272@16}" \
+    --setups "${WARM_SETUPS-full=832x480@16,tiny=832x480@16/tiny,small=480x272@16}" \
     --phases "${WARM_PHASES:-fresh,cached}" --empty-local-caches --keep-logs "$OUT/logs" \
     ${WARM_CACHE:+--cache "$WARM_CACHE"} ${WARM_ARGS:-} \
     --json "$OUT/warm_serving.json" >"$OUT/warm_serving.log" 2>&1

@@ -435,8 +435,8 @@ async def test_deadline_misses_are_counted_and_reported_to_admission(model: ToyM
     engine = make_engine(admission=admission, max_lead_s=1000.0)
     await engine.start()
     try:
-        late = engine.spawn(
-            ToyDenoiseLoop(model),
+        late = engine.spawn(  # 3 chunks of 2 steps, all late
+            ChunkedToyLoop(model),
             ToyRequest(seed=1),
             model,
             loop_id="late",
@@ -445,9 +445,9 @@ async def test_deadline_misses_are_counted_and_reported_to_admission(model: ToyM
             media_t0_s=time.monotonic() - 100.0,
         )
         await within(late.result())
-        ontime = engine.spawn(
-            ToyDenoiseLoop(model),
-            ToyRequest(seed=1, num_steps=2),
+        ontime = engine.spawn(  # 2 chunks, on time
+            ChunkedToyLoop(model),
+            ToyRequest(seed=1, num_steps=4),
             model,
             loop_id="ok",
             priority=RT,
@@ -458,8 +458,34 @@ async def test_deadline_misses_are_counted_and_reported_to_admission(model: ToyM
         stats = engine.stats()
     finally:
         await engine.close()
-    assert (stats.deadline_misses, stats.deadlines_met) == (6, 2)
-    assert admission.miss_ratio() == pytest.approx(6 / 8) and admission.tightened()
+    assert (stats.deadline_misses, stats.deadlines_met) == (6, 4)
+    # admission hears the plans after each loop's first chunk: 4 late, 2 on time
+    assert admission.miss_ratio() == pytest.approx(4 / 6) and admission.tightened()
+
+
+async def test_a_first_chunk_that_misses_does_not_tighten_admission(model: ToyModel) -> None:
+    """A session's first chunk is due as its viewer connects: late by construction, and no
+    sign of load; a burst of arrivals must not see a lowered capacity because of it."""
+    admission = AdmissionController(AdmissionConfig(peak_capacity_bytes=1, min_outcomes=1))
+    engine = make_engine(admission=admission, max_lead_s=1000.0)
+    await engine.start()
+    try:
+        for k in range(3):
+            first = engine.spawn(
+                ChunkedToyLoop(model),
+                ToyRequest(seed=k, num_steps=2),  # one chunk
+                model,
+                loop_id=f"s{k}",
+                priority=RT,
+                on_emit=no_emit,
+                media_t0_s=time.monotonic() - 100.0,
+            )
+            await within(first.result())
+        stats = engine.stats()
+    finally:
+        await engine.close()
+    assert stats.deadline_misses == 6  # still counted as misses
+    assert admission.miss_ratio() == 0.0 and not admission.tightened()
 
 
 async def test_close_leaves_nothing_running_and_is_idempotent() -> None:
