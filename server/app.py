@@ -255,6 +255,10 @@ async def _build(config: ServerConfig) -> ServerContext:
         public_url=config.fleet.public_url or f"http://{config.host}:{config.port}",
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
+    # the model and the warm-up's graphs live as long as the process: out of the collector's
+    # walk, or a full collection stands the event loop still for seconds (server.heap_trim);
+    # before the watchdog, which would count the freeze's own collection as a stall
+    ctx.undo.append(freeze_loaded_heap())
     # after the warm-up (whose compiles are expected): a stall now is one a viewer feels
     watchdog = LoopWatchdog(on_stall=metrics.loop_stalled)
     watchdog.start()
@@ -269,9 +273,6 @@ async def _build(config: ServerConfig) -> ServerContext:
     if seal is not None:
         seal(enforce=bool(warmed))
         ctx.compiles_after_ready = instance.compiles_after_ready
-    # the model and the warm-up's graphs live as long as the process: out of the collector's
-    # walk, or a full collection stands the event loop still for seconds (server.heap_trim)
-    ctx.undo.append(freeze_loaded_heap())
     jobs.resume_jobs(unfinished_jobs)
     # ended sessions' freed native memory goes back to the OS (RSS does not ratchet up)
     ctx.heap = HeapTrim(
