@@ -119,6 +119,11 @@ async def _build(config: ServerConfig) -> ServerContext:
         and channel is None
         and (config.model.warmup if config.model.warmup is not None else config.model.compile)
     )
+    on_gpu = device.startswith("cuda")
+    cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
+    # measured plan costs of the last run on this card and device: admitted from the start
+    cost_path = config.data_dir / "cost" / f"{model_id}@{device.replace(':', '-')}.json"
+    _load_cost(cost, cost_path)
     if warmed:
         served_set = compiled_set(instance.card)
         log.info(
@@ -127,17 +132,16 @@ async def _build(config: ServerConfig) -> ServerContext:
             instance.device,
             ", ".join(served_set.describe()),
         )
-        took = await warm_up_set(instance, served_set.profiles, config.engine.max_sessions)
+        # then steady sessions calibrate the serving cost model: the first user's session is
+        # priced by measurement (server.warm_up.calibrate)
+        took = await warm_up_set(
+            instance, served_set.profiles, config.engine.max_sessions, cost=cost
+        )
         log.info(
             "warm-up done in %.1f s (%s)",
             sum(took.values()),
             ", ".join(f"{name} {s:.1f} s" for name, s in took.items()),
         )
-    on_gpu = device.startswith("cuda")
-    cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
-    # measured plan costs of the last run on this card and device: admitted from the start
-    cost_path = config.data_dir / "cost" / f"{model_id}@{device.replace(':', '-')}.json"
-    _load_cost(cost, cost_path)
     admission = AdmissionController(
         AdmissionConfig(
             peak_capacity_bytes=(instance.peak_bytes(profile) if streams else 0)

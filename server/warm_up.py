@@ -1,22 +1,85 @@
 """The warm-up before serving: short throwaway sessions that trace, compile and capture every
 graph of a compiled instance, at every profile of its compiled set (``models.compiled_set``),
 so no user's session or job waits for compilation (``server.app``). The server seals the
-instance afterwards (``WanInstance.seal``): nothing compiles after ready."""
+instance afterwards (``WanInstance.seal``): nothing compiles after ready.
+
+Then, given the serving cost model, one more session per profile and decoder runs into steady
+state on an engine that calibrates it (``calibrate``): admission prices the first session of
+each by measurement, not by the FLOP prior (on the H200 the prior priced an 832x480@16 session
+at 0.405 GPU-s/s against 0.66-0.69 measured, so two sessions arriving together on a fresh
+server would both have been admitted)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
-__all__ = ["warm_up", "warm_up_set"]
+__all__ = ["calibrate", "warm_up", "warm_up_set"]
 
 
-async def warm_up_set(instance: Any, profiles: Any, num_slabs: int) -> dict[str, float]:
-    """``warm_up`` at each of ``profiles`` in turn -> seconds per profile (``WxH/c``)."""
+async def warm_up_set(
+    instance: Any, profiles: Any, num_slabs: int, cost: Any = None
+) -> dict[str, float]:
+    """``warm_up`` at each of ``profiles`` in turn, then (``cost``: the serving cost model)
+    ``calibrate`` at each -> seconds per step (``WxH/c``, ``calibration``)."""
     took: dict[str, float] = {}
     for profile in profiles:
-        name = f"{profile.width}x{profile.height}/{profile.chunk_latent_frames}"
-        took[name] = await warm_up(instance, profile, num_slabs)
+        took[_name(profile)] = await warm_up(instance, profile, num_slabs)
+    if cost is not None:  # after every compile: the sessions below time compiled graphs only
+        began = time.perf_counter()
+        for profile in profiles:
+            await calibrate(instance, profile, cost)
+        took["calibration"] = time.perf_counter() - began
     return took
+
+
+def _name(profile: Any) -> str:
+    return f"{profile.width}x{profile.height}/{profile.chunk_latent_frames}"
+
+
+async def calibrate(instance: Any, profile: Any, cost: Any) -> None:
+    """One session of ``profile`` per decoder, through the fill of its K/V cache and two
+    steady chunks, on an engine whose cost model is ``cost``: what a steady chunk of each
+    costs is measured before the first user's session is priced. Run it warm (every graph
+    compiled), or it times the compiler."""
+    from models.loops.requests import SessionRequest
+    from runtime.contract import Priority
+    from runtime.engine import Engine
+    from runtime.observers import Profiler
+
+    sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
+    chunks = -(-(sink + ring) // profile.chunk_latent_frames) + 2
+    profiler = Profiler(cost)  # what folds each batch's times into ``cost``, as serving's does
+    engine = Engine(cost=cost, observers=(profiler,))
+    await engine.start()
+    try:
+        for decoder in (None, *_other_decoders(instance)):
+            request = SessionRequest(
+                prompt="calibration",
+                seed=0,
+                max_chunks=chunks,
+                kv_slab=0,
+                fps=profile.fps,
+                width=profile.width,
+                height=profile.height,
+                decoder=decoder,
+            )
+            handle = engine.spawn(
+                instance.loop("chunk_rollout"),
+                request,
+                instance,
+                loop_id=f"calibration-{_name(profile)}-{decoder or 'default'}",
+                priority=Priority.BATCH,
+                on_emit=lambda emission: None,
+            )
+            await handle.result()
+    finally:
+        await engine.close()
+    for _ in range(500):  # the last decodes' second-stream time, once the device is done
+        if not profiler.collect():
+            break
+        await asyncio.sleep(0.01)
 
 
 async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
@@ -30,8 +93,6 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
     decoder a session may pick (``"full"`` / ``"tiny"``), one short session with a prompt switch
     that decodes with it (the DiT's graphs are warm by then: only the decoder's compile). The
     serving engine (and its cost calibration) never sees them. -> seconds it took."""
-    import time
-
     from models.loops.requests import JobRequest, SessionRequest
     from runtime.contract import InputEvent, InputKind, Priority, PromptInput
     from runtime.cost import CostModel

@@ -7,6 +7,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
+from models.compiled_set import compiled_set
 from server import app as app_module
 from server.app import DEFAULT_MODEL, create_app
 from server.lifespan import starts_listening_first
@@ -48,6 +49,31 @@ def test_a_warm_up_session_runs_before_serving_on_its_own_engine(tmp_path, caplo
     assert len(warm) == 1 and ready and messages.index(warm[0]) < ready[0]
     # the serving engine (and the cost model it calibrates) never saw the warm-up's plans
     assert stats.plans_executed == 0 and stats.loops_succeeded == 0
+
+
+def test_the_warm_up_calibrates_the_serving_cost_model(tmp_path) -> None:
+    """The first user's session is priced by measurement: every plan of a steady chunk of
+    every profile of the compiled set, with every decoder, is measured before ready."""
+    with make_client(tmp_path, warmup=True) as client:
+        wait_ready(client)
+        ctx = client.app.state.ctx
+        cost, served = ctx.engine.cost, ctx.host.models.resolve(None)
+        decoders = (None, *getattr(served, "decoder_options", tuple)())
+        steady = {
+            (kind, sig)
+            for profile in compiled_set(served.card).profiles
+            for decoder in decoders
+            for kind, sig, _ in (
+                served.steady_chunk_plans(profile, decoder)
+                if decoder
+                else served.steady_chunk_plans(profile)
+            )
+        }
+        assert steady
+        assert {key: cost.samples(*key) >= cost.min_samples for key in steady} == dict.fromkeys(
+            steady, True
+        )
+        assert ctx.engine.stats().plans_executed == 0  # on engines of their own
 
 
 def test_what_the_server_holds_at_ready_is_frozen_until_shutdown(tmp_path) -> None:
