@@ -41,7 +41,7 @@ from infra.bench.latency_probe import ProbeConfig, ProbeResult, probe_session
 from infra.bench.sim_viewer import percentile
 from infra.browser_harness import REPO_ROOT, ServerProcess
 
-__all__ = ["main", "summarize"]
+__all__ = ["main", "run_variant", "summarize"]
 
 INPUT_STAGES = ("latched", "started", "generated", "decoded", "enqueued", "sent")
 START_STAGES = ("offer", "answered", "connected", "generated", "sent")
@@ -184,7 +184,10 @@ def _server_args(args: argparse.Namespace, variant: str) -> tuple[str, ...]:
     return (*extra, *args.server_arg)
 
 
-def _run_variant(args: argparse.Namespace, variant: str, url: str) -> dict[str, Any]:
+def run_variant(args: argparse.Namespace, variant: str, url: str) -> dict[str, Any]:
+    """Every ``args.scenarios`` entry against the server at ``url`` (``variant`` names it in
+    the printed titles) -> ``{"card", "profile", "scenarios": {"NxFPS": {"summary",
+    "sessions"}}}``; prints each scenario's table."""
     card = _served(url)
     profile = card["default_profile"]
     fps = profile["fps"]
@@ -264,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     report: dict[str, Any] = {"argv": argv, "variants": {}}
     if args.url is not None:
-        report["variants"]["server"] = _run_variant(args, "server", args.url.rstrip("/"))
+        report["variants"]["server"] = run_variant(args, "server", args.url.rstrip("/"))
     else:
         with tempfile.TemporaryDirectory(prefix="dreamrt-latency-") as tmp:
             for variant in variants:
@@ -280,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 ready_at = time.strftime("%H:%M:%S")
                 print(f"\n{variant}: server ready after {time.monotonic() - began_s:.1f} s")
                 try:
-                    report["variants"][variant] = _run_variant(args, variant, server.url)
+                    report["variants"][variant] = run_variant(args, variant, server.url)
                 finally:
                     server.stop()
                     log_text = (root / "server.log").read_text(errors="replace")

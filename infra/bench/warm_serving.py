@@ -17,8 +17,10 @@ one ``--compile-cache`` directory:
    end.
 2. **cached**: the same card and ``--compile-cache`` again: the ready time of a restart (of a
    "fresh machine" that mounts the cache, with ``--empty-local-caches``), then its
-   ``--cached-setups`` and (``--mixed-on cached``) the mixed scenario. With ``--cache DIR`` the
-   cached phase may run in a later invocation than the fresh one (``--phases cached``).
+   ``--cached-setups`` and (``--mixed-on cached``) the mixed scenario. With ``--cache DIR``
+   the cached phase may run in a later invocation than the fresh one (``--phases cached``).
+   On either server, ``--latency-on`` adds one session's time to steer (``infra.bench.latency``:
+   prompt -> applied, first frame) after the setups.
 3. optional ``--second-model``: another card on the same cache directory (a cache of its own
    within it: the key names the card), its ready time and its ``--second-setups``.
 
@@ -225,12 +227,42 @@ def _run_setups(url: str, text: str, args: argparse.Namespace, result: dict, sav
         save()
 
 
-def _serving_work(args: argparse.Namespace, setups: str, mixed_too: bool) -> Any:
-    """The capacity ``setups``, then (``mixed_too``) the mixed scenario."""
+def _time_to_steer(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One session's time to steer (``infra.bench.latency``: ``--prompts`` switches, keys
+    where the card takes them) -> the summary: stage medians and tails, the session start."""
+    from infra.bench.latency import run_variant
+
+    probe = argparse.Namespace(
+        scenarios="1",
+        prompts=args.prompts,
+        actions=args.prompts,
+        start="now",
+        warmup_s=2.0,
+        gap_s=0.6,
+        seed=0,
+    )
+    report = run_variant(probe, "server", url)
+    return next(iter(report["scenarios"].values()))["summary"]
+
+
+def _serving_work(
+    args: argparse.Namespace, setups: str, mixed_too: bool, latency_too: bool = False
+) -> Any:
+    """The capacity ``setups``, then (``latency_too``) one session's time to steer, then
+    (``mixed_too``) the mixed scenario."""
 
     def work(url: str, result: dict[str, Any], save: Any) -> None:
         if setups:  # first: the mixed scenario's deadline misses would lower capacity
             _run_setups(url, setups, args, result, save)
+        if latency_too:
+            steer = result["time_to_steer"] = _time_to_steer(url, args)
+            prompt = steer["inputs"].get("prompt", {})
+            print(
+                f"  time to steer: prompt -> applied p50/p95 {prompt.get('applied_ms')} ms, "
+                f"first frame p50/max {steer['start']['first_frame_ms']} ms",
+                flush=True,
+            )
+            save()
         if not mixed_too:
             return
         mixed = result["mixed"] = asyncio.run(_mixed(url, args))
@@ -255,6 +287,15 @@ def _print(report: dict[str, Any]) -> None:
             f"{r.get('compiles_at_end')} | {len(r['log']['outside_set_lines'])} |"
             + (f" error: {r['error'][:100]}" if "error" in r else "")
         )
+    for name, r in report["phases"].items():
+        steer = r.get("time_to_steer")
+        if steer:
+            prompt = steer["inputs"].get("prompt", {})
+            print(
+                f"\n{name} server, time to steer: prompt -> applied p50/p95 "
+                f"{prompt.get('applied_ms')} ms over {prompt.get('n', 0)} switches; first frame "
+                f"after create + offer p50/max {steer['start']['first_frame_ms']} ms"
+            )
     for name, r in report["phases"].items():
         mixed = r.get("mixed")
         if not mixed:
@@ -306,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
         default="fresh",
         help="the phases whose server runs the mixed scenario (comma list; 'none': no phase)",
     )
+    parser.add_argument(
+        "--latency-on",
+        default="none",
+        help="the phases whose server measures one session's time to steer (comma list)",
+    )
+    parser.add_argument("--prompts", type=int, default=6, help="prompt switches, time to steer")
     parser.add_argument("--second-model", default=None)
     parser.add_argument("--second-setups", default="")
     parser.add_argument("--phases", default="fresh,cached,second")
@@ -331,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     phases = {p.strip() for p in args.phases.split(",")}
     mixed_on = {p.strip() for p in args.mixed_on.split(",")}
+    latency_on = {p.strip() for p in args.latency_on.split(",")}
     report: dict[str, Any] = {"argv": argv or sys.argv[1:], "phases": {}}
 
     def save() -> None:
@@ -344,10 +392,14 @@ def main(argv: list[str] | None = None) -> int:
 
         if "fresh" in phases:
             shutil.rmtree(cache, ignore_errors=True)
-            fresh = _serving_work(args, args.setups, mixed_too="fresh" in mixed_on)
+            fresh = _serving_work(
+                args, args.setups, "fresh" in mixed_on, latency_too="fresh" in latency_on
+            )
             _phase(root, "fresh", args, args.model, cache, fresh, report, save)
         if "cached" in phases:
-            cached = _serving_work(args, args.cached_setups, mixed_too="cached" in mixed_on)
+            cached = _serving_work(
+                args, args.cached_setups, "cached" in mixed_on, latency_too="cached" in latency_on
+            )
             _phase(root, "cached", args, args.model, cache, cached, report, save)
         if "second" in phases and args.second_model:
             second = _serving_work(args, args.second_setups, mixed_too=False)
