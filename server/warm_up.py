@@ -41,12 +41,22 @@ def _name(profile: Any) -> str:
 async def calibrate(instance: Any, profile: Any, cost: Any) -> None:
     """One session of ``profile`` per decoder, through the fill of its K/V cache and two
     steady chunks, on an engine whose cost model is ``cost``: what a steady chunk of each
-    costs is measured before the first user's session is priced. Run it warm (every graph
-    compiled), or it times the compiler."""
+    costs is measured before the first user's session is priced. A decoder whose steady chunk
+    ``cost`` already knows (the calibration a restart loaded from ``DATA_DIR/cost``) is
+    skipped. Run it warm (every graph compiled), or it times the compiler."""
     from models.loops.requests import SessionRequest
     from runtime.contract import Priority
     from runtime.engine import Engine
     from runtime.observers import Profiler
+    from sessions.session_pricing import steady_chunk_measured
+
+    decoders = [
+        decoder
+        for decoder in (None, *_other_decoders(instance))
+        if not steady_chunk_measured(cost, instance, profile, decoder)
+    ]
+    if not decoders:
+        return
 
     sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
     chunks = -(-(sink + ring) // profile.chunk_latent_frames) + 2
@@ -54,7 +64,7 @@ async def calibrate(instance: Any, profile: Any, cost: Any) -> None:
     engine = Engine(cost=cost, observers=(profiler,))
     await engine.start()
     try:
-        for decoder in (None, *_other_decoders(instance)):
+        for decoder in decoders:
             request = SessionRequest(
                 prompt="calibration",
                 seed=0,

@@ -15,7 +15,7 @@ from models.card import Profile
 from runtime.admission import BatchPricing
 from sessions.served_models import ServedModel
 
-__all__ = ["ADMISSION_COSTS", "batch_pricing", "chunk_gpu_seconds"]
+__all__ = ["ADMISSION_COSTS", "batch_pricing", "chunk_gpu_seconds", "steady_chunk_measured"]
 
 ADMISSION_COSTS = ("auto", "measured", "prior")
 
@@ -39,6 +39,14 @@ def chunk_gpu_seconds(
         return sum(n * cost.gpu_seconds(kind, sig) for kind, sig, n in plans)
     flops = served.chunk_flops(profile) if decoder is None else served.chunk_flops(profile, decoder)
     return cost.prior(flops, 0.0)
+
+
+def steady_chunk_measured(
+    cost: Any, served: ServedModel, profile: Profile, decoder: str | None = None
+) -> bool:
+    """Every plan of a steady chunk of ``profile`` (with ``decoder``; None: the default one)
+    has a measurement in ``cost``: ``chunk_gpu_seconds`` prices it by measurement."""
+    return _calibrated(cost, _steady_plans(served, profile, decoder))
 
 
 def _steady_plans(served: ServedModel, profile: Profile, decoder: str | None) -> Any:

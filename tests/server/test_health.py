@@ -76,6 +76,22 @@ def test_the_warm_up_calibrates_the_serving_cost_model(tmp_path) -> None:
         assert ctx.engine.stats().plans_executed == 0  # on engines of their own
 
 
+def test_a_restart_that_loaded_the_calibration_does_not_calibrate_again(tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="runtime.loop_handle")
+
+    def calibration_loops() -> int:
+        return sum("loop calibration-" in r.getMessage() for r in caplog.records)
+
+    with make_client(tmp_path, warmup=True) as client:
+        wait_ready(client)
+    assert calibration_loops() > 0  # the first start measured
+    caplog.clear()
+    with make_client(tmp_path, warmup=True) as client:  # the same data dir: DATA_DIR/cost
+        wait_ready(client)
+        assert client.app.state.ctx.engine.cost.snapshot()["entries"]  # loaded
+    assert calibration_loops() == 0
+
+
 def test_what_the_server_holds_at_ready_is_frozen_until_shutdown(tmp_path) -> None:
     with make_client(tmp_path, warmup=True) as client:
         wait_ready(client)
