@@ -7,10 +7,11 @@
 #   bash infra/bench/h200_capacity.sh warm                    # ready times, a job beside a
 #                                                             # session, sessions per GPU
 #
-# The warm stage's fresh start alone takes ~400 s on the H200, so its phases can span two calls
-# of one warm machine: WARM_CACHE=data/warm-cache (ignored by git, so it stays on the machine
-# between calls) with WARM_PHASES=fresh, then at once WARM_PHASES=cached with the same
-# WARM_CACHE (WARM_ARGS="--mixed-on cached --cached-setups ..." for what the first call missed).
+# The warm stage's fresh start alone takes ~400 s on the H200, so one call holds a fresh and a
+# cached start and little else: WARM_PHASES=fresh,cached WARM_SETUPS= (empty: no setups)
+# WARM_ARGS="--mixed-on cached --latency-on cached". Its phases can span two calls of one warm
+# machine (WARM_CACHE=data/warm-cache, ignored by git, stays on the machine between calls), but
+# only if the second call starts within the machine's 30-s idle window: once it did not.
 #
 # Wheels: the device image lacks msgspec, aiortc, av, fastapi and fa3-fwd; they travel as one
 # xz tarball of their unpacked wheels (.whl/site.tar.xz, made by infra/bench/device_wheels.sh;
