@@ -109,11 +109,13 @@ async def _build(config: ServerConfig) -> ServerContext:
     profile = card.default_profile
     # a job-only card (bidirectional) has no sessions: no chunk-KV, no session warm-up
     streams = "session.realtime" in card.capabilities
+    compiled_dir = None
     if config.model.compile:
         from server.compile_cache import cache_key, use_compile_cache
 
         key = cache_key(model_id, instance.device, instance.levers, instance.precision)
-        use_compile_cache(config.model.compile_cache or config.data_dir / "compile-cache", key)
+        root = config.model.compile_cache or config.data_dir / "compile-cache"
+        compiled_dir = use_compile_cache(root, key)
     warmed = (
         streams
         and channel is None
@@ -121,9 +123,14 @@ async def _build(config: ServerConfig) -> ServerContext:
     )
     on_gpu = device.startswith("cuda")
     cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
-    # measured plan costs of the last run on this card and device: admitted from the start
+    # measured plan costs: the calibration kept with the compiled artifacts (this card, GPU
+    # model and levers: a restart from the cache on a fresh machine need not calibrate), then
+    # the last run's on this machine, newer: admitted from the start
+    calibration_path = None if compiled_dir is None else compiled_dir / "cost.json"
     cost_path = config.data_dir / "cost" / f"{model_id}@{device.replace(':', '-')}.json"
-    _load_cost(cost, cost_path)
+    for path in (calibration_path, cost_path):
+        if path is not None:
+            _load_cost(cost, path)
     if warmed:
         served_set = compiled_set(instance.card)
         log.info(
@@ -137,6 +144,8 @@ async def _build(config: ServerConfig) -> ServerContext:
         took = await warm_up_set(
             instance, served_set.profiles, config.engine.max_sessions, cost=cost
         )
+        if calibration_path is not None:
+            _save_cost(cost, calibration_path)
         log.info(
             "warm-up done in %.1f s (%s)",
             sum(took.values()),

@@ -37,9 +37,13 @@ COMPILE_CACHE = Path(
 )
 
 
+STARTED_AT: list[float] = []  # when the module's server was started (wall clock)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("compiled")
+    STARTED_AT.append(time.time())
     srv = ServerProcess(
         root / "data",
         root / "server.log",
@@ -89,6 +93,9 @@ async def finish(api: DreamrtClient, job_id: str, timeout_s: float = 180.0) -> d
 async def test_serving_after_ready_compiles_nothing(server: ServerProcess) -> None:
     zero = {"dynamo": 0.0, "outside_set": 0.0, "cuda_graph": 0.0}
     assert await compiles(server.url) == zero
+    # the warm-up's cost calibration is kept with the compiled artifacts, for the next start
+    kept = list(COMPILE_CACHE.glob("wan-tiny-taehv-random-*/cost.json"))
+    assert kept and max(p.stat().st_mtime for p in kept) >= STARTED_AT[-1]  # by this server
     async with DreamrtClient(server.url) as api:
         viewer = Viewer(api)
         candidate = Viewer(api)
