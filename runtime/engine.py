@@ -20,7 +20,7 @@ engine and scheduler).
   counted (``EngineStats.deadline_misses``). Admission (``AdmissionController.record_deadline``)
   learns only from the plans after a loop's first chunk: the first is due as its viewer
   connects and misses by construction (a session's first-frame latency is measured apart), so
-  counting it would tighten admission for every session that starts.
+  counting it would tighten admission right after a session starts.
 - **Inputs** (``LoopHandle.push_input``) are timed by the loop's ``InputTrace`` (the
   ``applied`` emission carries its ``InputTiming``); with ``withdraw_on_input`` a queued plan
   is taken back (``PlanWithdrawn``): an input waits only for the plan actually executing.

@@ -38,6 +38,12 @@ def _name(profile: Any) -> str:
     return f"{profile.width}x{profile.height}/{profile.chunk_latent_frames}"
 
 
+def _fill_chunks(instance: Any, profile: Any) -> int:
+    """Chunks of ``profile`` until a session's K/V cache is full (then every chunk is steady)."""
+    sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
+    return -(-(sink + ring) // profile.chunk_latent_frames)
+
+
 async def calibrate(instance: Any, profile: Any, cost: Any) -> None:
     """One session of ``profile`` per decoder, through the fill of its K/V cache and two
     steady chunks, on an engine whose cost model is ``cost``: what a steady chunk of each
@@ -58,8 +64,7 @@ async def calibrate(instance: Any, profile: Any, cost: Any) -> None:
     if not decoders:
         return
 
-    sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
-    chunks = -(-(sink + ring) // profile.chunk_latent_frames) + 2
+    chunks = _fill_chunks(instance, profile) + 2
     profiler = Profiler(cost)  # what folds each batch's times into ``cost``, as serving's does
     engine = Engine(cost=cost, observers=(profiler,))
     await engine.start()
@@ -111,8 +116,7 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
     # one chunk more than the instance asks for: the chunk after the last prompt switch decodes
     # whole (a steady chunk), whatever the switches' spacing on a small cache
     chunks = instance.warmup_chunks(profile) + 1
-    sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
-    fill = -(-(sink + ring) // profile.chunk_latent_frames)  # chunks until the cache is full
+    fill = _fill_chunks(instance, profile)
     slabs = range(num_slabs) if instance.levers.get("cuda_graphs") else range(1)
     # Sessions' caches are views of the preallocated slab buffer: warm up on them (free again
     # afterwards) so the compiled graphs see exactly the tensors sessions will pass.

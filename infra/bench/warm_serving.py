@@ -53,6 +53,7 @@ import httpx
 from clients.python.api import DreamrtClient
 from clients.python.viewer import Viewer
 from infra.bench.capacity import frame_stats, parse_setup, run_setup
+from infra.bench.latency import run_variant
 from infra.browser_harness import ServerProcess
 
 __all__ = ["compiles_after_ready", "main"]
@@ -230,8 +231,6 @@ def _run_setups(url: str, text: str, args: argparse.Namespace, result: dict, sav
 def _time_to_steer(url: str, args: argparse.Namespace) -> dict[str, Any]:
     """One session's time to steer (``infra.bench.latency``: ``--prompts`` switches, keys
     where the card takes them) -> the summary: stage medians and tails, the session start."""
-    from infra.bench.latency import run_variant
-
     probe = argparse.Namespace(
         scenarios="1",
         prompts=args.prompts,
