@@ -230,10 +230,15 @@ def test_float_to_s16le_clamps_and_is_little_endian(page: Any) -> None:
 @pytest.fixture
 def clocked_page(page: Any, static_url: str) -> Iterator[Any]:
     """A page of the same origin on Playwright's fake clock: its timers and ``performance.now``
-    move only when the test runs the clock, so rates are exact whatever the machine's load."""
+    move only when the test runs the clock, so rates are exact whatever the machine's load.
+
+    ``install`` alone leaves the fake clock following the wall clock (a loaded CI machine once
+    saw 23 ticks in a "second"); ``pause_at`` stops it, and from then on only ``run_for`` moves it.
+    """
     clocked = page.context.new_page()
     clocked.clock.install(time=0)
     clocked.goto(f"{static_url}/config.js")  # any same-origin document can import the modules
+    clocked.clock.pause_at(3_600_000)  # an hour of page time: past whatever the load took
     yield clocked
     clocked.close()
 
