@@ -39,8 +39,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Files go to the workers whole, in the order tests/conftest.py puts them (files marked `first`,
+# the longest setups, start at once instead of last: xdist's default sorts files by test count).
 test: lint browser
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

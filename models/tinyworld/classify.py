@@ -109,9 +109,9 @@ class FrameClassifier:
                                 prompt_text(spec), seed=seed, height=self.height, width=self.width
                             )
                             for i in range(frames):
-                                keys = ("wasd"[(i // 6 + seed) % 4],)
-                                frame = world.step(keys, audio_energy=float(i % 5 == 0))
-                                if i % 6 == 5:
+                                world.advance(("wasd"[(i // 6 + seed) % 4],))
+                                if i % 6 == 5:  # every sixth frame is read (only those render)
+                                    frame = world.render(audio_energy=float(i % 5 == 0))
                                     reading = self.read(frame)
                                     rows.append((BACKGROUNDS[spec.background], reading.stats))
         ranges = {}

@@ -284,7 +284,8 @@ def render_layers(
 class World:
     """One world, stepped a frame at a time on the CPU.
 
-    ``step(keys, audio_energy)`` advances one frame and returns it as uint8 ``[H, W, 3]``;
+    ``step(keys, audio_energy)`` advances one frame and returns it as uint8 ``[H, W, 3]``
+    (``advance`` then ``render``: a caller that looks at some frames only renders those);
     ``set_prompt`` changes what the prompt names from the next frame on, keeping the sprite's
     position and velocity. Unknown keys raise ``models.loops.inputs.InputError``.
     """
@@ -309,10 +310,15 @@ class World:
         self.spec = parse_prompt(prompt)
 
     def step(self, keys: Sequence[str] = (), audio_energy: float = 0.0) -> torch.Tensor:
+        self.advance(keys)
+        return self.render(audio_energy)
+
+    def advance(self, keys: Sequence[str] = ()) -> None:
+        """Move the sprite one frame under ``keys`` (what ``step`` does before it renders)."""
         names = normalize_keys(keys)
         action = torch.tensor([[float(k in names) for k in ACTION_KEYS] + [0.0, 0.0]])
         direction, sprint = action_direction(action)
-        positions, pos, vel = simulate(
+        _, pos, vel = simulate(
             self.position[None],
             self.velocity[None],
             direction[:, None],
@@ -323,6 +329,10 @@ class World:
         )
         self.position, self.velocity = pos[0], vel[0]
         self.frames += 1
+
+    def render(self, audio_energy: float = 0.0) -> torch.Tensor:
+        """The frame at the sprite's current position, uint8 ``[H, W, 3]`` (audio only sizes
+        the sprite: it moves nothing)."""
         s = self.spec
         frame = render_frames(
             self._textures,
@@ -330,7 +340,7 @@ class World:
             torch.tensor([[s.night]]),
             torch.tensor([[s.colour]]),
             torch.tensor([[s.shape]]),
-            positions,
+            self.position[None, None],
             torch.tensor([[float(audio_energy)]]),
             self.physics,
         )[0, 0]  # [3, H, W]

@@ -29,7 +29,7 @@ from clients.python.viewer import Viewer
 from infra.browser_harness import REPO_ROOT, ServerProcess, free_port
 
 # a cold compile of the set on a loaded 2-core machine takes minutes; warm (the cache) seconds
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.first, pytest.mark.timeout(1500)]
 
 COMPILE_CACHE = Path(
     os.environ.get("DREAMRT_TEST_COMPILE_CACHE")
