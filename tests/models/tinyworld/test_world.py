@@ -83,3 +83,18 @@ def test_audio_pulses_the_sprite_and_prompt_switch_keeps_motion() -> None:
     frame = world.step(["d"])
     assert float(world.position[0]) > float(position[0]) and float(velocity[0]) > 0
     assert frame.float().mean() < 90  # night
+
+
+def test_advancing_without_rendering_reaches_the_frames_stepping_shows() -> None:
+    """``step`` is ``advance`` then ``render``: a caller that renders some frames only (the
+    classifier's calibration) sees exactly the frames a stepped world shows."""
+    stepped, advanced = World("a red ball on grass", seed=3), World("a red ball on grass", seed=3)
+    for i in range(12):
+        keys = ("d", "shift") if i < 6 else ("w",)
+        frame = stepped.step(keys, audio_energy=float(i % 5 == 0))
+        advanced.advance(keys)
+        if i % 4 == 3:
+            assert torch.equal(advanced.render(audio_energy=float(i % 5 == 0)), frame)
+    assert torch.equal(advanced.position, stepped.position)
+    assert advanced.frames == stepped.frames == 12
+    assert not torch.equal(advanced.render(), World("a red ball on grass", seed=3).render())
