@@ -78,7 +78,10 @@ class WanVAE(nn.Module):
             dtype=weight.dtype,
         )
         bounds = [0, 1, *range(1 + step, frames + 1, step)]
-        chunks = [self.encoder(x[:, :, a:b], cache) for a, b in pairwise(bounds)]
+        chunks = []
+        for a, b in pairwise(bounds):
+            chunks.append(self.encoder(x[:, :, a:b], cache))
+            cache.frames_seen += b - a  # the coders read it, their caller advances it
         moments = self.quant_conv(torch.cat(chunks, dim=2))  # [B, 2 z_dim, f, h, w]
         mean, logvar = moments.chunk(2, dim=1)
         return mean, logvar.clamp(-30.0, 20.0)
@@ -140,7 +143,10 @@ class WanVAE(nn.Module):
                 f"decode expects [B, {cfg.z_dim}, f >= 1, h, w], got {tuple(z.shape)}"
             )
         cache.check_compatible(self.decoder.slot_specs, (z.shape[3], z.shape[4]), z.shape[0])
-        return self.decoder(self.post_quant_conv(z), cache).clamp(-1.0, 1.0)
+        frames = self.decoder(self.post_quant_conv(z), cache).clamp(-1.0, 1.0)
+        # outside the (compiled) decoder: storing into the cache would break its graph
+        cache.frames_seen += z.shape[2]
+        return frames
 
     def decode_flops(
         self, latent_frames: int, latent_height: int, latent_width: int, *, first: bool = False

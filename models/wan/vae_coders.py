@@ -1,7 +1,10 @@
 """The two halves of the Wan2.1 VAE: a causal 3D encoder and decoder over an explicit cache.
 
-Both coders are stateless: a forward consumes one chunk of frames, reads and rewrites the slots of
-the ``CausalCache`` it is given, and advances ``cache.frames_seen``. Each coder numbers its causal
+Both coders are stateless: a forward consumes one chunk of frames and reads and rewrites the slots
+of the ``CausalCache`` it is given; it reads ``cache.frames_seen`` but leaves advancing it to the
+caller (``WanVAE.encode_moments`` / ``decode_chunk``): the compiled decoder then traces as one
+graph, where storing into the cache (a ``msgspec.Struct``, which Dynamo does not trace) broke it
+in two and made Dynamo trace every shape twice. Each coder numbers its causal
 slots once at construction (``slot_specs``) and maps spatial levels to grid sizes
 (``level_hw``), which is everything a cache needs to be allocated up front with static shapes.
 """
@@ -93,14 +96,11 @@ class Encoder(nn.Module):
     def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
         # x: [B, C_in, T, H, W] -> [B, 2 * z_dim, t, H / 8, W / 8]
         # T = 1 + 4k for the first chunk (t = 1 + k), T = 4k mid-stream (t = k)
-        frames = x.shape[2]
         x = self.conv_in(x, cache)
         for block in self.down_blocks:
             x = block(x, cache)
         x = self.mid_block(x, cache)
-        x = self.conv_out(F.silu(self.norm_out(x)), cache)
-        cache.frames_seen += frames
-        return x
+        return self.conv_out(F.silu(self.norm_out(x)), cache)
 
 
 class Decoder(nn.Module):
@@ -149,11 +149,8 @@ class Decoder(nn.Module):
     def forward(self, z: torch.Tensor, cache: CausalCache) -> torch.Tensor:
         # z: [B, z_dim, t, h, w] -> [B, C_out, T, 8h, 8w]
         # T = 1 + 4(t - 1) for the stream's first chunk, T = 4t afterwards
-        frames = z.shape[2]
         x = self.conv_in(z, cache)
         x = self.mid_block(x, cache)
         for block in self.up_blocks:
             x = block(x, cache)
-        x = self.conv_out(F.silu(self.norm_out(x)), cache)
-        cache.frames_seen += frames
-        return x
+        return self.conv_out(F.silu(self.norm_out(x)), cache)

@@ -245,3 +245,25 @@ def test_chunked_decode_equals_full_decode_on_cuda(exact_fp32_convs: None) -> No
     assert chunked_bf16.dtype == torch.bfloat16
     assert rel_err(chunked_bf16.float(), full_bf16.float()) <= 2e-2
     assert rel_err(chunked_bf16.float(), full) <= 5e-2
+
+
+@pytest.mark.parametrize("frames_seen", [0, 3])
+def test_the_decoder_traces_as_one_graph_and_leaves_the_count_to_its_caller(frames_seen) -> None:
+    """What ``--compile`` compiles (``vae.decoder``) has no graph break at a stream's first chunk
+    or a later one: advancing ``frames_seen`` inside it (a store into a ``msgspec.Struct``) broke
+    its graph in two, and Dynamo traced every shape twice (a restart warm-up from the compile
+    cache spent 15 s of its 23 s in Dynamo's tracing). ``decode_chunk`` advances it instead."""
+    vae = make_vae()
+    z = latents(3, seed=5)
+    cache = vae.new_decoder_cache(1, *LATENT_HW)
+    cache.frames_seen = frames_seen
+    torch._dynamo.reset()
+    try:
+        explained = torch._dynamo.explain(vae.decoder)(vae.post_quant_conv(z), cache)
+    finally:
+        torch._dynamo.reset()
+    # (``graph_break_count`` stays 0 for a break before the last statement: read the reasons)
+    assert explained.break_reasons == [] and explained.graph_count == 1, explained.break_reasons
+    assert cache.frames_seen == frames_seen  # the decoder reads the count, never writes it
+    vae.decode_chunk(z, cache)
+    assert cache.frames_seen == frames_seen + 3
