@@ -36,7 +36,7 @@ from server.memory_watch import MemoryWatch
 from server.metrics import ServerMetrics
 from server.request_guard import RequestGuard
 from server.server_config import ServerConfig
-from server.warm_up import warm_up_set
+from server.warm_up import compile_summary, warm_up_set
 from server.webrtc import configure_video_bitrate, restrict_host_candidates
 from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
@@ -151,6 +151,16 @@ async def _build(config: ServerConfig) -> ServerContext:
             sum(took.values()),
             ", ".join(f"{name} {s:.1f} s" for name, s in took.items()),
         )
+        compiled = compile_summary()
+        if compiled:
+            log.info(
+                "compiling: %d graphs, Dynamo tracing %.1f s, backend %.1f s (Inductor, or its "
+                "compile cache), %d restarted analyses (graph breaks)",
+                compiled["graphs"],
+                compiled["tracing_s"],
+                compiled["backend_s"],
+                compiled["restarts"],
+            )
     admission = AdmissionController(
         AdmissionConfig(
             peak_capacity_bytes=(instance.peak_bytes(profile) if streams else 0)

@@ -15,7 +15,7 @@ import asyncio
 import time
 from typing import Any
 
-__all__ = ["calibrate", "warm_up", "warm_up_set"]
+__all__ = ["calibrate", "compile_summary", "warm_up", "warm_up_set"]
 
 
 async def warm_up_set(
@@ -32,6 +32,28 @@ async def warm_up_set(
             await calibrate(instance, profile, cost)
         took["calibration"] = time.perf_counter() - began
     return took
+
+
+def compile_summary() -> dict[str, float]:
+    """Where this process's compiling went, from Dynamo's own counters (``dynamo_timed``): the
+    graphs it made, seconds tracing bytecode, seconds in the backend (Inductor: code generation
+    and the C++/Triton compiler, or loading all of that from the compile cache) and analyses it
+    restarted (a graph break makes Dynamo trace the frame again). Logged once the warm-up is
+    done: on a start from the compile cache, what is left is mostly tracing. Empty when this
+    torch keeps none of them (they are torch internals)."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics, counters
+    except ImportError:
+        return {}
+    times = {name: sum(values) for name, values in compilation_time_metrics.items()}
+    if not times:
+        return {}
+    return {
+        "graphs": float(counters["stats"]["unique_graphs"]),
+        "tracing_s": times.get("bytecode_tracing", 0.0),
+        "backend_s": times.get("OutputGraph.call_user_compiler", 0.0),
+        "restarts": float(len(compilation_time_metrics.get("compile_attempt_1", ()))),
+    }
 
 
 def _name(profile: Any) -> str:
