@@ -152,7 +152,7 @@ async def _build(config: ServerConfig) -> ServerContext:
             ", ".join(f"{name} {s:.1f} s" for name, s in took.items()),
         )
         compiled = compile_summary()
-        if compiled:
+        if compiled.get("graphs"):
             log.info(
                 "compiling: %d graphs, Dynamo tracing %.1f s, backend %.1f s (Inductor, or its "
                 "compile cache), %d restarted analyses (graph breaks)",

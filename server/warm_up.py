@@ -46,8 +46,6 @@ def compile_summary() -> dict[str, float]:
     except ImportError:
         return {}
     times = {name: sum(values) for name, values in compilation_time_metrics.items()}
-    if not times:
-        return {}
     return {
         "graphs": float(counters["stats"]["unique_graphs"]),
         "tracing_s": times.get("bytecode_tracing", 0.0),
