@@ -39,8 +39,9 @@ def compile_summary() -> dict[str, float]:
     graphs it made, seconds tracing bytecode, seconds in the backend (Inductor: code generation
     and the C++/Triton compiler, or loading all of that from the compile cache) and analyses it
     restarted (a graph break makes Dynamo trace the frame again). Logged once the warm-up is
-    done: on a start from the compile cache, what is left is mostly tracing. Empty when this
-    torch keeps none of them (they are torch internals)."""
+    done: on a start from the compile cache, what is left is mostly tracing. Cumulative over
+    the process (``torch._dynamo.reset`` clears the times, not the graph count); empty where
+    torch lacks these internals."""
     try:
         from torch._dynamo.utils import compilation_time_metrics, counters
     except ImportError:
@@ -68,8 +69,9 @@ async def calibrate(instance: Any, profile: Any, cost: Any) -> None:
     """One session of ``profile`` per decoder, through the fill of its K/V cache and two
     steady chunks, on an engine whose cost model is ``cost``: what a steady chunk of each
     costs is measured before the first user's session is priced. A decoder whose steady chunk
-    ``cost`` already knows (the calibration a restart loaded from ``DATA_DIR/cost``) is
-    skipped. Run it warm (every graph compiled), or it times the compiler."""
+    ``cost`` already knows (what a restart loaded from the compile cache's ``cost.json`` or
+    from ``DATA_DIR/cost``) is skipped. Run it warm (every graph compiled), or it times the
+    compiler."""
     from models.loops.requests import SessionRequest
     from runtime.contract import Priority
     from runtime.engine import Engine
