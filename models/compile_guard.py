@@ -3,12 +3,15 @@
 The warm-up compiles the instance's compiled set (``models.compiled_set``); then the server
 *seals* the instance (``WanInstance.seal``):
 
-- torch's compiler stance becomes ``fail_on_recompile``: a compiled module whose cached graphs
-  do not fit a call no longer compiles (seconds of Dynamo tracing and Inductor autotuning on
-  the executor thread, felt by every session) but raises before it runs. The guard's wrapper
-  around each compiled module catches that, runs the call eagerly (the module uncompiled, same
-  result) and logs the module and the call's shapes once. ``eager_on_recompile`` would run
-  eagerly too, but silently: the wrapper is what makes a shape outside the set visible.
+- a precompiled region (``models.precompiled``) whose artifacts do not fit a call's signature
+  runs it eagerly (the module uncompiled, same result) and reports it here (``ran_outside``):
+  logged once per module and shapes, counted.
+- torch's compiler stance becomes ``fail_on_recompile``: a module compiled just in time (a
+  region that fell back to ``module.compile()``) whose cached graphs do not fit a call no longer
+  compiles (seconds of Dynamo tracing and Inductor autotuning on the executor thread, felt by
+  every session) but raises before it runs. The guard's wrapper (``wrap``) catches that and runs
+  the call eagerly, reported the same way. ``eager_on_recompile`` would run eagerly too, but
+  silently: the wrapper is what makes a shape outside the set visible.
 - ``ChunkGraphs`` captures no new CUDA graph: a call without a captured graph runs eagerly
   (``models.wan.cuda_graphs``).
 
@@ -101,7 +104,7 @@ class CompileGuard:
             except RuntimeError as exc:
                 if not str(exc).startswith(_RECOMPILE):
                     raise
-            self._ran_outside(name, args, kwargs)
+            self.ran_outside(name, (*args, *kwargs.values()))
             return eager(*args, **kwargs)
 
         module._compiled_call_impl = call
@@ -146,8 +149,9 @@ class CompileGuard:
         with self._lock:
             return {"dynamo": self._dynamo, "outside_set": len(self._outside), "cuda_graph": cuda}
 
-    def _ran_outside(self, name: str, args: tuple, kwargs: dict[str, Any]) -> None:
-        key = (name, _shapes(args), _shapes(kwargs.values()))
+    def ran_outside(self, name: str, args: tuple) -> None:
+        """A call of ``name`` with ``args`` ran eagerly after the seal: count it, log it once."""
+        key = (name, _shapes(args))
         with self._lock:
             new = key not in self._outside
             self._outside.add(key)

@@ -146,6 +146,7 @@ class WanInstance(InstanceSizing, InstanceDecoders, InstanceLevers):
         )
         self._compiled = False
         self._fp8 = False
+        self._regions = []  # the precompiled regions (models.precompiled), set by compile
         self.compile_guard = CompileGuard()  # what compiles after ``seal`` (never, counted)
         self.levers: dict[str, Any] = {"attention": "auto", "overlap_decode": False}
         self.weights_digest = ""  # content hash (models.weights_digest), set by load_instance

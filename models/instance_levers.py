@@ -12,6 +12,7 @@ card's ``chunk_rollout`` KV update; it holds no state of its own (the flags it s
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,13 +21,15 @@ from models.card import KVUpdate, ModelCard
 from models.card_vocabulary import coerce
 from models.compile_guard import CompileGuard
 from models.instance_errors import InstanceError
+from models.precompiled import Region, aot_supported
 from models.wan.attention import WanSelfAttention
 from models.wan.attention_kernels import UnknownBackendError, select_backend
 from models.wan.config import WanDiTConfig
 from models.wan.cuda_graphs import ChunkGraphs
 from models.wan.fp8 import quantize_linears
 from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
-from models.wan.transformer import WanDiT
+from models.wan.transformer import WanDiT, block_past_length
+from models.wan.vae_cache import coder_call
 
 __all__ = ["InstanceLevers"]
 
@@ -50,6 +53,7 @@ class InstanceLevers:
     _slab_buffers: dict[SlabGeometry, KVSlabBuffer]
     _compiled: bool
     _fp8: bool
+    _regions: list[Region]
 
     def configure(
         self,
@@ -84,6 +88,8 @@ class InstanceLevers:
                 if isinstance(module, WanSelfAttention):
                     module.kernel = kernel
             self.levers["attention"] = kernel.name
+            for region in self._regions:  # a compiled graph may hold the kernel it traced
+                region.reset()
         if overlap_decode is not None:
             for op in self._other_decode_ops.values():
                 op.set_overlap(overlap_decode, self.device)
@@ -141,11 +147,14 @@ class InstanceLevers:
         kv_cache: str | None = None,
     ) -> None:
         """Optimise the step bodies for serving (GPU; infra/bench/RESULTS.md): ``configure``
-        the levers, then (once) ``torch.compile`` every DiT block (one graph for all of them;
-        one more per K/V prefix length while a cache fills) and the VAE decoder (3D conv weights
-        channels-last: cuDNN's fast layout once the norms around them are fused; a tiny decoder's
-        2D convolutions keep their layout - ``dreamrt bench tiny-decoder`` measures both). The
-        first chunks after this pay the compilation. Compilation and FP8 are one-way."""
+        the levers, then (once) make the DiT blocks and the decoders precompiled regions
+        (``models.precompiled``: one graph for all blocks per chunk shape, the K/V past length
+        symbolic; one per decoder and chunk shape; kept in the compile cache once
+        ``use_precompiled`` names it). Torch without ``aot_compile`` compiles the same modules
+        just in time (``module.compile()``). 3D conv weights become channels-last (cuDNN's fast
+        layout once the norms around them are fused; a tiny decoder's 2D convolutions keep
+        theirs - ``dreamrt bench tiny-decoder`` measures both). The first chunks after this
+        pay the compilation. Compilation and FP8 are one-way."""
         self.configure(
             attention=attention,
             fp8=fp8,
@@ -156,9 +165,6 @@ class InstanceLevers:
         )
         if self._compiled:
             return
-        for block in self.dit.blocks:
-            block.compile()
-            self.compile_guard.wrap(block, "dit.blocks")  # one name: a shape counts once
         for name, codec in (("vae", self.vae), *self._other_codecs.items()):
             if hasattr(codec, "decoder") and isinstance(codec.decoder, torch.nn.Module):
                 for module in codec.modules():
@@ -166,10 +172,56 @@ class InstanceLevers:
                         module.weight.data = module.weight.data.contiguous(
                             memory_format=torch.channels_last_3d
                         )
-                codec.decoder.compile()
-                self.compile_guard.wrap(codec.decoder, f"{name}.decoder")
+        if aot_supported():
+            self._regions = self._precompiled_regions()
+        else:  # torch < 2.10: Dynamo just in time (every start traces again)
+            for module, name in self._compiled_modules():
+                module.compile()
+                self.compile_guard.wrap(module, name)
         self._compiled = True
         self.levers["compiled"] = True
+
+    def _compiled_modules(self) -> list[tuple[torch.nn.Module, str]]:
+        """What ``compile`` compiles: every DiT block (one name: a shape counts once) and each
+        codec's decoder."""
+        modules: list[tuple[torch.nn.Module, str]] = [(b, "dit.blocks") for b in self.dit.blocks]
+        for name, codec in (("vae", self.vae), *self._other_codecs.items()):
+            if hasattr(codec, "decoder") and isinstance(codec.decoder, torch.nn.Module):
+                modules.append((codec.decoder, f"{name}.decoder"))
+        return modules
+
+    def _precompiled_regions(self) -> list[Region]:
+        """One region for all DiT blocks (the K/V past length symbolic), one per decoder
+        (``models.precompiled``)."""
+        blocks = list(self.dit.blocks)
+        regions = [
+            Region(
+                "dit.blocks",
+                type(blocks[0]).forward,
+                blocks,
+                self.compile_guard,
+                dynamic=block_past_length,
+            )
+        ]
+        for module, name in self._compiled_modules()[len(blocks) :]:
+            regions.append(
+                Region(name, type(module).forward, [module], self.compile_guard, adapt=coder_call)
+            )
+        return regions
+
+    def use_precompiled(self, directory: Path) -> dict[str, int]:
+        """Keep the compiled regions' artifacts in ``directory`` (the compile cache's, for this
+        card, device and levers) and load those already there -> artifacts loaded per region.
+        A no-op on an instance compiled just in time or not at all."""
+        return {region.name: region.use_store(directory) for region in self._regions}
+
+    def compile_stats(self) -> dict[str, Any]:
+        """What the precompiled regions did in this process: per region, signatures served,
+        artifacts compiled and loaded, seconds, eager calls after the seal, fallbacks to JIT."""
+        return {
+            region.name: {"signatures": region.signatures(), **dataclasses.asdict(region.stats)}
+            for region in self._regions
+        }
 
     def seal(self, *, enforce: bool = True) -> None:
         """At ready, after the warm-up: compile and capture nothing more; a call outside the

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -54,6 +54,7 @@ __all__ = [
     "InputShapeError",
     "WanBlock",
     "WanDiT",
+    "block_past_length",
     "dit_flops",
     "param_dtype",
 ]
@@ -471,6 +472,17 @@ class WanDiT(nn.Module):
         y = y.reshape(y.shape[0], f, h, w, pt, ph, pw, self.config.out_channels)
         y = y.permute(0, 7, 1, 4, 2, 5, 3, 6)  # [B, C, f, pt, h, ph, w, pw]
         return y.reshape(y.shape[0], self.config.out_channels, f * pt, h * ph, w * pw)
+
+
+def block_past_length(args: tuple[Any, ...]) -> list[tuple[torch.Tensor, int]]:
+    """The dimension one compiled block graph keeps symbolic (``models.precompiled``): the
+    cached tokens a block call attends to, ``past``'s dim 1 (K and V), where it is read
+    unmasked (a filled prefix: its length grows while a cache fills). A masked call reads the
+    whole cache, a fixed length. ``args``: ``WanBlock.forward``'s, the block first."""
+    past, mask = args[7], args[8]
+    if past is None or mask is not None:
+        return []
+    return [(past[0], 1), (past[1], 1)] if isinstance(past, tuple) else [(past.k, 1), (past.v, 1)]
 
 
 def _gather_past(

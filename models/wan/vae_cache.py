@@ -13,7 +13,10 @@ A cache holds one buffer per slot, allocated once with static shapes and rewritt
 
 ``frames_seen`` counts the input frames the coder has consumed; the coders branch on
 ``frames_seen == 0`` (a Python int, so no host sync), because Wan treats the stream's first frame
-specially at the temporal up/down-samplers.
+specially at the temporal up/down-samplers. They compare it with 0 and nothing else, so a
+compiled coder is called with ``coder_call``'s view of its cache (0 or 1): one graph for the
+stream's first chunk, one for every later one, where tracing the count itself would specialise
+a graph to each value.
 
 The cache is per stream (per session): it is the decoder's only per-request state, it never lives
 on the module, and two streams decoded with two caches do not interact. It is plain data (a
@@ -30,7 +33,14 @@ from typing import Any, Self
 import msgspec
 import torch
 
-__all__ = ["CacheMismatchError", "CausalCache", "DecoderCache", "EncoderCache", "SlotSpec"]
+__all__ = [
+    "CacheMismatchError",
+    "CausalCache",
+    "DecoderCache",
+    "EncoderCache",
+    "SlotSpec",
+    "coder_call",
+]
 
 
 class CacheMismatchError(ValueError):
@@ -187,3 +197,15 @@ class DecoderCache(CausalCache):
 
 class EncoderCache(CausalCache):
     """The encoder's feature cache for one ``WanVAE.encode`` call."""
+
+
+def coder_call(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A compiled coder's call arguments with each ``CausalCache`` among them replaced by a view
+    whose ``frames_seen`` is 0 (the stream's first chunk) or 1 (any later one), sharing its
+    buffers (module docstring); other arguments as they are."""
+    return tuple(
+        msgspec.structs.replace(a, frames_seen=min(a.frames_seen, 1))
+        if isinstance(a, CausalCache)
+        else a
+        for a in args
+    )

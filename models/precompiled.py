@@ -1,0 +1,294 @@
+"""Precompiled regions: a module's forward compiled ahead of time once per call signature, kept
+on disk, loaded at the next start without tracing anything.
+
+``module.compile()`` (Dynamo's just-in-time path) traces a frame on its first call, compiles
+it, and on every later start traces it again before it can look the compiled code up in
+Inductor's cache: on the H200, 44.5 s of a 95.7-s start from the cache was that tracing, and
+Dynamo's automatic dynamic shapes compiled each K/V-prefix graph twice (static at the first
+length, then symbolic). A ``Region`` instead:
+
+- compiles one *function* - an unbound ``forward`` that takes the module as its first argument
+  - with ``torch.compile(fullgraph=True).aot_compile`` (torch >= 2.10), so one artifact serves
+  every module of the region (all DiT blocks: they share code and parameter shapes, and their
+  weights are inputs of the graph, not constants);
+- marks the dimensions its ``dynamic`` rule names symbolic *before* the first compile (the
+  DiT's K/V past length), so one graph covers every prefix length;
+- keeps one artifact per call signature (``signature``: the tensors' shapes, dtypes, devices and
+  inner strides with the dynamic dimensions left out, the structure of the other arguments and
+  the grad mode), verified by the artifact's own guards on the first call of each signature;
+- saves each artifact (``save_compiled_function``: the guards, the transformed bytecode and
+  Inductor's compiled code) to ``store/<region>/<n>.aot`` with the signature beside it, and
+  loads them at the next start: a start from the cache traces nothing; Inductor's kernels come
+  from its own cache in the same directory (``server.compile_cache``).
+
+After ``seal`` a signature with no artifact runs the module eagerly (same result), logged once
+and counted by the ``CompileGuard`` (``dreamrt_compiles_after_ready_total{kind="outside_set"}``).
+
+Where torch has no ``aot_compile``, or a region's forward does not trace whole (a graph break),
+the region falls back to ``module.compile()`` for its modules - the old path, counted in
+``fallbacks`` (``dreamrt compile`` exits non-zero on one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from models.compile_guard import CompileGuard
+
+__all__ = ["Region", "RegionStats", "aot_supported", "signature"]
+
+log = logging.getLogger(__name__)
+
+# (tensor, dimension) pairs of a call's arguments that one compiled graph keeps symbolic
+DynamicRule = Callable[[tuple[Any, ...]], Sequence[tuple[torch.Tensor, int]]]
+
+
+def aot_supported() -> bool:
+    """Whether this torch compiles ahead of time (``aot_compile`` and its loader)."""
+    compiler = getattr(torch, "compiler", None)
+    return hasattr(compiler, "load_compiled_function") and hasattr(
+        torch.compile(lambda: None), "aot_compile"
+    )
+
+
+def _describe(value: Any, dynamic: dict[int, frozenset[int]]) -> Any:
+    """One argument as plain data (module docstring: ``signature``)."""
+    if isinstance(value, torch.Tensor):
+        dims = dynamic.get(id(value), frozenset())
+        inner = max(dims) if dims else -1  # strides outside a dynamic dim may hold its size
+        shape = tuple("*" if i in dims else n for i, n in enumerate(value.shape))
+        strides = tuple("*" if i <= inner else s for i, s in enumerate(value.stride()))
+        return ("T", shape, strides, str(value.dtype), value.device.type, value.requires_grad)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, *(_describe(v, dynamic) for v in value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        return (type(value).__name__, *(_describe(getattr(value, f.name), dynamic) for f in fields))
+    if hasattr(value, "__struct_fields__"):  # a msgspec.Struct
+        names = value.__struct_fields__
+        return (type(value).__name__, *(_describe(getattr(value, n), dynamic) for n in names))
+    return (type(value).__qualname__,)
+
+
+def signature(args: tuple[Any, ...], dynamic: Iterable[tuple[torch.Tensor, int]] = ()) -> str:
+    """The call signature of ``args`` (module docstring) as a stable string: the same in every
+    process for calls that one compiled graph serves."""
+    dims: dict[int, set[int]] = {}
+    for tensor, dim in dynamic:
+        dims.setdefault(id(tensor), set()).add(dim)
+    frozen = {key: frozenset(value) for key, value in dims.items()}
+    modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+    return json.dumps([_describe(a, frozen) for a in args] + [modes], default=str)
+
+
+@dataclasses.dataclass
+class RegionStats:
+    """What a region did in this process."""
+
+    compiled: int = 0  # artifacts compiled here
+    loaded: int = 0  # artifacts loaded from the store
+    compile_s: float = 0.0  # seconds compiling them (tracing + Inductor)
+    load_s: float = 0.0  # seconds loading them
+    eager: int = 0  # calls run eagerly after the seal (no artifact for their signature)
+    fallbacks: list[str] = dataclasses.field(default_factory=list)  # why JIT was used instead
+
+
+class Region:
+    """One precompiled region: ``forward`` (unbound, module first) for ``modules`` (module
+    docstring). ``name`` names it in logs, the guard's counts and the store."""
+
+    def __init__(
+        self,
+        name: str,
+        forward: Callable[..., Any],
+        modules: Sequence[nn.Module],
+        guard: CompileGuard,
+        *,
+        dynamic: DynamicRule | None = None,
+        adapt: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None,
+    ) -> None:
+        self.name = name
+        self._forward = forward
+        self._modules = list(modules)
+        self._guard = guard
+        self._dynamic = dynamic
+        self._adapt = adapt
+        self._entries: dict[str, list[Any]] = {}  # signature -> artifacts (guards checked)
+        self._fast: dict[str, Any] = {}  # signature -> the artifact its calls use
+        self._store: Path | None = None
+        self._lock = threading.RLock()
+        self._jit = False
+        self.stats = RegionStats()
+        for module in self._modules:
+            eager = module._call_impl
+            module._compiled_call_impl = self._caller(module, eager)
+
+    # ---------------------------------------------------------------------------------------
+    # the store
+
+    def use_store(self, directory: Path) -> int:
+        """Save new artifacts to ``directory/<name>/`` and load those already there -> how
+        many were loaded. An artifact that does not load (another torch, a damaged file) is
+        logged and skipped: its signature compiles again."""
+        store = directory / self.name.replace("/", "_")
+        store.mkdir(parents=True, exist_ok=True)
+        loaded = 0
+        with self._lock:
+            self._store = store
+            if self._jit:
+                return 0
+            for meta_path in sorted(store.glob("*.json")):
+                path = meta_path.with_suffix(".aot")
+                began = time.perf_counter()
+                try:
+                    key = json.loads(meta_path.read_text())["signature"]
+                    with path.open("rb") as file:
+                        fn = torch.compiler.load_compiled_function(file)
+                except Exception as exc:  # noqa: BLE001 - any failure means: compile it again
+                    log.warning("%s: %s does not load (%s); it compiles again", self.name, path, exc)
+                    continue
+                self.stats.load_s += time.perf_counter() - began
+                self._entries.setdefault(key, []).append(fn)
+                loaded += 1
+            self.stats.loaded += loaded
+        return loaded
+
+    def signatures(self) -> int:
+        """Signatures with an artifact (compiled here or loaded)."""
+        with self._lock:
+            return len(self._entries)
+
+    def reset(self) -> None:
+        """Forget which artifact serves which signature (after a lever changed what the
+        modules run: their next calls check the artifacts' guards again)."""
+        with self._lock:
+            self._fast.clear()
+
+    # ---------------------------------------------------------------------------------------
+    # calls
+
+    def _caller(self, module: nn.Module, eager: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if kwargs:  # positional calls only (the model's own); others run eagerly
+                return eager(*args, **kwargs)
+            full = (module, *args) if self._adapt is None else self._adapt((module, *args))
+            marks = () if self._dynamic is None else self._dynamic(full)
+            key = signature(full[1:], marks)
+            fn = self._fast.get(key)
+            if fn is None:
+                fn = self._resolve(key, full, marks, eager)
+                if fn is None:
+                    return eager(*args)
+            return fn(*full)
+
+        return call
+
+    def _resolve(
+        self,
+        key: str,
+        full: tuple[Any, ...],
+        marks: Sequence[tuple[torch.Tensor, int]],
+        eager: Callable[..., Any],
+    ) -> Any:
+        """The artifact for a new signature: one whose guards accept the call, else a new one
+        (unsealed) or None (sealed: the caller runs eagerly)."""
+        with self._lock:
+            for fn in self._entries.get(key, ()):
+                if fn.guard_check(*full):
+                    self._fast[key] = fn
+                    return fn
+            if self._guard.sealed:
+                self.stats.eager += 1
+                self._guard.ran_outside(self.name, full[1:])
+                return None
+            if self._jit:
+                return None
+            fn = self._compile(key, full, marks)
+            if fn is None:
+                return None
+            self._entries.setdefault(key, []).append(fn)
+            self._fast[key] = fn
+            return fn
+
+    def _compile(
+        self, key: str, full: tuple[Any, ...], marks: Sequence[tuple[torch.Tensor, int]]
+    ) -> Any:
+        for tensor, dim in marks:
+            torch._dynamo.mark_dynamic(tensor, dim)
+        began = time.perf_counter()
+        try:
+            compiler = torch.compile(
+                self._forward, fullgraph=True, options={"guard_filter_fn": _serializable_guards}
+            )
+            fn = compiler.aot_compile((full, {}))
+        except Exception as exc:  # noqa: BLE001 - a graph break, or a torch without aot_compile
+            self._fall_back(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            return None
+        finally:
+            for tensor, _ in marks:
+                _unmark(tensor)
+        fn.disable_guard_check()  # checked once per signature (``_resolve``), not per call
+        self.stats.compile_s += time.perf_counter() - began
+        self.stats.compiled += 1
+        self._save(key, fn)
+        return fn
+
+    def _save(self, key: str, fn: Any) -> None:
+        if self._store is None:
+            return
+        index = sum(len(v) for v in self._entries.values())
+        path = self._store / f"{index:03d}.aot"
+        try:
+            fn.save_compiled_function(str(path))
+        except Exception as exc:  # noqa: BLE001 - serving goes on; the next start compiles it
+            log.warning("%s: could not save a compiled graph (%s); not cached", self.name, exc)
+            path.unlink(missing_ok=True)
+            return
+        meta = {"signature": key, "bytes": path.stat().st_size}
+        path.with_suffix(".json").write_text(json.dumps(meta) + "\n")
+
+    def _fall_back(self, reason: str) -> None:
+        """Compile the modules just in time from now on (``module.compile()``, guarded)."""
+        log.warning("%s: not precompiled (%s); falls back to torch.compile at first call",
+                    self.name, reason)
+        self.stats.fallbacks.append(reason)
+        self._jit = True
+        for module in self._modules:
+            module._compiled_call_impl = None
+            module.compile()
+            self._guard.wrap(module, self.name)
+
+
+def _serializable_guards(entries: Sequence[Any]) -> list[bool]:
+    """The guards an artifact keeps: those torch can save (as ``aot_compile``'s own filter:
+    no globals, no object identities), less the per-tensor checks (``TENSOR_MATCH``), which the
+    region's ``signature`` makes already (shape, strides, dtype, device, grad) but for the
+    dispatch keys: whether a tensor was made under inference mode changes nothing compiled, and
+    checking it would split one signature's calls between artifacts. (Every module of a region
+    has the same parameter shapes: its parameters' checks go with them.)"""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsupported = getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ())
+    return [
+        not (e.is_global or e.guard_type in unsupported or e.guard_type == "TENSOR_MATCH")
+        for e in entries
+    ]
+
+
+def _unmark(tensor: torch.Tensor) -> None:
+    """Undo ``mark_dynamic`` on a live tensor (it may be a session's buffer, seen again)."""
+    for attr in ("_dynamo_dynamic_indices", "_dynamo_dynamic_range"):
+        if hasattr(tensor, attr):
+            delattr(tensor, attr)
