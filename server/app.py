@@ -36,7 +36,13 @@ from server.memory_watch import MemoryWatch
 from server.metrics import ServerMetrics
 from server.request_guard import RequestGuard
 from server.server_config import ServerConfig
-from server.warm_up import compile_summary, warm_up_set
+from server.warm_start import (
+    WarmUpProgress,
+    compile_directory,
+    load_cost,
+    save_cost,
+    warm_start,
+)
 from server.webrtc import configure_video_bitrate, restrict_host_candidates
 from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
@@ -76,7 +82,7 @@ def resolve_admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
     return key
 
 
-async def _build(config: ServerConfig) -> ServerContext:
+async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContext:
     # Heavy imports stay inside the lifespan: `dreamrt models` and the CLI parser do not pay them.
     from models.compiled_set import compiled_set
     from models.loops.inputs import action_vector, normalize_keys
@@ -109,13 +115,7 @@ async def _build(config: ServerConfig) -> ServerContext:
     profile = card.default_profile
     # a job-only card (bidirectional) has no sessions: no chunk-KV, no session warm-up
     streams = "session.realtime" in card.capabilities
-    compiled_dir = None
-    if config.model.compile:
-        from server.compile_cache import cache_key, use_compile_cache
-
-        key = cache_key(model_id, instance.device, instance.levers, instance.precision)
-        root = config.model.compile_cache or config.data_dir / "compile-cache"
-        compiled_dir = use_compile_cache(root, key)
+    compiled_dir = compile_directory(config, model_id, instance)
     warmed = (
         streams
         and channel is None
@@ -126,11 +126,10 @@ async def _build(config: ServerConfig) -> ServerContext:
     # measured plan costs: the calibration kept with the compiled artifacts (this card, GPU
     # model and levers: a restart from the cache on a fresh machine need not calibrate), then
     # the last run's on this machine, newer: admitted from the start
-    calibration_path = None if compiled_dir is None else compiled_dir / "cost.json"
     cost_path = config.data_dir / "cost" / f"{model_id}@{device.replace(':', '-')}.json"
-    for path in (calibration_path, cost_path):
+    for path in (None if compiled_dir is None else compiled_dir / "cost.json", cost_path):
         if path is not None:
-            _load_cost(cost, path)
+            load_cost(cost, path)
     if warmed:
         served_set = compiled_set(instance.card)
         log.info(
@@ -141,26 +140,14 @@ async def _build(config: ServerConfig) -> ServerContext:
         )
         # then steady sessions calibrate the serving cost model: the first user's session is
         # priced by measurement (server.warm_up.calibrate)
-        took = await warm_up_set(
-            instance, served_set.profiles, config.engine.max_sessions, cost=cost
+        await warm_start(
+            instance,
+            compiled_dir,
+            served_set.profiles,
+            config.engine.max_sessions,
+            cost,
+            progress,
         )
-        if calibration_path is not None:
-            _save_cost(cost, calibration_path)
-        log.info(
-            "warm-up done in %.1f s (%s)",
-            sum(took.values()),
-            ", ".join(f"{name} {s:.1f} s" for name, s in took.items()),
-        )
-        compiled = compile_summary()
-        if compiled.get("graphs"):
-            log.info(
-                "compiling: %d graphs, Dynamo tracing %.1f s, backend %.1f s (Inductor, or its "
-                "compile cache), %d restarted analyses (graph breaks)",
-                compiled["graphs"],
-                compiled["tracing_s"],
-                compiled["backend_s"],
-                compiled["restarts"],
-            )
     admission = AdmissionController(
         AdmissionConfig(
             peak_capacity_bytes=(instance.peak_bytes(profile) if streams else 0)
@@ -277,7 +264,7 @@ async def _build(config: ServerConfig) -> ServerContext:
         engine_id=config.fleet.engine_id or engine_id_for(config.host, config.port),
         public_url=config.fleet.public_url or f"http://{config.host}:{config.port}",
     )
-    ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
+    ctx.undo.append(lambda: save_cost(cost, cost_path))  # after the engine has stopped
     # the model and the warm-up's graphs live as long as the process: out of the collector's
     # walk, or a full collection stands the event loop still for seconds (server.heap_trim);
     # before the watchdog, which would count the freeze's own collection as a stall
@@ -317,6 +304,7 @@ async def _build(config: ServerConfig) -> ServerContext:
 
         ctx.fleet = FleetWorker(ctx)
         await ctx.fleet.start()
+    progress.phase = "ready"
     log.info(
         "dreamrt ready: model %s on %s, auth %s, up to %d sessions",
         model_id,
@@ -325,32 +313,6 @@ async def _build(config: ServerConfig) -> ServerContext:
         config.engine.max_sessions,
     )
     return ctx
-
-
-def _load_cost(cost: Any, path: Path) -> None:
-    """Calibrate ``cost`` from the snapshot at ``path`` if there is a usable one."""
-    import json
-
-    from runtime.cost import CostModelError
-
-    if not path.exists():
-        return
-    try:
-        entries = cost.load(json.loads(path.read_text()))
-    except (OSError, ValueError, CostModelError) as exc:  # JSONDecodeError is a ValueError
-        log.warning("cost calibration %s not loaded: %s", path, exc)
-        return
-    log.info("cost calibration: %d measured plan costs from %s", entries, path)
-
-
-def _save_cost(cost: Any, path: Path) -> None:
-    import json
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(cost.snapshot(), indent=1))
-    except OSError as exc:
-        log.warning("cost calibration not saved to %s: %s", path, exc)
 
 
 async def _teardown(ctx: ServerContext) -> None:
@@ -403,10 +365,12 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     if isinstance(config.data_dir, str):
         config = config.replace(data_dir=Path(config.data_dir))
 
-    # _build is looked up at each create_app: tests replace it to hold or fail a start
-    lifespan = lifespan_of(config, _build, _teardown)
+    # _build is looked up at each start: tests replace it to hold or fail a start
+    progress = WarmUpProgress()  # GET /readyz shows it while the server starts
+    lifespan = lifespan_of(config, lambda c: _build(c, progress), _teardown)
     app = FastAPI(title="dreamrt", version="0.1.0", lifespan=lifespan)
     app.state.config = config
+    app.state.progress = progress
     app.state.draining = False  # set when a graceful shutdown begins (server.shutdown)
     app.add_middleware(
         RequestGuard, limits=config.limits, draining=lambda: bool(app.state.draining)

@@ -1,4 +1,5 @@
-"""The ``dreamrt`` command line (docs/api.md "Command line"): serve, models, watch, job, bench.
+"""The ``dreamrt`` command line (docs/api.md "Command line"): serve, compile, models, watch, job,
+bench.
 
 Exit codes: 0 success, 1 the command failed (the message says why), 2 bad usage or a refused
 configuration (e.g. ``--auth none`` on a public address without ``--force-no-auth``).
@@ -35,6 +36,14 @@ def _build_parser() -> argparse.ArgumentParser:
     from server.config_sources import add_config_arguments
 
     add_config_arguments(serve)
+    compile_parser = sub.add_parser(
+        "compile",
+        help="build the compile cache of a card's compiled set without serving",
+        parents=[common],
+        description="takes serve's settings (the card, device, levers, --compile-cache); "
+        "exits 1 on a graph break (docs/api.md)",
+    )
+    add_config_arguments(compile_parser)
     from server import fleet_cli
 
     fleet_cli.add_router_parser(sub, [common])
@@ -227,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         from server.serve_cli import serve
 
         return serve(args, argv)
+    if args.command == "compile":
+        from server.compile_cli import compile_cache_command
+
+        return compile_cache_command(argv[1:])
     if args.command == "router":
         from server import fleet_cli
 

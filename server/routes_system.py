@@ -137,19 +137,57 @@ def require_general(grant: Grant) -> None:
         raise ApiError(403, "forbidden", f"a token of scope {grant.scope!r} cannot use this route")
 
 
-@router.get("/healthz", responses={503: {"description": "starting: not ready yet"}})
+@router.get("/healthz")
 async def healthz(request: Request) -> Any:
+    """Liveness: 200 whenever the process answers, ``status`` saying what it is doing."""
     ctx = getattr(request.app.state, "ctx", None)
     config = request.app.state.config
-    if ctx is None:  # loading the model or warming up: a readiness probe must wait
-        starting = {
+    failed = _start_failure(request)
+    if failed is not None:
+        return failed
+    if ctx is None:  # loading the model or warming up (GET /readyz says how far)
+        return {
             "status": "starting",
+            "ready": False,
             "model": config.model.card or "default",
             "device": config.model.device,
         }
-        return JSONResponse(starting, status_code=503, headers={"Retry-After": "1"})
-    status = "draining" if request.app.state.draining else "ok"  # server.shutdown
-    return {"status": status, "model": ctx.model_id, "device": ctx.device}
+    draining = bool(request.app.state.draining)  # server.shutdown
+    return {
+        "status": "draining" if draining else "ok",
+        "ready": not draining,
+        "model": ctx.model_id,
+        "device": ctx.device,
+    }
+
+
+@router.get(
+    "/readyz",
+    responses={503: {"description": "starting (with the warm-up's progress) or draining"}},
+)
+async def readyz(request: Request) -> Any:
+    """Readiness: 200 once the compiled set is warm and the server takes sessions; 503 with
+    ``Retry-After`` while it starts (the warm-up's progress) or drains."""
+    ctx = getattr(request.app.state, "ctx", None)
+    progress = getattr(request.app.state, "progress", None)
+    body: dict[str, Any] = {} if progress is None else {"progress": progress.snapshot()}
+    failed = _start_failure(request)
+    if failed is not None:
+        return failed
+    if ctx is None:
+        body = {"status": "starting", **body}
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+    if request.app.state.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
+    return {"status": "ready", "model": ctx.model_id, "device": ctx.device, **body}
+
+
+def _start_failure(request: Request) -> JSONResponse | None:
+    """503 ``failed`` once a start failed (the server is stopping: ``server.lifespan``)."""
+    error = getattr(request.app.state, "start_error", None)
+    if error is None:
+        return None
+    return JSONResponse({"status": "failed", "error": str(error)}, status_code=503)
 
 
 @router.get("/metrics")

@@ -13,25 +13,58 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["calibrate", "compile_summary", "warm_up", "warm_up_set"]
+__all__ = ["calibrate", "compile_summary", "warm_up", "warm_up_set", "warm_up_stages"]
 
 
 async def warm_up_set(
-    instance: Any, profiles: Any, num_slabs: int, cost: Any = None
+    instance: Any,
+    profiles: Any,
+    num_slabs: int,
+    cost: Any = None,
+    on_stage: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, float]:
     """``warm_up`` at each of ``profiles`` in turn, then (``cost``: the serving cost model)
-    ``calibrate`` at each -> seconds per step (``WxH/c``, ``calibration``)."""
+    ``calibrate`` at each -> seconds per step (``WxH/c``, ``calibration``). ``on_stage(name,
+    done, total)`` is told when each stage begins and once all are done (``name`` "done"):
+    per profile its sessions, its job and a session per other decoder (``warm_up_stages``),
+    then the calibration."""
+    stages = [f"{_name(p)} {part}" for p in profiles for part in warm_up_stages(instance)]
+    if cost is not None:
+        stages.append("calibration")
+    done = 0
+
+    def begun(name: str) -> None:
+        nonlocal done
+        if on_stage is not None:
+            on_stage(name, done, len(stages))
+        done += 1
+
     took: dict[str, float] = {}
     for profile in profiles:
-        took[_name(profile)] = await warm_up(instance, profile, num_slabs)
+        took[_name(profile)] = await warm_up(
+            instance, profile, num_slabs, lambda part, p=profile: begun(f"{_name(p)} {part}")
+        )
     if cost is not None:  # after every compile: the sessions below time compiled graphs only
+        begun("calibration")
         began = time.perf_counter()
         for profile in profiles:
             await calibrate(instance, profile, cost)
         took["calibration"] = time.perf_counter() - began
+    if on_stage is not None:
+        on_stage("done", len(stages), len(stages))
     return took
+
+
+def warm_up_stages(instance: Any) -> list[str]:
+    """The parts ``warm_up`` runs at each profile, in order: its sessions, a job (a card that
+    makes videos), and one session per decoder other than the default."""
+    parts = ["sessions"]
+    if "text_to_video" in instance.card.capabilities:
+        parts.append("job")
+    return parts + [f"{decoder} decoder" for decoder in _other_decoders(instance)]
 
 
 def compile_summary() -> dict[str, float]:
@@ -119,7 +152,12 @@ async def calibrate(instance: Any, profile: Any, cost: Any) -> None:
         await asyncio.sleep(0.01)
 
 
-async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
+async def warm_up(
+    instance: Any,
+    profile: Any,
+    num_slabs: int,
+    on_part: Callable[[str], None] | None = None,
+) -> float:
     """Run short sessions of ``instance`` on a throwaway engine: through every K/V-prefix
     length into steady state, with the first chunk's two decode parts, prompt switches that
     re-cache at several prefix lengths (a restarted chunk runs the same graphs) and, with CUDA
@@ -129,7 +167,8 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
     per slab; then a two-chunk t2v job (its first chunk decodes whole); then, for each other
     decoder a session may pick (``"full"`` / ``"tiny"``), one short session with a prompt switch
     that decodes with it (the DiT's graphs are warm by then: only the decoder's compile). The
-    serving engine (and its cost calibration) never sees them. -> seconds it took."""
+    serving engine (and its cost calibration) never sees them. ``on_part`` is told as each part
+    begins (``warm_up_stages``' names). -> seconds it took."""
     from models.loops.requests import JobRequest, SessionRequest
     from runtime.contract import InputEvent, InputKind, Priority, PromptInput
     from runtime.cost import CostModel
@@ -182,8 +221,13 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
         handles.append(handle)
         return handle
 
+    def part(name: str) -> None:
+        if on_part is not None:
+            on_part(name)
+
     start_s = time.perf_counter()
     try:
+        part("sessions")
         for slab in slabs:
             spawn_session(slab, chunks)
         for handle in handles:
@@ -191,6 +235,7 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
         if "text_to_video" in instance.card.capabilities:
             # a job decodes its first chunk whole (a session splits off the first frame), so
             # a two-chunk t2v job warms the decoder's stream-start shape for jobs too
+            part("job")
             frames = 2 * profile.chunk_latent_frames * instance.card.latent.temporal_stride
             job = engine.spawn(
                 instance.loop_for("text_to_video"),
@@ -210,6 +255,7 @@ async def warm_up(instance: Any, profile: Any, num_slabs: int) -> float:
         for decoder in _other_decoders(instance):
             # first chunk, a switch (a changing chunk decodes in parts) and steady chunks, all
             # at prefix lengths the sessions above compiled
+            part(f"{decoder} decoder")
             await spawn_session(0, min(chunks, 4), decoder).result()
     finally:
         await engine.close()

@@ -30,7 +30,9 @@ def test_the_cache_directory_is_keyed_by_card_torch_device_and_levers(tmp_path, 
     assert fp8 is not None and fp8 != first  # another lever: its own artifacts
 
 
-def test_an_explicit_inductor_cache_dir_wins(tmp_path, monkeypatch):
+def test_an_explicit_inductor_cache_dir_wins_for_inductors_caches_only(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
-    assert use_compile_cache(tmp_path / "flag", cache_key("m", "cpu", {}, "fp32")) is None
-    assert not (tmp_path / "flag").exists()
+    directory = use_compile_cache(tmp_path / "flag", cache_key("m", "cpu", {}, "fp32"))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+    # the precompiled regions and the calibration still have their directory
+    assert directory.parent == (tmp_path / "flag").resolve() and (directory / "key.json").exists()

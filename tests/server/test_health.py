@@ -16,24 +16,38 @@ from tests.server.conftest import make_client
 
 
 def wait_ready(client: TestClient, timeout_s: float = 120.0) -> None:
-    """Poll ``/healthz`` until the server is ready (a warming server listens first)."""
+    """Poll ``/readyz`` until the server is ready (a warming server listens first)."""
     deadline = time.monotonic() + timeout_s
-    while (health := client.get("/healthz")).status_code == 503:
-        assert time.monotonic() < deadline, health.json()
+    while (ready := client.get("/readyz")).status_code == 503:
+        assert time.monotonic() < deadline, ready.json()
         time.sleep(0.05)
 
 
-def test_healthz_answers_ok_with_the_served_model_and_device(client: TestClient) -> None:
+def test_healthz_and_readyz_answer_ok_with_the_served_model_and_device(
+    client: TestClient,
+) -> None:
     response = client.get("/healthz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "model": DEFAULT_MODEL, "device": "cpu"}
+    assert response.json() == {
+        "status": "ok",
+        "ready": True,
+        "model": DEFAULT_MODEL,
+        "device": "cpu",
+    }
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["status"] == "ready" and ready.json()["model"] == DEFAULT_MODEL
 
 
-def test_healthz_says_starting_before_the_lifespan_ran(tmp_path) -> None:
+def test_before_the_lifespan_ran_the_server_is_alive_but_not_ready(tmp_path) -> None:
     bare = TestClient(create_app(data_dir=tmp_path, device="cpu"))  # no `with`: no lifespan
-    starting = bare.get("/healthz")
+    alive = bare.get("/healthz")  # liveness: a starting server is not to be restarted
+    assert alive.status_code == 200
+    assert alive.json()["status"] == "starting" and alive.json()["ready"] is False
+    starting = bare.get("/readyz")  # readiness: keep it out of the load balancer
     assert starting.status_code == 503 and starting.json()["status"] == "starting"
     assert starting.headers["retry-after"] == "1"
+    assert starting.json()["progress"]["phase"] == "loading"
     assert bare.get("/v1/models").status_code == 503
 
 
@@ -114,14 +128,15 @@ def test_a_warming_server_listens_and_says_starting_until_ready(
     release = threading.Event()
     build = app_module._build
 
-    async def held_build(config: ServerConfig):  # the warm-up holds here until released
+    async def held_build(config: ServerConfig, progress):  # the warm-up holds until released
         await asyncio.to_thread(release.wait, 60)
-        return await build(config)
+        return await build(config, progress)
 
     monkeypatch.setattr(app_module, "_build", held_build)
     with make_client(tmp_path, warmup=True) as client:
-        starting = client.get("/healthz")
+        starting = client.get("/readyz")
         assert starting.status_code == 503 and starting.json()["status"] == "starting"
+        assert client.get("/healthz").json()["status"] == "starting"
         models = client.get("/v1/models")
         assert models.status_code == 503 and models.headers["retry-after"] == "1"
         release.set()
@@ -130,10 +145,30 @@ def test_a_warming_server_listens_and_says_starting_until_ready(
         assert client.get("/v1/models").status_code == 200
 
 
+def test_readyz_shows_the_warm_up_progress_and_the_console_its_bar(tmp_path, caplog) -> None:
+    """Every stage of the warm-up (per profile its sessions, job and other decoder; then the
+    calibration) is counted on ``/readyz`` and drawn on the console as it begins."""
+    caplog.set_level(logging.INFO, logger="server.app")
+    with make_client(tmp_path, warmup=True) as client:
+        wait_ready(client)
+        progress = client.get("/readyz").json()["progress"]
+        card = client.app.state.ctx.host.models.resolve(None).card
+    profiles = compiled_set(card).profiles
+    parts = 1 + ("text_to_video" in card.capabilities)  # tiny-world: one decoder
+    assert progress["stages_total"] == len(profiles) * parts + 1
+    assert progress["stages_done"] == progress["stages_total"]
+    assert progress["phase"] == "ready" and progress["stage"] == "done"
+    bars = [r.getMessage() for r in caplog.records if r.getMessage().startswith("warm-up [")]
+    total = progress["stages_total"]
+    assert bars[0].startswith(f"warm-up [{'-' * 24}] 0/{total} ")
+    assert bars[-1].startswith(f"warm-up [{'#' * 24}] {total}/{total} done")
+    assert any("calibration" in bar for bar in bars)
+
+
 def test_a_build_that_fails_after_listening_stops_the_server(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def failing_build(config: ServerConfig):
+    async def failing_build(config: ServerConfig, progress):
         raise RuntimeError("the checkpoint is not there")
 
     monkeypatch.setattr(app_module, "_build", failing_build)
@@ -143,7 +178,9 @@ def test_a_build_that_fails_after_listening_stops_the_server(
     with TestClient(app) as client:
         assert stopped.wait(30), "the server was not told to stop"
         assert str(app.state.start_error) == "the checkpoint is not there"
-        assert client.get("/healthz").status_code == 503
+        for probe in ("/healthz", "/readyz"):
+            failed = client.get(probe)
+            assert failed.status_code == 503 and failed.json()["status"] == "failed"
 
 
 def test_only_a_warming_server_listens_first() -> None:
