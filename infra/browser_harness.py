@@ -1,7 +1,7 @@
 """Real server + Debian Chromium for the browser test and the browser benchmark.
 
 ``ServerProcess`` runs ``python -m server serve`` on 127.0.0.1 as a subprocess (its output goes
-to a log file, never to a pipe that could fill up) and waits for ``/healthz``. ``launch_chromium``
+to a log file, never to a pipe that could fill up) and waits for ``/readyz``. ``launch_chromium``
 starts Debian's ``/usr/bin/chromium`` through Playwright with the flags a headless WebRTC run
 needs (fake camera/microphone, loopback ICE candidates, no mDNS obfuscation) and a fresh profile.
 Playwright's own browser downloads are never used: a missing Chromium is a
@@ -56,7 +56,7 @@ class ChromiumMissingError(RuntimeError):
 
 
 class ServerExitedError(RuntimeError):
-    """The server subprocess exited (or never answered /healthz); the message quotes its log."""
+    """The server subprocess exited (or never became ready); the message quotes its log."""
 
 
 def require_chromium(path: str = CHROMIUM_PATH) -> str:
@@ -80,7 +80,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 class ServerProcess:
     """``python -m server serve`` on 127.0.0.1 as a subprocess; ``stop()`` is idempotent.
 
-    Use as a context manager, or ``start()`` / ``stop()``. ``start`` returns once ``/healthz``
+    Use as a context manager, or ``start()`` / ``stop()``. ``start`` returns once ``/readyz``
     answers 200 and raises ServerExitedError (quoting the log tail) if the process exits or
     ``timeout_s`` passes first.
     """
@@ -147,11 +147,11 @@ class ServerProcess:
                     f"server exited with {self._proc.returncode}:\n{self.log_tail()}"
                 )
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
                     return self
             time.sleep(0.2)
         self.stop()
-        raise ServerExitedError(f"no /healthz answer within {timeout_s:.0f} s:\n{self.log_tail()}")
+        raise ServerExitedError(f"not ready (/readyz) within {timeout_s:.0f} s:\n{self.log_tail()}")
 
     def log_tail(self, num_lines: int = 40) -> str:
         if self._log_file is not None:

@@ -165,7 +165,7 @@ class InstanceLevers:
         )
         if self._compiled:
             return
-        for name, codec in (("vae", self.vae), *self._other_codecs.items()):
+        for codec in (self.vae, *self._other_codecs.values()):
             if hasattr(codec, "decoder") and isinstance(codec.decoder, torch.nn.Module):
                 for module in codec.modules():
                     if isinstance(module, torch.nn.Conv3d):

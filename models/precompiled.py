@@ -157,8 +157,11 @@ class Region:
                     with path.open("rb") as file:
                         fn = torch.compiler.load_compiled_function(file)
                 except Exception as exc:  # noqa: BLE001 - any failure means: compile it again
-                    log.warning("%s: %s does not load (%s); it compiles again", self.name, path, exc)
+                    log.warning(
+                        "%s: %s does not load (%s); it compiles again", self.name, path, exc
+                    )
                     continue
+                _check_guards_once(fn)
                 self.stats.load_s += time.perf_counter() - began
                 self._entries.setdefault(key, []).append(fn)
                 loaded += 1
@@ -206,7 +209,8 @@ class Region:
         (unsealed) or None (sealed: the caller runs eagerly)."""
         with self._lock:
             for fn in self._entries.get(key, ()):
-                if fn.guard_check(*full):
+                check = getattr(fn, "guard_check", None)
+                if check is None or check(*full):
                     self._fast[key] = fn
                     return fn
             if self._guard.sealed:
@@ -229,17 +233,18 @@ class Region:
             torch._dynamo.mark_dynamic(tensor, dim)
         began = time.perf_counter()
         try:
-            compiler = torch.compile(
+            compiler: Any = torch.compile(
                 self._forward, fullgraph=True, options={"guard_filter_fn": _serializable_guards}
             )
             fn = compiler.aot_compile((full, {}))
         except Exception as exc:  # noqa: BLE001 - a graph break, or a torch without aot_compile
-            self._fall_back(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            self._fall_back(f"{type(exc).__name__}: {first_line}")
             return None
         finally:
             for tensor, _ in marks:
                 _unmark(tensor)
-        fn.disable_guard_check()  # checked once per signature (``_resolve``), not per call
+        _check_guards_once(fn)
         self.stats.compile_s += time.perf_counter() - began
         self.stats.compiled += 1
         self._save(key, fn)
@@ -261,14 +266,23 @@ class Region:
 
     def _fall_back(self, reason: str) -> None:
         """Compile the modules just in time from now on (``module.compile()``, guarded)."""
-        log.warning("%s: not precompiled (%s); falls back to torch.compile at first call",
-                    self.name, reason)
+        log.warning(
+            "%s: not precompiled (%s); falls back to torch.compile at first call", self.name, reason
+        )
         self.stats.fallbacks.append(reason)
         self._jit = True
         for module in self._modules:
             module._compiled_call_impl = None
             module.compile()
             self._guard.wrap(module, self.name)
+
+
+def _check_guards_once(fn: Any) -> None:
+    """Calls of an artifact skip its guards: ``Region._resolve`` checked them once for the
+    call's signature (the signature holds what they would check per call)."""
+    disable = getattr(fn, "disable_guard_check", None)
+    if disable is not None:
+        disable()
 
 
 def _serializable_guards(entries: Sequence[Any]) -> list[bool]:

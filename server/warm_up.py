@@ -12,6 +12,7 @@ server would both have been admitted)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,8 +45,9 @@ async def warm_up_set(
 
     took: dict[str, float] = {}
     for profile in profiles:
-        took[_name(profile)] = await warm_up(
-            instance, profile, num_slabs, lambda part, p=profile: begun(f"{_name(p)} {part}")
+        name = _name(profile)
+        took[name] = await warm_up(
+            instance, profile, num_slabs, functools.partial(_prefixed, begun, name)
         )
     if cost is not None:  # after every compile: the sessions below time compiled graphs only
         begun("calibration")
@@ -56,6 +58,10 @@ async def warm_up_set(
     if on_stage is not None:
         on_stage("done", len(stages), len(stages))
     return took
+
+
+def _prefixed(tell: Callable[[str], None], profile: str, part: str) -> None:
+    tell(f"{profile} {part}")
 
 
 def warm_up_stages(instance: Any) -> list[str]:

@@ -6,6 +6,8 @@
 #   bash infra/bench/h200_capacity.sh server                  # sessions per GPU, real server
 #   bash infra/bench/h200_capacity.sh warm                    # ready times, a job beside a
 #                                                             # session, sessions per GPU
+#   bash infra/bench/h200_capacity.sh start                   # ready fresh, from the cache
+#                                                             # and from a copy of it
 #
 # The warm stage's fresh start alone takes ~400 s on the H200, so one call holds a fresh and a
 # cached start and little else: WARM_PHASES=fresh,cached WARM_SETUPS= (empty: no setups)
@@ -65,5 +67,30 @@ if has warm; then
     --json "$OUT/warm_serving.json" >"$OUT/warm_serving.log" 2>&1
   tail -40 "$OUT/warm_serving.log"
   pkill -INT -f -- '--compile-cache' && sleep 5
+fi
+if has start; then
+  # ready fresh (empty caches) and from the compile cache, with one capacity setup and the time
+  # to steer on the cached server; then `dreamrt compile` from a copy of that cache at another
+  # path with the local caches emptied (what another machine that copies the cache starts from)
+  pkill -INT -f -- '--compile-cache' && sleep 5
+  SC=/tmp/start-cache
+  rm -rf "$SC" /tmp/copied-cache /tmp/copied-data
+  timeout "${START_S:-470}" $PY -m infra.bench.warm_serving --model wan2.1-1.3b-causal \
+    --device cuda --random-weights --max-sessions 6 --setups "" \
+    --cached-setups "${START_SETUPS-full=832x480@16}" --mixed-on none \
+    --latency-on "${START_LATENCY_ON-cached}" --prompts 4 --phases fresh,cached \
+    --empty-local-caches --cache "$SC" --keep-logs "$OUT/logs" \
+    --json "$OUT/start.json" >"$OUT/start.log" 2>&1
+  tail -30 "$OUT/start.log"
+  grep -h "compiling \|Dynamo:\|warm-up done\|precompiled graphs loaded\|dreamrt ready" \
+    "$OUT"/logs/*.log | cut -c1-300
+  du -sh "$SC"/*/ "$SC"/*/regions 2>/dev/null
+  cp -r "$SC" /tmp/copied-cache
+  rm -rf "/tmp/torchinductor_$(whoami)" ~/.triton/cache
+  timeout "${COPIED_S:-100}" $PY -m server compile --model wan2.1-1.3b-causal --device cuda \
+    --random-weights --max-sessions 6 --compile-cache /tmp/copied-cache \
+    --data-dir /tmp/copied-data >"$OUT/compile_copied.log" 2>&1
+  echo "dreamrt compile from the copy: exit $?"
+  grep -v "warm-up \[" "$OUT/compile_copied.log" | tail -14
 fi
 exit 0
