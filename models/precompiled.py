@@ -54,11 +54,20 @@ DynamicRule = Callable[[tuple[Any, ...]], Sequence[tuple[torch.Tensor, int]]]
 
 
 def aot_supported() -> bool:
-    """Whether this torch compiles ahead of time (``aot_compile`` and its loader)."""
-    compiler = getattr(torch, "compiler", None)
-    return hasattr(compiler, "load_compiled_function") and hasattr(
-        torch.compile(lambda: None), "aot_compile"
-    )
+    """Whether this torch compiles ahead of time (``torch.compile(...).aot_compile``)."""
+    return hasattr(torch.compile(lambda: None), "aot_compile")
+
+
+def _load_artifact(path: Path) -> Any:
+    """An artifact ``save_compiled_function`` wrote (``torch.compiler.load_compiled_function``,
+    or the class method it wraps where torch does not export it)."""
+    load = getattr(torch.compiler, "load_compiled_function", None)
+    with path.open("rb") as file:
+        if load is not None:
+            return load(file)
+        from torch._dynamo.aot_compile import AOTCompiledFunction
+
+        return AOTCompiledFunction.deserialize(file.read(), None, None)
 
 
 def _describe(value: Any, dynamic: dict[int, frozenset[int]]) -> Any:
@@ -154,8 +163,7 @@ class Region:
                 began = time.perf_counter()
                 try:
                     key = json.loads(meta_path.read_text())["signature"]
-                    with path.open("rb") as file:
-                        fn = torch.compiler.load_compiled_function(file)
+                    fn = _load_artifact(path)
                 except Exception as exc:  # noqa: BLE001 - any failure means: compile it again
                     log.warning(
                         "%s: %s does not load (%s); it compiles again", self.name, path, exc

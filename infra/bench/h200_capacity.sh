@@ -6,7 +6,7 @@
 #   bash infra/bench/h200_capacity.sh server                  # sessions per GPU, real server
 #   bash infra/bench/h200_capacity.sh warm                    # ready times, a job beside a
 #                                                             # session, sessions per GPU
-#   bash infra/bench/h200_capacity.sh start                   # ready fresh, from the cache
+#   bash infra/bench/h200_capacity.sh probe,start             # ready fresh, from the cache
 #                                                             # and from a copy of it
 #
 # The warm stage's fresh start alone takes ~400 s on the H200, so one call holds a fresh and a
@@ -30,6 +30,10 @@ PY=python3
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader
 has() { [[ ",$stages," == *",$1,"* ]]; }
 FULL="compiled+overlap+graphs+fa3"
+if has probe; then  # does this torch precompile regions? (a later stage's numbers depend on it)
+  timeout 240 $PY -m infra.bench.aot_probe 2>&1 | cut -c1-1500 | tee "$OUT/aot_probe.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "aot probe failed"; exit 1; }
+fi
 if has check; then
   timeout 120 $PY -m pytest -q -p no:cacheprovider tests/models/test_kv_fp8.py 2>&1 | tail -4
 fi
