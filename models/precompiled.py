@@ -31,6 +31,7 @@ the region falls back to ``module.compile()`` for its modules - the old path, co
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -55,7 +56,18 @@ DynamicRule = Callable[[tuple[Any, ...]], Sequence[tuple[torch.Tensor, int]]]
 
 def aot_supported() -> bool:
     """Whether this torch compiles ahead of time (``torch.compile(...).aot_compile``)."""
-    return hasattr(torch.compile(lambda: None), "aot_compile")
+    with _aot_enabled():
+        return hasattr(torch.compile(lambda: None), "aot_compile")
+
+
+def _aot_enabled() -> Any:
+    """Dynamo's switch for ``aot_compile`` on (torch 2.10-2.12 keep it behind
+    ``torch._dynamo.config.enable_aot_compile``; later torch has no switch)."""
+    import torch._dynamo.config as dynamo_config
+
+    if hasattr(dynamo_config, "enable_aot_compile"):
+        return dynamo_config.patch(enable_aot_compile=True)
+    return contextlib.nullcontext()
 
 
 def _load_artifact(path: Path) -> Any:
@@ -241,10 +253,13 @@ class Region:
             torch._dynamo.mark_dynamic(tensor, dim)
         began = time.perf_counter()
         try:
-            compiler: Any = torch.compile(
-                self._forward, fullgraph=True, options={"guard_filter_fn": _serializable_guards}
-            )
-            fn = compiler.aot_compile((full, {}))
+            with _aot_enabled():
+                compiler: Any = torch.compile(
+                    self._forward,
+                    fullgraph=True,
+                    options={"guard_filter_fn": _serializable_guards},
+                )
+                fn = compiler.aot_compile((full, {}))
         except Exception as exc:  # noqa: BLE001 - a graph break, or a torch without aot_compile
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             self._fall_back(f"{type(exc).__name__}: {first_line}")
