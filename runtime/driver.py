@@ -43,22 +43,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
-from runtime.contract import (
-    Cancelled,
-    Done,
-    Emission,
-    InputEvent,
-    Loop,
-    LoopContext,
-    LoopFailed,
-    LoopResult,
-    LoopState,
-    PendingOutput,
-    PlanWithdrawn,
-    Priority,
-    StepResult,
-    WorkPlan,
-)
+from runtime.emissions import Emission
+from runtime.live_inputs import InputEvent
+from runtime.loop_failures import Cancelled, LoopFailed, PlanWithdrawn
+from runtime.loop_protocol import Done, Loop, LoopContext, LoopResult, LoopState
+from runtime.plans import PendingOutput, Priority, StepResult, WorkPlan
 from runtime.snapshot import SnapshotError, restore_state, snapshot_state, snapshot_type_name
 
 __all__ = [

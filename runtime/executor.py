@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from runtime.contract import StepOp, WorkPlan
 from runtime.observers import BatchInfo, Observer, PlanFault
+from runtime.plans import StepOp, WorkPlan
 
 __all__ = ["ExecJob", "Executor", "JobOutcome", "PlanOutcome"]
 

@@ -29,21 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from runtime.contract import (
-    Cancelled,
-    Emission,
-    InputEvent,
-    LoopFailed,
-    LoopResult,
-    PendingOutput,
-    PlanWithdrawn,
-    Priority,
-    StepResult,
-    Stream,
-    WorkPlan,
-)
 from runtime.driver import Driver, DriverPhase
+from runtime.emissions import Emission, Stream
 from runtime.input_trace import InputTrace
+from runtime.live_inputs import InputEvent
+from runtime.loop_failures import Cancelled, LoopFailed, PlanWithdrawn
+from runtime.loop_protocol import LoopResult
+from runtime.plans import PendingOutput, Priority, StepResult, WorkPlan
 from runtime.scheduler import ends_chunk
 from runtime.snapshot import resolve_state_type
 

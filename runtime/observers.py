@@ -37,8 +37,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from runtime.contract import TimedPendingOutput
 from runtime.cost import CostModel
+from runtime.plans import TimedPendingOutput
 
 __all__ = [
     "BatchInfo",

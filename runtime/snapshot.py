@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, TypeVar
 
 import msgspec
 
-from runtime.contract import LoopState
+from runtime.loop_protocol import LoopState
 
 __all__ = [
     "SnapshotError",

@@ -45,9 +45,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.contract import StepOp
 from runtime.executor import ExecJob, Executor, _Attempt
 from runtime.observers import BatchInfo, Observer, PlanFault
+from runtime.plans import StepOp
 
 __all__ = ["Channel", "Follower", "Leader", "leader_only", "model_ops"]
 
