@@ -236,7 +236,7 @@ class Executor:
             retried_solo=True,
         )
 
-    def _attempt(self, info: BatchInfo, op: StepOp, args: Sequence[Any]) -> _Attempt:
+    def _attempt(self, info: BatchInfo, op: StepOp, args: Sequence[object]) -> _Attempt:
         for observer in self.observers:
             self._guard(observer.before_batch, info)
         start_s = time.perf_counter()
