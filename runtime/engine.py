@@ -180,7 +180,7 @@ class Engine(EnginePlans):
     def spawn(
         self,
         loop: Loop[Any],
-        request: Any,
+        request: object,
         model: Any,
         *,
         loop_id: str,
@@ -244,7 +244,7 @@ class Engine(EnginePlans):
 
     # -- driving ----------------------------------------------------------------------------
 
-    async def _drive(self, record: LoopRecord, request: Any, model: Any) -> None:
+    async def _drive(self, record: LoopRecord, request: object, model: Any) -> None:
         status = LoopStatus.FAILED
         driver = record.driver
         assert driver is not None  # built by spawn, before this task

@@ -44,7 +44,7 @@ class ExecJob:
 
     info: BatchInfo
     op: StepOp
-    args: tuple[Any, ...]
+    args: tuple[object, ...]
     plan_flops: tuple[float, ...]
 
     @classmethod

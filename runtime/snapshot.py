@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "Device",
     "SnapshotError",
     "clone_state",
     "resolve_state_type",
