@@ -33,7 +33,7 @@ run: $(STAMP)
 	$(BIN)/dreamrt serve --host $(HOST) --port $(PORT)
 
 # The checks configured in pyproject.toml: ruff (lint rules and the formatter's check) and mypy
-# (the product packages' types; strict on runtime/).
+# (the product packages' and infra/'s types; strict on runtime/ and sessions/).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -43,23 +43,18 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
-from runtime.contract import (
-    Cancelled,
-    Done,
-    Emission,
-    InputEvent,
-    Loop,
-    LoopContext,
-    LoopFailed,
-    LoopResult,
-    LoopState,
-    PendingOutput,
-    PlanWithdrawn,
-    Priority,
-    StepResult,
-    WorkPlan,
+from runtime.emissions import Emission
+from runtime.live_inputs import InputEvent
+from runtime.loop_failures import Cancelled, LoopFailed, PlanWithdrawn
+from runtime.loop_protocol import Done, Loop, LoopContext, LoopResult, LoopState
+from runtime.plans import PendingOutput, Priority, StepResult, WorkPlan
+from runtime.snapshot import (
+    Device,
+    SnapshotError,
+    restore_state,
+    snapshot_state,
+    snapshot_type_name,
 )
-from runtime.snapshot import SnapshotError, restore_state, snapshot_state, snapshot_type_name
 
 __all__ = [
     "Driver",
@@ -162,7 +157,7 @@ class Driver(Generic[S]):
         blob: bytes,
         state_type: type[S],
         *,
-        device: Any = None,
+        device: Device = None,
         on_boundary: Callable[[Driver[S]], None] | None = None,
     ) -> Driver[S]:
         """A driver standing at the boundary where ``blob`` was taken."""
@@ -202,7 +197,7 @@ class Driver(Generic[S]):
 
     # -- iteration --------------------------------------------------------------------------
 
-    def init(self, request: Any, model: Any) -> S:
+    def init(self, request: object, model: Any) -> S:
         self._require("init", _P.CREATED)
         try:
             state = self._call("init", self.loop.init, request, model, self.ctx)
@@ -274,7 +269,7 @@ class Driver(Generic[S]):
         self._transition(_P.DONE)
         return result
 
-    async def run(self, request: Any = None, model: Any = None) -> LoopResult:
+    async def run(self, request: object = None, model: Any = None) -> LoopResult:
         """init (unless restored) → steps → finalize. Raises ``Cancelled`` / ``LoopFailed``."""
         self._require("run", _P.CREATED, _P.BOUNDARY)
         if self._phase is _P.CREATED:
@@ -354,7 +349,7 @@ class Driver(Generic[S]):
                 f"sink for stream {emission.spec.stream!r} raised {type(exc).__name__}: {exc}",
             ) from exc
 
-    def _checked_state(self, state: Any, where: str) -> S:
+    def _checked_state(self, state: object, where: str) -> S:
         if not isinstance(state, LoopState):
             raise LoopFailed(
                 self.ctx.loop_id,
@@ -451,7 +446,12 @@ class InlineContext:
 
 
 async def run_inline(
-    loop: Loop[S], request: Any, model: Any, *, loop_id: str = "inline", deterministic: bool = False
+    loop: Loop[S],
+    request: object,
+    model: Any,
+    *,
+    loop_id: str = "inline",
+    deterministic: bool = False,
 ) -> tuple[LoopResult, list[Emission]]:
     """Run a loop to completion alone through an ``InlineContext``; returns (result, emissions)."""
     ctx = InlineContext(loop_id, deterministic=deterministic)

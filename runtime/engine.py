@@ -49,22 +49,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from runtime.admission import AdmissionController
-from runtime.contract import (
-    Cancelled,
-    Emission,
-    Loop,
-    LoopFailed,
-    LoopState,
-    Priority,
-    StepResult,
-)
 from runtime.cost import CostModel
+from runtime.emissions import Emission
 from runtime.engine_plans import EnginePlans, PlanEntry
 from runtime.engine_state import EngineError, EngineState, check_engine_transition
 from runtime.engine_stats import EngineCounters, EngineStats
 from runtime.executor import ExecJob, Executor, JobOutcome
 from runtime.input_trace import InputTrace, applied_seqs
 from runtime.lead import AdaptiveLead, LeadPolicy
+from runtime.loop_failures import Cancelled, LoopFailed
 from runtime.loop_handle import (
     EngineContext,
     LoopHandle,
@@ -73,8 +66,10 @@ from runtime.loop_handle import (
     LoopStatusError,
     build_driver,
 )
+from runtime.loop_protocol import Loop, LoopState
 from runtime.observers import BatchListener, BatchReport, Observer
 from runtime.plan_timing import PlanTiming
+from runtime.plans import Priority, StepResult
 from runtime.scheduler import Batch, PlayoutDeadlines, Scheduler, ends_chunk
 from runtime.step_edf import StepEdfScheduler
 
@@ -185,7 +180,7 @@ class Engine(EnginePlans):
     def spawn(
         self,
         loop: Loop[Any],
-        request: Any,
+        request: object,
         model: Any,
         *,
         loop_id: str,
@@ -249,7 +244,7 @@ class Engine(EnginePlans):
 
     # -- driving ----------------------------------------------------------------------------
 
-    async def _drive(self, record: LoopRecord, request: Any, model: Any) -> None:
+    async def _drive(self, record: LoopRecord, request: object, model: Any) -> None:
         status = LoopStatus.FAILED
         driver = record.driver
         assert driver is not None  # built by spawn, before this task

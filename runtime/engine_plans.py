@@ -15,10 +15,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runtime.contract import Cancelled, LoopFailed, PlanWithdrawn, StepResult, WorkPlan
 from runtime.engine_state import EngineState
+from runtime.loop_failures import Cancelled, LoopFailed, PlanWithdrawn
 from runtime.loop_handle import LoopRecord, LoopStatus
 from runtime.plan_timing import PlanTiming, PlanWindow
+from runtime.plans import StepResult, WorkPlan
 from runtime.scheduler import Scheduler, Ticket, ends_chunk
 
 __all__ = ["EnginePlans", "PlanEntry"]

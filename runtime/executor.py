@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from runtime.contract import StepOp, WorkPlan
 from runtime.observers import BatchInfo, Observer, PlanFault
+from runtime.plans import StepOp, WorkPlan
 
 __all__ = ["ExecJob", "Executor", "JobOutcome", "PlanOutcome"]
 
@@ -44,7 +44,7 @@ class ExecJob:
 
     info: BatchInfo
     op: StepOp
-    args: tuple[Any, ...]
+    args: tuple[object, ...]
     plan_flops: tuple[float, ...]
 
     @classmethod
@@ -236,7 +236,7 @@ class Executor:
             retried_solo=True,
         )
 
-    def _attempt(self, info: BatchInfo, op: StepOp, args: Sequence[Any]) -> _Attempt:
+    def _attempt(self, info: BatchInfo, op: StepOp, args: Sequence[object]) -> _Attempt:
         for observer in self.observers:
             self._guard(observer.before_batch, info)
         start_s = time.perf_counter()

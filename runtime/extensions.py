@@ -26,9 +26,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "BlockInterceptor",
@@ -107,11 +110,13 @@ class StepInterceptor(Protocol):
     spec: ExtensionSpec
     probe_blocks: int
 
-    def distance(self, cache: Any, probe: Any, step: int, steps: int) -> float | None: ...
+    def distance(self, cache: Any, probe: torch.Tensor, step: int, steps: int) -> float | None: ...
 
     def wants(self, cache: Any, distance: float | None) -> bool: ...
 
-    def record(self, cache: Any, probe: Any, distance: float | None, reused: bool) -> None: ...
+    def record(
+        self, cache: Any, probe: torch.Tensor, distance: float | None, reused: bool
+    ) -> None: ...
 
 
 class BlockInterceptor(StepInterceptor, Protocol):
@@ -123,17 +128,17 @@ class BlockObserver(Protocol):
     """Sees every block's output of a hooked forward (read-only; runs on the executor thread).
     ``key``: (loop_id, step, branch); ``hidden``: the block's output tensor."""
 
-    def on_block(self, key: tuple[str, int, str], block: int, hidden: Any) -> None: ...
+    def on_block(self, key: tuple[str, int, str], block: int, hidden: torch.Tensor) -> None: ...
 
 
-def parse_extension_arg(arg: str) -> tuple[str, dict[str, Any]]:
+def parse_extension_arg(arg: str) -> tuple[str, dict[str, object]]:
     """``NAME`` or ``NAME:k=v,k=v`` (a CLI flag) -> (name, raw params); values are JSON
     scalars where they parse as one (``0.05``, ``true``), else strings."""
     name, _, rest = arg.partition(":")
     name = name.strip()
     if not name:
         raise ExtensionRejected(f"--extension {arg!r}: no extension name")
-    params: dict[str, Any] = {}
+    params: dict[str, object] = {}
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key:
@@ -145,7 +150,7 @@ def parse_extension_arg(arg: str) -> tuple[str, dict[str, Any]]:
     return name, params
 
 
-def convert_params(spec: ExtensionSpec, raw: Mapping[str, Any], where: str) -> msgspec.Struct:
+def convert_params(spec: ExtensionSpec, raw: Mapping[str, object], where: str) -> msgspec.Struct:
     try:
         return msgspec.convert(dict(raw), spec.params)
     except msgspec.ValidationError as exc:
@@ -155,7 +160,7 @@ def convert_params(spec: ExtensionSpec, raw: Mapping[str, Any], where: str) -> m
 def preflight(
     specs: Mapping[str, ExtensionSpec],
     deployed: Mapping[str, msgspec.Struct],
-    requested: Mapping[str, Mapping[str, Any]],
+    requested: Mapping[str, Mapping[str, object]],
     facts: ScheduleFacts,
     *,
     exact: bool = False,

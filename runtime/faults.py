@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from runtime.observers import BatchInfo, Observation, PlanFault
 
@@ -66,7 +66,7 @@ class FaultInjector:
         return None
 
     def after_batch(
-        self, info: BatchInfo, outputs: Sequence[Any], wall_s: float
+        self, info: BatchInfo, outputs: Sequence[object], wall_s: float
     ) -> Observation | None:
         if info.kind not in _STEP_KINDS:
             return None
@@ -93,7 +93,7 @@ class FaultInjector:
         return Observation(faults=tuple(faults)) if faults else None
 
 
-def _poison(output: Any) -> None:
+def _poison(output: object) -> None:
     """Fills the floating tensors of a denoising step's output with NaN, in place."""
     import torch
 

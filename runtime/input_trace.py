@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from runtime.contract import EmitSpec, InputTiming, Stream
+from runtime.emissions import EmitSpec, InputTiming, Stream
 
 __all__ = ["InputTrace", "applied_seqs"]
 

@@ -27,23 +27,15 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
-from runtime.contract import (
-    Cancelled,
-    Emission,
-    InputEvent,
-    LoopFailed,
-    LoopResult,
-    PendingOutput,
-    PlanWithdrawn,
-    Priority,
-    StepResult,
-    Stream,
-    WorkPlan,
-)
 from runtime.driver import Driver, DriverPhase
+from runtime.emissions import Emission, Stream
 from runtime.input_trace import InputTrace
+from runtime.live_inputs import InputEvent
+from runtime.loop_failures import Cancelled, LoopFailed, PlanWithdrawn
+from runtime.loop_protocol import Loop, LoopResult, LoopState
+from runtime.plans import PendingOutput, Priority, StepResult, WorkPlan
 from runtime.scheduler import ends_chunk
 from runtime.snapshot import resolve_state_type
 
@@ -56,6 +48,8 @@ __all__ = [
     "LoopStatus",
     "LoopStatusError",
 ]
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -81,20 +75,24 @@ class LoopStatusError(RuntimeError):
 
 
 @dataclass(slots=True)
-class BoundaryCall:
+class BoundaryCall(Generic[T]):
     """``fn(state)`` to run at the next (chunk) boundary; its result resolves ``future``."""
 
-    fn: Callable[[Any], Any]
-    future: asyncio.Future[Any]
+    fn: Callable[[LoopState], T]
+    future: asyncio.Future[T]
     after_chunk: bool
 
-    def run(self, state: Any) -> None:
+    def run(self, state: LoopState) -> None:
         if self.future.done():
             return
         try:
             self.future.set_result(self.fn(state))
         except Exception as exc:
             self.future.set_exception(exc)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
 
 
 @dataclass(slots=True)
@@ -123,7 +121,8 @@ class LoopRecord:
     # emissions wait here, in plan order, while one of them has a PendingOutput
     emit_tail: asyncio.Task[None] | None = None
     emit_error: Exception | None = None
-    boundary_calls: list[BoundaryCall] = field(default_factory=list)
+    # each call's result type is its caller's (``LoopHandle.at_boundary``): unknown here
+    boundary_calls: list[BoundaryCall[Any]] = field(default_factory=list)
     chunk_ended: bool = True  # no plan ran since a chunk's final media (or since the start)
     plan_follows_chunk: bool = False  # the plan now queued was described at a chunk boundary
     chunks_out: int = 0  # plans that ended a chunk (its final media) and ran
@@ -151,20 +150,20 @@ class LoopRecord:
             for call in due:
                 call.run(driver.state)
 
-    def call_now(self, fn: Callable[[Any], Any], after_chunk: bool) -> tuple[bool, Any]:
-        """``(True, fn(state))`` if the state stands at a (chunk) boundary now, else
-        ``(False, None)``."""
+    def state_at_boundary(self, after_chunk: bool) -> LoopState | None:
+        """The state if it stands at a (chunk) boundary now (or its next plan is still queued,
+        so it is the state that plan was described from), else ``None``."""
         if self.done or self.driver is None:
             raise LoopStatusError(
                 f"boundary call on loop {self.loop_id!r}, which is {self.status.value}"
             )
         phase = self.driver.phase
-        if phase is DriverPhase.BOUNDARY and (self.chunk_ended or not after_chunk):
-            return True, fn(self.driver.state)
+        at_boundary = phase is DriverPhase.BOUNDARY and (self.chunk_ended or not after_chunk)
         queued = self.queued_plan is not None and phase is DriverPhase.EXECUTING
-        if queued and (self.plan_follows_chunk or not after_chunk):
-            return True, fn(self.driver.state)
-        return False, None
+        if at_boundary or (queued and (self.plan_follows_chunk or not after_chunk)):
+            state: LoopState = self.driver.state
+            return state
+        return None
 
     async def snapshot(self) -> bytes:
         """At once if the driver stands at a boundary or its plan is still queued (not run,
@@ -199,8 +198,7 @@ class LoopRecord:
                 waiter.set_exception(error)
         self.snapshot_waiters.clear()
         for call in self.boundary_calls:
-            if not call.future.done():
-                call.future.set_exception(error)
+            call.fail(error)
         self.boundary_calls.clear()
 
     def release_state(self) -> None:
@@ -408,8 +406,8 @@ class LoopHandle:
         return await self._record.snapshot()
 
     def at_boundary(
-        self, fn: Callable[[Any], Any], *, after_chunk: bool = False, advance: bool = False
-    ) -> asyncio.Future[Any]:
+        self, fn: Callable[[LoopState], T], *, after_chunk: bool = False, advance: bool = False
+    ) -> asyncio.Future[T]:
         """``fn(state)`` at the loop's next step boundary (``after_chunk``: chunk boundary), at
         once when the state stands at one; -> a future of its result (or its exception).
         Registered when called, so a call from an emission callback lands on the boundary
@@ -418,19 +416,18 @@ class LoopHandle:
         is paused again there (before ``fn``). The future fails with ``LoopStatusError`` if the
         loop has ended or ends first."""
         record = self._record
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         try:
-            ran, value = record.call_now(fn, after_chunk)
+            if (state := record.state_at_boundary(after_chunk)) is not None:
+                future.set_result(fn(state))
+                return future
         except Exception as exc:
             future.set_exception(exc)
-            return future
-        if ran:
-            future.set_result(value)
             return future
         call_fn = fn
         if advance and record.paused:
 
-            def call_fn(state: Any) -> Any:
+            def call_fn(state: LoopState) -> T:
                 self._control.set_loop_paused(record, True)
                 return fn(state)
 
@@ -450,15 +447,15 @@ class LoopHandle:
 
 
 def build_driver(
-    loop: Any,
+    loop: Loop[Any],
     ctx: EngineContext,
     model: Any,
-    request: Any,
+    request: object,
     on_boundary: Callable[[Driver[Any]], None],
     *,
     restore_from: bytes | None = None,
-    state_type: type[Any] | None = None,
-    fork_from: Any = None,
+    state_type: type[LoopState] | None = None,
+    fork_from: LoopState | None = None,
 ) -> Driver[Any]:
     """The driver of a spawned loop: fresh (``init`` runs when it starts), restored from a
     snapshot, or forked (``loop.fork(state, request, model)``: a continuation of another loop's

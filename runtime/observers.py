@@ -37,8 +37,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from runtime.contract import TimedPendingOutput
 from runtime.cost import CostModel
+from runtime.plans import TimedPendingOutput
 
 __all__ = [
     "BatchInfo",
@@ -93,7 +93,7 @@ class Observer(Protocol):
     def before_batch(self, info: BatchInfo) -> None: ...
 
     def after_batch(
-        self, info: BatchInfo, outputs: Sequence[Any], wall_s: float
+        self, info: BatchInfo, outputs: Sequence[object], wall_s: float
     ) -> Observation | None: ...
 
 
@@ -167,7 +167,7 @@ class Profiler:
             self._start_event = torch.cuda.Event(enable_timing=True)
             self._start_event.record()
 
-    def after_batch(self, info: BatchInfo, outputs: Sequence[Any], wall_s: float) -> Observation:
+    def after_batch(self, info: BatchInfo, outputs: Sequence[object], wall_s: float) -> Observation:
         device_s = None
         if self._start_event is not None:
             import torch
@@ -269,7 +269,7 @@ class NaNWatch:
         return None
 
     def after_batch(
-        self, info: BatchInfo, outputs: Sequence[Any], wall_s: float
+        self, info: BatchInfo, outputs: Sequence[object], wall_s: float
     ) -> Observation | None:
         faults = []
         for index, output in enumerate(outputs):
@@ -289,7 +289,7 @@ class NaNWatch:
         return Observation(faults=tuple(faults))
 
 
-def _non_finite(value: Any, path: str) -> Iterator[tuple[str, int, int]]:
+def _non_finite(value: object, path: str) -> Iterator[tuple[str, int, int]]:
     """(path, non-finite count, numel) for every floating tensor with NaN/Inf inside ``value``."""
     import torch
 

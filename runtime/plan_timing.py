@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.contract import Priority, WorkPlan
 from runtime.cost import CostModel
 from runtime.input_trace import InputTrace
 from runtime.lead import LeadPolicy
+from runtime.plans import Priority, WorkPlan
 from runtime.scheduler import PlayoutDeadlines
 
 __all__ = ["PlanTiming", "PlanWindow"]

@@ -29,7 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from runtime.contract import EmitSpec, Priority
+from runtime.emissions import EmitSpec
+from runtime.plans import Priority
 
 __all__ = [
     "Batch",

@@ -22,13 +22,17 @@ import math
 import sys
 import warnings
 from collections.abc import Iterator
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, TypeAlias, TypeVar
 
 import msgspec
 
-from runtime.contract import LoopState
+from runtime.loop_protocol import LoopState
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
+    "Device",
     "SnapshotError",
     "clone_state",
     "resolve_state_type",
@@ -40,6 +44,8 @@ __all__ = [
 ]
 
 S = TypeVar("S", bound=LoopState)
+# where restored tensors land: a torch.device, a name such as "cuda:0", or None for the CPU
+Device: TypeAlias = "torch.device | str | None"
 
 _TENSOR_EXT = 1
 _SNAPSHOT_FORMAT = "dreamrt.loopstate"
@@ -79,15 +85,15 @@ def _type_name(tp: type) -> str:
     return f"{tp.__module__}.{tp.__qualname__}"
 
 
-def _encode_structure(state: LoopState) -> tuple[bytes, list[Any]]:
+def _encode_structure(state: LoopState) -> tuple[bytes, list[torch.Tensor]]:
     """The state's msgpack structure with each tensor replaced by a reference, and the
     tensors in reference order (one object referenced twice is listed once)."""
     import torch
 
-    tensors: list[Any] = []
+    tensors: list[torch.Tensor] = []
     index_of: dict[int, int] = {}
 
-    def enc_hook(obj: Any) -> Any:
+    def enc_hook(obj: object) -> object:
         if isinstance(obj, torch.Tensor):
             index = index_of.get(id(obj))
             if index is None:
@@ -163,7 +169,7 @@ class _HostCopier:
     (the clone this snapshot is of, and any op still writing state tensors on a second
     stream, such as the overlapped decode); the compute stream never waits for the copy."""
 
-    def __init__(self, tensors: list[Any]) -> None:
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
         import torch
 
         # (side stream, pinned staging buffer) when there are CUDA tensors
@@ -179,14 +185,14 @@ class _HostCopier:
                 torch.empty(size, dtype=torch.uint8, pin_memory=True),
             )
 
-    def pieces(self, t: Any) -> Iterator[memoryview]:
+    def pieces(self, t: torch.Tensor) -> Iterator[memoryview]:
         import torch
 
         flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
         staging = self._staging
         if not t.is_cuda or staging is None or t.device != staging[0].device:  # (another GPU)
             for start in range(0, flat.numel(), PIECE_BYTES):
-                yield memoryview(flat[start : start + PIECE_BYTES].cpu().numpy())
+                yield flat[start : start + PIECE_BYTES].cpu().numpy().data
             return
         stream, buffer = staging
         with torch.cuda.stream(stream):
@@ -209,10 +215,10 @@ def clone_state(state: S) -> S:
     structure, tensors = _encode_structure(state)
     clones = [t.detach().clone() for t in tensors]
 
-    def ext_hook(code: int, data: memoryview) -> Any:
+    def ext_hook(code: int, data: memoryview) -> torch.Tensor:
         return clones[int.from_bytes(data, "little")]
 
-    def dec_hook(tp: type, obj: Any) -> Any:
+    def dec_hook(tp: type, obj: object) -> object:
         return obj
 
     decoder = msgspec.msgpack.Decoder(type(state), dec_hook=dec_hook, ext_hook=ext_hook)
@@ -224,7 +230,7 @@ def snapshot_type_name(blob: bytes) -> str:
     return _decode_header(blob)[0].state_type
 
 
-def restore_state(blob: bytes, state_type: type[S], *, device: Any = None) -> S:
+def restore_state(blob: bytes, state_type: type[S], *, device: Device = None) -> S:
     """Rebuild a state from snapshot bytes (``write_snapshot``'s layout, or version 1's
     safetensors envelope); tensors land on ``device`` (default CPU)."""
     import torch
@@ -239,13 +245,13 @@ def restore_state(blob: bytes, state_type: type[S], *, device: Any = None) -> S:
     else:
         loaded = _tensors(blob, header.tensors, base, device)
 
-    def ext_hook(code: int, data: memoryview) -> Any:
+    def ext_hook(code: int, data: memoryview) -> torch.Tensor:
         index = int.from_bytes(data, "little")
         if code != _TENSOR_EXT or index >= len(loaded):
             raise SnapshotError(f"snapshot references unknown tensor {index} (ext code {code})")
         return loaded[index]
 
-    def dec_hook(tp: type, obj: Any) -> Any:
+    def dec_hook(tp: type, obj: object) -> torch.Tensor:
         if tp is torch.Tensor and isinstance(obj, torch.Tensor):
             return obj
         raise NotImplementedError(f"cannot restore a {tp!r} from {type(obj).__qualname__}")
@@ -257,7 +263,9 @@ def restore_state(blob: bytes, state_type: type[S], *, device: Any = None) -> S:
         raise SnapshotError(f"cannot restore {_type_name(state_type)}: {exc}") from exc
 
 
-def _tensors(blob: bytes, entries: list[_TensorEntry], base: int, device: Any) -> list[Any]:
+def _tensors(
+    blob: bytes, entries: list[_TensorEntry], base: int, device: Device
+) -> list[torch.Tensor]:
     """The tensors of a version-2 snapshot, each owning its memory on ``device`` (CPU: None)."""
     import torch
 
@@ -285,7 +293,7 @@ def _tensors(blob: bytes, entries: list[_TensorEntry], base: int, device: Any) -
     return out
 
 
-def _v1_tensors(envelope: _Envelope) -> list[Any]:
+def _v1_tensors(envelope: _Envelope) -> list[torch.Tensor]:
     import safetensors.torch
 
     try:
@@ -323,7 +331,7 @@ def _check_format(fmt: str, version: int, expected: int) -> None:
 
 
 def resolve_state_type(
-    loop: Any, blob: bytes, explicit: type[LoopState] | None = None
+    loop: object, blob: bytes, explicit: type[LoopState] | None = None
 ) -> type[LoopState]:
     """The state type to restore ``blob`` as: ``explicit``, else ``loop.state_type``, else the
     type recorded in the snapshot if its module is already imported (nothing is imported
@@ -339,7 +347,7 @@ def resolve_state_type(
         module = sys.modules.get(".".join(parts[:cut]))
         if module is None:
             continue
-        obj: Any = module
+        obj: object = module
         for attr in parts[cut:]:
             obj = getattr(obj, attr, None)
         if isinstance(obj, type) and issubclass(obj, LoopState):

@@ -45,9 +45,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.contract import StepOp
 from runtime.executor import ExecJob, Executor, _Attempt
 from runtime.observers import BatchInfo, Observer, PlanFault
+from runtime.plans import StepOp
 
 __all__ = ["Channel", "Follower", "Leader", "leader_only", "model_ops"]
 
@@ -66,7 +66,7 @@ def _version(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
-def model_ops(model: Any) -> dict[str, Any]:
+def model_ops(model: object) -> dict[str, StepOp]:
     """The step ops a model exposes (attributes named ``*_op``), by their ``name``."""
     return {op.name: op for key, op in vars(model).items() if key.endswith("_op")}
 
@@ -75,11 +75,11 @@ class _TensorPickler(pickle.Pickler):
     """A pickler that hands each object to ``ident`` first: a tuple it returns is written as
     the object's persistent id (``Channel._tensor_id``), ``None`` pickles it as usual."""
 
-    def __init__(self, file: io.BytesIO, ident: Callable[[Any], tuple[Any, ...] | None]) -> None:
+    def __init__(self, file: io.BytesIO, ident: Callable[[object], tuple[Any, ...] | None]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._ident = ident
 
-    def persistent_id(self, obj: Any) -> tuple[Any, ...] | None:
+    def persistent_id(self, obj: object) -> tuple[Any, ...] | None:
         return self._ident(obj)
 
 
@@ -121,7 +121,7 @@ class Channel:
 
     # -- leader ----------------------------------------------------------------------------
 
-    def publish(self, message: Any) -> None:
+    def publish(self, message: object) -> None:
         outgoing: list[torch.Tensor] = []
         buf = io.BytesIO()
         _TensorPickler(buf, lambda obj: self._tensor_id(obj, outgoing)).dump(message)
@@ -132,7 +132,7 @@ class Channel:
         for t in outgoing:
             dist.broadcast(t.contiguous(), self.src, group=self.group)
 
-    def _tensor_id(self, obj: Any, outgoing: list[torch.Tensor]) -> tuple[Any, ...] | None:
+    def _tensor_id(self, obj: object, outgoing: list[torch.Tensor]) -> tuple[Any, ...] | None:
         if not isinstance(obj, torch.Tensor):
             return None
         name = self._ptrs.get(obj.untyped_storage().data_ptr())
@@ -166,7 +166,7 @@ class Channel:
 
     # -- follower --------------------------------------------------------------------------
 
-    def receive(self) -> Any:
+    def receive(self) -> Any:  # what the leader published: the follower unpacks it
         box: list[Any] = [None, None, None]
         dist.broadcast_object_list(box, self.src, group=self.group)
         payload, metas, dropped = box
@@ -223,7 +223,7 @@ class _AgreeingExecutor(Executor):
 
     channel: Channel
 
-    def _attempt(self, info: BatchInfo, op: Any, args: Sequence[Any]) -> _Attempt:
+    def _attempt(self, info: BatchInfo, op: StepOp, args: Sequence[object]) -> _Attempt:
         attempt = super()._attempt(info, op, args)
         return attempt if leader_only(op) else self.channel.agree(attempt, len(args))
 

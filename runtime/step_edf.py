@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 
-from runtime.contract import Priority
+from runtime.plans import Priority
 from runtime.scheduler import Batch, PickReason, SchedulerError, Ticket, TicketQueue
 
 __all__ = [

@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine, Iterator
-from typing import Any
+from typing import TypeVar
 
 __all__ = ["TaskSet"]
+
+T = TypeVar("T")
 
 
 class TaskSet:
@@ -22,22 +24,22 @@ class TaskSet:
     ``logger``/``owner``: a task that raised is logged as ``"<owner>: <task name> failed"``."""
 
     def __init__(self, logger: logging.Logger | None = None, owner: str = "") -> None:
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         self._logger = logger
         self._owner = owner
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+    def spawn(self, coro: Coroutine[object, None, T], name: str) -> asyncio.Task[T]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._ended)
         return task
 
-    def add(self, task: asyncio.Task[Any]) -> None:
+    def add(self, task: asyncio.Task[object]) -> None:
         """Owns a task created elsewhere (it is cancelled and awaited by ``close`` too)."""
         self._tasks.add(task)
         task.add_done_callback(self._ended)
 
-    def _ended(self, task: asyncio.Task[Any]) -> None:
+    def _ended(self, task: asyncio.Task[object]) -> None:
         self._tasks.discard(task)
         if task.cancelled() or self._logger is None:
             return
@@ -49,7 +51,7 @@ class TaskSet:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+    def __iter__(self) -> Iterator[asyncio.Task[object]]:
         return iter(list(self._tasks))
 
     def cancel(self) -> None:

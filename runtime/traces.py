@@ -26,9 +26,12 @@ import dataclasses
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runtime.observers import BatchInfo, Observation
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ActivationTrace", "Divergence", "ParityAligner", "TraceRecord"]
 
@@ -47,7 +50,7 @@ class TraceRecord:
     block: int | None
     mean_abs: float
     max_abs: float
-    tensor: Any = None  # a CPU clone, with ``keep``
+    tensor: torch.Tensor | None = None  # a CPU clone, with ``keep``
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +71,13 @@ class Divergence:
         )
 
 
-def _first_tensor(value: Any) -> Any:
+def _first_tensor(value: object) -> torch.Tensor | None:
     """The first floating tensor in an output (a tensor, or nested in a dataclass/sequence)."""
     import torch
 
     if isinstance(value, torch.Tensor):
         return value if value.is_floating_point() else None
-    items: Iterator[Any] = iter(())
+    items: Iterator[object] = iter(())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         items = (getattr(value, f.name) for f in dataclasses.fields(value))
     elif isinstance(value, (list, tuple)):
@@ -109,7 +112,7 @@ class _Intermediates:
         return None
 
     def after_batch(
-        self, info: BatchInfo, outputs: Sequence[Any], wall_s: float
+        self, info: BatchInfo, outputs: Sequence[object], wall_s: float
     ) -> Observation | None:
         if info.kind not in STEP_KINDS:
             return None
@@ -120,7 +123,7 @@ class _Intermediates:
                 self._seen(loop_id, step, "output", None, tensor)
         return None
 
-    def on_block(self, key: tuple[str, int, str], block: int, hidden: Any) -> None:
+    def on_block(self, key: tuple[str, int, str], block: int, hidden: torch.Tensor) -> None:
         loop_id, step, branch = key
         if self._wants(loop_id):
             self._seen(loop_id, step, branch, block, hidden)
@@ -128,7 +131,9 @@ class _Intermediates:
     def _wants(self, loop_id: str) -> bool:
         return True
 
-    def _seen(self, loop_id: str, step: int, branch: str, block: int | None, t: Any) -> None:
+    def _seen(
+        self, loop_id: str, step: int, branch: str, block: int | None, t: torch.Tensor
+    ) -> None:
         raise NotImplementedError
 
 
@@ -155,7 +160,9 @@ class ActivationTrace(_Intermediates):
         with self._lock:
             return self._records.get((loop_id, step, branch, block))
 
-    def _seen(self, loop_id: str, step: int, branch: str, block: int | None, t: Any) -> None:
+    def _seen(
+        self, loop_id: str, step: int, branch: str, block: int | None, t: torch.Tensor
+    ) -> None:
         value = t.detach().float()
         kept = value.cpu().clone() if self.keep else None
         record = TraceRecord(
@@ -202,7 +209,9 @@ class ParityAligner(_Intermediates):
     def _wants(self, loop_id: str) -> bool:
         return loop_id not in self._first  # the first divergence is what it names
 
-    def _seen(self, loop_id: str, step: int, branch: str, block: int | None, t: Any) -> None:
+    def _seen(
+        self, loop_id: str, step: int, branch: str, block: int | None, t: torch.Tensor
+    ) -> None:
         ref_id = self.against.get(loop_id, loop_id)
         ref = self.reference.record(ref_id, step, branch, block)
         if ref is None or ref.tensor is None:

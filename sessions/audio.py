@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import av
 import numpy as np
+import numpy.typing as npt
 
 from runtime.errors import DreamrtError
 
@@ -29,6 +30,8 @@ __all__ = [
     "decode_audio",
     "resample",
 ]
+
+Samples = npt.NDArray[np.float32]  # [n] float32, mono
 
 TARGET_RATE_HZ = 16_000
 MAX_SECONDS = 30.0  # per upload; longer streams arrive as several uploads
@@ -54,13 +57,13 @@ class AudioTooLongError(AudioFormatError):
 
 @dataclass(frozen=True, slots=True)
 class AudioClip:
-    samples: np.ndarray  # [n] float32, mono, 16 kHz, in [-1, 1]
+    samples: Samples  # [n] float32, mono, 16 kHz, in [-1, 1]
     source_rate_hz: int
     source_channels: int
 
     @property
     def duration_s(self) -> float:
-        return self.samples.shape[0] / TARGET_RATE_HZ
+        return len(self.samples) / TARGET_RATE_HZ
 
 
 def decode_audio(
@@ -110,7 +113,7 @@ def _check_duration(num_samples: int, rate_hz: int, max_seconds: float) -> None:
         )
 
 
-def _to_target(frames: Iterable[av.AudioFrame]) -> np.ndarray:
+def _to_target(frames: Iterable[av.AudioFrame]) -> Samples:
     """Decoded frames (any layout, rate, sample format) -> [n] float32 16 kHz mono in [-1, 1].
 
     The resampler keeps the channels (planar float) and the mean of them is the mono signal:
@@ -124,11 +127,11 @@ def _to_target(frames: Iterable[av.AudioFrame]) -> np.ndarray:
     ]
     if not parts:
         return np.zeros(0, np.float32)
-    mono = np.concatenate(parts, axis=1).mean(axis=0)
+    mono: npt.NDArray[np.float64] = np.concatenate(parts, axis=1).mean(axis=0)
     return np.clip(mono, -1.0, 1.0).astype(np.float32)
 
 
-def resample(x: np.ndarray, from_hz: int, to_hz: int = TARGET_RATE_HZ) -> np.ndarray:
+def resample(x: Samples, from_hz: int, to_hz: int = TARGET_RATE_HZ) -> Samples:
     """Band-limited resampling of a mono signal through ``av.AudioResampler``.
 
     # x: [n] float32 -> [round(n * to_hz / from_hz)] float32 (the resampler is flushed)

@@ -41,7 +41,6 @@ import collections
 import concurrent.futures
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -210,7 +209,7 @@ class ChunkStream:
         """Returns once every emission so far took effect."""
         await self._order.drain()
 
-    def _add(self, meta: MediaMeta, output: Any, *, playable: bool) -> None:
+    def _add(self, meta: MediaMeta, output: object, *, playable: bool) -> None:
         frames = np.asarray(output).copy()  # [n, H, W, 3] uint8, owned: the loop reuses its own
         chunk, segment, fps = meta.chunk, meta.segment, meta.fps
         self.segment = segment

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from models.card import Profile
 from models.loops.requests import SessionRequest
-from runtime.admission import AdmissionRequest, Reject
+from runtime.admission import AdmissionController, AdmissionRequest, Admit, Reject
 from runtime.contract import Priority
 from runtime.pools import KVSlabPool
 from sessions.handoff import forget_manifest
@@ -247,7 +247,7 @@ class SessionHost:
             )
         except Exception:
             if reservation_id is not None:
-                self.engine.admission.release(reservation_id)  # returns the slab too
+                self._admission.release(reservation_id)  # returns the slab too
             raise
         if start == "now":
             session.hold_after_first_chunk = True  # pauses itself after chunk 0 if unwatched
@@ -278,12 +278,12 @@ class SessionHost:
 
     def admit(
         self, owner: str, served: ServedModel, profile: Profile, decoder: str | None = None
-    ) -> Any:
+    ) -> Admit | Reject:
         """One session's reservation (``Admit``, with its slab) or ``Reject`` (counted)."""
         if (closed := self.models.closed.get(served.card.model_id)) is not None:
             return self._reject(closed)
         request = self._admission_request(owner, served, profile, decoder)
-        answer = self.engine.admission.admit(request)
+        answer = self._admission.admit(request)
         return self._reject(answer) if isinstance(answer, Reject) else answer
 
     def adopt_session(self, session: Session, handle: Any) -> None:
@@ -339,7 +339,7 @@ class SessionHost:
     def _slab_pool(self, served: ServedModel, profile: Profile) -> str:
         """The admission key of the slab pool of ``profile``'s geometry; its first session
         makes the model preallocate the geometry's K/V buffer and registers the pool."""
-        admission = self.engine.admission
+        admission = self._admission
         key = f"{served.card.model_id}:{served.slab_geometry(profile).key}"
         if admission.pool(key) is None:
             buffer = served.reserve_kv_slabs(profile, self.slabs_per_geometry)
@@ -387,6 +387,13 @@ class SessionHost:
             "precision": str(getattr(served, "precision", card.recipe.assumes_precision)),
             "attention": str(getattr(served, "levers", {}).get("attention", "")),
         }
+
+    @property
+    def _admission(self) -> AdmissionController:
+        """The engine's admission controller; a host admitting sessions needs one."""
+        if (admission := self.engine.admission) is None:
+            raise HostError("the engine has no admission controller")
+        return admission
 
     def _reject(self, reject: Reject) -> Reject:
         self.rejections[reject.reason] += 1

@@ -27,8 +27,8 @@ asked; this one keeps only what the record needs of the other inputs until they 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Literal
 
 from runtime.contract import (
     ActionInput,
@@ -144,7 +144,7 @@ class InputLedger:
         self.max_prompt_chars = max_prompt_chars
         self._next_seq = 1
         # seq -> (kind, what the record keeps) of actions and audio until applied
-        self._pending: dict[int, tuple[InputKind, Any]] = {}
+        self._pending: dict[int, tuple[InputKind, Mapping[str, object] | None]] = {}
         self.audio_samples_in = 0
         self.last_input_s = clock()  # when the last input arrived (or the ledger was made)
 
@@ -200,7 +200,7 @@ class InputLedger:
         self,
         kind: InputKind,
         payload: PromptInput | ActionInput | AudioInput,
-        recorded: Any = None,
+        recorded: Mapping[str, object] | None = None,
     ) -> int:
         """Admits a checked input (the session open, the backlog under its limit), numbers it
         and sends it; ``recorded`` is what the behaviour record keeps of an action or audio
@@ -271,7 +271,7 @@ class InputLedger:
                 seq, chunk=chunk, pts_90k=pts, segment=segment, applied_s=self._wall()
             )
             self._supersede(seq, kind, [e.seq for e in superseded])
-            recorded = {"text": entry.text}
+            recorded: Mapping[str, object] | None = {"text": entry.text}
             self._events.publish(
                 PromptApplied(
                     seq=seq,

@@ -353,10 +353,11 @@ class JobHost:
         live = [j for j in self._jobs.values() if not j.terminal and j.handle is not None]
         taken = 0
         if self.recording is not None:
-            running = [j for j in live if j.state.value == "running"]
+            running = [j.handle for j in live if j.state.value == "running"]
             futures = [
-                snapshot_loop(self.recording, j.handle, after_chunk=False, advance=False)
-                for j in running
+                snapshot_loop(self.recording, handle, after_chunk=False, advance=False)
+                for handle in running
+                if handle is not None
             ]
             if futures:
                 done, _ = await asyncio.wait(futures, timeout=timeout_s)

@@ -22,8 +22,8 @@ import shutil
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
+from runtime.contract import LoopState
 from runtime.loop_handle import LoopStatusError
 from runtime.snapshot import clone_state, snapshot_nbytes, write_snapshot
 from sessions.loop_handle import LoopHandleLike
@@ -51,7 +51,7 @@ class JobSnapshots:
         self.loop_id = handle.loop_id
         self._steps_since = 0
         self._not_before_s = 0.0
-        self._pending: asyncio.Future[Any] | None = None
+        self._pending: asyncio.Future[int] | None = None
         self._ended = False
         self.steps: list[int] = []
 
@@ -77,7 +77,7 @@ class JobSnapshots:
         folder = self._recording.snapshot_dir / "snapshots" / self.loop_id
         self._recording.submit(partial(shutil.rmtree, folder, ignore_errors=True))
 
-    def _take(self, state: Any) -> int:
+    def _take(self, state: LoopState) -> int:
         step = int(state.step)
         self._steps_since = 0
         if self._ended or (self.steps and step <= self.steps[-1]):
@@ -90,7 +90,7 @@ class JobSnapshots:
         self._recording.write_snapshot(f"{self.loop_id}@{step}", partial(write_snapshot, clone))
         return step
 
-    def _taken(self, future: asyncio.Future[Any]) -> None:
+    def _taken(self, future: asyncio.Future[int]) -> None:
         exc = None if future.cancelled() else future.exception()
         if isinstance(exc, LoopStatusError):
             log.debug("job %s ended before its next snapshot", self.loop_id)

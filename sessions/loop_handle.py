@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
-from runtime.contract import Emission, InputEvent, LoopResult
+from runtime.contract import Emission, InputEvent, LoopResult, LoopState
 
 __all__ = ["LoopHandleLike"]
+
+T = TypeVar("T")
 
 
 class LoopHandleLike(Protocol):
@@ -39,8 +41,8 @@ class LoopHandleLike(Protocol):
     async def result(self) -> LoopResult: ...
 
     def at_boundary(
-        self, fn: Callable[[Any], Any], *, after_chunk: bool = False, advance: bool = False
-    ) -> asyncio.Future[Any]: ...
+        self, fn: Callable[[LoopState], T], *, after_chunk: bool = False, advance: bool = False
+    ) -> asyncio.Future[T]: ...
 
     def set_sink(self, on_emit: Callable[[Emission], None]) -> None: ...
 

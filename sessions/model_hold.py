@@ -23,9 +23,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from runtime.admission import Reject
+from runtime.contract import LoopState
 from runtime.errors import DreamrtError
 from sessions.loop_handle import LoopHandleLike
 from sessions.served_models import ServedModels
@@ -48,13 +48,13 @@ class HeldLoop:
     """A loop held at a boundary: its owner (a ``Session``, a ``Job``) and the first chunk it
     has not decoded yet (None for a loop without chunks)."""
 
-    owner: Any
+    owner: object  # a Session or a Job: the caller's, passed back as is
     handle: LoopHandleLike
     chunk: int | None
 
 
 # model id -> (owner, handle) of every live loop of that model
-LoopSource = Callable[[str], list[tuple[Any, LoopHandleLike]]]
+LoopSource = Callable[[str], list[tuple[object, LoopHandleLike]]]
 
 
 class ModelHold:
@@ -120,8 +120,8 @@ class ModelHold:
             self._models.closed.pop(model_id, None)
 
 
-def _holder(handle: LoopHandleLike) -> Callable[[Any], int | None]:
-    def hold(state: Any) -> int | None:
+def _holder(handle: LoopHandleLike) -> Callable[[LoopState], int | None]:
+    def hold(state: LoopState) -> int | None:
         handle.hold()
         return getattr(state, "next_chunk", getattr(state, "chunk", None))
 

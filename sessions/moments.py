@@ -19,12 +19,13 @@ The job's parameters say where the clip starts (``moment``: the session and the 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from models.programs.graph import NodeKind
 from models.programs.presets import resolve
+from runtime.contract import LoopState
 from runtime.snapshot import clone_state, resolve_state_type, restore_state
 from sessions.host import SessionHost
 from sessions.job import Job
@@ -33,6 +34,15 @@ from sessions.resume import newest_snapshot
 from sessions.served_models import UnsupportedTaskError
 
 __all__ = ["render_moment", "session_of"]
+
+
+@runtime_checkable
+class _Continuable(Protocol):
+    """What a moment reads of the state it continues (a chunk rollout's)."""
+
+    prompt: str
+    seed: int
+    next_chunk: int
 
 
 def session_of(program: Any) -> str | None:
@@ -60,6 +70,8 @@ async def render_moment(
     else:
         row, state = await _stored(jobs, session_id)
         model_id, width, height = row["model_id"], row["width"], row["height"]
+    if not isinstance(state, _Continuable):
+        raise UnsupportedTaskError("program", f"session {session_id!r}'s loop has no chunks")
     return jobs.submit_job(
         task="t2v",
         prompt=state.prompt,
@@ -74,7 +86,7 @@ async def render_moment(
     )
 
 
-async def _stored(jobs: JobHost, session_id: str) -> tuple[dict[str, Any], Any]:
+async def _stored(jobs: JobHost, session_id: str) -> tuple[dict[str, Any], LoopState]:
     """The session's row and the state of its newest replay snapshot."""
     row = await jobs.store.run(jobs.store.get_session, session_id)
     path = None

@@ -19,7 +19,7 @@ they jump ahead at most ``EVENT_ID_RESERVE``, and no id is ever used twice, so a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 from sessions.events import Event, encode_event
 from sessions.store import Store
@@ -62,7 +62,7 @@ class Persistence:
         self.store = store
         self._owner_id = owner_id
         self._event_types = event_types
-        self._update: Callable[..., Any] | None = None
+        self._update: Callable[..., object] | None = None
         if store is not None:
             self._update = store.update_session if row == "session" else store.update_job
         self._ceiling: int | None = 0 if row == "session" else None  # ids written ahead to
@@ -95,7 +95,7 @@ class Persistence:
             self._ceiling = event.event_id + EVENT_ID_RESERVE
             self.update(event_id_ceiling=self._ceiling)
 
-    def update(self, **fields: Any) -> None:
+    def update(self, **fields: object) -> None:
         """Updates the owner's row (the columns ``Store.update_session`` / ``update_job`` take)."""
         if self.store is not None and self._update is not None:
             self.store.defer(self._update, self._owner_id, **fields)

@@ -30,7 +30,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 
@@ -97,7 +97,7 @@ class Recording:
         )
         self._closed = False
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+    def submit(self, fn: Callable[..., object], *args: object) -> None:
         """Runs ``fn(*args)`` on the writer thread, in order; failures are logged."""
         if self._closed:
             log.warning("recording closed; dropping %s", getattr(fn, "__name__", fn))
@@ -167,7 +167,7 @@ class Recording:
             self._writer.shutdown(wait=True)
 
 
-def _logged(fn: Callable[..., Any], *args: Any) -> None:
+def _logged(fn: Callable[..., object], *args: object) -> None:
     try:
         fn(*args)
     except Exception:

@@ -82,7 +82,7 @@ class ChunkRecorder:
         self._base = {**template, "session_id": session_id, "model_id": model_id, "seed": seed}
         self._open: dict[str, Any] | None = None
         # acks of a chunk whose record is not open yet (they came with its first part)
-        self._early: dict[int, list[tuple[InputKind, int, Mapping[str, Any] | None]]] = {}
+        self._early: dict[int, list[tuple[InputKind, int, Mapping[str, object] | None]]] = {}
         self.keeper: SnapshotKeeper | None = None
         self.loop_ref: str | None = None
         self.written = 0
@@ -114,7 +114,7 @@ class ChunkRecorder:
         digest: str,
         prompt: str,
         prompt_seq: int,
-        capture: Mapping[str, Any] | None = None,
+        capture: Mapping[str, object] | None = None,
         frames: np.ndarray | None = None,
         fps: int | None = None,
     ) -> None:
@@ -125,7 +125,7 @@ class ChunkRecorder:
         session_id = self._base["session_id"]
         ref = media_ref(session_id, segment, chunk)
         step = facts.get("step")
-        replay_key = self.keeper.key_for(int(step)) if self.keeper and step is not None else ""
+        replay_key = self.keeper.key_for(step) if self.keeper and isinstance(step, int) else ""
         self._open = {
             **self._base,
             **{name: facts[name] for name in _CAPTURED if name in facts},
@@ -161,7 +161,7 @@ class ChunkRecorder:
             self.keeper.chunk_done()
 
     def applied(
-        self, kind: InputKind, seq: int, chunk: int, payload: Mapping[str, Any] | None
+        self, kind: InputKind, seq: int, chunk: int, payload: Mapping[str, object] | None
     ) -> None:
         """An input the loop reports as first reflected by ``chunk`` (a cut is a prompt). A
         chunk that shows a changing input comes in parts, and its acks come with the first part,
@@ -179,7 +179,7 @@ class ChunkRecorder:
         record: dict[str, Any],
         kind: InputKind,
         seq: int,
-        payload: Mapping[str, Any] | None,
+        payload: Mapping[str, object] | None,
     ) -> None:
         if kind is InputKind.PROMPT and payload is not None:
             record["prompt"], record["prompt_seq"] = str(payload["text"]), seq

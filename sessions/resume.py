@@ -43,7 +43,9 @@ from typing import Any
 import msgspec
 
 from runtime.admission import Reject
+from runtime.contract import LoopState
 from runtime.snapshot import clone_state, resolve_state_type, restore_state, write_snapshot
+from sessions.loop_handle import LoopHandleLike
 from sessions.recording import Recording
 
 __all__ = [
@@ -71,13 +73,13 @@ def newest_snapshot(data_dir: Path, loop_id: str) -> Path | None:
 
 
 def snapshot_loop(
-    recording: Recording, handle: Any, *, after_chunk: bool, advance: bool
-) -> asyncio.Future[Any]:
+    recording: Recording, handle: LoopHandleLike, *, after_chunk: bool, advance: bool
+) -> asyncio.Future[int]:
     """Takes a snapshot of ``handle``'s loop at its next (chunk) boundary, written like the
     periodic ones (``Recording.write_snapshot``: off the event loop, atomic, retention);
     the future resolves once the state is cloned. ``advance``: a paused loop runs to it."""
 
-    def take(state: Any) -> int:
+    def take(state: LoopState) -> int:
         step = int(state.step)
         clone = clone_state(state)
         recording.write_snapshot(f"{handle.loop_id}@{step}", partial(write_snapshot, clone))

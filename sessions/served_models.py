@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from models.card import ModelCard, Profile
-from runtime.admission import Reject
+from runtime.admission import AdmissionController, Reject
 from runtime.contract import Emission, Loop, LoopState, Priority
+from runtime.cost import CostModel
 from runtime.errors import DreamrtError
 from sessions.loop_handle import LoopHandleLike
 
@@ -118,13 +119,13 @@ class ServedModel(Protocol):
 class EngineLike(Protocol):
     """What the hosts use of ``runtime.engine.Engine``."""
 
-    admission: Any
-    cost: Any
+    admission: AdmissionController | None
+    cost: CostModel
 
     def spawn(
         self,
         loop: Loop[Any],
-        request: Any,
+        request: object,
         model: Any,
         *,
         loop_id: str,

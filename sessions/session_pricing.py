@@ -9,10 +9,11 @@ choices of its ``admission_cost`` (``dreamrt serve --admission-cost``).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from models.card import Profile
 from runtime.admission import BatchPricing
+from runtime.cost import CostModel
 from sessions.served_models import ServedModel
 
 __all__ = ["ADMISSION_COSTS", "batch_pricing", "chunk_gpu_seconds", "steady_chunk_measured"]
@@ -21,7 +22,7 @@ ADMISSION_COSTS = ("auto", "measured", "prior")
 
 
 def chunk_gpu_seconds(
-    cost: Any,
+    cost: CostModel,
     served: ServedModel,
     profile: Profile,
     *,
@@ -42,21 +43,23 @@ def chunk_gpu_seconds(
 
 
 def steady_chunk_measured(
-    cost: Any, served: ServedModel, profile: Profile, decoder: str | None = None
+    cost: CostModel, served: ServedModel, profile: Profile, decoder: str | None = None
 ) -> bool:
     """Every plan of a steady chunk of ``profile`` (with ``decoder``; None: the default one)
     has a measurement in ``cost``: ``chunk_gpu_seconds`` prices it by measurement."""
     return _calibrated(cost, _steady_plans(served, profile, decoder))
 
 
-def _steady_plans(served: ServedModel, profile: Profile, decoder: str | None) -> Any:
+def _steady_plans(
+    served: ServedModel, profile: Profile, decoder: str | None
+) -> tuple[tuple[str, str, int], ...]:
     if decoder is None:
         return served.steady_chunk_plans(profile)
     return served.steady_chunk_plans(profile, decoder)
 
 
 def batch_pricing(
-    cost: Any,
+    cost: CostModel,
     served: ServedModel,
     profile: Profile,
     *,
@@ -83,7 +86,7 @@ def batch_pricing(
     return BatchPricing(key, shares)
 
 
-def _calibrated(cost: Any, plans: Any) -> bool:
+def _calibrated(cost: CostModel, plans: Sequence[tuple[str, str, int]]) -> bool:
     return bool(plans) and all(
         cost.samples(kind, sig) >= cost.min_samples for kind, sig, _ in plans
     )

@@ -20,8 +20,8 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
+from runtime.contract import LoopState
 from runtime.loop_handle import LoopStatusError
 from runtime.snapshot import clone_state, snapshot_nbytes, write_snapshot
 from sessions.loop_handle import LoopHandleLike
@@ -50,7 +50,7 @@ class SnapshotKeeper:
         self._steps: list[int] = []  # steps of the snapshots taken, ascending
         self._chunks_since = 0
         self._not_before_s = 0.0  # monotonic time the size of the last snapshot paces to
-        self._pending: asyncio.Future[Any] | None = None
+        self._pending: asyncio.Future[None] | None = None
 
     def start(self) -> None:
         self._request()
@@ -75,14 +75,14 @@ class SnapshotKeeper:
         self._pending = self._handle.at_boundary(self._clone, after_chunk=True)
         self._pending.add_done_callback(self._taken)
 
-    def _taken(self, future: asyncio.Future[Any]) -> None:
+    def _taken(self, future: asyncio.Future[None]) -> None:
         exc = None if future.cancelled() else future.exception()
         if isinstance(exc, LoopStatusError):
             log.debug("loop %s ended before its next snapshot", self.loop_id)
         elif exc is not None:
             log.error("loop %s: replay snapshot failed: %r", self.loop_id, exc)
 
-    def _clone(self, state: Any) -> None:
+    def _clone(self, state: LoopState) -> None:
         step = int(state.step)
         clone = clone_state(state)
         if not self._steps or step > self._steps[-1]:

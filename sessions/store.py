@@ -32,7 +32,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -71,11 +71,11 @@ class Store:
 
     # ---------------------------------------------------------------- async bridge
 
-    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """Runs ``fn`` on the writer thread; resolves after it returned (and committed)."""
         return await asyncio.wrap_future(self._writer.submit(fn, *args, **kwargs))
 
-    def defer(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    def defer(self, fn: Callable[..., object], *args: object, **kwargs: object) -> None:
         """Fire-and-forget on the writer thread, in submission order; failures are logged."""
         if self._closed:
             log.warning("store closed; dropping deferred %s", getattr(fn, "__name__", fn))
@@ -94,7 +94,7 @@ class Store:
 
     # ---------------------------------------------------------------- helpers
 
-    def _durable(self, sql: str, params: tuple[Any, ...]) -> sqlite3.Cursor:
+    def _durable(self, sql: str, params: tuple[object, ...]) -> sqlite3.Cursor:
         """One statement committed with ``synchronous=FULL`` (on disk when this returns)."""
         with self._lock:
             self._conn.execute("PRAGMA synchronous=FULL")
@@ -107,11 +107,13 @@ class Store:
         """The connection's current ``synchronous`` level (1 NORMAL, 2 FULL)."""
         return int(self._query("PRAGMA synchronous")[0]["synchronous"])
 
-    def _execute(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> sqlite3.Cursor:
+    def _execute(
+        self, sql: str, params: tuple[object, ...] | Mapping[str, object] = ()
+    ) -> sqlite3.Cursor:
         with self._lock:
             return self._conn.execute(sql, params)
 
-    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[dict[str, Any]]:
         with self._lock:
             return [dict(row) for row in self._conn.execute(sql, params).fetchall()]
 
@@ -154,7 +156,7 @@ class Store:
             ),
         )
 
-    def update_session(self, session_id: str, **fields: Any) -> None:
+    def update_session(self, session_id: str, **fields: object) -> None:
         unknown = set(fields) - _SESSION_FIELDS
         if unknown:
             raise ValueError(
@@ -191,7 +193,7 @@ class Store:
             (job_id, task, model_id, prompt, json.dumps(params, sort_keys=True), state, now, now),
         )
 
-    def update_job(self, job_id: str, **fields: Any) -> None:
+    def update_job(self, job_id: str, **fields: object) -> None:
         unknown = set(fields) - _JOB_FIELDS
         if unknown:
             raise ValueError(f"unknown job fields {sorted(unknown)}; known: {sorted(_JOB_FIELDS)}")
@@ -413,7 +415,7 @@ class Store:
         return rows
 
 
-def _log_failure(future: concurrent.futures.Future[Any]) -> None:
+def _log_failure(future: concurrent.futures.Future[object]) -> None:
     exc = future.exception()
     if exc is not None:
         log.error("deferred store write failed: %r", exc, exc_info=exc)

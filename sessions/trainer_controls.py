@@ -36,8 +36,8 @@ class TrainerControls:
 
     @classmethod
     def build(cls, host: SessionHost, jobs: JobHost, engine: Any) -> TrainerControls:
-        def loops(model_id: str) -> list[tuple[Any, LoopHandleLike]]:
-            out: list[tuple[Any, LoopHandleLike]] = [
+        def loops(model_id: str) -> list[tuple[object, LoopHandleLike]]:
+            out: list[tuple[object, LoopHandleLike]] = [
                 (s, s.handle)
                 for s in host.sessions()
                 if s.config.model_id == model_id and s.handle is not None

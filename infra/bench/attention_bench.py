@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 import time
@@ -111,7 +112,7 @@ def run_micro(
                     continue
                 out = backend(q, k, v)  # the first call self-checks and may tune
                 row["served_by"] = _served_by(backend, q, k, v)
-                row["ms"] = _time_ms(lambda b=backend: b(q, k, v), reps, cuda)
+                row["ms"] = _time_ms(functools.partial(backend, q, k, v), reps, cuda)
                 row["tflops"] = flops / (row["ms"] * 1e-3) / 1e12
                 row["vs_bf16_sdpa"] = _errors(out, ref16)
                 row["vs_fp32"] = _errors(out, ref32)
@@ -135,14 +136,15 @@ def _sweep(q, k, v, reps: int, flops: float) -> list[dict[str, Any]]:
     except Exception as exc:
         return [{"error": f"{type(exc).__name__}: {exc}"}]
     operands = fa.prepared(q, k, v, pv_fp8=True)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    timed: list[tuple[float, fa.KernelConfig]] = []
     for config in fa.CANDIDATES:
         try:
             ms = fa.time_config(config, operands, reps=reps)
             rows.append({"config": config.label, "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12})
+            timed.append((ms, config))
         except Exception as exc:
             rows.append({"config": config.label, "error": f"{type(exc).__name__}: {exc}"})
-    timed = [(r["ms"], c) for r, c in zip(rows, fa.CANDIDATES) if "ms" in r]
     if timed:
         best = dataclasses.replace(min(timed, key=lambda t: t[0])[1], exact_acc=False)
         try:

@@ -109,8 +109,13 @@ class _Watched:
 async def _open(url: str, setup: Setup, index: int, timeout_s: float) -> _Watched | ApiCallError:
     api = DreamrtClient(url)
     await api.__aenter__()
-    params = {"fps": setup.fps, "width": setup.width, "height": setup.height, "seed": index}
-    params["decoder"] = setup.decoder
+    params: dict[str, int | str | None] = {
+        "fps": setup.fps,
+        "width": setup.width,
+        "height": setup.height,
+        "seed": index,
+        "decoder": setup.decoder,
+    }
     try:
         created = await api.create_session(f"capacity probe {index}: a red ball on grass", **params)
     except ApiCallError as exc:

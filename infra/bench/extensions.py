@@ -105,12 +105,12 @@ def _today_steps(instance: Any, args: list[DiffusionStepArgs], device: str) -> l
             _sync(device)
             start = time.perf_counter()
             x = a.x if a.init_seed is None else torch.randn_like(a.x)
-            cfg = a.negative is not None and a.guidance_scale != 1.0
-            x_in = torch.cat((x, x)) if cfg else x
-            text = torch.cat((a.text, a.negative)) if cfg else a.text
+            negative = a.negative if a.guidance_scale != 1.0 else None  # classifier-free guidance
+            x_in = torch.cat((x, x)) if negative is not None else x
+            text = torch.cat((a.text, negative)) if negative is not None else a.text
             t = torch.full((x_in.shape[0],), a.timestep, device=x.device, dtype=torch.float32)
             v = dit(x_in, t, text).float()
-            if cfg:
+            if negative is not None:
                 v = v[1:] + a.guidance_scale * (v[:1] - v[1:])
             (x.float() + (a.sigma_next - a.sigma) * v).to(a.x.dtype)
             _sync(device)

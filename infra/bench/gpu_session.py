@@ -58,7 +58,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -75,6 +75,7 @@ from models.instance import WanInstance, load_instance
 from models.loops.ops import DecodeOp
 from models.loops.requests import SessionRequest
 from models.registry import get
+from models.wan.cuda_graphs import ChunkGraphs
 from models.wan.flops import dit_flops
 from models.wan.fp8 import Fp8Linear, scaled_mm_supported
 from models.wan.kv_cache import ChunkKVCache
@@ -202,7 +203,8 @@ async def _variant(
         # time to first frame: a fresh session with a prompt never seen (its text encode runs)
         with _maybe_trace(trace, trace_dir, variant):
             probe = await _run_session(served, instance, 1, f"first-frame probe: {variant}")
-        graphs = instance.dit.chunk_graphs
+        runner = instance.dit.chunk_graphs
+        graphs = runner if isinstance(runner, ChunkGraphs) else None
         before = dict(graphs.stats) if graphs is not None else {}
         run = await _run_session(served, instance, chunks, "a red ball rolling on green grass")
     if graphs is not None:  # the measured session should only replay what warm-up captured
@@ -215,7 +217,21 @@ async def _variant(
     return probe, run
 
 
-_FULL, _PREFIX = ChunkKVCache.full, ChunkKVCache.prefix_frames
+# The cache's own properties, and the baseline's: every slot masked, as the first
+# implementation attended (set on the class for the variant's run).
+_LIVE_SLOTS = {name: vars(ChunkKVCache)[name] for name in ("full", "prefix_frames")}
+_MASKED_SLOTS = {"full": property(lambda self: False), "prefix_frames": property(lambda self: None)}
+
+
+class _Levers(TypedDict):
+    """The keyword arguments of ``WanInstance.compile`` / ``configure`` a variant sets."""
+
+    attention: str
+    fp8: str | None
+    overlap_decode: bool
+    cuda_graphs: bool
+    kv_update: str | None
+    kv_cache: str | None
 
 
 def _prepare(variant: str, instance: WanInstance, args: argparse.Namespace) -> dict[str, Any]:
@@ -232,11 +248,11 @@ def _prepare(variant: str, instance: WanInstance, args: argparse.Namespace) -> d
         raise VariantError("baseline takes no options (it is the eager, masked reference)")
     # The baseline masks attention over every cache slot, as the first implementation did.
     masked = base == "baseline"
-    ChunkKVCache.full = property(lambda self: False) if masked else _FULL
-    ChunkKVCache.prefix_frames = property(lambda self: None) if masked else _PREFIX
+    for name, slots in (_MASKED_SLOTS if masked else _LIVE_SLOTS).items():
+        setattr(ChunkKVCache, name, slots)
     if "convbench" in options:
         torch.backends.cudnn.benchmark = True
-    levers = {
+    levers: _Levers = {
         "attention": attention[0] if attention else "auto",
         "fp8": "row" if "fp8" in options else "tensor" if "fp8t" in options else None,
         "overlap_decode": "overlap" in options,

@@ -175,6 +175,7 @@ async def probe_session(url: str, cfg: ProbeConfig, index: int = 0) -> ProbeResu
             plan += [("action", i) for i in range(cfg.num_actions)]
             for kind, i in plan:
                 await asyncio.sleep(cfg.gap_s + rng.uniform(0.0, cfg.chunk_s))
+                message: dict[str, Any]
                 if kind == "prompt":
                     text = cfg.prompts[(i + 1) % len(cfg.prompts)]
                     message = {"type": "prompt", "text": text}

@@ -279,7 +279,8 @@ def _launch(args: argparse.Namespace, model: str, gpus: int, decode: str, tmp: P
 
 
 def _failed(r: dict) -> str:
-    return f"| {r['model']} | {r['gpus']} | {r.get('error', r.get('skipped'))[:160]!r} |"
+    reason = str(r["error"] if "error" in r else r.get("skipped"))
+    return f"| {r['model']} | {r['gpus']} | {reason[:160]!r} |"
 
 
 def _table(rows: list[dict]) -> str:

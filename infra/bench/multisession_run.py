@@ -55,7 +55,8 @@ async def _drive_inputs(
     """Pushes this session's inputs, timed from its first frame."""
     while live.viewer.first_arrival_s is None and not stop.is_set():
         await asyncio.sleep(0.01)
-    if stop.is_set():
+    first_s = live.viewer.first_arrival_s
+    if stop.is_set() or first_s is None:
         return
     seconds = bench.args.seconds
     if scenario.switch_every_s is not None and index == 0:
@@ -66,7 +67,7 @@ async def _drive_inputs(
     if bench.can_act:
         plan.append((0.6 * seconds, InputKind.ACTION))
     for k, (at_s, kind) in enumerate(sorted(plan)):
-        delay = live.viewer.first_arrival_s + at_s - time.monotonic()
+        delay = first_s + at_s - time.monotonic()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), max(0.0, delay))
         if stop.is_set():
@@ -135,6 +136,8 @@ async def run_scenario(bench: Bench, scenario: Scenario, scheduler: str) -> dict
             live.task = asyncio.create_task(live.viewer.run(stop))
             inputs.append(asyncio.create_task(_drive_inputs(bench, live, scenario, i, tag, stop)))
         if scenario.one_more:
+            if admission is None:
+                raise ValueError(f"{tag}: one more session asks admission, which is not in use")
             answer = admission.admit(
                 session_request(inst, bench.cost, "one-more", profile, share=bench.admit_share)
             )

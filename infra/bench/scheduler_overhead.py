@@ -28,7 +28,16 @@ from typing import Any
 
 import msgspec
 
-from runtime.contract import Done, LoopResult, LoopState, PlanKind, Priority, StepResult, WorkPlan
+from runtime.contract import (
+    Done,
+    InputEvent,
+    LoopResult,
+    LoopState,
+    PlanKind,
+    Priority,
+    StepResult,
+    WorkPlan,
+)
 from runtime.cost import CostModel
 from runtime.engine import Engine
 from runtime.scheduler import Ticket
@@ -127,6 +136,9 @@ class _NoOpLoop:
 
     def finalize(self, state: _Steps) -> LoopResult:
         return LoopResult({"steps": state.step})
+
+    def absorb(self, state: _Steps, inputs: Sequence[InputEvent]) -> _Steps:
+        return state  # no live inputs reach it
 
 
 async def _engine_us_per_plan(num_loops: int, max_batch: int, steps: int) -> float:

@@ -23,6 +23,7 @@ one table last and writes ``--json``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -34,15 +35,20 @@ import torch
 from models.wan.taehv import TAEHVDecoder
 from models.wan.taehv_config import TAEHVConfig
 from models.wan.vae import WanVAE, video_to_uint8
+from models.wan.vae_cache import DecoderCache
 from models.wan.vae_config import WanVAEConfig
 
 VARIANTS = ("wan_eager", "wan_compiled", "taehv_eager", "taehv_compiled", "taehv_compiled_cl")
 CHUNK_LATENT_FRAMES = 3
 
 
-def _build(variant: str, tiny: bool, device: torch.device, dtype: torch.dtype):
+Codec = WanVAE | TAEHVDecoder
+
+
+def _build(variant: str, tiny: bool, device: torch.device, dtype: torch.dtype) -> Codec:
     decoder, mode = variant.split("_", 1)
     torch.manual_seed(0)
+    codec: Codec
     with device:
         if decoder == "wan":
             codec = WanVAE(WanVAEConfig.preset("tiny" if tiny else "wan2.1"))
@@ -63,8 +69,8 @@ def _build(variant: str, tiny: bool, device: torch.device, dtype: torch.dtype):
     return codec
 
 
-def _decode_fn(codec) -> Callable[[torch.Tensor, object], torch.Tensor]:
-    def decode(z: torch.Tensor, cache) -> torch.Tensor:
+def _decode_fn(codec: Codec) -> Callable[[torch.Tensor, DecoderCache], torch.Tensor]:
+    def decode(z: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
         # what DecodeOp runs on the device: DiT latents -> uint8 [n, H, W, 3]
         return video_to_uint8(codec.decode_chunk(codec.denormalize(z), cache)[0])
 
@@ -73,9 +79,9 @@ def _decode_fn(codec) -> Callable[[torch.Tensor, object], torch.Tensor]:
 
 def _time(fn: Callable[[], object], device: torch.device) -> float:
     if device.type != "cuda":
-        start = time.perf_counter()
+        t0 = time.perf_counter()
         fn()
-        return (time.perf_counter() - start) * 1e3
+        return (time.perf_counter() - t0) * 1e3
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
@@ -117,7 +123,8 @@ def measure(
             torch.cuda.synchronize()
         warm_s = time.perf_counter() - t0
         for i in range(iters):
-            times.append(_time(lambda i=i: decode(chunks[i % len(chunks)], cache), device))
+            chunk = chunks[i % len(chunks)]
+            times.append(_time(functools.partial(decode, chunk, cache), device))
     median = statistics.median(times)
     n = frames[-1].shape[0]
     flops = codec.decode_flops(CHUNK_LATENT_FRAMES, lh, lw)

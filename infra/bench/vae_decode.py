@@ -28,18 +28,36 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable, Sequence
+from typing import NotRequired, TypedDict
 
 import torch
 
 from models.wan.vae import WanVAE
+from models.wan.vae_cache import CausalCache
 from models.wan.vae_config import WanVAEConfig
 
 VARIANTS = ("eager", "channels_last", "compiled", "compiled_cl", "compiled_cl_bench")
 _CL = ("channels_last", "compiled_cl", "compiled_cl_bench")
 
+DecodeFn = Callable[[torch.Tensor, CausalCache], torch.Tensor]
 
-def _decode_fn(vae: WanVAE, variant: str):
-    decoder = vae.decoder
+
+class _Profile(TypedDict):
+    total_ms: float
+    shares: dict[str, float]  # device time by kernel category, fractions of total_ms
+    top: list[tuple[str, float]]  # (kernel, ms), the slowest first
+
+
+class _VariantResult(TypedDict):
+    median_ms: float
+    min_ms: float
+    max_abs_err_vs_eager: float
+    profile: NotRequired[_Profile]
+
+
+def _decode_fn(vae: WanVAE, variant: str) -> DecodeFn:
+    decoder: DecodeFn = vae.decoder
     torch.backends.cudnn.benchmark = variant.endswith("_bench")
     if variant in _CL:
         for module in vae.modules():
@@ -50,7 +68,7 @@ def _decode_fn(vae: WanVAE, variant: str):
     if variant.startswith("compiled"):
         decoder = torch.compile(vae.decoder)
 
-    def decode(z: torch.Tensor, cache) -> torch.Tensor:
+    def decode(z: torch.Tensor, cache: CausalCache) -> torch.Tensor:
         x = vae.post_quant_conv(z)
         if variant in _CL:
             x = x.contiguous(memory_format=torch.channels_last_3d)
@@ -78,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     state = base.state_dict()
     z_first = torch.randn(1, 16, 3, lh, lw, device="cuda", dtype=torch.bfloat16)
     chunks = [torch.randn(1, 16, 3, lh, lw, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, _VariantResult] = {}
     reference: torch.Tensor | None = None
     for variant in args.variants.split(","):
         with torch.device("cuda"):
@@ -131,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("| variant | median ms | min ms | x eager | max abs err vs eager |")
     print("| --- | --- | --- | --- | --- |")
-    eager = results.get("eager", {}).get("median_ms")
+    eager = results["eager"]["median_ms"] if "eager" in results else None
     for name, r in results.items():
         ratio = eager / r["median_ms"] if eager else float("nan")
         print(
@@ -139,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['max_abs_err_vs_eager']:.4f} |"
         )
     for name, r in results.items():
-        if "profile" in r:
-            p = r["profile"]
+        if (p := r.get("profile")) is not None:
             print(f"\nwhere {name}'s device time goes (3 decodes, {p['total_ms']:.1f} ms):")
             print(", ".join(f"{k} {v:.0%}" for k, v in p["shares"].items()))
             for kernel, ms in p["top"][:8]:
@@ -148,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _profile(decode, chunks, cache) -> dict:
+def _profile(decode: DecodeFn, chunks: Sequence[torch.Tensor], cache: CausalCache) -> _Profile:
     """Device time of three steady decodes by kernel: top kernels and category shares."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -253,11 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     print(result.table())
-    ratios = result.ratios()
-    ok = (
-        all(r <= 1.10 for r in ratios.values())
-        and result.after.slabs_free == result.after.slabs_capacity
-    )
+    ratios, after = result.ratios(), result.after
+    assert after is not None  # ratios() needs it too
+    ok = all(r <= 1.10 for r in ratios.values()) and after.slabs_free == after.slabs_capacity
     print("within 10 %:", ok)
     return 0 if ok else 1
 

@@ -153,6 +153,7 @@ class _Soak:
                 try:
                     await viewer.connect(f"soak {index}", seed=self.rng.randrange(1 << 16))
                     sid = viewer.session_id
+                    assert sid is not None  # connect() created the session
                     self.stats.sessions += 1
                     until = time.monotonic() + self.rng.uniform(5, 15)
                     self.watched[sid] = until

@@ -36,6 +36,7 @@ from runtime.contract import (
     MediaMeta,
     PlanKind,
     ProgressMeta,
+    StepOp,
     Stream,
     WorkPlan,
     pts_of_frame,
@@ -251,7 +252,7 @@ class ChunkPlanner:
             emits=tuple(emits),
         )
 
-    def _decode_op(self, state: ChunkRolloutState) -> Any:
+    def _decode_op(self, state: ChunkRolloutState) -> StepOp:
         """The op of the stream's decoder (the model's default one for a state without)."""
         if not state.codec:
             return self._m.decode_op
@@ -265,8 +266,8 @@ class ChunkPlanner:
         self,
         state: ChunkRolloutState,
         kind: PlanKind,
-        op: Any,
-        args: Any,
+        op: StepOp,
+        args: object,
         shape_sig: str,
         *,
         flops: float = 0.0,

@@ -282,7 +282,7 @@ class ChunkRollout:
         return state
 
     def finalize(self, state: ChunkRolloutState) -> LoopResult:
-        outputs: dict[str, Any] = {
+        outputs: dict[str, object] = {
             "chunks": state.chunk,
             "frames_emitted": state.frames_emitted,
             "segment": state.segment,

@@ -19,6 +19,7 @@ so their cards name ``chunk_rollout`` for jobs (``ModelCard.loop_for``).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -34,12 +35,14 @@ from models.wan.vae_cache import DecoderCache
 from runtime.contract import (
     Done,
     EmitSpec,
+    InputEvent,
     LoopContext,
     LoopResult,
     LoopState,
     PlanKind,
     ProgressMeta,
     ScheduleFacts,
+    StepOp,
     StepResult,
     Stream,
     WorkPlan,
@@ -134,7 +137,7 @@ class DiffusionDenoise:
         )
         return self._extensions.start(request.extensions, facts, exact=request.exact)
 
-    def absorb(self, state: DiffusionState, inputs: Any) -> DiffusionState:
+    def absorb(self, state: DiffusionState, inputs: Sequence[InputEvent]) -> DiffusionState:
         kinds = sorted({event.kind for event in inputs})
         raise ValueError(f"diffusion_denoise takes no live inputs (got {kinds})")
 
@@ -221,7 +224,7 @@ class DiffusionDenoise:
 
     def finalize(self, state: DiffusionState) -> LoopResult:
         frames = torch.cat(state.frames)[: state.num_frames] if state.frames else None
-        outputs: dict[str, Any] = {"frames": frames, "latents": state.latents}
+        outputs: dict[str, object] = {"frames": frames, "latents": state.latents}
         if state.plugin_state:
             outputs["extensions"] = extension_summary(state.plugin_state)
         return LoopResult(outputs)
@@ -275,8 +278,8 @@ class DiffusionDenoise:
         self,
         state: DiffusionState,
         kind: PlanKind,
-        op: Any,
-        args: Any,
+        op: StepOp,
+        args: object,
         shape_sig: str,
         *,
         flops: float = 0.0,

@@ -24,6 +24,7 @@ wire form and the job's fields, the defaults of every loop node (a node's own pa
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -38,6 +39,7 @@ from models.programs.validation import check, loop_spec_id, task_of
 from runtime.contract import (
     Done,
     EmitSpec,
+    InputEvent,
     LoopContext,
     LoopResult,
     LoopState,
@@ -173,7 +175,7 @@ class ProgramLoop:
         state.plans_total = sum(self._plans_of(state, n) for n in self._loops)
         return state
 
-    def absorb(self, state: ProgramState, inputs: Any) -> ProgramState:
+    def absorb(self, state: ProgramState, inputs: Sequence[InputEvent]) -> ProgramState:
         kinds = sorted({event.kind for event in inputs})
         raise ValueError(f"program {self._program.name!r} takes no live inputs (got {kinds})")
 
@@ -207,7 +209,7 @@ class ProgramLoop:
         return state
 
     def finalize(self, state: ProgramState) -> LoopResult:
-        outputs: dict[str, Any] = {}
+        outputs: dict[str, object] = {}
         for node_id, loop in self._loops.items():
             result = loop.finalize(self._sub(state, node_id)).outputs
             if node_id in state.decodes:

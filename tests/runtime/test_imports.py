@@ -21,6 +21,10 @@ PURE = [
     "runtime.cost",
     "runtime.pools",
     "runtime.contract",
+    "runtime.live_inputs",
+    "runtime.emissions",
+    "runtime.plans",
+    "runtime.loop_protocol",
     "runtime.extensions",
     "runtime.loop_failures",
     "runtime.media_clock",
@@ -78,3 +82,46 @@ def test_runtime_imports_no_upper_layer() -> None:
             ]
     assert offenders == []
     assert len(list(RUNTIME.glob("*.py"))) >= 9  # the walk really saw the runtime modules
+
+
+def _runtime_import_graph() -> dict[str, set[str]]:
+    """Each runtime module's imports of other runtime modules, every import statement counted:
+    at module level, inside functions and under ``TYPE_CHECKING``."""
+    modules = {f"runtime.{path.stem}": path for path in RUNTIME.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                deps |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps.add(node.module)
+                deps |= {f"{node.module}.{alias.name}" for alias in node.names}
+        graph[module] = {d for d in deps if d in modules and d != module}
+    return graph
+
+
+def test_runtime_has_no_import_cycle() -> None:
+    graph = _runtime_import_graph()
+    done: set[str] = set()
+
+    def cycle_from(module: str, path: list[str]) -> list[str] | None:
+        if module in path:
+            return path[path.index(module) :] + [module]
+        if module in done:
+            return None
+        for dep in sorted(graph[module]):
+            if found := cycle_from(dep, [*path, module]):
+                return found
+        done.add(module)
+        return None
+
+    cycles = [c for m in sorted(graph) if (c := cycle_from(m, []))]
+    assert cycles == []
+    assert "runtime.driver" in graph["runtime.contract"]  # the lazy re-export is counted
+
+
+def test_the_driver_and_the_snapshot_codec_import_below_the_contract() -> None:
+    graph = _runtime_import_graph()
+    assert "runtime.contract" not in graph["runtime.driver"]
+    assert "runtime.contract" not in graph["runtime.snapshot"]
