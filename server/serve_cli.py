@@ -47,7 +47,7 @@ def serve(args: argparse.Namespace, argv: list[str]) -> int:
     gpus = config.model.gpus
     rank, world_size, _ = spmd_serving.world()
     if gpus > 1 and world_size == 1:
-        from models.card_parallel import ParallelPlanError
+        from models.card.parallel import ParallelPlanError
 
         try:  # before any process starts or any weight loads
             spmd_serving.plan_for(config.model.card, gpus, config.model.parallel)

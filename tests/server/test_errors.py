@@ -22,7 +22,7 @@ def _subclasses(cls: type) -> list[type]:
 
 def test_every_domain_error_has_a_documented_code_and_a_status() -> None:
     # the modules whose errors a route lets through to the app's handler
-    import models.card_errors  # noqa: F401
+    import models.card.errors  # noqa: F401
     import server.livekit_token  # noqa: F401
     import server.webrtc  # noqa: F401
     import sessions.audio  # noqa: F401

@@ -25,17 +25,17 @@ def test_sessions_import_no_server_client_or_model_code() -> None:
     out = subprocess.run(
         [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
     ).stdout.strip()
-    # models/card.py re-exports its parts, each a module of its own (models/card_*.py).
+    # models/card/ re-exports its parts, each a module of its own (models/card/*.py).
     card_parts = [
-        "models.card_checkpoint",
-        "models.card_checks",
-        "models.card_errors",
-        "models.card_parallel",
-        "models.card_profile",
-        "models.card_recipe",
-        "models.card_specs",
-        "models.card_ui",
-        "models.card_vocabulary",
+        "models.card.errors",
+        "models.card.manifest",
+        "models.card.model",
+        "models.card.parallel",
+        "models.card.profile",
+        "models.card.recipe",
+        "models.card.specs",
+        "models.card.ui",
+        "models.card.vocabulary",
     ]
     assert out.split(",") == [
         "models",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from models.card_vocabulary import (
+from models.card.vocabulary import (
     DENOISING_LOOPS,
     AttentionMode,
     CacheKind,

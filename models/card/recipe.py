@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from models.card_vocabulary import ParityLevel, coerce, frozen_mapping
+from models.card.vocabulary import ParityLevel, coerce, frozen_mapping
 
 __all__ = ["ParitySpec", "PrecisionContract", "RecipeSpec"]
 

@@ -1,5 +1,5 @@
 """What ``models.checkpoint`` refuses with: errors that name the checkpoint and every
-offending key at once (re-exported from ``models.checkpoint``).
+offending key at once (re-exported from ``models.checkpoint.load``).
 
 ``CheckpointFormatError``: nothing found, unreadable, or names in neither known format;
 ``CheckpointKeyError``: missing / unexpected / ambiguous keys; ``CheckpointShapeError``: shapes

@@ -1,8 +1,8 @@
 """What one session of an instance costs: its bytes, its FLOPs, its media seconds and the plans a
 steady chunk runs - the numbers admission and the cost model price it from.
 
-A mixin of ``WanInstance`` (``models/instance.py``): it reads the instance's card, DiT config,
-latent codec, K/V layout and dtype, and holds no state of its own.
+A mixin of ``WanInstance`` (``models/instance/resident.py``): it reads the instance's card, DiT
+config, latent codec, K/V layout and dtype, and holds no state of its own.
 """
 
 from __future__ import annotations

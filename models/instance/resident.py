@@ -28,11 +28,12 @@ from typing import Any, Protocol
 import torch
 
 from models.card import ModelCard, Profile
+from models.checkpoint.digest import checkpoint_digest, random_digest
 from models.compile_guard import CompileGuard
-from models.instance_decoders import InstanceDecoders, with_loaded_decoders
-from models.instance_errors import InstanceError
-from models.instance_levers import InstanceLevers
-from models.instance_sizing import InstanceSizing
+from models.instance.decoders import InstanceDecoders, with_loaded_decoders
+from models.instance.errors import InstanceError
+from models.instance.levers import InstanceLevers
+from models.instance.sizing import InstanceSizing
 from models.loops.chunk_restart import RegenerateWhenSooner, RestartPolicy
 from models.loops.ops import (
     ChunkDenoiseOp,
@@ -51,7 +52,6 @@ from models.wan.kv_cache import ChunkKVCache
 from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
 from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache
 from models.wan.transformer import WanDiT
-from models.weights_digest import checkpoint_digest, random_digest
 from runtime.contract import Loop
 
 __all__ = ["InstanceError", "WanInstance", "load_instance"]
@@ -94,7 +94,7 @@ class WanInstance(InstanceSizing, InstanceDecoders, InstanceLevers):
     ``chunk_flops``) serve admission before a session is admitted. Sessions' chunk-KV caches
     live in one preallocated ``KVSlabBuffer`` per geometry (``reserve_kv_slabs``). The serving
     levers (``configure``, ``compile``, ``seal``) are ``InstanceLevers``
-    (``models/instance_levers.py``).
+    (``models/instance/levers.py``).
     """
 
     def __init__(
@@ -148,7 +148,7 @@ class WanInstance(InstanceSizing, InstanceDecoders, InstanceLevers):
         self._fp8 = False
         self.compile_guard = CompileGuard()  # what compiles after ``seal`` (never, counted)
         self.levers: dict[str, Any] = {"attention": "auto", "overlap_decode": False}
-        self.weights_digest = ""  # content hash (models.weights_digest), set by load_instance
+        self.weights_digest = ""  # content hash (models.checkpoint.digest), set by load_instance
         self.weights = ResidentWeights(self)  # updates, sleep, wake
         self.adapters = LoRAAdapters(dit, device=device, dtype=self.dtype)  # models/lora.py
         # deploy-scope extensions (name -> default params; models/loops/extensions.py) and

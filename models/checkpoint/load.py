@@ -37,7 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from models.checkpoint_errors import (
+from models.checkpoint.errors import (
     CheckpointError,
     CheckpointFormatError,
     CheckpointKeyError,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from models.card_vocabulary import CheckpointFormat, coerce, frozen_mapping
+from models.card.vocabulary import CheckpointFormat, coerce, frozen_mapping
 
 __all__ = ["CheckpointManifest", "ComponentEntry"]
 

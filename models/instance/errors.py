@@ -1,4 +1,4 @@
-"""The error a loaded instance raises (``models/instance.py`` and its mixins): a card that
+"""The error a loaded instance raises (``models/instance/resident.py`` and its mixins): a card that
 cannot be instantiated here, or a serving lever it cannot take."""
 
 from __future__ import annotations

@@ -23,14 +23,11 @@ validated and gets its mesh axis, but serving refuses a degree above 1 for it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from models.card_errors import CardError
+from models.card.errors import CardError
 
-if TYPE_CHECKING:
-    from models.card import ModelCard
-
-__all__ = ["AXES", "ParallelPlan", "ParallelPlanError", "dit_config", "plan_for"]
+__all__ = ["AXES", "ParallelPlan", "ParallelPlanError"]
 
 # mesh dimension order, outermost first: sp innermost (its all-to-alls are per layer)
 AXES = ("replica", "cfg", "sp")
@@ -126,36 +123,3 @@ class ParallelPlan:
         if not found and self.cfg > 2:
             found.append(f"cfg={self.cfg}: guidance has two branches, so cfg is 1 or 2")
         return found
-
-
-def dit_config(card: ModelCard) -> Any:
-    """``card``'s DiT config (a ``WanDiTConfig``) from its family's preset table - pure data:
-    nothing is built, so a plan is checked before any weight loads."""
-    preset = card.components["dit"].preset
-    if card.family == "tinyworld":
-        from models.tinyworld.config import dit_preset
-
-        return dit_preset(preset)
-    from models.wan.config import WanDiTConfig
-
-    return WanDiTConfig.preset(preset)
-
-
-def plan_for(card: ModelCard, world_size: int) -> ParallelPlan:
-    """The plan ``card`` runs under on ``world_size`` processes: its own ``parallel`` when that
-    spans the world, else ``sp`` over all of them. Checked before load (``ParallelPlanError``):
-    the world, the heads, and that a latent frame's tokens at the default profile split by
-    ``sp`` (every chunk and re-cache is whole frames)."""
-    plan = card.parallel if card.parallel.world_size == world_size else ParallelPlan(sp=world_size)
-    config = dit_config(card)
-    found = plan.problems(world_size=world_size, num_heads=config.num_heads)
-    profile, stride = card.default_profile, card.latent.spatial_stride
-    tokens = config.tokens_per_frame(profile.height // stride, profile.width // stride)
-    if tokens % plan.sp:
-        found.append(
-            f"sp={plan.sp} does not divide the {tokens} tokens of a latent frame at "
-            f"{profile.width}x{profile.height}"
-        )
-    if found:
-        raise ParallelPlanError(found, card.model_id)
-    return plan.check(world_size=world_size, num_heads=config.num_heads, model_id=card.model_id)

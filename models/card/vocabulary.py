@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from models.card_errors import CardError
+from models.card.errors import CardError
 
 __all__ = [
     "CAPABILITIES",

@@ -3,7 +3,7 @@
 compilation at ready. The levers and their measured effect are in docs/architecture.md §8
 ("Serving levers"); ``levers`` records what is in force.
 
-A mixin of ``WanInstance`` (``models/instance.py``): it changes the instance's modules and ops
+A mixin of ``WanInstance`` (``instance/resident.py``): it changes the instance's modules and ops
 in place (attention kernels, FP8 linears, the decode ops' second stream, CUDA graphs) and the
 card's ``chunk_rollout`` KV update; it holds no state of its own (the flags it sets, ``levers``,
 ``_compiled`` and ``_fp8``, are the instance's).
@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from models.card import KVUpdate, ModelCard
-from models.card_vocabulary import coerce
+from models.card.vocabulary import coerce
 from models.compile_guard import CompileGuard
-from models.instance_errors import InstanceError
+from models.instance.errors import InstanceError
 from models.wan.attention import WanSelfAttention
 from models.wan.attention_kernels import UnknownBackendError, select_backend
 from models.wan.config import WanDiTConfig

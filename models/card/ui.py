@@ -21,7 +21,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from models.card_vocabulary import coerce
+from models.card.vocabulary import coerce
 
 __all__ = ["MAX_EXAMPLE_CHARS", "CardUI", "Control", "ControlKind"]
 
