@@ -26,18 +26,19 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from runtime.errors import DreamrtError
-from server.auth import Authenticator, AuthMode, check_admin_key, resolve_auth_mode
+from server.config.groups import DEFAULT_MODEL
+from server.config.serve import ServerConfig
 from server.context import ServerContext
-from server.deployment import engine_id_for
-from server.heap_trim import HeapTrim, freeze_loaded_heap
+from server.edge.auth import Authenticator, AuthMode, check_admin_key, resolve_auth_mode
+from server.edge.request_guard import RequestGuard
+from server.fleet.deployment import engine_id_for
 from server.lifespan import lifespan_of
-from server.loop_watchdog import LoopWatchdog
-from server.memory_watch import MemoryWatch
-from server.metrics import ServerMetrics
-from server.request_guard import RequestGuard
-from server.server_config import ServerConfig
-from server.warm_up import compile_summary, warm_up_set
-from server.webrtc import configure_video_bitrate, restrict_host_candidates
+from server.media.webrtc import configure_video_bitrate, restrict_host_candidates
+from server.ops.heap_trim import HeapTrim, freeze_loaded_heap
+from server.ops.loop_watchdog import LoopWatchdog
+from server.ops.memory_watch import MemoryWatch
+from server.ops.metrics import ServerMetrics
+from server.ops.warm_up import compile_summary, warm_up_set
 from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
 from sessions.job_host import JobHost
@@ -51,14 +52,10 @@ __all__ = ["DEFAULT_MODEL", "ServerConfig", "ServerContext", "create_app", "reso
 
 log = logging.getLogger(__name__)
 
-# The embedded default: trained weights shipped in the repository, real time on one CPU core
-# (its evaluation: infra/bench/RESULTS.md, tiny-world).
-DEFAULT_MODEL = "tiny-world"
-
 
 def resolve_admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
     """The admin key of token mode: the ``admin_key`` setting (``--admin-key``,
-    ``$DREAMRT_ADMIN_KEY`` or the config file: ``server.config_sources``), the data dir's
+    ``$DREAMRT_ADMIN_KEY`` or the config file: ``server.config.sources``), the data dir's
     ``admin_key`` file, else a new one generated into that file. ``WeakAdminKeyError`` when
     the one found is under ``MIN_ADMIN_KEY_BYTES``."""
     if mode is AuthMode.NONE:
@@ -111,7 +108,7 @@ async def _build(config: ServerConfig) -> ServerContext:
     streams = "session.realtime" in card.capabilities
     compiled_dir = None
     if config.model.compile:
-        from server.compile_cache import cache_key, use_compile_cache
+        from server.ops.compile_cache import cache_key, use_compile_cache
 
         key = cache_key(model_id, instance.device, instance.levers, instance.precision)
         root = config.model.compile_cache or config.data_dir / "compile-cache"
@@ -140,7 +137,7 @@ async def _build(config: ServerConfig) -> ServerContext:
             ", ".join(served_set.describe()),
         )
         # then steady sessions calibrate the serving cost model: the first user's session is
-        # priced by measurement (server.warm_up.calibrate)
+        # priced by measurement (server.ops.warm_up.calibrate)
         took = await warm_up_set(
             instance, served_set.profiles, config.engine.max_sessions, cost=cost
         )
@@ -279,7 +276,7 @@ async def _build(config: ServerConfig) -> ServerContext:
     )
     ctx.undo.append(lambda: _save_cost(cost, cost_path))  # after the engine has stopped
     # the model and the warm-up's graphs live as long as the process: out of the collector's
-    # walk, or a full collection stands the event loop still for seconds (server.heap_trim);
+    # walk, or a full collection stands the event loop still for seconds (server.ops.heap_trim);
     # before the watchdog, which would count the freeze's own collection as a stall
     ctx.undo.append(freeze_loaded_heap())
     # after the warm-up (whose compiles are expected): a stall now is one a viewer feels
@@ -313,7 +310,7 @@ async def _build(config: ServerConfig) -> ServerContext:
             max_idle_s=config.limits.idle_timeout_s,
         )
     if config.fleet.namespace is not None:  # after everything it serves exists
-        from server.fleet_worker import FleetWorker
+        from server.fleet.worker import FleetWorker
 
         ctx.fleet = FleetWorker(ctx)
         await ctx.fleet.start()
@@ -385,19 +382,18 @@ async def _teardown(ctx: ServerContext) -> None:
 def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     """The dreamrt app for ``config`` (keyword overrides replace its settings, by key:
     ``create_app(data_dir=..., device="cpu")``)."""
-    from server import (
-        deployment,
-        routes_jobs,
-        routes_openai_images,
-        routes_openai_models,
-        routes_openai_videos,
-        routes_sessions,
-        routes_system,
-        routes_trainer,
-        routes_whep,
-        routes_workflows,
-    )
-    from server.openai_errors import OpenAIErrorBodies
+    from server.api import deployment
+    from server.api import jobs as routes_jobs
+    from server.api import sessions as routes_sessions
+    from server.api import system as routes_system
+    from server.api import trainer as routes_trainer
+    from server.api import whep as routes_whep
+    from server.api import workflows as routes_workflows
+    from server.edge.errors import error_response
+    from server.openai import image_routes as routes_openai_images
+    from server.openai import model_routes as routes_openai_models
+    from server.openai import video_routes as routes_openai_videos
+    from server.openai.errors import OpenAIErrorBodies
 
     config = (config or ServerConfig()).replace(**overrides)
     if isinstance(config.data_dir, str):
@@ -407,7 +403,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     lifespan = lifespan_of(config, _build, _teardown)
     app = FastAPI(title="dreamrt", version="0.1.0", lifespan=lifespan)
     app.state.config = config
-    app.state.draining = False  # set when a graceful shutdown begins (server.shutdown)
+    app.state.draining = False  # set when a graceful shutdown begins (server.ops.shutdown)
     app.add_middleware(
         RequestGuard, limits=config.limits, draining=lambda: bool(app.state.draining)
     )
@@ -415,7 +411,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
 
     @app.exception_handler(DreamrtError)  # every error a client is told about (docs/api.md)
     async def dreamrt_error(request: Request, exc: DreamrtError) -> JSONResponse:
-        return routes_system.error_response(exc)
+        return error_response(exc)
 
     app.include_router(routes_system.router)
     app.include_router(deployment.router)

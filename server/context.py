@@ -1,6 +1,6 @@
 """The live objects of one running server (``ServerContext``), built by the lifespan
 (``server.app``) and reached by the routes through ``request.app.state.ctx``
-(``server.routes_system.ctx_of``)."""
+(``server.api.deps.ctx_of``)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from server.auth import Authenticator
-from server.frame_pacer import FramePacer
-from server.heap_trim import HeapTrim
-from server.livekit_participant import LiveKitParticipant
-from server.livekit_room import LiveKitRoom, RoomConnection
-from server.livekit_token import LiveKitCredentials
-from server.memory_watch import MemoryWatch
-from server.metrics import MetricsSnapshot, ServerMetrics
-from server.server_config import ServerConfig
-from server.webrtc import ViewerPeer
+from server.config.serve import ServerConfig
+from server.edge.auth import Authenticator
+from server.live.frame_pacer import FramePacer
+from server.livekit.participant import LiveKitParticipant
+from server.livekit.room import LiveKitRoom, RoomConnection
+from server.livekit.token import LiveKitCredentials
+from server.media.webrtc import ViewerPeer
+from server.ops.heap_trim import HeapTrim
+from server.ops.memory_watch import MemoryWatch
+from server.ops.metrics import MetricsSnapshot, ServerMetrics
 from sessions.forks import Forks
 from sessions.host import SessionHost
 from sessions.job_host import JobHost
@@ -30,8 +30,8 @@ from sessions.trainer_controls import TrainerControls
 if TYPE_CHECKING:
     from runtime.engine import Engine
     from runtime.faults import FaultInjector
-    from server.fleet_worker import FleetWorker
-    from server.whep import WhepResources
+    from server.fleet.worker import FleetWorker
+    from server.media.whep import WhepResources
 
 __all__ = ["ServerContext"]
 
@@ -56,7 +56,7 @@ class ServerContext:
     heap: HeapTrim | None = None
     memory: MemoryWatch | None = None  # $DREAMRT_DEBUG_MEMORY: the heap's growers, logged
     peers: dict[str, ViewerPeer] = field(default_factory=dict)
-    job_peers: set[Any] = field(default_factory=set)  # server.job_preview.JobPreviewPeer
+    job_peers: set[Any] = field(default_factory=set)  # server.media.job_preview.JobPreviewPeer
     undo: list[Callable[[], None]] = field(default_factory=list)
     rooms: dict[str, LiveKitParticipant] = field(default_factory=dict)
     pacers: dict[str, FramePacer] = field(default_factory=dict)

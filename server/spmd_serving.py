@@ -31,6 +31,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from server.config.groups import DEFAULT_MODEL
+
 if TYPE_CHECKING:
     from sessions.session import Session
 
@@ -60,7 +62,6 @@ def plan_for(model_id: str | None, gpus: int, parallel: str = "") -> Any:
     ``parallel`` (``--parallel``, e.g. ``"cfg=2"``) overrides the card's."""
     from models import registry
     from models.spmd.plan import plan_for as card_plan
-    from server.app import DEFAULT_MODEL
 
     return card_plan(with_plan(registry.get(model_id or DEFAULT_MODEL), parallel, gpus), gpus)
 
@@ -225,7 +226,6 @@ def follow(config: Any) -> int:
 
     if config.model.device in ("auto", "cuda") and torch.cuda.is_available():
         torch.cuda.set_device(world()[2])
-    from server.app import DEFAULT_MODEL
 
     _, instance = load(config, config.model.card or DEFAULT_MODEL)
     channel = join(instance, config.model.gpus, config.engine.max_sessions)
