@@ -10,7 +10,7 @@ controls on the same served models -> ICE host restriction and encoder bitrate. 
 viewers' peers -> sessions, jobs -> engine -> store; the process-wide aiortc/aioice settings
 restored, the cost calibration saved to that file: nothing of the server keeps running.
 
-Routes (``server.routes_*``) reach these objects through ``request.app.state.ctx``.
+Routes (``server.api``, ``server.openai``) reach these objects through ``request.app.state.ctx``.
 """
 
 from __future__ import annotations
