@@ -18,6 +18,7 @@ from server.edge import sse
 from server.edge.errors import ApiError, creation_errors
 from server.edge.schemas import JobBody, JobCreated, OfferBody, SdpAnswer
 from server.media.job_preview import JobPreviewPeer
+from sessions.job import Job
 from sessions.moments import render_moment, session_of
 
 __all__ = ["router"]
@@ -63,7 +64,7 @@ async def submit(body: JobBody, request: Request, grant: AuthGrant) -> JobCreate
     return JobCreated(id=job.id)
 
 
-def _retry_after_s(waiting: list[Any]) -> int:
+def _retry_after_s(waiting: list[Job]) -> int:
     """When a queue slot is likely free: the running job's remaining time at its pace so far
     (progress per second since it was created), else 5 s; 1..600."""
     import time

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
@@ -52,6 +52,9 @@ from sessions.moments import render_moment
 from sessions.resume import ResumeError
 from sessions.session import PromptTooLongError, Session, SessionStateError
 
+if TYPE_CHECKING:
+    from server.context import ServerContext
+
 __all__ = ["router"]
 
 log = logging.getLogger(__name__)
@@ -68,7 +71,7 @@ def _live(request: Request, session_id: str, grant: Grant) -> Session:
     return session
 
 
-async def _resumed(ctx: Any, session_id: str, not_live: ApiError) -> Session:
+async def _resumed(ctx: ServerContext, session_id: str, not_live: ApiError) -> Session:
     try:
         answer = await ctx.resumer.resume(session_id)
     except ResumeError as exc:
@@ -130,7 +133,7 @@ async def create_session(body: SessionBody, request: Request, grant: AuthGrant) 
     )
 
 
-def _livekit_token_check(ctx: Any, body: SessionBody) -> str | None:
+def _livekit_token_check(ctx: ServerContext, body: SessionBody) -> str | None:
     """Before admission: 501 without the SDK, 422 when no token can be had for the room."""
     if body.livekit is None:
         return None
@@ -144,7 +147,7 @@ def _livekit_token_check(ctx: Any, body: SessionBody) -> str | None:
     return body.livekit.token
 
 
-def _join_room(ctx: Any, session: Session, block: LiveKitBody, token: str | None) -> None:
+def _join_room(ctx: ServerContext, session: Session, block: LiveKitBody, token: str | None) -> None:
     if token is None:
         attributes = {AVATAR_ATTRIBUTE: block.avatar_of} if block.avatar_of else None
         token = mint_join_token(

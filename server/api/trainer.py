@@ -21,15 +21,17 @@ from fastapi.responses import FileResponse
 
 from runtime.errors import DreamrtError
 from server.api.deps import AuthGrant, ctx_of, require_general
+from server.edge.auth import Grant
 from server.edge.errors import ApiError, creation_errors
 from server.edge.schemas import ComponentsBody, RolloutBody, WeightsBody
+from sessions.trainer_controls import TrainerControls
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1")
 
 
-def _trainer(request: Request, grant: Any) -> Any:
+def _trainer(request: Request, grant: Grant) -> TrainerControls:
     if not grant.is_admin:
         raise ApiError(403, "forbidden", "trainer routes need the admin key or an admin token")
     return ctx_of(request).trainer

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request, Response
 
@@ -33,6 +33,9 @@ from server.media.webrtc import OfferError
 from server.media.whep import WhepResource, WhepResources
 from sessions.host import Reject
 from sessions.session import Session, SessionStateError
+
+if TYPE_CHECKING:
+    from server.context import ServerContext
 
 __all__ = ["RESOURCE_PREFIX", "router", "resources_of"]
 
@@ -190,7 +193,7 @@ def _query_int(request: Request, name: str) -> int | None:
         ) from None
 
 
-def _create_session(ctx: Any, model: str, request: Request) -> Session:
+def _create_session(ctx: ServerContext, model: str, request: Request) -> Session:
     card = ctx.host.models[model].card
     prompt = request.query_params.get("prompt") or next(iter(card.ui.examples), "")
     limit = ctx.config.limits.max_prompt_chars
