@@ -35,7 +35,7 @@ def static_url() -> Iterator[str]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.ops.shutdown()
+    server.shutdown()
     server.server_close()
 
 
