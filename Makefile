@@ -32,12 +32,14 @@ browser:
 run: $(STAMP)
 	$(BIN)/dreamrt serve --host $(HOST) --port $(PORT)
 
-# The checks configured in pyproject.toml: ruff (lint rules and the formatter's check) and mypy
-# (the product packages' and infra/'s types; strict on runtime/ and sessions/).
+# The checks configured in pyproject.toml: ruff (lint rules and the formatter's check), mypy
+# (the product packages' and infra/'s types; strict on runtime/ and sessions/) and import-linter
+# (the layers and the edges the packages keep: [tool.importlinter]).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # Files go to the workers whole, in the order tests/conftest.py puts them (files marked `first`,
 # the longest setups, start at once instead of last: xdist's default sorts files by test count).

@@ -21,7 +21,7 @@ __all__ = ["load_transformer", "load_vae", "save_original_format"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from models import checkpoint
+        from models.checkpoint import load
 
-        return getattr(checkpoint, name)
+        return getattr(load, name)
     raise AttributeError(f"module 'models' has no attribute {name!r}")

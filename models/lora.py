@@ -23,7 +23,7 @@ PEFT (``base_model.model.blocks.0.self_attn.q.lora_A.weight``, alpha from the
 ``adapter_config.json`` beside the file, ``lora_alpha``), diffusers (``transformer.blocks.0.
 attn1.to_q.lora_A.weight``: module names mapped through the DiT's diffusers key map) and
 kohya-style ``.lora.down.weight``/``.lora.up.weight``/``.alpha``. No alpha anywhere: alpha = r.
-An adapter's ``version`` is the content digest of its file (``models.weights_digest``).
+An adapter's ``version`` is the content digest of its file (``models.checkpoint.digest``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from models.weights_digest import checkpoint_digest
+from models.checkpoint.digest import checkpoint_digest
 
 __all__ = ["AdaptedOp", "AdapterError", "LoRAAdapter", "LoRAAdapters"]
 

@@ -19,7 +19,7 @@ length, then symbolic). A ``Region`` instead:
 - saves each artifact (``save_compiled_function``: the guards, the transformed bytecode and
   Inductor's compiled code) to ``store/<region>/<n>.aot`` with the signature beside it, and
   loads them at the next start: a start from the cache traces nothing; Inductor's kernels come
-  from its own cache in the same directory (``server.compile_cache``).
+  from its own cache in the same directory (``server.ops.compile_cache``).
 
 After ``seal`` a signature with no artifact runs the module eagerly (same result), logged once
 and counted by the ``CompileGuard`` (``dreamrt_compiles_after_ready_total{kind="outside_set"}``).

@@ -10,7 +10,7 @@
         {module name: tensor} ─validate: keys, shapes, dtypes, finite─► (nothing touched yet)
         ─apply: copy_ (full) or add_ (delta) in place─► new weights_version
 
-``source``: a safetensors file or directory in a layout ``models.checkpoint.resolve`` knows
+``source``: a safetensors file or directory in a layout ``models.checkpoint.load.resolve`` knows
 (a diffusers ``transformer/`` directory, a pipeline root, a sharded index), or a mapping of
 tensors (an in-process trainer's state dict). ``full`` names every parameter of the component;
 ``delta`` names some of them and is *added* to them (in float32, then cast). Tensors under
@@ -22,7 +22,7 @@ compiled graphs and captured CUDA graphs stay valid.
 
 The new ``weights_version`` is ``"b2:"`` + blake2b(previous version, component, mode, content
 digest of the update): a pure function of the weights the model started from and the updates
-applied since. The content digest is ``models.weights_digest``'s for files, and blake2b over
+applied since. The content digest is ``models.checkpoint.digest``'s for files, and blake2b over
 names, shapes, dtypes and bytes for in-memory tensors. The text-embedding cache's entries of
 the old version are dropped (its key holds the version, so they could not hit anyway; dropping
 frees them); loops see the new version at their next chunk (``chunk_rollout``: re-encode,
@@ -48,7 +48,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from models.weights_digest import checkpoint_digest
+from models.checkpoint.digest import checkpoint_digest
 
 __all__ = ["ResidentWeights", "WeightUpdate", "WeightUpdateError"]
 
@@ -222,7 +222,7 @@ def _allocated(device: torch.device) -> int:
 
 
 def _read(path: Path) -> tuple[dict[str, torch.Tensor], str, str]:
-    from models.checkpoint import DIT_LAYOUT, read_tensors, resolve
+    from models.checkpoint.load import DIT_LAYOUT, read_tensors, resolve
 
     found = resolve(path, DIT_LAYOUT)
     tensors, _ = read_tensors(found.files)
@@ -248,7 +248,7 @@ def _validated(
     live: Mapping[str, torch.Tensor],
     mode: UpdateMode,
 ) -> dict[str, torch.Tensor]:
-    from models.checkpoint import map_keys
+    from models.checkpoint.load import map_keys
 
     ours = [k for k in raw if not k.startswith(_OTHER_COMPONENTS)]
     mapping = map_keys(ours, "dit", lambda key: _native(key, live))

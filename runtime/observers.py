@@ -12,7 +12,7 @@ on the executor thread. An engine without observers runs no hook code at all.
 A ``BatchListener`` is the engine-side counterpart: it hears each batch once, as the engine
 accounted it (``BatchReport``: plans that succeeded and their step times, failures, deadlines
 met and missed), on the event loop after the results went back to the loops. Metrics
-(``server.metrics``) count from it, so totals never depend on a bounded sample window.
+(``server.ops.metrics``) count from it, so totals never depend on a bounded sample window.
 
 - ``Profiler``: wall time per batch and, on CUDA, ``torch.cuda.Event`` time; feeds the cost
   model with the wall time (the executor's occupancy is what the scheduler budgets) and, for a

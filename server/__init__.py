@@ -1,1 +1,2 @@
-"""Products: FastAPI app (REST, SSE), WebRTC signalling, metrics, CLI."""
+"""Products: the FastAPI app and its composition root, the ``dreamrt`` CLI, and a package per edge
+(REST API, OpenAI API, WebRTC, LiveKit, fleet, router, operations)."""

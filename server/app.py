@@ -10,7 +10,7 @@ controls on the same served models -> ICE host restriction and encoder bitrate. 
 viewers' peers -> sessions, jobs -> engine -> store; the process-wide aiortc/aioice settings
 restored, the cost calibration saved to that file: nothing of the server keeps running.
 
-Routes (``server.routes_*``) reach these objects through ``request.app.state.ctx``.
+Routes (``server.api``, ``server.openai``) reach these objects through ``request.app.state.ctx``.
 """
 
 from __future__ import annotations
@@ -26,24 +26,25 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from runtime.errors import DreamrtError
-from server.auth import Authenticator, AuthMode, check_admin_key, resolve_auth_mode
+from server.config.groups import DEFAULT_MODEL
+from server.config.serve import ServerConfig
 from server.context import ServerContext
-from server.deployment import engine_id_for
-from server.heap_trim import HeapTrim, freeze_loaded_heap
+from server.edge.auth import Authenticator, AuthMode, check_admin_key, resolve_auth_mode
+from server.edge.request_guard import RequestGuard
+from server.fleet.deployment import engine_id_for
 from server.lifespan import lifespan_of
-from server.loop_watchdog import LoopWatchdog
-from server.memory_watch import MemoryWatch
-from server.metrics import ServerMetrics
-from server.request_guard import RequestGuard
-from server.server_config import ServerConfig
-from server.warm_start import (
+from server.media.webrtc import configure_video_bitrate, restrict_host_candidates
+from server.ops.heap_trim import HeapTrim, freeze_loaded_heap
+from server.ops.loop_watchdog import LoopWatchdog
+from server.ops.memory_watch import MemoryWatch
+from server.ops.metrics import ServerMetrics
+from server.ops.warm_start import (
     WarmUpProgress,
     compile_directory,
     load_cost,
     save_cost,
     warm_start,
 )
-from server.webrtc import configure_video_bitrate, restrict_host_candidates
 from sessions.forks import ForkRegistry
 from sessions.host import SessionHost
 from sessions.job_host import JobHost
@@ -57,14 +58,10 @@ __all__ = ["DEFAULT_MODEL", "ServerConfig", "ServerContext", "create_app", "reso
 
 log = logging.getLogger(__name__)
 
-# The embedded default: trained weights shipped in the repository, real time on one CPU core
-# (its evaluation: infra/bench/RESULTS.md, tiny-world).
-DEFAULT_MODEL = "tiny-world"
-
 
 def resolve_admin_key(config: ServerConfig, mode: AuthMode) -> str | None:
     """The admin key of token mode: the ``admin_key`` setting (``--admin-key``,
-    ``$DREAMRT_ADMIN_KEY`` or the config file: ``server.config_sources``), the data dir's
+    ``$DREAMRT_ADMIN_KEY`` or the config file: ``server.config.sources``), the data dir's
     ``admin_key`` file, else a new one generated into that file. ``WeakAdminKeyError`` when
     the one found is under ``MIN_ADMIN_KEY_BYTES``."""
     if mode is AuthMode.NONE:
@@ -139,7 +136,7 @@ async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContex
             ", ".join(served_set.describe()),
         )
         # then steady sessions calibrate the serving cost model: the first user's session is
-        # priced by measurement (server.warm_up.calibrate)
+        # priced by measurement (server.ops.warm_up.calibrate)
         await warm_start(
             instance,
             compiled_dir,
@@ -266,7 +263,7 @@ async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContex
     )
     ctx.undo.append(lambda: save_cost(cost, cost_path))  # after the engine has stopped
     # the model and the warm-up's graphs live as long as the process: out of the collector's
-    # walk, or a full collection stands the event loop still for seconds (server.heap_trim);
+    # walk, or a full collection stands the event loop still for seconds (server.ops.heap_trim);
     # before the watchdog, which would count the freeze's own collection as a stall
     ctx.undo.append(freeze_loaded_heap())
     # after the warm-up (whose compiles are expected): a stall now is one a viewer feels
@@ -300,7 +297,7 @@ async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContex
             max_idle_s=config.limits.idle_timeout_s,
         )
     if config.fleet.namespace is not None:  # after everything it serves exists
-        from server.fleet_worker import FleetWorker
+        from server.fleet.worker import FleetWorker
 
         ctx.fleet = FleetWorker(ctx)
         await ctx.fleet.start()
@@ -347,19 +344,18 @@ async def _teardown(ctx: ServerContext) -> None:
 def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     """The dreamrt app for ``config`` (keyword overrides replace its settings, by key:
     ``create_app(data_dir=..., device="cpu")``)."""
-    from server import (
-        deployment,
-        routes_jobs,
-        routes_openai_images,
-        routes_openai_models,
-        routes_openai_videos,
-        routes_sessions,
-        routes_system,
-        routes_trainer,
-        routes_whep,
-        routes_workflows,
-    )
-    from server.openai_errors import OpenAIErrorBodies
+    from server.api import deployment
+    from server.api import jobs as routes_jobs
+    from server.api import sessions as routes_sessions
+    from server.api import system as routes_system
+    from server.api import trainer as routes_trainer
+    from server.api import whep as routes_whep
+    from server.api import workflows as routes_workflows
+    from server.edge.errors import error_response
+    from server.openai import image_routes as routes_openai_images
+    from server.openai import model_routes as routes_openai_models
+    from server.openai import video_routes as routes_openai_videos
+    from server.openai.errors import OpenAIErrorBodies
 
     config = (config or ServerConfig()).replace(**overrides)
     if isinstance(config.data_dir, str):
@@ -371,7 +367,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
     app = FastAPI(title="dreamrt", version="0.1.0", lifespan=lifespan)
     app.state.config = config
     app.state.progress = progress
-    app.state.draining = False  # set when a graceful shutdown begins (server.shutdown)
+    app.state.draining = False  # set when a graceful shutdown begins (server.ops.shutdown)
     app.add_middleware(
         RequestGuard, limits=config.limits, draining=lambda: bool(app.state.draining)
     )
@@ -379,7 +375,7 @@ def create_app(config: ServerConfig | None = None, **overrides: Any) -> FastAPI:
 
     @app.exception_handler(DreamrtError)  # every error a client is told about (docs/api.md)
     async def dreamrt_error(request: Request, exc: DreamrtError) -> JSONResponse:
-        return routes_system.error_response(exc)
+        return error_response(exc)
 
     app.include_router(routes_system.router)
     app.include_router(deployment.router)

@@ -13,7 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
-from server.config_groups import SCHEDULERS
+from server.config.groups import SCHEDULERS
 
 __all__ = ["SCHEDULERS", "main"]
 
@@ -33,7 +33,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="every option is also a $DREAMRT_* variable and a key of --config FILE "
         "(docs/configuration.md)",
     )
-    from server.config_sources import add_config_arguments
+    from server.config.sources import add_config_arguments
 
     add_config_arguments(serve)
     compile_parser = sub.add_parser(
@@ -44,7 +44,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "exits 1 on a graph break (docs/api.md)",
     )
     add_config_arguments(compile_parser)
-    from server import fleet_cli
+    from server.router import cli as fleet_cli
 
     fleet_cli.add_router_parser(sub, [common])
 
@@ -88,10 +88,10 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", default=None)
     run.add_argument("--out", type=Path, default=None)
     run.add_argument("--token", default=None)
-    from server import replay as replay_cli
+    from server.data import replay as replay_cli
 
     replay_cli.add_parser(sub, [common])
-    from server import export as export_cli
+    from server.data import export as export_cli
 
     export_cli.add_parser(sub, [common])
     from models.recipe_cli import add_parsers as add_recipe_parsers  # train / eval RECIPE
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return compile_cache_command(argv[1:])
     if args.command == "router":
-        from server import fleet_cli
+        from server.router import cli as fleet_cli
 
         return fleet_cli.main(args)
     if args.command == "models":
@@ -253,11 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         return _run_workflow(args)
     if args.command == "export":
-        from server import export as export_cli
+        from server.data import export as export_cli
 
         return export_cli.main(args)
     if args.command == "replay":
-        from server import replay as replay_cli
+        from server.data import replay as replay_cli
 
         return replay_cli.main(args)
     if args.command in ("train", "eval"):  # models/recipe_cli.py

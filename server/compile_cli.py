@@ -3,7 +3,7 @@
 It takes ``dreamrt serve``'s settings (flags, ``DREAMRT_*``, ``--config FILE``) - the card,
 device, weights, levers, ``--compile-cache`` and ``--data-dir`` - loads the instance as the
 server would, warms up every profile of the compiled set and calibrates the cost model
-(``server.warm_start``), then prints what it built and exits. A server started afterwards with
+(``server.ops.warm_start``), then prints what it built and exits. A server started afterwards with
 the same settings and cache (on this machine, or on another of the same GPU model and torch
 that mounts or copies the directory) loads all of it and traces nothing: for container images
 and shared volumes, build once and start many.
@@ -23,7 +23,7 @@ __all__ = ["compile_cache_command"]
 
 def compile_cache_command(argv: list[str]) -> int:
     """``dreamrt compile ARGS`` (``argv`` without the command) -> exit code."""
-    from server.config_sources import load_config
+    from server.config.sources import load_config
 
     try:
         config = load_config(argv)
@@ -47,9 +47,9 @@ async def _compile(config: Any) -> int:
     from models.compiled_set import compiled_set
     from runtime.cost import CostModel, DeviceConstants
     from server import spmd_serving
-    from server.app import DEFAULT_MODEL
-    from server.compile_cache import cache_bytes
-    from server.warm_start import WarmUpProgress, compile_directory, load_cost, warm_start
+    from server.config.groups import DEFAULT_MODEL
+    from server.ops.compile_cache import cache_bytes
+    from server.ops.warm_start import WarmUpProgress, compile_directory, load_cost, warm_start
 
     began = time.monotonic()
     model_id = config.model.card or DEFAULT_MODEL

@@ -1,6 +1,6 @@
 """The live objects of one running server (``ServerContext``), built by the lifespan
 (``server.app``) and reached by the routes through ``request.app.state.ctx``
-(``server.routes_system.ctx_of``)."""
+(``server.api.deps.ctx_of``)."""
 
 from __future__ import annotations
 
@@ -10,28 +10,30 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from server.auth import Authenticator
-from server.frame_pacer import FramePacer
-from server.heap_trim import HeapTrim
-from server.livekit_participant import LiveKitParticipant
-from server.livekit_room import LiveKitRoom, RoomConnection
-from server.livekit_token import LiveKitCredentials
-from server.memory_watch import MemoryWatch
-from server.metrics import MetricsSnapshot, ServerMetrics
-from server.server_config import ServerConfig
-from server.webrtc import ViewerPeer
+from server.config.serve import ServerConfig
+from server.edge.auth import Authenticator
+from server.live.frame_pacer import FramePacer
+from server.livekit.participant import LiveKitParticipant
+from server.livekit.room import LiveKitRoom, RoomConnection
+from server.livekit.token import LiveKitCredentials
+from server.media.job_preview import JobPreviewPeer
+from server.media.webrtc import ViewerPeer
+from server.ops.heap_trim import HeapTrim
+from server.ops.memory_watch import MemoryWatch
+from server.ops.metrics import MetricsSnapshot, ServerMetrics
 from sessions.forks import Forks
 from sessions.host import SessionHost
 from sessions.job_host import JobHost
 from sessions.resume import Resumer
+from sessions.session import Session
 from sessions.store import Store
 from sessions.trainer_controls import TrainerControls
 
 if TYPE_CHECKING:
     from runtime.engine import Engine
     from runtime.faults import FaultInjector
-    from server.fleet_worker import FleetWorker
-    from server.whep import WhepResources
+    from server.fleet.worker import FleetWorker
+    from server.media.whep import WhepResources
 
 __all__ = ["ServerContext"]
 
@@ -56,7 +58,7 @@ class ServerContext:
     heap: HeapTrim | None = None
     memory: MemoryWatch | None = None  # $DREAMRT_DEBUG_MEMORY: the heap's growers, logged
     peers: dict[str, ViewerPeer] = field(default_factory=dict)
-    job_peers: set[Any] = field(default_factory=set)  # server.job_preview.JobPreviewPeer
+    job_peers: set[JobPreviewPeer] = field(default_factory=set)
     undo: list[Callable[[], None]] = field(default_factory=list)
     rooms: dict[str, LiveKitParticipant] = field(default_factory=dict)
     pacers: dict[str, FramePacer] = field(default_factory=dict)
@@ -74,7 +76,7 @@ class ServerContext:
     def livekit_credentials(self) -> LiveKitCredentials:
         return LiveKitCredentials.resolve(self.config.livekit_key, self.config.livekit_secret)
 
-    def pacer_for(self, session: Any) -> FramePacer:
+    def pacer_for(self, session: Session) -> FramePacer:
         """The one pacer of ``session``'s video, shared by its WebRTC viewer and LiveKit sink."""
         for sid in [sid for sid, p in self.pacers.items() if p.session.terminal]:
             del self.pacers[sid]
@@ -91,7 +93,7 @@ class ServerContext:
             del self.pacers[pacer.session.id]
 
     def open_room(
-        self, session: Any, *, url: str, room: str, token: str, **options: Any
+        self, session: Session, *, url: str, room: str, token: str, **options: Any
     ) -> LiveKitParticipant:
         """Starts ``session``'s LiveKit participant (joins in the background)."""
         participant = LiveKitParticipant(
@@ -114,7 +116,7 @@ class ServerContext:
         if self.rooms.get(participant.session.id) is participant:
             del self.rooms[participant.session.id]
 
-    def open_peer(self, session: Any) -> ViewerPeer:
+    def open_peer(self, session: Session) -> ViewerPeer:
         """A new viewer peer for ``session`` (the caller closes any previous one first)."""
         peer = ViewerPeer(
             session,

@@ -3,7 +3,7 @@
 Most servers build first and then listen (seconds). A server with a warm-up (``--compile``)
 listens first, since compiling its set takes minutes on a GPU: the build runs as a task
 beside uvicorn, ``/healthz`` answers 503 ``"starting"`` and every route that needs the model
-503 ``starting`` with ``Retry-After`` (``server.routes_system.ctx_of``) until the context is
+503 ``starting`` with ``Retry-After`` (``server.api.deps.ctx_of``) until the context is
 set on ``app.state.ctx``. A build that fails then logs its error, sets ``app.state.start_error``
 and calls ``app.state.stop_serving`` (``dreamrt serve`` points it at uvicorn's
 ``should_exit``; it exits with code 3).

@@ -27,15 +27,15 @@ def run_app(app: FastAPI, args: argparse.Namespace, banner: str) -> int:
 
 def serve(args: argparse.Namespace, argv: list[str]) -> int:
     """``dreamrt serve``: a ServerConfig from the flags, ``DREAMRT_*`` and the config file
-    (``server.config_sources``), checked, then served (rank 0) or followed (other ranks of
+    (``server.config.sources``), checked, then served (rank 0) or followed (other ranks of
     ``--gpus N``). -> exit code."""
     import uvicorn
 
     from server import spmd_serving
     from server.app import create_app, resolve_admin_key
-    from server.auth import InsecureBindError, WeakAdminKeyError, resolve_auth_mode
-    from server.config_sources import load_config
-    from server.shutdown import GracefulServer
+    from server.config.sources import load_config
+    from server.edge.auth import InsecureBindError, WeakAdminKeyError, resolve_auth_mode
+    from server.ops.shutdown import GracefulServer
 
     try:
         config = load_config(argv[1:] if argv[:1] == ["serve"] else argv)
@@ -47,7 +47,7 @@ def serve(args: argparse.Namespace, argv: list[str]) -> int:
     gpus = config.model.gpus
     rank, world_size, _ = spmd_serving.world()
     if gpus > 1 and world_size == 1:
-        from models.card_parallel import ParallelPlanError
+        from models.card.parallel import ParallelPlanError
 
         try:  # before any process starts or any weight loads
             spmd_serving.plan_for(config.model.card, gpus, config.model.parallel)

@@ -9,7 +9,7 @@ A composition root beside ``server/app.py`` (it wires ``runtime/spmd.py`` to a l
   ``NCCL_NVLS_ENABLE=0`` unless set, gloo on CPU), checks the parallel plan (``--parallel``,
   else the card's, else ``sp`` = N) against the world and the DiT's heads before anything runs,
   builds the ``DeviceMesh``; with ``sp > 1`` shards the DiT (Ulysses) and splits the Wan VAE
-  decode by rows over the ``sp`` ranks (``models/parallel_decode.py``; another codec decodes
+  decode by rows over the ``sp`` ranks (``models/spmd/decode.py``; another codec decodes
   on rank 0); with ``cfg = 2`` gives each rank of a ``cfg`` pair one guidance branch of a CFG
   step (``models/loops/cfg_branches.py``); for a causal card reserves the default profile's K/V
   slabs; then returns the ``Channel``. ``replica > 1`` is refused (not served yet).
@@ -30,6 +30,8 @@ import logging
 import os
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from server.config.groups import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from sessions.session import Session
@@ -59,8 +61,7 @@ def plan_for(model_id: str | None, gpus: int, parallel: str = "") -> Any:
     """The checked parallel plan of card ``model_id`` (None: the default) on ``gpus`` ranks;
     ``parallel`` (``--parallel``, e.g. ``"cfg=2"``) overrides the card's."""
     from models import registry
-    from models.card_parallel import plan_for as card_plan
-    from server.app import DEFAULT_MODEL
+    from models.spmd.plan import plan_for as card_plan
 
     return card_plan(with_plan(registry.get(model_id or DEFAULT_MODEL), parallel, gpus), gpus)
 
@@ -70,7 +71,7 @@ def with_plan(card: Any, parallel: str, gpus: int) -> Any:
     that does not parse or does not span ``gpus`` processes."""
     import dataclasses
 
-    from models.card_parallel import ParallelPlan, ParallelPlanError
+    from models.card.parallel import ParallelPlan, ParallelPlanError
 
     if not parallel:
         return card
@@ -95,9 +96,9 @@ def join(instance: Any, gpus: int, num_slabs: int) -> Any:
     import torch
     import torch.distributed as dist
 
-    from models.card_parallel import plan_for
     from models.loops.cfg_branches import CfgBranches
-    from models.parallel_decode import split_decode
+    from models.spmd.decode import split_decode
+    from models.spmd.plan import plan_for
     from runtime.spmd import Channel
 
     rank, size, _ = world()
@@ -178,10 +179,10 @@ def load(config: Any, model_id: str) -> tuple[Any, Any]:
     """(card, instance) of ``config`` (a ``ServerConfig``): what ``server/app.py`` serves and
     what every other rank loads alike."""
     from models import registry
-    from models.card_parallel import plan_for
     from models.instance import load_instance
     from models.loops.chunk_restart import RegenerateWhenSooner, RestartCutsOnly
     from models.loops.extensions import deploy_extensions
+    from models.spmd.plan import plan_for
     from runtime.extensions import parse_extension_arg
 
     options = config.model
@@ -225,7 +226,6 @@ def follow(config: Any) -> int:
 
     if config.model.device in ("auto", "cuda") and torch.cuda.is_available():
         torch.cuda.set_device(world()[2])
-    from server.app import DEFAULT_MODEL
 
     _, instance = load(config, config.model.card or DEFAULT_MODEL)
     channel = join(instance, config.model.gpus, config.engine.max_sessions)

@@ -62,7 +62,7 @@ class SessionManifest:
     width: int
     height: int
     priority_class: str
-    token_sha256: str  # the session token's digest (server.auth stores tokens hashed)
+    token_sha256: str  # the session token's digest (server.edge.auth stores tokens hashed)
     token_expires_at: float
     engine_id: str  # the engine it was created on (for the logs and the operator)
 

@@ -2,7 +2,7 @@
 
 A session of a previous process may resume here, under the same id, when its client comes
 back within the grace period (``Resumer``, ``dreamrt serve --resume-grace``) with its old token
-(``POST /v1/sessions/{id}/offer``, ``server.routes_sessions``). It must have ended by that
+(``POST /v1/sessions/{id}/offer``, ``server.api.sessions``). It must have ended by that
 restart: ``closed`` by a graceful shutdown (which leaves a marker ``resume/<id>.json`` naming
 the loop whose snapshot it took last) or left live by a killed process (``Store.recover``
 marks it ``failed``, "interrupted: the server restarted"). Its state comes from the newest

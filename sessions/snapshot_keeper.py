@@ -8,7 +8,7 @@ of a few MB never waits). Taking one costs the event loop a state clone on the d
 run on the recording writer thread (``runtime.snapshot.write_snapshot``, streamed). The key of
 a chunk is the newest snapshot taken at or before the step its decode was described at (the
 ``step`` of its capture): replaying from there with the loop's input log regenerates it
-(``server.replay``). A key names its file (``recording.snapshot_path``) as soon as the clone is
+(``server.data.replay``). A key names its file (``recording.snapshot_path``) as soon as the clone is
 taken; a write that then fails (logged) leaves a key whose replay reports the missing file.
 """
 

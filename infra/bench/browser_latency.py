@@ -11,7 +11,7 @@ with ``--json``):
   presentation of the first frame whose RTP time is at or after the PTS that ``action.applied``
   names. Also keydown -> ``input.received`` and keydown -> ``action.applied`` at the page.
 
-RTP time -> PTS: the server sends wire PTS = generation PTS (90 kHz from 0, server/media_track.py)
+RTP time -> PTS: the server sends wire PTS = generation PTS (90 kHz from 0, server/media/track.py)
 and aiortc adds one random offset per stream, so PTS = RTP - RTP(first frame) when the first
 presented frame is the stream's first (PTS 0). The script checks that assumption (the first
 callback reports presentedFrames == 1 and no packet was lost) and says so if it does not hold.

@@ -225,7 +225,7 @@ def run_variant(args: argparse.Namespace, variant: str, url: str) -> dict[str, A
 
 def _log_findings(text: str, ready_at: str = "") -> dict[str, Any]:
     """What the server's log says went wrong while it served: event-loop stalls (their
-    lengths, ``server.loop_watchdog``) and dynamo recompiles after ``ready_at`` (the time of
+    lengths, ``server.ops.loop_watchdog``) and dynamo recompiles after ``ready_at`` (the time of
     day, ``HH:MM:SS``, the server answered its health check; with ``TORCH_LOGS=recompiles``:
     the warm-up's own compiles before it are expected)."""
     stalls = [float(m) for m in re.findall(r"event loop stood still for ([0-9.]+) s", text)]

@@ -100,7 +100,7 @@ def profile_key(p: Profile) -> str:
 
 
 async def warm_up(bench: Bench, profile: Profile, cost: CostModel) -> float:
-    """Like ``server.warm_up.warm_up``: one bounded session through every K/V-prefix length into
+    """Like ``server.ops.warm_up.warm_up``: one bounded session through every K/V-prefix length into
     steady state, both parts of a first chunk, on slab 0 - plus prompt switches at several
     chunks (re-cache graphs) and an action, so no measured run compiles. Its plan times feed
     ``cost`` (a compiling pass must not calibrate the bench's cost model). -> seconds."""

@@ -1,6 +1,6 @@
 """A simulated viewer of one live session, for ``infra.bench.multisession``.
 
-It plays the session's frames out at the profile's fps the way ``server.media_track`` paces
+It plays the session's frames out at the profile's fps the way ``server.media.track`` paces
 the WebRTC track (with ``sessions.playout``'s anchor rule), without encoding anything:
 
 - the engine's ``on_emit`` (``SimViewer.on_emit``) queues each media emission's frames with

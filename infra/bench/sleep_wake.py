@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from models import registry
-from models.checkpoint import save_original_format
+from models.checkpoint.load import save_original_format
 from models.instance import load_instance
 
 VARIANTS = (

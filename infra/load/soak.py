@@ -22,7 +22,7 @@ and runs, until the time is up:
 server is idle and has trimmed its heap, and its memory, fds and threads are sampled; at the
 end the same again; ``infra.load.leak_check`` judges the growth between them.
 ``--debug-memory`` has the server report its heap at every idle checkpoint
-(``server/memory_watch.py``, into its data dir).
+(``server/ops/memory_watch.py``, into its data dir).
 The table counts sessions served, frames received, stalls, jobs, faults and the sessions they
 failed (any other failure is a finding), HTTP 5xx (503 with ``Retry-After`` is admission
 refusing on a full server, counted apart), and plots RSS over time. Exit code 0 when nothing
@@ -356,7 +356,7 @@ async def _idle_sample(
         clean = s.slabs_free == s.slabs_capacity and s.server_tasks == 0 and s.peers == 0
         if clean:
             break
-    if signal_report:  # the server's memory report at this idle point (server/memory_watch.py)
+    if signal_report:  # the server's memory report at this idle point (server/ops/memory_watch.py)
         os.kill(pid, signal.SIGUSR1)
         await asyncio.sleep(SETTLE_S)
     rss, total = s.rss_anon_bytes / 2**20, s.rss_bytes / 2**20
@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--debug-memory",
         action="store_true",
-        help="the server's memory report (server/memory_watch.py) at every idle checkpoint",
+        help="the server's memory report (server/ops/memory_watch.py) at every idle checkpoint",
     )
     parser.add_argument(
         "--checkout",

@@ -1,8 +1,8 @@
 """What a loop needs from a loaded model: the ``LoopModel`` protocol.
 
 Loops are written against this protocol, never against a concrete instance class, so
-``models/instance.py`` imports the loops (through ``models.loops.LOOPS``) and no loop imports
-the instance. ``models.instance.WanInstance`` implements it for every Wan-architecture card
+``models/instance/resident.py`` imports the loops (through ``models.loops.LOOPS``) and no loop
+imports the instance. ``models.instance.WanInstance`` implements it for every Wan-architecture card
 (including tiny-world, whose components have the same interfaces).
 """
 
@@ -46,7 +46,7 @@ class LoopModel(Protocol):
     # when a picture-changing input restarts the chunk in flight: a serving policy of the loaded
     # model, not of the card (``WanInstance``: ``RegenerateWhenSooner`` unless configured)
     chunk_restart: RestartPolicy
-    # the content hash of the loaded weights (``models.weights_digest``; ``""``: not computed,
+    # the content hash of the loaded weights (``models.checkpoint.digest``; ``""``: not computed,
     # as for weights built in place); the version a chunk's cross K/V and its records name
     weights_digest: str
     # the step bodies the loops put into their WorkPlans
@@ -61,7 +61,7 @@ class LoopModel(Protocol):
 
     @property
     def default_decoder(self) -> str:
-        """The decoder of a stream that names none (``models.instance_decoders``)."""
+        """The decoder of a stream that names none (``models.instance.decoders``)."""
         ...
 
     def decoder_options(self) -> tuple[str, ...]:

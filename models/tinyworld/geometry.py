@@ -8,7 +8,8 @@ being generated, no sink frames). Pixel latents, DiT patch (1, 16, 16) -> 36 tok
 
 from __future__ import annotations
 
-from models.card import LatentSpec, ScheduleSpec
+from models.card.profile import LatentSpec
+from models.card.specs import ScheduleSpec
 
 __all__ = [
     "CHUNK_FRAMES",

@@ -100,7 +100,7 @@ def build_decoders(
     option (``"full"`` / ``"tiny"``): seeded random ones for a random card (their own seed
     stream: the default components' weights do not move), else those whose checkpoint path
     exists under ``checkpoint_dir``."""
-    from models.checkpoint import load_vae
+    from models.checkpoint.load import load_vae
     from models.wan.taehv_checkpoint import load_taehv
 
     random = random_weights or card.weights.value == "random"
@@ -149,7 +149,7 @@ def _randomize_hooks(dit: WanDiT, seed: int) -> None:
 def _load_checkpoint(
     card: ModelCard, checkpoint_dir: str | Path | None, device: torch.device, dtype: torch.dtype
 ) -> tuple[WanDiT, WanVAE | TAEHVDecoder, UMT5TextEncoder]:
-    from models.checkpoint import load_transformer, load_vae
+    from models.checkpoint.load import load_transformer, load_vae
     from models.wan.text_encoder import require_transformers
 
     if checkpoint_dir is None:

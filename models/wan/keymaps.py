@@ -1,7 +1,7 @@
 """What a Wan DiT checkpoint looks like: parameter-name maps for the two formats in the wild,
 the wrappers training code puts around them, and the config the names and shapes imply.
 
-``models/checkpoint.py`` runs the generic mechanics (files, shards, validation, writing); this
+``models/checkpoint/load.py`` runs the generic mechanics (files, shards, validation, writing); this
 module is the data and the small functions it applies for the DiT.
 
 ``WanDiT`` uses the original Wan names, so:
@@ -211,7 +211,7 @@ def config_from_json(cfg: Mapping[str, Any], name: str) -> WanDiTConfig | None:
 
 
 def config_from_metadata(metadata: Mapping[str, str]) -> WanDiTConfig | None:
-    """The config embedded by ``models.checkpoint.save_original_format``, if any."""
+    """The config embedded by ``models.checkpoint.load.save_original_format``, if any."""
     text = metadata.get(CONFIG_METADATA_KEY)
     return WanDiTConfig.from_original_config(json.loads(text), name="embedded") if text else None
 

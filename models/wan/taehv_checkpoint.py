@@ -16,7 +16,7 @@ position. For ``B`` memory blocks per stage (3 in ``taew2_1``)::
     decoder.{4 + 3 (B + 3)}.{weight,bias}  conv_out
     encoder.*                          the encoder: present in the published files, not ours
 
-``taew2_1`` has 64 decoder tensors. The loader reuses ``models/checkpoint.py``'s machinery: the
+``taew2_1`` has 64 decoder tensors. The loader reuses ``models/checkpoint/load.py``'s machinery: the
 files are resolved and read (``.pth`` with ``torch.load(weights_only=True)``), the names mapped
 through the table below, every missing / unexpected key reported in one ``CheckpointKeyError``
 and every wrong shape in one ``CheckpointShapeError`` before any tensor moves, then assigned to a
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from models.checkpoint import (
+from models.checkpoint.load import (
     CheckpointFormatError,
     Layout,
     assign,

@@ -63,7 +63,7 @@ def add_recipe_parsers(
 
 def _train(args: argparse.Namespace) -> int:
     from models.card import CardError
-    from models.checkpoint import CheckpointError
+    from models.checkpoint.load import CheckpointError
     from models.instance import InstanceError
     from models.registry import UnknownModelError, get
     from models.wan.taehv_distill import DistillConfig, DistillError, PixelLoss, distill

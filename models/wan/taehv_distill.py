@@ -188,7 +188,7 @@ def _teacher(
 ) -> Any:
     """The card's full VAE: the instance's codec when it decodes with it, else the card's
     ``vae`` component (random from its preset, or from the checkpoint's ``vae`` entry)."""
-    from models.checkpoint import load_vae
+    from models.checkpoint.load import load_vae
     from models.wan.vae import WanVAE
     from models.wan.vae_config import VAEConfigError, WanVAEConfig
 

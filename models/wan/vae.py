@@ -1,7 +1,7 @@
 """The Wan2.1 video VAE, numerically equivalent to diffusers' ``AutoencoderKLWan``, with a
 streaming decoder whose causal feature cache is an explicit per-session object.
 
-    vae = WanVAE(WanVAEConfig.preset("wan2.1"))    # or models.checkpoint.load_vae(path)
+    vae = WanVAE(WanVAEConfig.preset("wan2.1"))    # or models.checkpoint.load.load_vae(path)
     mean = vae.encode(video)       # = AutoencoderKLWan.encode(x).latent_dist.mode()
     video = vae.decode(mean)       # = AutoencoderKLWan.decode(z).sample
 

@@ -2,7 +2,7 @@
 original Wan, how the naming is recognised, and where the config comes from.
 
 The table is generated from the config (not from a module), one row per tensor, so that
-``models/checkpoint.py`` (the generic mechanics) can report every missing or unexpected key.
+``models/checkpoint/load.py`` (the generic mechanics) can report every missing or unexpected key.
 
 Original Wan naming (``Wan2.1_VAE.pth``; learnt from diffusers' single-file converter)::
 
@@ -176,6 +176,6 @@ def config_from_json(cfg: Mapping[str, Any], name: str = "") -> WanVAEConfig | N
 
 
 def config_from_metadata(metadata: Mapping[str, str]) -> WanVAEConfig | None:
-    """The config embedded by ``models.checkpoint.save_original_format``, if any."""
+    """The config embedded by ``models.checkpoint.load.save_original_format``, if any."""
     text = metadata.get(CONFIG_METADATA_KEY)
     return WanVAEConfig.from_diffusers_config(json.loads(text)) if text else None

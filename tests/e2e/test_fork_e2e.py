@@ -74,7 +74,7 @@ async def slabs_free(url: str) -> float:
 async def test_fork_candidates_share_the_prefix_and_choose_continues_the_parent(
     api: DreamrtClient, server: ServerProcess
 ) -> None:
-    from server.replay import replay_chunk
+    from server.data.replay import replay_chunk
     from sessions.store import Store
 
     parent, baseline = Viewer(api), Viewer(api)

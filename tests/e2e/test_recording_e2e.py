@@ -175,7 +175,7 @@ def test_replay_regenerates_three_chunks_bit_identically(
     """Chunks from a snapshot before the switch, keys and audio, through those inputs."""
     from models import registry
     from models.instance import load_instance
-    from server.replay import replay_chunk
+    from server.data.replay import replay_chunk
 
     instance = load_instance(registry.get("tiny-world"), device="cpu")
     applied = recorded["applied"]
@@ -371,7 +371,7 @@ def test_export_latents_regenerates_each_chunks_final_latents(
 ) -> None:
     from safetensors.torch import load_file
 
-    from server.export import export
+    from server.data.export import export
 
     out = tmp_path / "latents"
     summary = export(recorded["data"], out, latents=True, progress=_Quiet())

@@ -1,4 +1,4 @@
-"""models/card.py: validation findings, serving checks, public forms, profiles, geometry."""
+"""models/card/model.py: validation findings, serving checks, public forms, profiles, geometry."""
 
 from __future__ import annotations
 

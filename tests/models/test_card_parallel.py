@@ -1,5 +1,6 @@
-"""ParallelPlan (models/card_parallel.py): parsing, validation before load, the 14B preset's
-sizes. The DeviceMesh it builds is checked on a gloo world in test_sequence_parallel.py."""
+"""ParallelPlan (models/card/parallel.py; the plan of a world: models/spmd/plan.py): parsing,
+validation before load, the 14B preset's sizes. The DeviceMesh it builds is checked on a gloo
+world in test_sequence_parallel.py."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 import torch
 
 from models.card import ParallelPlan, ParallelPlanError
-from models.card_parallel import plan_for
 from models.instance import InstanceError
 from models.registry import get as get_card
+from models.spmd.plan import plan_for
 from models.wan.components import CPU_RANDOM_PARAM_LIMIT, build_components, dit_param_count
 from models.wan.config import WanDiTConfig
 from models.wan.flops import dit_flops

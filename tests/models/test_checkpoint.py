@@ -1,4 +1,5 @@
-"""models/checkpoint.py for the DiT: diffusers and original formats load into identical modules.
+"""models/checkpoint/load.py for the DiT: diffusers and original formats load into identical
+modules.
 
 Every checkpoint here is written by the test into tmp_path from one random diffusers model.
 """
@@ -14,7 +15,7 @@ from diffusers import WanTransformer3DModel
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from models.checkpoint import (
+from models.checkpoint.load import (
     CheckpointFormatError,
     CheckpointKeyError,
     CheckpointShapeError,

@@ -1,4 +1,4 @@
-"""models/checkpoint.py for the VAE (``load_vae``): diffusers and original Wan checkpoints
+"""models/checkpoint/load.py for the VAE (``load_vae``): diffusers and original Wan checkpoints
 (single, sharded, .pth, directory layouts) load into identical modules; every missing or
 unexpected key is reported in one error, wrong shapes in another; the key table agrees with
 diffusers' module and with diffusers' own single-file converter."""
@@ -16,7 +16,7 @@ from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 
 import models
-from models.checkpoint import (
+from models.checkpoint.load import (
     CheckpointError,
     CheckpointFormatError,
     CheckpointKeyError,

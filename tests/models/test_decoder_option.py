@@ -16,7 +16,7 @@ import torch
 
 from models.card import CheckpointManifest, ComponentEntry, ComponentSpec
 from models.instance import load_instance
-from models.instance_decoders import DecoderUnavailableError, with_loaded_decoders
+from models.instance.decoders import DecoderUnavailableError, with_loaded_decoders
 from models.loops.chunk_rollout_state import ChunkRolloutState
 from models.loops.requests import JobRequest, SessionRequest
 from models.registry import get

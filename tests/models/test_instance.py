@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.card_checkpoint import CheckpointManifest
-from models.checkpoint import save_original_format
+from models.card.manifest import CheckpointManifest
+from models.checkpoint.load import save_original_format
 from models.instance import InstanceError, load_instance
 from models.loops.requests import SessionRequest
 from models.registry import get
@@ -96,7 +96,7 @@ def test_weights_digest_covers_the_decoders_served(tmp_path) -> None:
     """Weights digest x decoders: a taehv card serves its full VAE beside the tiny decoder
     once ``vae/`` is there (sessions may pick either), so the records' weights version then
     covers that file too; it always covers the decoder that runs by default."""
-    from models.instance import _weights_digest
+    from models.instance.resident import _weights_digest
 
     card = get("wan2.1-1.3b-causal-taehv")
     for name in ("transformer", "text_encoder", "tokenizer", "tiny_decoder"):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import models
-from models.checkpoint import save_original_format
+from models.checkpoint.load import save_original_format
 from models.wan.config import WanDiTConfig
 from models.wan.transformer import WanDiT
 from models.wan.vae import WanVAE

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from models.checkpoint import save_original_format
+from models.checkpoint.load import save_original_format
 from models.instance import load_instance
 from models.registry import get
 from models.resident_weights import WeightUpdateError

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from models.card_specs import ScheduleSpec
+from models.card.specs import ScheduleSpec
 from models.instance import load_instance
 from models.loops.requests import JobRequest
 from models.registry import get

@@ -75,8 +75,8 @@ async def _serve(engine, instance, loop_ids: list[str]) -> dict:
 def _worker(rank: int, world: int) -> dict:
     from models.card import ParallelPlan
     from models.instance import load_instance
-    from models.parallel_decode import split_decode
     from models.registry import get
+    from models.spmd.decode import split_decode
     from runtime.cost import CostModel, DeviceConstants
     from runtime.engine import Engine
     from runtime.spmd import Channel, Follower, Leader, model_ops

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from models.card import CardError, LoopSpec
-from models.checkpoint import save_original_format
+from models.checkpoint.load import save_original_format
 from models.instance import InstanceError, load_instance
 from models.loops.requests import SessionRequest
 from models.registry import get

@@ -11,7 +11,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from models.checkpoint import CheckpointFormatError, CheckpointKeyError, CheckpointShapeError
+from models.checkpoint.load import CheckpointFormatError, CheckpointKeyError, CheckpointShapeError
 from models.wan.taehv import TAEHVDecoder
 from models.wan.taehv_checkpoint import (
     CONFIG_METADATA_KEY,

@@ -12,7 +12,7 @@ from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from models.checkpoint import load_transformer
+from models.checkpoint.load import load_transformer
 from models.wan.config import ConfigError, WanDiTConfig
 from models.wan.flops import dit_flops
 from models.wan.kv_cache import ChunkKVCache

@@ -13,7 +13,7 @@ import pytest
 import torch
 from diffusers import AutoencoderKLWan
 
-from models.checkpoint import load_vae
+from models.checkpoint.load import load_vae
 from models.wan.vae import VAEShapeError, WanVAE, video_to_uint8
 from models.wan.vae_config import WanVAEConfig
 

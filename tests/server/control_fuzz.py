@@ -5,7 +5,7 @@ channel: well-formed messages of every type with values in and out of range (unk
 bad modes, huge prompts), arbitrary JSON values, JSON with wrong types or unknown fields,
 raw text, truncated JSON, oversized messages and non-UTF-8 bytes. ``expected_error`` says
 which ``error`` code the server must answer a message with (None: accepted), by the documented
-rules: the decoder (``server.control``), the prompt length limit, the card's capabilities and
+rules: the decoder (``server.live.control``), the prompt length limit, the card's capabilities and
 its action check.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from models.loops.inputs import action_vector, normalize_keys
-from server.control import ActionMessage, ControlError, PromptMessage, decode_control
+from server.live.control import ActionMessage, ControlError, PromptMessage, decode_control
 
 __all__ = ["control_messages", "expected_error"]
 

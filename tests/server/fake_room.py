@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 
 import numpy as np
 
-from server.livekit_room import ByteStreamHandler, RoomConnectError, RoomEvents, RpcHandler
+from server.livekit.room import ByteStreamHandler, RoomConnectError, RoomEvents, RpcHandler
 
 
 class FakeRoom:

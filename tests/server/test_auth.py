@@ -1,6 +1,6 @@
 import pytest
 
-from server.auth import (
+from server.edge.auth import (
     Authenticator,
     AuthError,
     AuthMode,

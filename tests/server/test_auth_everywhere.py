@@ -14,8 +14,8 @@ import time
 import openai
 import pytest
 
-from server.auth import Authenticator, AuthMode, WeakAdminKeyError, check_admin_key
-from server.limits import Limits
+from server.config.limits import Limits
+from server.edge.auth import Authenticator, AuthMode, WeakAdminKeyError, check_admin_key
 from tests.server.conftest import make_client
 
 ADMIN = "admin-key-for-tests-0123456789abcdef"
@@ -185,7 +185,7 @@ def test_auth_none_stays_loopback_only(tmp_path, capsys) -> None:
     assert code == 2 and "--force-no-auth" in capsys.readouterr().err
     # no flag on a public address means token auth (a key is generated, >= 32 bytes)
     from server.app import ServerConfig, resolve_admin_key
-    from server.auth import resolve_auth_mode
+    from server.edge.auth import resolve_auth_mode
 
     mode = resolve_auth_mode("0.0.0.0", None)
     key = resolve_admin_key(ServerConfig(host="0.0.0.0", data_dir=tmp_path / "d"), mode)

@@ -121,7 +121,7 @@ def test_bench_rejects_an_unknown_name(capsys) -> None:
 
 def _capture_serve(monkeypatch) -> list:
     """``dreamrt serve`` builds its app and server, which are captured instead of run."""
-    from server.shutdown import GracefulServer
+    from server.ops.shutdown import GracefulServer
 
     served = []
 
@@ -174,7 +174,7 @@ def test_serve_takes_the_latency_mode_and_the_steering_path(monkeypatch) -> None
 def test_serve_takes_the_fleet_options_and_router_its_own(monkeypatch, tmp_path) -> None:
     import uvicorn
 
-    from server.shutdown import GracefulServer
+    from server.ops.shutdown import GracefulServer
 
     served: list[tuple[object, dict]] = []
 

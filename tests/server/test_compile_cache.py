@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from server.compile_cache import cache_key, use_compile_cache
+from server.ops.compile_cache import cache_key, use_compile_cache
 
 
 def test_the_cache_directory_is_keyed_by_card_torch_device_and_levers(tmp_path, monkeypatch):

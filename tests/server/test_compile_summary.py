@@ -1,5 +1,5 @@
-"""The warm-up's compile summary (``server.warm_up.compile_summary``), logged once the warm-up is
-done: graphs made, Dynamo's tracing and backend seconds, and analyses restarted by a graph break
+"""The warm-up's compile summary (``server.ops.warm_up.compile_summary``), logged once the warm-up
+is done: graphs made, Dynamo's tracing and backend seconds, and analyses restarted by a graph break
 (the cost a start from the compile cache still pays)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import torch
 
-from server.warm_up import compile_summary
+from server.ops.warm_up import compile_summary
 
 
 class _Count(msgspec.Struct):

@@ -1,4 +1,4 @@
-"""``dreamrt serve``'s settings from flags, ``DREAMRT_*`` and a TOML file (server.config_sources):
+"""``dreamrt serve``'s settings from flags, ``DREAMRT_*`` and a TOML file (server.config.sources):
 the three build the same ``ServerConfig``, the precedence is flags > env > file > defaults, and
 a bad value is refused naming the setting and its source."""
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from server.config_fields import ConfigError
-from server.config_sources import load_config, settings
-from server.limits import Limits
-from server.server_config import ServerConfig
+from server.config.fields import ConfigError
+from server.config.limits import Limits
+from server.config.serve import ServerConfig
+from server.config.sources import load_config, settings
 
 # one value away from the default for a setting of every kind: str, int, float, bool, Path,
 # an optional, a list, a negated switch, a group's key unlike its field (model, fleet) and a
@@ -152,7 +152,7 @@ def test_a_missing_config_file_is_refused(tmp_path: Path) -> None:
 
 def test_serve_reads_the_environment_and_refuses_a_bad_value(monkeypatch, capsys) -> None:
     from server.cli import main
-    from server.shutdown import GracefulServer
+    from server.ops.shutdown import GracefulServer
 
     served = []
 

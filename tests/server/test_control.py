@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from server.control import (
+from server.live.control import (
     MAX_MESSAGE_BYTES,
     ActionMessage,
     ControlError,

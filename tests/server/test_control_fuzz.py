@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from models.loops.inputs import action_vector, normalize_keys
-from server.control import ControlError, ControlMessage, decode_control
-from server.control_inbox import ControlInbox
+from server.live.control import ControlError, ControlMessage, decode_control
+from server.live.control_inbox import ControlInbox
 from sessions.events import ErrorEvent
 from sessions.session import Session, SessionConfig
 from tests.server.control_fuzz import control_messages, expected_error

@@ -1,4 +1,5 @@
-"""``GET /v1/deployment``: the DeploymentCard reads the engine's live state (server.deployment)."""
+"""``GET /v1/deployment``: the DeploymentCard reads the engine's live state
+(server.fleet.deployment)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from runtime.errors import DreamrtError
-from server.routes_system import ApiError, error_response, field_error
+from server.edge.errors import ApiError, error_response, field_error
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 
@@ -22,9 +22,9 @@ def _subclasses(cls: type) -> list[type]:
 
 def test_every_domain_error_has_a_documented_code_and_a_status() -> None:
     # the modules whose errors a route lets through to the app's handler
-    import models.card_errors  # noqa: F401
-    import server.livekit_token  # noqa: F401
-    import server.webrtc  # noqa: F401
+    import models.card.errors  # noqa: F401
+    import server.livekit.token  # noqa: F401
+    import server.media.webrtc  # noqa: F401
     import sessions.audio  # noqa: F401
     import sessions.forks  # noqa: F401
     import sessions.input_ledger  # noqa: F401

@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 from models.compiled_set import compiled_set
 from server import app as app_module
 from server.app import DEFAULT_MODEL, create_app
+from server.config.serve import ServerConfig
 from server.lifespan import starts_listening_first
-from server.server_config import ServerConfig
 from tests.server.conftest import make_client
 
 

@@ -7,7 +7,7 @@ import asyncio
 import gc
 import weakref
 
-from server.heap_trim import HeapTrim, freeze_loaded_heap
+from server.ops.heap_trim import HeapTrim, freeze_loaded_heap
 
 
 async def test_trims_once_sessions_ended_and_none_is_live() -> None:

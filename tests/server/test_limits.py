@@ -1,11 +1,12 @@
-"""Every input bounded (server.limits): each limit answered with the status docs/api.md names."""
+"""Every input bounded (server.config.limits): each limit answered with the status docs/api.md
+names."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from server.limits import Limits, RateLimiter
+from server.config.limits import Limits, RateLimiter
 from tests.server.conftest import make_client
 
 

@@ -4,8 +4,8 @@ import json
 import numpy as np
 
 from runtime.contract import AppliedMeta, Emission, EmitSpec, InputKind, Stream
-from server.livekit_inputs import AUDIO_PUSH_S, RoomInputs
-from server.livekit_room import CONTROL_TOPIC
+from server.livekit.inputs import AUDIO_PUSH_S, RoomInputs
+from server.livekit.room import CONTROL_TOPIC
 from sessions.session import Session, SessionConfig
 from tests.server.fake_room import FakeRoom
 from tests.sessions.fakes import FakeHandle

@@ -1,7 +1,7 @@
 import asyncio
 
-from server.frame_pacer import FramePacer
-from server.livekit_participant import LiveKitParticipant
+from server.live.frame_pacer import FramePacer
+from server.livekit.participant import LiveKitParticipant
 from tests.server.fake_room import FakeRoom
 from tests.server.test_livekit_inputs import make_session
 from tests.server.test_media_track import chunk

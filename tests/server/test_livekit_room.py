@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 from livekit import rtc
 
-from server.livekit_room import (
+from server.livekit.room import (
     CONTROL_TOPIC,
     LiveKitRoom,
     RoomConnectError,
     i420_frame,
     publish_options,
 )
-from server.livekit_sink import timestamp_us
+from server.livekit.sink import timestamp_us
 
 
 def closed_port() -> int:

@@ -1,9 +1,9 @@
 import asyncio
 import time
 
-from server.frame_pacer import FramePacer
-from server.livekit_sink import LiveKitVideoSink, timestamp_us, video_bitrate_bps
-from server.media_track import SessionVideoTrack
+from server.live.frame_pacer import FramePacer
+from server.livekit.sink import LiveKitVideoSink, timestamp_us, video_bitrate_bps
+from server.media.track import SessionVideoTrack
 from tests.server.fake_room import FakeRoom
 from tests.server.test_media_track import FPS, FakeClock, N, chunk, make_live_session, pull
 

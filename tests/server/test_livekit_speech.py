@@ -15,10 +15,10 @@ import json
 import numpy as np
 
 from runtime.contract import AppliedMeta, Emission, EmitSpec, InputKind, MediaMeta, Stream
-from server.frame_pacer import FramePacer
-from server.livekit_avatar import RPC_CLEAR_BUFFER, RPC_PLAYBACK_FINISHED, RPC_PLAYBACK_STARTED
-from server.livekit_participant import LiveKitParticipant
-from server.livekit_speech import AUDIO_RATE_HZ, PUSH_S
+from server.live.frame_pacer import FramePacer
+from server.livekit.avatar import RPC_CLEAR_BUFFER, RPC_PLAYBACK_FINISHED, RPC_PLAYBACK_STARTED
+from server.livekit.participant import LiveKitParticipant
+from server.livekit.speech import AUDIO_RATE_HZ, PUSH_S
 from sessions.audio import resample
 from sessions.events import AudioApplied
 from sessions.session import Session, SessionConfig
@@ -288,7 +288,7 @@ def test_get_session_shows_the_avatar_speech(tmp_path) -> None:
 async def test_the_room_adapter_queues_speech_in_a_real_audio_source_and_clears_it() -> None:
     from livekit import rtc
 
-    from server.livekit_room import LiveKitRoom
+    from server.livekit.room import LiveKitRoom
 
     room = LiveKitRoom()
     # what publish_audio creates, without a server

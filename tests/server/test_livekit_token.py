@@ -5,7 +5,7 @@ import jwt
 import pytest
 from livekit import api
 
-from server.livekit_token import (
+from server.livekit.token import (
     AVATAR_ATTRIBUTE,
     LiveKitCredentials,
     identity_for,

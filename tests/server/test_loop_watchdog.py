@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from server.loop_watchdog import LoopWatchdog, thread_stacks
+from server.ops.loop_watchdog import LoopWatchdog, thread_stacks
 
 
 class FakeClock:
@@ -50,7 +50,7 @@ def test_a_stall_is_logged_with_the_stacks_and_its_length_reported(caplog) -> No
         dog.close()
         return dog
 
-    with caplog.at_level(logging.WARNING, logger="server.loop_watchdog"):
+    with caplog.at_level(logging.WARNING, logger="server.ops.loop_watchdog"):
         dog = asyncio.run(main())
     assert stalls == [0.5]  # the whole hold, on the watchdog's clock
     assert dog.stalls == 1 and dog.longest_s == 0.5
@@ -71,7 +71,7 @@ def test_a_busy_but_responsive_loop_reports_nothing(caplog) -> None:
             await asyncio.sleep(0.03)  # past the beat's interval: it beats between the pieces
         dog.close()
 
-    with caplog.at_level(logging.WARNING, logger="server.loop_watchdog"):
+    with caplog.at_level(logging.WARNING, logger="server.ops.loop_watchdog"):
         asyncio.run(main())
     assert stalls == [] and not caplog.records
 
@@ -94,7 +94,7 @@ def test_the_threshold_must_exceed_the_beat() -> None:
 
 
 def test_a_reported_stall_lands_in_the_metrics() -> None:
-    from server.metrics import MetricsSnapshot, ServerMetrics
+    from server.ops.metrics import MetricsSnapshot, ServerMetrics
 
     metrics = ServerMetrics(lambda: MetricsSnapshot())
     metrics.loop_stalled(0.7)

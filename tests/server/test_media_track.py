@@ -9,7 +9,7 @@ import pytest
 from aiortc.mediastreams import MediaStreamError
 
 from runtime.contract import AppliedMeta, Emission, EmitSpec, InputKind, MediaMeta, Stream
-from server.media_track import SessionVideoTrack
+from server.media.track import SessionVideoTrack
 from sessions.session import Session, SessionConfig
 from tests.sessions.fakes import FakeHandle
 

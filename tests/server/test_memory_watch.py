@@ -8,7 +8,7 @@ import os
 import signal
 import tracemalloc
 
-from server.memory_watch import MemoryWatch, holders, mallinfo
+from server.ops.memory_watch import MemoryWatch, holders, mallinfo
 
 
 class _Grower:

@@ -12,7 +12,7 @@ from runtime.contract import Priority
 from runtime.cost import CostModel
 from runtime.engine import Engine
 from runtime.observers import BatchReport
-from server.metrics import STEP_LATENCY_BUCKETS_S, MetricsSnapshot, ServerMetrics
+from server.ops.metrics import STEP_LATENCY_BUCKETS_S, MetricsSnapshot, ServerMetrics
 from tests.e2e.test_sessions_e2e import parse_metrics
 from tests.runtime.toy_loops import ToyDenoiseLoop, ToyDenoiser, ToyModel, ToyRequest
 

@@ -1,5 +1,5 @@
 """A job as OpenAI's video object, and the checks before a video's job is queued
-(server.openai_videos), on hand-built rows and stand-in jobs: no server."""
+(server.openai.videos), on hand-built rows and stand-in jobs: no server."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from models import registry
-from server.openai_errors import OpenAIError
-from server.openai_videos import check_queue, frames_for, parse_size, poll_after_ms, video_object
+from server.openai.errors import OpenAIError
+from server.openai.videos import check_queue, frames_for, parse_size, poll_after_ms, video_object
 
 CARD = registry.get("tiny-world")  # 96x96 at 12 fps, sizes in multiples of 16
 

@@ -1,4 +1,4 @@
-"""The router's placement policy (server.placement) on hand-built DeploymentCards."""
+"""The router's placement policy (server.router.placement) on hand-built DeploymentCards."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from server.placement import HeadroomPlacement, PlacementRequest
+from server.router.placement import HeadroomPlacement, PlacementRequest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -99,8 +99,8 @@ def test_an_openai_video_is_placed_like_a_t2v_job() -> None:
 def test_the_router_side_imports_no_model_runtime_or_session_code() -> None:
     code = (
         "import sys\n"
-        "import server.router, server.fleet_view, server.placement, server.dynamo_runtime\n"
-        "import server.fleet_cli, server.cli\n"
+        "import server.router.app, server.router.fleet_view, server.router.placement\n"
+        "import server.fleet.dynamo_runtime, server.router.cli, server.cli\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('runtime', 'models', 'sessions', 'torch', 'aiortc', 'av', 'dynamo'))\n"
         "print(bad)\n"

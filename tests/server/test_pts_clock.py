@@ -15,7 +15,7 @@ from models.loops.requests import SessionRequest
 from runtime.contract import PTS_HZ, Emission, Priority, frame_of_pts, pts_of_frame
 from runtime.cost import CostModel, DeviceConstants
 from runtime.engine import Engine
-from server.media_track import SessionVideoTrack
+from server.media.track import SessionVideoTrack
 from sessions.session import Session, SessionConfig
 from sessions.store import Store
 from tests.server.test_media_track import FakeClock, pull

@@ -1,5 +1,5 @@
-"""``server.replay`` x time to steer: a replay latches inputs with the restart policy the chunk's
-record names (``dreamrt serve --steering``), so a chunk made under one policy replays
+"""``server.data.replay`` x time to steer: a replay latches inputs with the restart policy the
+chunk's record names (``dreamrt serve --steering``), so a chunk made under one policy replays
 bit-identically on an instance serving another.
 
 A real loop on the tiny random card makes the record (real SQLite store, real snapshot file,
@@ -23,7 +23,7 @@ from models.loops.requests import SessionRequest
 from models.registry import get
 from runtime.contract import InputEvent, InputKind, PromptInput
 from runtime.driver import Driver, InlineContext
-from server.replay import replay_chunk
+from server.data.replay import replay_chunk
 from sessions.input_log import encode_input
 from sessions.recording import snapshot_path
 from sessions.records import frames_digest

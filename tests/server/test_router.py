@@ -13,8 +13,8 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from server.fleet_worker import FleetWorker
-from server.router import RouterConfig, create_router_app
+from server.fleet.worker import FleetWorker
+from server.router.app import RouterConfig, create_router_app
 
 VIDEO = {
     "id": "job_0123456789abcdef",

@@ -81,7 +81,7 @@ def test_the_server_imports_without_the_livekit_packages() -> None:
 
     code = (
         "import sys; sys.modules['livekit'] = None; sys.modules['livekit.rtc'] = None; "
-        "sys.modules['livekit.api'] = None; import server.app, server.cli, server.livekit_room"
+        "sys.modules['livekit.api'] = None; import server.app, server.cli, server.livekit.room"
     )
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from server import routes_openai_images
-from server.limits import Limits
+from server.config.limits import Limits
+from server.openai import image_routes as routes_openai_images
 from tests.server.conftest import make_client
 
 

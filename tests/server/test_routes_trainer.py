@@ -83,7 +83,7 @@ def test_a_rollout_group_is_k_jobs_with_records_the_export_carries(tmp_path: Pat
 
     import pandas as pd
 
-    from server.export import export
+    from server.data.export import export
 
     with make_client(tmp_path, model="wan-tiny-random") as client:
         body = {"prompt": "a red ball", "k": 2, "seeds": [5, 6], "num_frames": 9, "latents": True}

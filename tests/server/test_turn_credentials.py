@@ -4,7 +4,7 @@ import hmac
 
 import pytest
 
-from server.turn_credentials import (
+from server.media.turn_credentials import (
     IceServer,
     TurnCredentials,
     advertised_ice_servers,

@@ -4,7 +4,7 @@ import aioice.ice
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from server.webrtc import (
+from server.media.webrtc import (
     OfferError,
     ViewerPeer,
     configure_video_bitrate,
