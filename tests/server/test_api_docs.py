@@ -1,7 +1,7 @@
 """docs/api.md's REST route table agrees with the routes the app serves (its OpenAPI schema).
 
 Every documented (method, route) is served, and every served ``/v1`` and ``/whep`` route,
-``/healthz`` and ``/metrics`` is documented. Path parameters compare by position only
+``/healthz``, ``/readyz`` and ``/metrics`` is documented. Path parameters compare by position only
 (``{id}`` in the docs, ``{session_id}`` in the code).
 """
 
@@ -36,7 +36,7 @@ def served_routes(client: TestClient) -> set[tuple[str, str]]:
         for path, operations in paths.items()
         for method in operations
         if method in METHODS
-        and (path.startswith(("/v1/", "/whep/")) or path in ("/healthz", "/metrics"))
+        and (path.startswith(("/v1/", "/whep/")) or path in ("/healthz", "/readyz", "/metrics"))
     }
 
 
