@@ -13,7 +13,7 @@ The warm-up compiles the instance's compiled set (``models.compiled_set``); then
   the call eagerly, reported the same way. ``eager_on_recompile`` would run eagerly too, but
   silently: the wrapper is what makes a shape outside the set visible.
 - ``ChunkGraphs`` captures no new CUDA graph: a call without a captured graph runs eagerly
-  (``models.wan.cuda_graphs``).
+  (``models.wan.dit.cuda_graphs``).
 
 ``after_ready()`` counts, since the seal: Dynamo compiles that still started (a compiled region
 outside the wrapped modules), distinct calls that fell outside the set (module + shapes, each

@@ -247,7 +247,7 @@ def _config_alpha(path: Path) -> float | None:
 def _diffusers_names(dit: nn.Module) -> dict[str, str]:
     """Diffusers module names of the DiT's linears -> ours (``blocks.0.attn1.to_q`` ->
     ``blocks.0.self_attn.q``), through the DiT's checkpoint key map."""
-    from models.wan import keymaps
+    from models.wan.dit import keymaps
 
     out = {}
     for name, module in dit.named_modules():

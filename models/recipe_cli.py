@@ -16,7 +16,7 @@ __all__ = ["RECIPES", "add_parsers"]
 
 RECIPES = (
     "models.tinyworld.cli",  # train / eval tiny-world: the embedded card's recipe
-    "models.wan.taehv_cli",  # train tiny-decoder: a TAEHV decoder distilled from a card's VAE
+    "models.wan.taehv.cli",  # train tiny-decoder: a TAEHV decoder distilled from a card's VAE
 )
 
 

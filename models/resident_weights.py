@@ -232,7 +232,7 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], str, str]:
 
 
 def _native(key: str, live: Mapping[str, torch.Tensor]) -> str | None:
-    from models.wan import keymaps
+    from models.wan.dit import keymaps
 
     short = key.removeprefix("dit.")
     short = keymaps.strip_prefix(short) or short

@@ -2,7 +2,7 @@
 the tensors.
 
 The model instance preallocates ONE K/V buffer per (card, geometry) with a slab axis
-(``models/wan/kv_slabs.py``); a session's cache is a view of one slab. This pool is the
+(``models/wan/kv/slabs.py``); a session's cache is a view of one slab. This pool is the
 bookkeeping of that axis, and admission owns one pool per buffer (the one KV capacity gate)::
 
     model-owned k (v alike): [layers, N slabs, (S + W) * T tokens, heads, head_dim]

@@ -180,7 +180,7 @@ def load(config: Any, model_id: str) -> tuple[Any, Any]:
     what every other rank loads alike."""
     from models import registry
     from models.instance import load_instance
-    from models.loops.chunk_restart import RegenerateWhenSooner, RestartCutsOnly
+    from models.loops.chunk_rollout.restart import RegenerateWhenSooner, RestartCutsOnly
     from models.loops.extensions import deploy_extensions
     from models.spmd.plan import plan_for
     from runtime.extensions import parse_extension_arg

@@ -9,7 +9,7 @@
     apply      the update written in place on a worker thread; weights_version = content hash;
                the text-embedding entries of the old version dropped
     release    every loop resumes; at its next chunk it re-encodes its prompt and re-caches its
-               frames under the new weights (models.loops.chunk_rollout); admission reopens
+               frames under the new weights (models.loops.chunk_rollout.loop); admission reopens
     announce   ``weights.updated`` on every held session's event stream (from which chunk)
 
 A failed prepare or hold changes nothing (the old weights keep serving); syncs and sleeps of

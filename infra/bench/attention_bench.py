@@ -7,11 +7,11 @@ are random (N(0, 1), keys scaled by ``--key-scale`` for peakier softmaxes than u
 give); random weights cannot show the real models' attention statistics, so the errors are
 indicative, the frame differences of ``gpu_session`` and the tiny-world quality guard decide.
 
-Per backend (``models.wan.attention_kernels.ATTENTION_BACKENDS``): who served the call (the
+Per backend (``models.wan.kernels.attention.ATTENTION_BACKENDS``): who served the call (the
 kernel, or SDPA and why), median milliseconds (CUDA events), effective TFLOP/s (4 Nq Nk D H
 FLOPs), and the output's error against bf16 SDPA and against fp32 attention (relative L2,
 max abs, cosine). ``--sweep`` also times every block configuration of our FP8 kernel
-(``models.wan.fp8_attention.CANDIDATES``, plus the fastest with the tensor-core FP8
+(``models.wan.kernels.fp8_attention.CANDIDATES``, plus the fastest with the tensor-core FP8
 accumulator instead of fp32 registers). On the CPU (``--device cpu``) shapes are small and
 every lossy backend is SDPA: a dry run of the script.
 
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from models.wan.attention_kernels import ATTENTION_BACKENDS, LowPrecisionAttention, attend
+from models.wan.kernels.attention import ATTENTION_BACKENDS, LowPrecisionAttention, attend
 
 __all__ = ["main", "run_micro"]
 
@@ -132,7 +132,7 @@ def _sweep(q, k, v, reps: int, flops: float) -> list[dict[str, Any]]:
     """Every candidate block configuration of our FP8 kernel (PV in FP8), then the fastest
     with the tensor-core accumulator."""
     try:
-        from models.wan import fp8_attention as fa
+        from models.wan.kernels import fp8_attention as fa
     except Exception as exc:
         return [{"error": f"{type(exc).__name__}: {exc}"}]
     operands = fa.prepared(q, k, v, pv_fp8=True)

@@ -3,7 +3,7 @@
 Shapes (queries x keys, 12 heads of 128, bf16, no mask): 4,680 x 18,720 (one chunk of 3 latent
 frames against a steady-state window of 12), 1,560 x 18,720 (the latency mode's 1-frame chunk)
 and 4,680 x 4,680 (a chunk against itself: the first chunk of a session). Per shape and
-backend (``models.wan.attention_kernels.ATTENTION_BACKENDS``, through the same custom op the
+backend (``models.wan.kernels.attention.ATTENTION_BACKENDS``, through the same custom op the
 DiT calls): who served the call (the kernel, or SDPA and why: a package missing, a kernel that
 raised), median ms (CUDA events), TFLOP/s (4 Nq Nk D H), and the error vs bf16 SDPA and vs
 fp32 (``attention_bench.run_micro``). A backend that cannot import or run gets its reason in its
@@ -100,7 +100,7 @@ def _operands(queries: int, keys: int, heads: int, device: str, key_scale: float
 
 def kernels_alone(q, k, v, reps: int, flops: float) -> list[dict[str, Any]]:
     """The FP8 library kernels on operands quantised beforehand, and the quantisation alone."""
-    from models.wan import library_attention as lib
+    from models.wan.kernels import library as lib
 
     cases: list[tuple[str, Callable[[], Callable[[], Any]]]] = []
 

@@ -24,7 +24,7 @@ fresh instance with the same seeded random weights:
   CUDA stream); ``+graphs`` (CUDA graphs of the steady-state chunk forwards); ``+convbench``
   (``torch.backends.cudnn.benchmark``; stays on for later variants); ``+fp8`` / ``+fp8t`` (FP8
   linears, row-wise / per-tensor scales); ``+kvfp8`` (the chunk-K/V cache in e4m3, read by
-  FA3's FP8 kernel: ``models/wan/kv_fp8.py``); ``+fold`` (the K/V update in the last denoising
+  FA3's FP8 kernel: ``models/wan/kv/fp8.py``); ``+fold`` (the K/V update in the last denoising
   step: one forward less per chunk, not what the recipe trained); ``+taehv`` (the VAE decoder
   swapped for the component ``--tiny-decoder MODULE:FACTORY`` names, called as
   ``FACTORY(instance, weights=--tiny-decoder-weights)`` and returning a VAE-like codec; for a
@@ -75,10 +75,10 @@ from models.instance import WanInstance, load_instance
 from models.loops.ops import DecodeOp
 from models.loops.requests import SessionRequest
 from models.registry import get
-from models.wan.cuda_graphs import ChunkGraphs
-from models.wan.flops import dit_flops
-from models.wan.fp8 import Fp8Linear, scaled_mm_supported
-from models.wan.kv_cache import ChunkKVCache
+from models.wan.dit.cuda_graphs import ChunkGraphs
+from models.wan.dit.flops import dit_flops
+from models.wan.kernels.fp8_linear import Fp8Linear, scaled_mm_supported
+from models.wan.kv.cache import ChunkKVCache
 from runtime.contract import Emission, Priority
 from runtime.cost import CostModel, DeviceConstants
 from runtime.engine import Engine
@@ -86,7 +86,7 @@ from runtime.observers import Profiler
 
 VARIANTS = ("baseline", "compiled+overlap", "compiled+overlap+graphs", "compiled+overlap+fp8attn")
 _KINDS = ("text_encode", "chunk_step", "kv_update", "vae_decode")
-# option -> attention backend (models.wan.attention_kernels); at most one per variant
+# option -> attention backend (models.wan.kernels.attention); at most one per variant
 _ATTENTION = {
     "cudnn": "cudnn",
     "flash": "flash",

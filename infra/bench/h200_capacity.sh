@@ -40,7 +40,7 @@ fi
 if has engine; then
   timeout "${ENGINE_S:-420}" $PY -m infra.bench.gpu_session --chunks 10 --window 12 --no-micro \
     --variants "${ENGINE_VARIANTS:-$FULL,$FULL+kvfp8,$FULL+kvfp8+fp8,$FULL+taehv,$FULL+kvfp8+taehv,$FULL+kvfp8+fp8+taehv}" \
-    --reference "$FULL" --tiny-decoder models.wan.taehv_checkpoint:build_decoder \
+    --reference "$FULL" --tiny-decoder models.wan.taehv.checkpoint:build_decoder \
     --budget-s "${ENGINE_BUDGET_S:-400}" --json "$OUT/gpu_session.json" >"$OUT/gpu_session.log" 2>&1
   tail -40 "$OUT/gpu_session.log"
 fi

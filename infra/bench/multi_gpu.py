@@ -6,11 +6,11 @@ For each model (``--models``, default ``wan2.1-1.3b,wan2.1-14b``) and each GPU c
 module (``NCCL_NVLS_ENABLE=0`` and no other multicast, as the device README asks) and collects
 one row per run; counts above ``torch.cuda.device_count()`` are listed as skipped, and runs not
 started within ``--budget-s`` too. Inside torchrun, every rank builds the same DiT with random
-bf16 weights (seeded, then broadcast from rank 0), enables ``models/wan/sequence_parallel.py``
+bf16 weights (seeded, then broadcast from rank 0), enables ``models/wan/dit/sequence_parallel.py``
 over the world (sp = N) and runs one session at 832x480, chunks of 3 latent frames (4680
 tokens), K/V window 9 + sink 3 frames, 4 denoising steps then the K/V update per chunk, and the
 VAE decode of each chunk either on rank 0 only (``rank0``: the other ranks wait at the next
-all-to-all) or split by rows over every rank (``split``: ``models/wan/vae_split.py``), each
+all-to-all) or split by rows over every rank (``split``: ``models/wan/vae/split.py``), each
 GPU count above 1 once per ``--decodes`` mode. Random cross-attention K/V stand in for the text
 encoder (not run).
 
@@ -77,8 +77,8 @@ def _vae(device: torch.device, dtype: torch.dtype) -> Any:
     """The Wan2.1 VAE (tiny preset on the CPU), random weights identical on every rank."""
     import torch.distributed as dist
 
-    from models.wan.vae import WanVAE
-    from models.wan.vae_config import WanVAEConfig
+    from models.wan.vae.autoencoder import WanVAE
+    from models.wan.vae.config import WanVAEConfig
 
     torch.manual_seed(0)
     with device:
@@ -111,11 +111,11 @@ def _worker(args: argparse.Namespace) -> dict:
     """One rank of a torchrun world: the session of the module docstring."""
     import torch.distributed as dist
 
-    from models.wan.config import WanDiTConfig
-    from models.wan.kv_cache import ChunkKVCache
-    from models.wan.sequence_parallel import enable, local_kv_config
-    from models.wan.transformer import WanDiT, param_dtype
-    from models.wan.vae_split import RowSplitVAE
+    from models.wan.dit.config import WanDiTConfig
+    from models.wan.kv.cache import ChunkKVCache
+    from models.wan.dit.sequence_parallel import enable, local_kv_config
+    from models.wan.dit.transformer import WanDiT, param_dtype
+    from models.wan.vae.split import RowSplitVAE
 
     rank, world, device, dtype = _join(args)
     config = WanDiTConfig.preset(args.model)
@@ -207,7 +207,7 @@ def _decode_worker(args: argparse.Namespace) -> dict:
     """One rank of a torchrun world: the decode rows of the module docstring."""
     import torch.distributed as dist
 
-    from models.wan.vae_split import RowSplitVAE
+    from models.wan.vae.split import RowSplitVAE
 
     rank, world, device, dtype = _join(args)
     vae = _vae(device, dtype)

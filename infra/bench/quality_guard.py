@@ -1,7 +1,7 @@
 """Quality guard for the lossy serving levers: tiny-world's evaluation with each lever off and on.
 
 Random Wan weights cannot show quality; tiny-world is a trained model. Every lever runs
-``models.tinyworld.evaluate`` (the four thresholds of ``dreamrt eval tiny-world``) on a fresh
+``models.tinyworld.evaluation.evaluate`` (the four thresholds of ``dreamrt eval tiny-world``) on a fresh
 instance in ONE process, with the same seeds, the same scripted inputs and one calibrated frame
 classifier, so the rows differ by the lever alone. A lever **passes** if all four thresholds
 still pass and no thresholded metric drops more than 1 point (percentage point) below the
@@ -44,9 +44,9 @@ import torch
 
 from models.instance import load_instance
 from models.tinyworld.card import TINY_WORLD
-from models.tinyworld.classify import FrameClassifier
-from models.tinyworld.evaluate import THRESHOLDS, evaluate
-from models.wan.attention_kernels import ATTENTION_BACKENDS, LowPrecisionAttention
+from models.tinyworld.evaluation.classify import FrameClassifier
+from models.tinyworld.evaluation.evaluate import THRESHOLDS, evaluate
+from models.wan.kernels.attention import ATTENTION_BACKENDS, LowPrecisionAttention
 
 __all__ = ["LEVERS", "lever_config", "main", "run_guard"]
 

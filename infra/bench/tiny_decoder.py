@@ -32,11 +32,11 @@ from collections.abc import Callable
 
 import torch
 
-from models.wan.taehv import TAEHVDecoder
-from models.wan.taehv_config import TAEHVConfig
-from models.wan.vae import WanVAE, video_to_uint8
-from models.wan.vae_cache import DecoderCache
-from models.wan.vae_config import WanVAEConfig
+from models.wan.taehv.decoder import TAEHVDecoder
+from models.wan.taehv.config import TAEHVConfig
+from models.wan.vae.autoencoder import WanVAE, video_to_uint8
+from models.wan.vae.cache import DecoderCache
+from models.wan.vae.config import WanVAEConfig
 
 VARIANTS = ("wan_eager", "wan_compiled", "taehv_eager", "taehv_compiled", "taehv_compiled_cl")
 CHUNK_LATENT_FRAMES = 3

@@ -33,9 +33,9 @@ from typing import NotRequired, TypedDict
 
 import torch
 
-from models.wan.vae import WanVAE
-from models.wan.vae_cache import CausalCache
-from models.wan.vae_config import WanVAEConfig
+from models.wan.vae.autoencoder import WanVAE
+from models.wan.vae.cache import CausalCache
+from models.wan.vae.config import WanVAEConfig
 
 VARIANTS = ("eager", "channels_last", "compiled", "compiled_cl", "compiled_cl_bench")
 _CL = ("channels_last", "compiled_cl", "compiled_cl_bench")

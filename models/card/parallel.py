@@ -4,7 +4,7 @@ Three named axes, each a degree >= 1; their product is the world size (one proce
 
 - ``sp``: Ulysses sequence parallelism. Each rank holds 1/sp of a chunk's tokens outside
   self-attention; an all-to-all over heads gives it every token of 1/sp of the heads inside
-  (``models/wan/sequence_parallel.py``), and its chunk-K/V cache holds only those heads.
+  (``models/wan/dit/sequence_parallel.py``), and its chunk-K/V cache holds only those heads.
 - ``cfg``: the conditional and unconditional branches of classifier-free guidance on
   different ranks (degree 1 or 2).
 - ``replica``: independent copies of the model, each serving its own sessions.

@@ -12,8 +12,8 @@ pipeline root holding the component's sub-directory (``transformer/``, ``vae/``)
 root (original names; ``Wan2.1_VAE.pth`` for the VAE). The naming is recognised from the keys.
 
 What differs per component is data and small functions of the family: the DiT's
-(``models/wan/keymaps.py``: diffusers/original name rules, training-checkpoint wrappers, config
-inferred from shapes, optional action/audio hooks) and the VAE's (``models/wan/vae_keymap.py``:
+(``models/wan/dit/keymaps.py``: diffusers/original name rules, training-checkpoint wrappers, config
+inferred from shapes, optional action/audio hooks) and the VAE's (``models/wan/vae/keymap.py``:
 a generated name table). The config comes from, in order: the ``config`` argument, a
 ``config.json`` next to the weights that describes this component, the config we embed in files
 we write, then (DiT) the tensor shapes or (VAE) the ``wan2.1`` preset.
@@ -44,11 +44,12 @@ from models.checkpoint.errors import (
     CheckpointShapeError,
     listing,
 )
-from models.wan import keymaps, vae_keymap
-from models.wan.config import WanDiTConfig
-from models.wan.transformer import WanDiT, param_dtype
-from models.wan.vae import WanVAE
-from models.wan.vae_config import WanVAEConfig
+from models.wan.dit import keymaps
+from models.wan.vae import keymap as vae_keymap
+from models.wan.dit.config import WanDiTConfig
+from models.wan.dit.transformer import WanDiT, param_dtype
+from models.wan.vae.autoencoder import WanVAE
+from models.wan.vae.config import WanVAEConfig
 
 __all__ = [
     "CheckpointError",

@@ -3,7 +3,7 @@ codec, op and cache of each.
 
 A mixin of ``WanInstance`` (``models/instance/resident.py``). The default decoder (the card's
 ``decoder_component``) is ``vae`` and ``decode_op`` - attributes a multi-GPU decode may replace
-(``models.wan.vae_split``) - and the card's other decoder, when it was loaded, sits beside it
+(``models.wan.vae.split``) - and the card's other decoder, when it was loaded, sits beside it
 with an op of its own, so one resident instance serves sessions of either; the two ops never
 batch together (the engine batches plans of one op object only).
 """

@@ -22,14 +22,14 @@ from models.card.vocabulary import coerce
 from models.compile_guard import CompileGuard
 from models.instance.errors import InstanceError
 from models.precompiled import Region, aot_supported
-from models.wan.attention import WanSelfAttention
-from models.wan.attention_kernels import UnknownBackendError, select_backend
-from models.wan.config import WanDiTConfig
-from models.wan.cuda_graphs import ChunkGraphs
-from models.wan.fp8 import quantize_linears
-from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
-from models.wan.transformer import WanDiT, block_past_length
-from models.wan.vae_cache import coder_call
+from models.wan.dit.attention import WanSelfAttention
+from models.wan.kernels.attention import UnknownBackendError, select_backend
+from models.wan.dit.config import WanDiTConfig
+from models.wan.dit.cuda_graphs import ChunkGraphs
+from models.wan.kernels.fp8_linear import quantize_linears
+from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
+from models.wan.dit.transformer import WanDiT, block_past_length
+from models.wan.vae.cache import coder_call
 
 __all__ = ["InstanceLevers"]
 
@@ -68,15 +68,15 @@ class InstanceLevers:
         """Set serving levers without compiling anything (each None: left as it is); the
         options and their measured effect are in docs/architecture.md ("Serving levers").
 
-        ``attention``: a name of ``models.wan.attention_kernels.ATTENTION_BACKENDS`` (unknown:
+        ``attention``: a name of ``models.wan.kernels.attention.ATTENTION_BACKENDS`` (unknown:
         ``InstanceError``; lossy ones fall back to SDPA, logged, where they cannot run).
         ``fp8``: "row" | "tensor" FP8 linears in the blocks (one-way). ``overlap_decode``: VAE
         decode on a second CUDA stream. ``cuda_graphs``: steady-state chunk forwards replay CUDA
-        graphs (``models/wan/cuda_graphs.py``; a no-op off CUDA). ``kv_update``: "last_step"
+        graphs (``models/wan/dit/cuda_graphs.py``; a no-op off CUDA). ``kv_update``: "last_step"
         folds the KV-update pass into the last denoising step, "clean" is the separate pass
         (a deviation from a recipe trained the other way). ``kv_cache``: "fp8" stores the
         chunk-K/V cache in e4m3 with per-head scales, read by FA3's FP8 kernel where it runs
-        (``models/wan/kv_fp8.py``; before any slab is reserved), "model" in the model's dtype.
+        (``models/wan/kv/fp8.py``; before any slab is reserved), "model" in the model's dtype.
         ``levers`` records what is in force.
         """
         if attention is not None:

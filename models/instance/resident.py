@@ -34,7 +34,7 @@ from models.instance.decoders import InstanceDecoders, with_loaded_decoders
 from models.instance.errors import InstanceError
 from models.instance.levers import InstanceLevers
 from models.instance.sizing import InstanceSizing
-from models.loops.chunk_restart import RegenerateWhenSooner, RestartPolicy
+from models.loops.chunk_rollout.restart import RegenerateWhenSooner, RestartPolicy
 from models.loops.ops import (
     ChunkDenoiseOp,
     DecodeOp,
@@ -48,10 +48,10 @@ from models.loops.registry import build_loop
 from models.loops.rollout_group import group_loop
 from models.lora import LoRAAdapters
 from models.resident_weights import ResidentWeights
-from models.wan.kv_cache import ChunkKVCache
-from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
+from models.wan.kv.cache import ChunkKVCache
+from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
 from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache
-from models.wan.transformer import WanDiT
+from models.wan.dit.transformer import WanDiT
 from runtime.contract import Loop
 
 __all__ = ["InstanceError", "WanInstance", "load_instance"]
@@ -158,8 +158,8 @@ class WanInstance(InstanceSizing, InstanceDecoders, InstanceLevers):
         self.block_observers: tuple[Any, ...] = tuple(block_observers)
 
     def shard_sequence(self, group: Any) -> None:
-        """Ulysses over ``group`` (models/wan/sequence_parallel.py); slabs get H/sp heads."""
-        from models.wan.sequence_parallel import enable, local_kv_config
+        """Ulysses over ``group`` (models/wan/dit/sequence_parallel.py); slabs get H/sp heads."""
+        from models.wan.dit.sequence_parallel import enable, local_kv_config
 
         if self._slab_buffers:
             raise InstanceError("shard_sequence after K/V slabs were reserved")
@@ -411,7 +411,7 @@ def _weights_digest(
 
 
 def _cast_dit(dit: WanDiT, dtype: torch.dtype) -> None:
-    from models.wan.transformer import param_dtype
+    from models.wan.dit.transformer import param_dtype
 
     for name, p in dit.named_parameters():
         p.data = p.data.to(param_dtype(name, dtype))

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 
 from models.card import KVUpdate, LatentSpec, ModelCard, Profile
-from models.loops.chunk_plans import steady_chunk_plans
-from models.wan.config import WanDiTConfig
-from models.wan.kv_cache import ChunkKVCache
-from models.wan.transformer import WanDiT, dit_flops
+from models.loops.chunk_rollout.plans import steady_chunk_plans
+from models.wan.dit.config import WanDiTConfig
+from models.wan.kv.cache import ChunkKVCache
+from models.wan.dit.transformer import WanDiT, dit_flops
 
 __all__ = ["InstanceSizing"]
 
@@ -85,7 +85,7 @@ class InstanceSizing:
     ) -> tuple[tuple[str, str, int], ...]:
         """(plan kind, shape signature, count) of one steady-state chunk of a session of
         ``profile`` decoding with ``decoder`` (None: the default;
-        ``models.loops.chunk_plans.steady_chunk_plans``): what the cost model's calibration
+        ``models.loops.chunk_rollout.plans.steady_chunk_plans``): what the cost model's calibration
         prices a session's compute share from."""
         lh, lw = self._latent_hw(profile)
         spec = self.card.loops.get("chunk_rollout")

@@ -30,8 +30,8 @@ from models.loops.model import LoopModel
 from models.loops.ops import DecodeArgs, DiffusionStepArgs
 from models.loops.requests import JobRequest
 from models.loops.sampling import noise_seed, sigma_steps
-from models.wan.flops import dit_flops
-from models.wan.vae_cache import DecoderCache
+from models.wan.dit.flops import dit_flops
+from models.wan.vae.cache import DecoderCache
 from runtime.contract import (
     Done,
     EmitSpec,

@@ -25,7 +25,7 @@ from typing import Any, cast
 import msgspec
 
 from models.loops.ops import HookedStepOutput
-from models.wan.residual_caches import (
+from models.wan.dit.residual_caches import (
     FIRST_BLOCK_CACHE,
     STEP_CACHE,
     CacheParams,
@@ -33,7 +33,7 @@ from models.wan.residual_caches import (
     ResidualCache,
     StepCache,
 )
-from models.wan.step_hooks import StepHookCall, StepHooks
+from models.wan.dit.step_hooks import StepHookCall, StepHooks
 from runtime.contract import (
     ExtensionRejected,
     ExtensionSpec,

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from models.loops.chunk_plans import chunk_shape_sig, decode_shape_sig
+from models.loops.chunk_rollout.plans import chunk_shape_sig, decode_shape_sig
 from models.loops.model import LoopModel
 from models.loops.ops import DecodeArgs
-from models.wan.vae_cache import DecoderCache
+from models.wan.vae.cache import DecoderCache
 from runtime.contract import (
     Done,
     EmitSpec,

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from models.card import LatentSpec, ModelCard, Profile
-from models.loops.chunk_restart import RestartPolicy
+from models.loops.chunk_rollout.restart import RestartPolicy
 from models.loops.ops import (
     ChunkDenoiseOp,
     DecodeOp,
@@ -23,10 +23,10 @@ from models.loops.ops import (
     TextEncodeOp,
 )
 from models.lora import LoRAAdapters
-from models.wan.config import WanDiTConfig
-from models.wan.kv_cache import ChunkKVCache
-from models.wan.kv_slabs import SlabGeometry
-from models.wan.vae_cache import DecoderCache
+from models.wan.dit.config import WanDiTConfig
+from models.wan.kv.cache import ChunkKVCache
+from models.wan.kv.slabs import SlabGeometry
+from models.wan.vae.cache import DecoderCache
 
 __all__ = ["LoopModel"]
 

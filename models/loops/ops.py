@@ -15,11 +15,11 @@ from typing import Any, Protocol
 import torch
 
 from models.loops.digests import host_digest
-from models.wan.kv_cache import ChunkKVCache
-from models.wan.step_hooks import StepHookCall
-from models.wan.transformer import CrossKV, WanDiT
-from models.wan.vae import video_to_uint8
-from models.wan.vae_cache import DecoderCache
+from models.wan.kv.cache import ChunkKVCache
+from models.wan.dit.step_hooks import StepHookCall
+from models.wan.dit.transformer import CrossKV, WanDiT
+from models.wan.vae.autoencoder import video_to_uint8
+from models.wan.vae.cache import DecoderCache
 
 __all__ = [
     "ChunkDenoiseArgs",
@@ -431,7 +431,7 @@ class DiffusionStepArgs:
     negative: torch.Tensor | None
     guidance_scale: float
     renoise: bool  # True: x0-predict + fresh noise (distilled); False: Euler step along v
-    hooks: StepHookCall | None = None  # extensions (models/wan/step_hooks.py); None: plain
+    hooks: StepHookCall | None = None  # extensions (models/wan/dit/step_hooks.py); None: plain
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from models.card import LoopKind, LoopSpec
-from models.loops.chunk_rollout import ChunkRollout
+from models.loops.chunk_rollout.loop import ChunkRollout
 from models.loops.diffusion_denoise import DiffusionDenoise
 from models.loops.model import LoopModel
 from runtime.contract import Loop

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 import torch
 
-from models.loops.chunk_rollout_state import ChunkRolloutState
+from models.loops.chunk_rollout.state import ChunkRolloutState
 from models.loops.diffusion_denoise import DiffusionState
 from models.loops.latent_decode import DecodeState, LatentDecode
 from models.loops.requests import JobRequest, ProgramRequest

@@ -2,7 +2,7 @@
 
 ``server/spmd_serving.py`` names no family: it calls ``split_decode`` here, which hands the
 instance to the family whose codec can split (today the Wan VAE, by rows with halo exchange:
-``models/wan/vae_split.py``). Any other codec keeps decoding on rank 0 alone.
+``models/wan/vae/split.py``). Any other codec keeps decoding on rank 0 alone.
 """
 
 from __future__ import annotations
@@ -17,6 +17,6 @@ def split_decode(instance: Any, group: Any, latent_rows: int) -> bool:
     True if it now runs on every rank, False if rank 0 keeps decoding alone."""
     if getattr(instance.card, "family", None) != "wan":
         return False
-    from models.wan.vae_split import split_decode as split_rows
+    from models.wan.vae.split import split_decode as split_rows
 
     return split_rows(instance, group, latent_rows)

@@ -11,7 +11,7 @@ from typing import Any
 
 from models.card import ModelCard, ParallelPlan, ParallelPlanError
 from models.tinyworld.config import dit_preset
-from models.wan.config import WanDiTConfig
+from models.wan.dit.config import WanDiTConfig
 
 __all__ = ["dit_config", "plan_for"]
 

@@ -142,7 +142,7 @@ def add_recipe_parsers(
 
 
 def _train(args: argparse.Namespace) -> int:
-    from models.tinyworld.train import TrainConfig, train
+    from models.tinyworld.training.recipe import TrainConfig, train
 
     config = TrainConfig(
         preset=args.preset,
@@ -179,7 +179,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     from models.instance import InstanceError, load_instance
     from models.tinyworld.card import TINY_WORLD
-    from models.tinyworld.evaluate import evaluate
+    from models.tinyworld.evaluation.evaluate import evaluate
 
     torch.set_num_threads(1)  # what a served session gets: the other core encodes
     # The card itself, not the registry: it is registered (and served by default) only once

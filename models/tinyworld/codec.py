@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.wan.vae_cache import DecoderCache, SlotSpec
+from models.wan.vae.cache import DecoderCache, SlotSpec
 
 __all__ = ["CodecShapeError", "PixelCodec"]
 

@@ -25,8 +25,8 @@ from models.tinyworld.config import dit_preset
 from models.tinyworld.geometry import CHUNK_FRAMES
 from models.tinyworld.prediction import PixelDiT
 from models.tinyworld.text import WordTextEncoder
-from models.wan.config import WanDiTConfig
-from models.wan.transformer import WanDiT
+from models.wan.dit.config import WanDiTConfig
+from models.wan.dit.transformer import WanDiT
 
 __all__ = [
     "SHIPPED_DIR",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from models.loops.inputs import ACTION_DIM, AUDIO_DIM
 from models.tinyworld.geometry import LATENT
-from models.wan.config import ConfigError, WanDiTConfig
+from models.wan.dit.config import ConfigError, WanDiTConfig
 
 __all__ = ["DIT_PRESETS", "dit_preset"]
 

@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from models.wan.conditioning import HookEmbedding
-from models.wan.config import WanDiTConfig
-from models.wan.transformer import WanDiT
+from models.wan.dit.conditioning import HookEmbedding
+from models.wan.dit.config import WanDiTConfig
+from models.wan.dit.transformer import WanDiT
 
 __all__ = ["FRAME_FEATURES", "MIN_SIGMA", "POSITION_FEATURES", "PixelDiT"]
 

@@ -2,8 +2,8 @@
 and the bidirectional base model Wan2.1-T2V-1.3B (offline jobs) and its tiny CPU twin.
 
 Pure data (no torch at import). Component presets name entries of the family's preset tables:
-the DiT's ``models.wan.config.PRESETS`` (``"wan2.1-1.3b"``, ``"tiny"``), the VAE's
-``models.wan.vae_config`` presets (``"wan2.1"``, ``"tiny"``) and the text encoder's
+the DiT's ``models.wan.dit.config.PRESETS`` (``"wan2.1-1.3b"``, ``"tiny"``), the VAE's
+``models.wan.vae.config`` presets (``"wan2.1"``, ``"tiny"``) and the text encoder's
 ``models.wan.text_encoder.UMT5_PRESETS`` (``"umt5-xxl"``, ``"umt5-tiny"``).
 
 The causal cards share one loop set: ``chunk_rollout`` serves sessions and jobs alike (the
@@ -154,7 +154,7 @@ WAN21_13B_CAUSAL = ModelCard(
             # prefixes accepted by the loader); the rest comes from Wan2.1-T2V-1.3B-Diffusers.
             "dit": _required("transformer", CheckpointFormat.ORIGINAL),
             "vae": _required("vae", CheckpointFormat.DIFFUSERS),
-            # the published TAEHV layout (models/wan/taehv_checkpoint.py); optional
+            # the published TAEHV layout (models/wan/taehv/checkpoint.py); optional
             "tiny_decoder": ComponentEntry(
                 "tiny_decoder", CheckpointFormat.TAEHV, optional_for=_CAUSAL_CAPABILITIES
             ),
@@ -364,7 +364,7 @@ WAN21_T2V_TINY_RANDOM = ModelCard(
 
 # --------------------------------------------------------------------------------------------
 # The same causal cards decoding with a tiny streaming decoder (TAEHV architecture,
-# models/wan/taehv.py) instead of the full VAE: the DiT, its recipe and the loops are unchanged;
+# models/wan/taehv/decoder.py) instead of the full VAE: the DiT, its recipe and the loops are unchanged;
 # ``vae_decode`` names the ``tiny_decoder`` component, so sessions stream with it and its cache
 # unless they ask for ``"decoder": "full"``. The full VAE stays a component, optional in the
 # manifest: loaded when it is there (sessions may pick it, jobs decode with it), and the

@@ -20,13 +20,13 @@ import torch
 from models.card import ComponentKind, ComponentSpec, ModelCard
 from models.instance import InstanceError
 from models.loops.inputs import ACTION_DIM, AUDIO_DIM
-from models.wan.config import WanDiTConfig
-from models.wan.taehv import TAEHVDecoder
-from models.wan.taehv_config import TAEHVConfig
+from models.wan.dit.config import WanDiTConfig
+from models.wan.taehv.decoder import TAEHVDecoder
+from models.wan.taehv.config import TAEHVConfig
 from models.wan.text_encoder import UMT5TextEncoder
-from models.wan.transformer import WanDiT
-from models.wan.vae import WanVAE
-from models.wan.vae_config import WanVAEConfig
+from models.wan.dit.transformer import WanDiT
+from models.wan.vae.autoencoder import WanVAE
+from models.wan.vae.config import WanVAEConfig
 
 __all__ = ["CPU_RANDOM_PARAM_LIMIT", "build_components", "build_decoders", "dit_param_count"]
 
@@ -101,7 +101,7 @@ def build_decoders(
     stream: the default components' weights do not move), else those whose checkpoint path
     exists under ``checkpoint_dir``."""
     from models.checkpoint.load import load_vae
-    from models.wan.taehv_checkpoint import load_taehv
+    from models.wan.taehv.checkpoint import load_taehv
 
     random = random_weights or card.weights.value == "random"
     out: dict[str, WanVAE | TAEHVDecoder] = {}
@@ -174,7 +174,7 @@ def _load_checkpoint(
     dit = load_transformer(root / entries["dit"].path_hint, device=device, dtype=dtype)
     vae: TAEHVDecoder | WanVAE
     if card.components[codec].kind is ComponentKind.DECODER:
-        from models.wan.taehv_checkpoint import load_taehv
+        from models.wan.taehv.checkpoint import load_taehv
 
         config = TAEHVConfig.preset(card.components[codec].preset)
         vae = load_taehv(root / entries[codec].path_hint, device=device, dtype=dtype, config=config)

@@ -136,7 +136,7 @@ def _serving_as_recorded(instance: WanInstance, record: dict[str, Any]) -> WanIn
     name = record.get("restart_policy")
     if not name:
         return instance
-    from models.loops.chunk_restart import restart_policy
+    from models.loops.chunk_rollout.restart import restart_policy
 
     try:
         policy = restart_policy(name)

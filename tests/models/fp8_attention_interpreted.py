@@ -50,7 +50,7 @@ def fa(monkeymodule):
         return original(data, src, dst, rounding_mode)
 
     monkeymodule.setattr(interp, "_convert_float", convert)
-    return importlib.import_module("models.wan.fp8_attention")
+    return importlib.import_module("models.wan.kernels.fp8_attention")
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.wan import attention_kernels
-from models.wan.attention_kernels import (
+from models.wan.kernels import attention as attention_kernels
+from models.wan.kernels.attention import (
     ATTENTION_BACKENDS,
     LowPrecisionAttention,
     SageAttention,
@@ -21,7 +21,7 @@ from models.wan.attention_kernels import (
     select_backend,
 )
 
-LOGGER = "models.wan.attention_kernels"
+LOGGER = "models.wan.kernels.attention"
 
 
 @pytest.fixture(autouse=True)
@@ -161,8 +161,8 @@ def test_a_kernel_that_fails_or_computes_garbage_is_switched_off(
 
 @pytest.mark.slow
 def test_a_lossy_backend_traces_into_one_graph_without_breaks() -> None:
-    from models.wan.attention import WanSelfAttention
-    from models.wan.rope import rope_cos_sin
+    from models.wan.dit.attention import WanSelfAttention
+    from models.wan.dit.rope import rope_cos_sin
 
     module = WanSelfAttention(64, 4, True, 1e-6).eval()
     x = torch.randn(1, 12, 64)

@@ -19,9 +19,9 @@ from models.instance import load_instance
 from models.loops.ops import ChunkDenoiseArgs
 from models.loops.requests import SessionRequest
 from models.registry import get
-from models.wan.config import WanDiTConfig
-from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
-from models.wan.transformer import InputShapeError, WanDiT
+from models.wan.dit.config import WanDiTConfig
+from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
+from models.wan.dit.transformer import InputShapeError, WanDiT
 from runtime.contract import Emission, Priority, Stream
 from runtime.cost import CostModel
 from runtime.driver import run_inline

@@ -14,8 +14,8 @@ from models.instance import InstanceError
 from models.registry import get as get_card
 from models.spmd.plan import plan_for
 from models.wan.components import CPU_RANDOM_PARAM_LIMIT, build_components, dit_param_count
-from models.wan.config import WanDiTConfig
-from models.wan.flops import dit_flops
+from models.wan.dit.config import WanDiTConfig
+from models.wan.dit.flops import dit_flops
 
 
 def test_parse_and_world_size() -> None:

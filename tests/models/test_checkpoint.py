@@ -22,9 +22,9 @@ from models.checkpoint.load import (
     load_transformer,
     save_original_format,
 )
-from models.wan import keymaps
-from models.wan.config import WanDiTConfig
-from models.wan.transformer import WanDiT
+from models.wan.dit import keymaps
+from models.wan.dit.config import WanDiTConfig
+from models.wan.dit.transformer import WanDiT
 
 CFG = WanDiTConfig(
     dim=48,

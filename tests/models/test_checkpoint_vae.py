@@ -24,10 +24,10 @@ from models.checkpoint.load import (
     load_vae,
     save_original_format,
 )
-from models.wan.keymaps import DIFFUSERS, ORIGINAL
-from models.wan.vae import WanVAE
-from models.wan.vae_config import VAEConfigError, WanVAEConfig
-from models.wan.vae_keymap import CONFIG_METADATA_KEY, vae_key_table
+from models.wan.dit.keymaps import DIFFUSERS, ORIGINAL
+from models.wan.vae.autoencoder import WanVAE
+from models.wan.vae.config import VAEConfigError, WanVAEConfig
+from models.wan.vae.keymap import CONFIG_METADATA_KEY, vae_key_table
 
 
 @pytest.fixture(scope="module", autouse=True)

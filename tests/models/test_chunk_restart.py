@@ -1,5 +1,5 @@
 """Regenerate or finish: an input that changes the picture restarts the chunk in flight when
-that shows it sooner (models/loops/chunk_restart.py), on the tiny random card."""
+that shows it sooner (models/loops/chunk_rollout/restart.py), on the tiny random card."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from models.instance import load_instance
-from models.loops.chunk_restart import ChunkProgress, RegenerateWhenSooner, RestartCutsOnly
+from models.loops.chunk_rollout.restart import ChunkProgress, RegenerateWhenSooner, RestartCutsOnly
 from models.loops.requests import SessionRequest
 from models.registry import get
 from runtime.contract import ActionInput, InputEvent, InputKind, PromptInput, PromptMode

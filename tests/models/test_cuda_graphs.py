@@ -14,10 +14,10 @@ import logging
 import pytest
 import torch
 
-from models.wan.config import WanDiTConfig
-from models.wan.cuda_graphs import ChunkGraphs, ineligible
-from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
-from models.wan.transformer import ChunkCall, WanDiT
+from models.wan.dit.config import WanDiTConfig
+from models.wan.dit.cuda_graphs import ChunkGraphs, ineligible
+from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
+from models.wan.dit.transformer import ChunkCall, WanDiT
 
 GEOMETRY = SlabGeometry(sink_frames=1, window_frames=3, tokens_per_frame=6)  # 3 ring positions
 
@@ -134,7 +134,7 @@ def test_a_failed_capture_turns_graphs_off_and_the_call_still_runs(caplog) -> No
     eager = stream_two_sessions(model, make_buffer(model), chunks=6)
     graphs = ChunkGraphs(ReplayRecorder(fail=True))
     model.chunk_graphs = graphs
-    with caplog.at_level(logging.WARNING, logger="models.wan.cuda_graphs"):
+    with caplog.at_level(logging.WARNING, logger="models.wan.dit.cuda_graphs"):
         graphed = stream_two_sessions(model, make_buffer(model), chunks=6)
     assert all(torch.equal(a, b) for a, b in zip(graphed, eager, strict=True))
     assert graphs.disabled is not None and "capture failed" in graphs.disabled
@@ -198,7 +198,7 @@ def test_sealed_graphs_capture_nothing_and_run_unwarmed_calls_eagerly(caplog) ->
     graphs.seal()
     again = stream_two_sessions(model, warmed, chunks=8)  # the warmed slabs replay
     assert graphs.stats["captures"] == captured and graphs.stats["unwarmed"] == 0
-    with caplog.at_level(logging.WARNING, logger="models.wan.cuda_graphs"):
+    with caplog.at_level(logging.WARNING, logger="models.wan.dit.cuda_graphs"):
         other = stream_two_sessions(model, make_buffer(model), chunks=8)  # other addresses
     assert all(torch.equal(a, b) for a, b in zip(again + other, eager + eager, strict=True))
     assert graphs.stats["captures"] == captured  # nothing captured after the seal

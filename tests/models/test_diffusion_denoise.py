@@ -20,8 +20,8 @@ from models.loops.ops import DiffusionStepArgs
 from models.loops.requests import JobRequest
 from models.registry import get
 from models.wan.card import WAN21_T2V_SCHEDULE
-from models.wan.config import WanDiTConfig
-from models.wan.vae_config import WanVAEConfig
+from models.wan.dit.config import WanDiTConfig
+from models.wan.vae.config import WanVAEConfig
 from runtime.contract import PlanKind
 from runtime.driver import Driver, InlineContext
 from tests.models.test_text_encoder import write_checkpoint

@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.wan.attention_kernels import ATTENTION_BACKENDS, attend
-from models.wan.config import WanDiTConfig
-from models.wan.cuda_graphs import ChunkGraphs
-from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
-from models.wan.transformer import WanDiT
+from models.wan.kernels.attention import ATTENTION_BACKENDS, attend
+from models.wan.dit.config import WanDiTConfig
+from models.wan.dit.cuda_graphs import ChunkGraphs
+from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
+from models.wan.dit.transformer import WanDiT
 
 pytestmark = pytest.mark.gpu
 
@@ -34,7 +34,7 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("pv_fp8", [True, False])
 def test_fp8_kernel_on_the_wan_chunk_shape(pv_fp8: bool) -> None:
-    from models.wan.fp8_attention import fp8_attention
+    from models.wan.kernels.fp8_attention import fp8_attention
 
     q, k, v = wan_qkv()
     out = fp8_attention(q, k, v, pv_fp8=pv_fp8)

@@ -13,9 +13,9 @@ import torch
 from models.instance import InstanceError, load_instance
 from models.loops.requests import SessionRequest
 from models.registry import get
-from models.wan import attention_kernels
-from models.wan.attention import WanSelfAttention
-from models.wan.cuda_graphs import ChunkGraphs
+from models.wan.kernels import attention as attention_kernels
+from models.wan.dit.attention import WanSelfAttention
+from models.wan.dit.cuda_graphs import ChunkGraphs
 from runtime.driver import run_inline
 
 
@@ -50,7 +50,7 @@ def test_exact_levers_and_cpu_fallbacks_keep_the_frames_bit_identical(
     monkeypatch.setattr(attention_kernels, "_LOGGED", set())  # logged once per process
     reference, _ = frames(instance)
     try:
-        with caplog.at_level(logging.WARNING, logger="models.wan.attention_kernels"):
+        with caplog.at_level(logging.WARNING, logger="models.wan.kernels.attention"):
             instance.configure(attention="fp8qk-triton", cuda_graphs=True)
             kernels = {
                 m.kernel.name for m in instance.dit.modules() if isinstance(m, WanSelfAttention)

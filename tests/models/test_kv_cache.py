@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.wan.config import WanDiTConfig
-from models.wan.kv_cache import EMPTY, CacheShapeError, ChunkKVCache, WriteRun
-from models.wan.transformer import InputShapeError, WanDiT
+from models.wan.dit.config import WanDiTConfig
+from models.wan.kv.cache import EMPTY, CacheShapeError, ChunkKVCache, WriteRun
+from models.wan.dit.transformer import InputShapeError, WanDiT
 from runtime.contract import LoopState
 from runtime.snapshot import restore_state, snapshot_state
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.wan.kv_cache import CacheShapeError, ChunkKVCache
-from models.wan.kv_fp8 import E4M3_MAX, HEADROOM, Fp8Past, dequantize
-from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
+from models.wan.kv.cache import CacheShapeError, ChunkKVCache
+from models.wan.kv.fp8 import E4M3_MAX, HEADROOM, Fp8Past, dequantize
+from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
 from runtime.contract import LoopState
 from runtime.snapshot import restore_state, snapshot_state
 from tests.models.test_kv_cache import CHUNK, TOKENS, latents, make_model
@@ -219,8 +219,8 @@ def test_an_instance_serves_its_slabs_in_e4m3_when_asked() -> None:
 @pytest.mark.gpu
 @torch.no_grad()
 def test_fa3s_fp8_kernel_reads_the_cache_as_the_dequantised_reference_does() -> None:
-    from models.wan.attention_kernels import attend
-    from models.wan.kv_fp8 import cached_attention, fa3_fp8_unsupported, quantize_with
+    from models.wan.kernels.attention import attend
+    from models.wan.kv.fp8 import cached_attention, fa3_fp8_unsupported, quantize_with
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")

@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.wan import attention_kernels
-from models.wan.attention_kernels import ATTENTION_BACKENDS, Fa3Attention, select_backend
-from models.wan.library_attention import E4M3_MAX, quantize
+from models.wan.kernels import attention as attention_kernels
+from models.wan.kernels.attention import ATTENTION_BACKENDS, Fa3Attention, select_backend
+from models.wan.kernels.library import E4M3_MAX, quantize
 
-LOGGER = "models.wan.attention_kernels"
+LOGGER = "models.wan.kernels.attention"
 LIBRARY_BACKENDS = {
     "fa3": ("fa3_fwd_interface", "fa3-fwd"),
     "fa3-fp8": ("fa3_fwd_interface", "fa3-fwd"),
@@ -98,7 +98,7 @@ def test_quantize_stays_in_e4m3_range_and_round_trips(per_head) -> None:
 def test_quantize_never_overflows_into_nan_and_both_cast_paths_agree(monkeypatch) -> None:
     # the largest value lands on 448 up to rounding: it must round to 448, not past it to NaN;
     # the fused cast (mul writing e4m3) and the two-step one give the same bytes
-    from models.wan import library_attention
+    from models.wan.kernels import library as library_attention
 
     for seed in range(20):
         g = torch.Generator().manual_seed(seed)
@@ -212,7 +212,7 @@ class _FakeGraph:
 
 
 def test_cudnn_fp8_wires_its_scales_and_dequantises_an_e4m3_output(monkeypatch) -> None:
-    from models.wan import library_attention
+    from models.wan.kernels import library as library_attention
 
     fake = _FakeCudnn()
     monkeypatch.setitem(sys.modules, "cudnn", fake)

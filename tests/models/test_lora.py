@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from models.instance import load_instance
 from models.lora import AdapterError
 from models.registry import get
-from models.wan import keymaps
+from models.wan.dit import keymaps
 
 RANK = 2
 

@@ -10,10 +10,10 @@ import torch
 
 import models
 from models.checkpoint.load import save_original_format
-from models.wan.config import WanDiTConfig
-from models.wan.transformer import WanDiT
-from models.wan.vae import WanVAE
-from models.wan.vae_config import WanVAEConfig
+from models.wan.dit.config import WanDiTConfig
+from models.wan.dit.transformer import WanDiT
+from models.wan.vae.autoencoder import WanVAE
+from models.wan.vae.config import WanVAEConfig
 
 
 def test_load_transformer_and_vae_from_the_package(tmp_path) -> None:

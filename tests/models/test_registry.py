@@ -145,9 +145,9 @@ def test_public_forms_of_the_builtin_cards():
 
 
 def test_component_presets_exist_in_the_family_tables():
-    from models.wan.config import WanDiTConfig
+    from models.wan.dit.config import WanDiTConfig
     from models.wan.text_encoder import UMT5_PRESETS
-    from models.wan.vae_config import WanVAEConfig
+    from models.wan.vae.config import WanVAEConfig
 
     for card in registry.list_cards():
         if card.family != "wan":  # other families build from their own tables
@@ -164,7 +164,7 @@ def test_component_presets_exist_in_the_family_tables():
         )
         assert dit.patch_size == card.latent.patch
         if "tiny_decoder" in c:  # a tiny decoder reads the same latents, writes the same frames
-            from models.wan.taehv_config import TAEHVConfig
+            from models.wan.taehv.config import TAEHVConfig
 
             tiny = TAEHVConfig.preset(c["tiny_decoder"].preset)
             assert (tiny.latent_channels, tiny.temporal_factor, tiny.spatial_factor) == (

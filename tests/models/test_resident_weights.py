@@ -14,7 +14,7 @@ from models.checkpoint.load import save_original_format
 from models.instance import load_instance
 from models.registry import get
 from models.resident_weights import WeightUpdateError
-from models.wan import keymaps
+from models.wan.dit import keymaps
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from models.card import ParallelPlan
-from models.wan.config import WanDiTConfig
-from models.wan.kv_cache import ChunkKVCache
-from models.wan.sequence_parallel import local_kv_config
-from models.wan.transformer import WanDiT
+from models.wan.dit.config import WanDiTConfig
+from models.wan.kv.cache import ChunkKVCache
+from models.wan.dit.sequence_parallel import local_kv_config
+from models.wan.dit.transformer import WanDiT
 from tests.gloo_world import run_world
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def _rollout(dit: WanDiT, cache: ChunkKVCache) -> list[torch.Tensor]:
 
 
 def _sp_worker(rank: int, world: int) -> dict:
-    from models.wan.sequence_parallel import enable
+    from models.wan.dit.sequence_parallel import enable
 
     config = WanDiTConfig.preset("tiny")
     torch.manual_seed(0)

@@ -131,7 +131,7 @@ def test_followers_ran_the_leaders_decisions(world: list[dict]) -> None:
     ran = [(b.batch_id, b.op_name, b.loop_ids) for b in world[1]["log"]]
     assert ran == decided
     ops = {name for _, name, _ in decided}
-    # the decode is split by rows (models/wan/vae_split.py): every rank runs it; text encode
+    # the decode is split by rows (models/wan/vae/split.py): every rank runs it; text encode
     # stays on rank 0
     assert {"chunk_step", "vae_decode"} <= ops and "text_encode" not in ops
 

@@ -9,12 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from models.wan.taehv import TAEHVDecoder
-from models.wan.taehv_checkpoint import published_state_dict
-from models.wan.taehv_config import TAEHVConfig, TAEHVConfigError
-from models.wan.vae import VAEShapeError, WanVAE
-from models.wan.vae_cache import CacheMismatchError, DecoderCache
-from models.wan.vae_config import WanVAEConfig
+from models.wan.taehv.decoder import TAEHVDecoder
+from models.wan.taehv.checkpoint import published_state_dict
+from models.wan.taehv.config import TAEHVConfig, TAEHVConfigError
+from models.wan.vae.autoencoder import VAEShapeError, WanVAE
+from models.wan.vae.cache import CacheMismatchError, DecoderCache
+from models.wan.vae.config import WanVAEConfig
 from runtime.contract import LoopState
 from runtime.snapshot import restore_state, snapshot_state
 

@@ -16,11 +16,11 @@ from models.checkpoint.load import save_original_format
 from models.instance import InstanceError, load_instance
 from models.loops.requests import SessionRequest
 from models.registry import get
-from models.tinyworld.rollout import LoopStream
+from models.tinyworld.evaluation.stream import LoopStream
 from models.wan.card import WAN21_13B_CAUSAL_TAEHV
-from models.wan.taehv import TAEHVDecoder
-from models.wan.taehv_checkpoint import published_state_dict
-from models.wan.vae import WanVAE, video_to_uint8
+from models.wan.taehv.decoder import TAEHVDecoder
+from models.wan.taehv.checkpoint import published_state_dict
+from models.wan.vae.autoencoder import WanVAE, video_to_uint8
 from runtime.driver import Driver, InlineContext
 from tests.models.test_chunk_rollout import snapshot_and_resume
 

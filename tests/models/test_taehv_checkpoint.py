@@ -12,15 +12,15 @@ import safetensors.torch
 import torch
 
 from models.checkpoint.load import CheckpointFormatError, CheckpointKeyError, CheckpointShapeError
-from models.wan.taehv import TAEHVDecoder
-from models.wan.taehv_checkpoint import (
+from models.wan.taehv.decoder import TAEHVDecoder
+from models.wan.taehv.checkpoint import (
     CONFIG_METADATA_KEY,
     load_taehv,
     published_state_dict,
     save_taehv,
     taehv_key_table,
 )
-from models.wan.taehv_config import TAEHVConfig
+from models.wan.taehv.config import TAEHVConfig
 
 # the published stage layout at a few channels (64 decoder tensors, like taew2_1)
 SMALL = TAEHVConfig(widths=(8, 6, 4, 4))
@@ -147,7 +147,7 @@ def test_build_decoder_gives_a_bench_the_cards_decoder(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
     from models.registry import get
-    from models.wan.taehv_checkpoint import build_decoder
+    from models.wan.taehv.checkpoint import build_decoder
 
     def instance(card_id: str) -> SimpleNamespace:
         cpu = torch.device("cpu")

@@ -12,10 +12,10 @@ import torch
 
 from models.instance import load_instance
 from models.registry import get
-from models.wan.taehv import TAEHVDecoder
-from models.wan.taehv_checkpoint import load_taehv
-from models.wan.taehv_config import TAEHVConfig
-from models.wan.taehv_distill import (
+from models.wan.taehv.decoder import TAEHVDecoder
+from models.wan.taehv.checkpoint import load_taehv
+from models.wan.taehv.config import TAEHVConfig
+from models.wan.taehv.distill import (
     DistillConfig,
     DistillError,
     PixelLoss,
@@ -23,8 +23,8 @@ from models.wan.taehv_distill import (
     draw_latent_clips,
     teacher_frames,
 )
-from models.wan.vae import WanVAE
-from models.wan.vae_config import WanVAEConfig
+from models.wan.vae.autoencoder import WanVAE
+from models.wan.vae.config import WanVAEConfig
 from server.cli import _build_parser, main
 
 CARD = "wan-tiny-taehv-random"
@@ -38,7 +38,7 @@ def instance():
 def test_latents_are_the_cards_own_rollout_and_targets_its_full_vae(instance) -> None:
     clips = draw_latent_clips(instance, ["a red kite"], 1, 2, seed=3)
     assert [tuple(c.shape) for c in clips] == [(1, 16, 6, 8, 8)]  # 2 chunks x 3 latent frames
-    from models.tinyworld.rollout import LoopStream
+    from models.tinyworld.evaluation.stream import LoopStream
 
     stream = LoopStream(instance, "a red kite", seed=3)
     stream.next_chunk()

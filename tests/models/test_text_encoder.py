@@ -212,7 +212,7 @@ def test_presets_match_umt5_xxl_and_the_wan_cards():
         256384,
     )
     assert UMT5_PRESETS["umt5-xxl"].text_len == 512
-    from models.wan.config import PRESETS as DIT_PRESETS
+    from models.wan.dit.config import PRESETS as DIT_PRESETS
 
     for card in CARDS:
         text = UMT5_PRESETS[card.components["text_encoder"].preset]

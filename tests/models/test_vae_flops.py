@@ -12,9 +12,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from models.card import KVUpdate
 from models.instance import load_instance
 from models.registry import get
-from models.wan.flops import dit_flops
-from models.wan.vae import WanVAE
-from models.wan.vae_config import WanVAEConfig
+from models.wan.dit.flops import dit_flops
+from models.wan.vae.autoencoder import WanVAE
+from models.wan.vae.config import WanVAEConfig
 
 
 @pytest.mark.parametrize(("first", "frames"), [(True, 1), (True, 3), (False, 3), (False, 2)])

@@ -14,8 +14,8 @@ import torch
 from diffusers import AutoencoderKLWan
 
 from models.checkpoint.load import load_vae
-from models.wan.vae import VAEShapeError, WanVAE, video_to_uint8
-from models.wan.vae_config import WanVAEConfig
+from models.wan.vae.autoencoder import VAEShapeError, WanVAE, video_to_uint8
+from models.wan.vae.config import WanVAEConfig
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,4 +1,4 @@
-"""The Wan VAE decode split by rows over 2 gloo processes (models/wan/vae_split.py) against the
+"""The Wan VAE decode split by rows over 2 gloo processes (models/wan/vae/split.py) against the
 same decode in one process, on the tiny VAE preset with random weights.
 
 One stream of four chunks (1, 2, 3, 3 latent frames: a first frame alone, then whole chunks) on
@@ -24,8 +24,8 @@ TOLERANCE = 1e-5
 
 
 def _vae():
-    from models.wan.vae import WanVAE
-    from models.wan.vae_config import WanVAEConfig
+    from models.wan.vae.autoencoder import WanVAE
+    from models.wan.vae.config import WanVAEConfig
 
     torch.manual_seed(0)
     vae = WanVAE(WanVAEConfig.preset("tiny")).eval()
@@ -43,7 +43,7 @@ def _latents() -> list[torch.Tensor]:
 def _worker(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
-    from models.wan.vae_split import RowSplitVAE
+    from models.wan.vae.split import RowSplitVAE
 
     vae, zs = _vae(), _latents()
     out: dict = {}
@@ -72,7 +72,7 @@ def _cross_the_channel(split) -> dict:
     import gc
     import pickle
 
-    from models.wan.vae_split import _STREAMS
+    from models.wan.vae.split import _STREAMS
 
     first = split.new_decoder_cache(1, H, W)
     first.buffers[0].fill_(1.0)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.wan.vae import VAEShapeError, WanVAE
-from models.wan.vae_cache import CacheMismatchError, DecoderCache
-from models.wan.vae_config import WanVAEConfig
+from models.wan.vae.autoencoder import VAEShapeError, WanVAE
+from models.wan.vae.cache import CacheMismatchError, DecoderCache
+from models.wan.vae.config import WanVAEConfig
 from runtime.contract import LoopState
 from runtime.snapshot import restore_state, snapshot_state
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from models.instance import load_instance
-from models.loops.chunk_restart import RestartCutsOnly
+from models.loops.chunk_rollout.restart import RestartCutsOnly
 from models.loops.requests import SessionRequest
 from models.registry import get
 from runtime.contract import InputEvent, InputKind, PromptInput

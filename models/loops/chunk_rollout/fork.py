@@ -17,7 +17,7 @@ import msgspec
 import torch
 
 from models.loops.requests import SessionRequest
-from models.wan.kv_slabs import SlabGeometry
+from models.wan.kv.slabs import SlabGeometry
 
 __all__ = ["fork_state"]
 

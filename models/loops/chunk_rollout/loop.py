@@ -25,7 +25,7 @@ KV update): a prompt switch, the latest action (none -> no-op), the audio that a
 input that changes the picture (a switch, a *cut*, an action whose keys differ from the chunk
 in flight) may instead restart the in-flight chunk at this step boundary, when the model's
 ``RestartPolicy`` says regenerating shows it sooner than finishing (``models.loops.
-chunk_restart``; never once the chunk's frames are decoded or its K/V cached): the chunk
+chunk_rollout.restart``; never once the chunk's frames are decoded or its K/V cached): the chunk
 starts again at its position with everything pending latched. A cut starts a new segment,
 continuing from the session's chunk-KV without a re-cache; a switch re-caches first. Plans
 list the changing inputs their chunk reflects (``WorkPlan.inputs``) so the runtime can time
@@ -50,11 +50,11 @@ sigmas, the prompt and the digest of its embedding, digests of the latched actio
 audio features, segment, latent position, K/V window, precision, the restart policy that
 decided its inputs' latching): recorded at generation time, never reconstructed (a restarted
 chunk's are those of the attempt that was decoded). ``fork`` continues a state as a new stream
-(fork candidates; ``models.loops.rollout_fork``).
+(fork candidates; ``models.loops.chunk_rollout.fork``).
 
 This module is the state machine (which plan comes next, how a result and an input move the
-state); the plans themselves are built by ``models.loops.chunk_plans.ChunkPlanner`` and the
-state is ``models.loops.chunk_rollout_state.ChunkRolloutState``.
+state); the plans themselves are built by ``models.loops.chunk_rollout.plans.ChunkPlanner`` and the
+state is ``models.loops.chunk_rollout.state.ChunkRolloutState``.
 """
 
 from __future__ import annotations
@@ -66,16 +66,16 @@ from typing import Any
 import torch
 
 from models.card import KVUpdate, LoopSpec
-from models.loops.chunk_plans import ChunkPlanner
-from models.loops.chunk_restart import ChunkProgress, RestartKind
-from models.loops.chunk_rollout_state import ChunkRolloutState, Phase
+from models.loops.chunk_rollout.plans import ChunkPlanner
+from models.loops.chunk_rollout.restart import ChunkProgress, RestartKind
+from models.loops.chunk_rollout.state import ChunkRolloutState, Phase
 from models.loops.digests import host_digest
 from models.loops.inputs import AUDIO_SAMPLE_RATE, action_vector, audio_features, normalize_keys
 from models.loops.model import LoopModel
 from models.loops.requests import JobRequest, SessionRequest
-from models.loops.rollout_fork import fork_state
+from models.loops.chunk_rollout.fork import fork_state
 from models.loops.sampling import sigma_steps
-from models.wan.transformer import CrossKV
+from models.wan.dit.transformer import CrossKV
 from runtime.contract import (
     ActionInput,
     AudioInput,
@@ -397,7 +397,7 @@ class ChunkRollout:
     def fork(
         self, state: ChunkRolloutState, request: SessionRequest, model: Any = None
     ) -> ChunkRolloutState:
-        """A continuation of ``state`` as a new stream (``models.loops.rollout_fork``)."""
+        """A continuation of ``state`` as a new stream (``models.loops.chunk_rollout.fork``)."""
         return fork_state(self._m, state, request)
 
     def _chunks_for(self, num_frames: int, c: int) -> int:

@@ -12,8 +12,8 @@ import enum
 
 import torch
 
-from models.wan.kv_cache import ChunkKVCache
-from models.wan.vae_cache import DecoderCache
+from models.wan.kv.cache import ChunkKVCache
+from models.wan.vae.cache import DecoderCache
 from runtime.contract import InputKind, LoopState
 
 __all__ = ["ChunkRolloutState", "Phase"]

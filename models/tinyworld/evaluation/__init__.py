@@ -1,1 +1,3 @@
-"""`dreamrt eval tiny-world`: a synchronous stream through the real loop, the pixel-statistics classifiers and the scored evaluation."""
+"""`dreamrt eval tiny-world`: a synchronous stream through the real loop, the pixel-statistics
+classifiers and the scored evaluation.
+"""

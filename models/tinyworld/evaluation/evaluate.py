@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from models.loops.inputs import AUDIO_SAMPLE_RATE
-from models.tinyworld.classify import FrameClassifier, FrameReading
-from models.tinyworld.rollout import LoopStream
+from models.tinyworld.evaluation.classify import FrameClassifier, FrameReading
+from models.tinyworld.evaluation.stream import LoopStream
 from models.tinyworld.vocab import COLOURS, SHAPES, TERRAINS, WorldSpec, prompt_text
 from runtime.contract import AudioInput, PromptInput
 

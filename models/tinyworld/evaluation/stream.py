@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from models.loops.chunk_rollout_state import ChunkRolloutState
+from models.loops.chunk_rollout.state import ChunkRolloutState
 from models.loops.requests import SessionRequest
 from runtime.contract import (
     ActionInput,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.tinyworld.data import Clips
+from models.tinyworld.training.data import Clips
 from models.tinyworld.geometry import CHUNK_FRAMES
 
 __all__ = ["Pair", "near_sprite_mask"]

@@ -27,8 +27,8 @@ from __future__ import annotations
 import torch
 
 from models.tinyworld.prediction import PixelDiT
-from models.wan.conditioning import sinusoidal_embedding
-from models.wan.rope import rope_cos_sin
+from models.wan.dit.conditioning import sinusoidal_embedding
+from models.wan.dit.rope import rope_cos_sin
 
 __all__ = ["TeacherForcingShapeError", "pair_mask", "pair_prediction"]
 

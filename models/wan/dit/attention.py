@@ -1,7 +1,7 @@
 """Wan's two attentions: 3D-RoPE self-attention (optionally over cached K/V) and cross-attention.
 
 Parameter names follow the original Wan checkpoints (``q``, ``k``, ``v``, ``o``, ``norm_q``,
-``norm_k``); ``models/wan/keymaps.py`` maps diffusers' names onto them. Q/K RMS-norm runs across
+``norm_k``); ``models/wan/dit/keymaps.py`` maps diffusers' names onto them. Q/K RMS-norm runs across
 all heads (``qk_norm="rms_norm_across_heads"``) before the split into heads, as in Wan2.1.
 """
 
@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.wan.attention_kernels import ATTENTION_BACKENDS, AttentionBackend, attend
-from models.wan.kv_fp8 import Fp8Past, cached_attention
-from models.wan.rope import apply_rope
+from models.wan.kernels.attention import ATTENTION_BACKENDS, AttentionBackend, attend
+from models.wan.kv.fp8 import Fp8Past, cached_attention
+from models.wan.dit.rope import apply_rope
 
 __all__ = ["ATTENTION_BACKENDS", "WanCrossAttention", "WanSelfAttention", "attend"]
 
@@ -41,14 +41,14 @@ class WanSelfAttention(_Projections):
     """Self-attention of one block; returns this call's (post-RoPE) K and V for caching.
 
     ``past`` holds K/V of earlier tokens (already rotated at their own positions), prepended to
-    this call's K/V, or an ``Fp8Past`` (an e4m3 cache, ``models/wan/kv_fp8.py``); ``mask``
+    this call's K/V, or an ``Fp8Past`` (an e4m3 cache, ``models/wan/kv/fp8.py``); ``mask``
     (True = attend) covers ``past`` tokens followed by this call's.
-    ``kernel`` (set by ``WanInstance.compile``; ``models/wan/attention_kernels.py``) computes
+    ``kernel`` (set by ``WanInstance.compile``; ``models/wan/kernels/attention.py``) computes
     the attention; None is SDPA with PyTorch's kernel choice.
     """
 
     kernel: AttentionBackend | None = None
-    # Ulysses over a process group (models/wan/sequence_parallel.py); None: one process
+    # Ulysses over a process group (models/wan/dit/sequence_parallel.py); None: one process
     sequence_parallel: Any = None
 
     def forward(

@@ -1,6 +1,6 @@
 """One Wan2.1 DiT block (self-attention, cross-attention, FFN under AdaLN modulation) and the
 output head. Numerics follow diffusers: layer norms, modulation and residual updates in
-float32, cast back to the model dtype. ``models/wan/transformer.py`` stacks them."""
+float32, cast back to the model dtype. ``models/wan/dit/transformer.py`` stacks them."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.wan.attention import WanCrossAttention, WanSelfAttention
-from models.wan.config import WanDiTConfig
-from models.wan.kv_fp8 import Fp8Past
+from models.wan.dit.attention import WanCrossAttention, WanSelfAttention
+from models.wan.dit.config import WanDiTConfig
+from models.wan.kv.fp8 import Fp8Past
 
 __all__ = ["WanBlock", "WanHead"]
 

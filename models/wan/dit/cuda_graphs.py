@@ -45,7 +45,7 @@ import torch
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE  # (torch's own name for a graph memory pool)
 
-from models.wan.transformer import ChunkCall, CrossKV
+from models.wan.dit.transformer import ChunkCall, CrossKV
 
 __all__ = ["ChunkGraphs", "GraphRecorder", "CudaRecorder", "ineligible"]
 
@@ -196,7 +196,7 @@ class _Slot:
 
 class ChunkGraphs:
     """Captures and replays CUDA graphs of ``WanDiT._chunk_body`` (module docstring); implements
-    ``models.wan.transformer.ChunkRunner``. ``max_slots`` bounds the (shape, cache) slots kept
+    ``models.wan.dit.transformer.ChunkRunner``. ``max_slots`` bounds the (shape, cache) slots kept
     (least recently used dropped first: caches outside a slab buffer come and go)."""
 
     def __init__(self, recorder: GraphRecorder | None = None, *, max_slots: int = 32) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from models.wan.config import WanDiTConfig
+from models.wan.dit.config import WanDiTConfig
 
 __all__ = ["dit_flops"]
 

@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast, overload
 
-from models.wan.config import WanDiTConfig
+from models.wan.dit.config import WanDiTConfig
 
 __all__ = [
     "CONFIG_METADATA_KEY",

@@ -16,7 +16,7 @@ Either one always computes a step with nothing cached and the schedule's last st
 output is the sample). Threshold 0 never reuses: the output is bit-identical to the plain
 forward. The policies are stateless; what they remember lives in the loop's
 ``plugin_state`` per CFG branch (``BranchCache``), moved in and out by
-``models/wan/step_hooks.py``. Deciding reads one float per branch from the device (a host
+``models/wan/dit/step_hooks.py``. Deciding reads one float per branch from the device (a host
 sync per step): the price of content-adaptive skipping.
 """
 

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from models.wan.config import WanDiTConfig
-from models.wan.rope import apply_rope
+from models.wan.dit.config import WanDiTConfig
+from models.wan.dit.rope import apply_rope
 
 __all__ = ["SequenceShards", "enable", "local_kv_config"]
 

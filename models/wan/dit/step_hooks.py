@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from models.wan.residual_caches import BranchCache, ResidualCache
+from models.wan.dit.residual_caches import BranchCache, ResidualCache
 
 __all__ = ["BRANCHES", "StepHookCall", "StepHooks"]
 

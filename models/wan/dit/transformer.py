@@ -12,13 +12,13 @@ One module, three entry points sharing every layer:
 
 Parameter names are the original Wan ones (``blocks.N.self_attn.q``, ``head.head`` ...); note
 that in Wan ``norm3`` is the cross-attention norm and ``norm2`` the FFN norm. The block and the
-head are ``models/wan/block.py``, the FLOP count ``models/wan/flops.py``. Forward paths have no
+head are ``models/wan/dit/block.py``, the FLOP count ``models/wan/dit/flops.py``. Forward paths have no
 host syncs and no data-dependent control flow.
 
 ``forward_chunk`` does its host-side bookkeeping (shape checks, where the K/V writes go, which
 keys to attend to, the RoPE tables of its position) first and then runs the device work as one
 ``ChunkCall`` through ``_chunk_body``, or through ``chunk_graphs`` when one is set
-(``models/wan/cuda_graphs.py``: CUDA graphs of the steady-state call, same numerics).
+(``models/wan/dit/cuda_graphs.py``: CUDA graphs of the steady-state call, same numerics).
 """
 
 from __future__ import annotations
@@ -31,22 +31,22 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import torch
 from torch import nn
 
-from models.wan.block import WanBlock, WanHead
-from models.wan.conditioning import (
+from models.wan.dit.block import WanBlock, WanHead
+from models.wan.dit.conditioning import (
     HookEmbedding,
     sinusoidal_embedding,
     text_embedding,
     time_embedding,
     time_projection,
 )
-from models.wan.config import WanDiTConfig
-from models.wan.flops import dit_flops
-from models.wan.kv_cache import ChunkKVCache, WriteRun
-from models.wan.kv_fp8 import Fp8Past
-from models.wan.rope import rope_cos_sin
+from models.wan.dit.config import WanDiTConfig
+from models.wan.dit.flops import dit_flops
+from models.wan.kv.cache import ChunkKVCache, WriteRun
+from models.wan.kv.fp8 import Fp8Past
+from models.wan.dit.rope import rope_cos_sin
 
 if TYPE_CHECKING:
-    from models.wan.sequence_parallel import SequenceShards
+    from models.wan.dit.sequence_parallel import SequenceShards
 
 __all__ = [
     "ChunkCall",
@@ -112,7 +112,7 @@ class ChunkCall:
 
 
 class ChunkRunner(Protocol):
-    """Runs ``body(call)`` - or work equal to it, bit for bit (``models/wan/cuda_graphs.py``)."""
+    """Runs ``body(call)`` - or work equal to it, bit for bit (``models/wan/dit/cuda_graphs.py``)."""
 
     def run(self, body: Callable[[ChunkCall], torch.Tensor], call: ChunkCall) -> torch.Tensor: ...
 
@@ -129,7 +129,7 @@ class WanDiT(nn.Module):
     """
 
     chunk_graphs: ChunkRunner | None = None
-    # Ulysses token shards (models/wan/sequence_parallel.py): None runs every token here
+    # Ulysses token shards (models/wan/dit/sequence_parallel.py): None runs every token here
     sequence_parallel: SequenceShards | None = None
 
     def __init__(self, config: WanDiTConfig) -> None:

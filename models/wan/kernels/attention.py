@@ -6,14 +6,14 @@
 | ``sdpa`` | SDPA, PyTorch's choice (cuDNN's fused kernel on the H200 with torch 2.11) | exact |
 | ``flash`` / ``cudnn`` | SDPA with that kernel tried first | exact |
 | ``sage`` | ``sageattention`` 1.0.x (PyPI; pure Triton): INT8 Q K^T per block, FP16 P V | lossy |
-| ``fp8-triton`` | ours (``models/wan/fp8_attention.py``): e4m3 Q K^T and P V | lossy |
+| ``fp8-triton`` | ours (``models/wan/kernels/fp8_attention.py``): e4m3 Q K^T and P V | lossy |
 | ``fp8qk-triton`` | ours: e4m3 Q K^T, P V in V's 16-bit dtype | lossy |
 | ``fa3`` | FlashAttention-3's Hopper forward (PyPI ``fa3-fwd``, prebuilt), bf16 | exact |
 | ``fa3-fp8`` | the same, e4m3 Q, K, V with per-(batch, head) scales, bf16 out | lossy |
 | ``cudnn-fp8`` | cuDNN's FP8 attention (``nvidia-cudnn-frontend``), per-tensor scales | lossy |
 
 The library backends and what each candidate library needs on the H200 (sizes, JIT, FP8):
-``models/wan/library_attention.py``.
+``models/wan/kernels/library.py``.
 
 ``auto`` prefers FA3 because it is the fastest exact kernel measured on the H200 (1.05 ms per
 call against cuDNN's 1.10 at 4,680 x 18,720; 28.8 FPS against 27.1 in the GPU-session bench,
@@ -233,23 +233,23 @@ class SageAttention(LowPrecisionAttention):
 
 @dataclass(eq=False)
 class Fp8TritonAttention(LowPrecisionAttention):
-    """Our Triton e4m3 flash attention (``models/wan/fp8_attention.py``); ``pv_fp8=False``
+    """Our Triton e4m3 flash attention (``models/wan/kernels/fp8_attention.py``); ``pv_fp8=False``
     keeps P V in 16 bits. Needs FP8 tensor cores (compute capability >= 8.9)."""
 
     name: str = "fp8-triton"
     pv_fp8: bool = True
-    head_dims: tuple[int, ...] = (32, 64, 128)  # models.wan.fp8_attention.HEAD_DIMS
+    head_dims: tuple[int, ...] = (32, 64, 128)  # models.wan.kernels.fp8_attention.HEAD_DIMS
     fp8_cores: bool = True
 
     def missing(self) -> str | None:
         try:
-            importlib.import_module("models.wan.fp8_attention")
+            importlib.import_module("models.wan.kernels.fp8_attention")
         except Exception as exc:  # Triton not installed
             return f"Triton kernel not importable ({type(exc).__name__}: {exc})"
         return None
 
     def run(self, q, k, v):
-        from models.wan.fp8_attention import fp8_attention
+        from models.wan.kernels.fp8_attention import fp8_attention
 
         return fp8_attention(q, k, v, pv_fp8=self.pv_fp8)
 
@@ -267,7 +267,7 @@ class Fa3Attention(LowPrecisionAttention):
     head_dims: tuple[int, ...] = (32, 64, 96, 128, 192, 256)
 
     def missing(self) -> str | None:
-        from models.wan.library_attention import FA3_MODULE, library_missing
+        from models.wan.kernels.library import FA3_MODULE, library_missing
 
         return library_missing(FA3_MODULE, "fa3-fwd")
 
@@ -281,7 +281,7 @@ class Fa3Attention(LowPrecisionAttention):
         return None
 
     def run(self, q, k, v):
-        from models.wan.library_attention import fa3_attention
+        from models.wan.kernels.library import fa3_attention
 
         return fa3_attention(q, k, v, fp8=self.fp8)
 
@@ -296,12 +296,12 @@ class CudnnFp8Attention(LowPrecisionAttention):
     fp8_cores: bool = True
 
     def missing(self) -> str | None:
-        from models.wan.library_attention import CUDNN_MODULE, library_missing
+        from models.wan.kernels.library import CUDNN_MODULE, library_missing
 
         return library_missing(CUDNN_MODULE, "nvidia-cudnn-frontend")
 
     def run(self, q, k, v):
-        from models.wan.library_attention import cudnn_fp8_attention
+        from models.wan.kernels.library import cudnn_fp8_attention
 
         return cudnn_fp8_attention(q, k, v)
 

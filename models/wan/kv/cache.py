@@ -21,7 +21,7 @@ on. ``attention_mask`` covers any other layout (a cache restored with holes)
 A cache is plain data and a member of its loop's state: ops read and write it in place and a
 snapshot serializes it directly (a ``msgspec.Struct``; ``slot_positions`` uses -1 for an empty
 slot). Its buffers are either a session's slab of a ``KVSlabBuffer`` (views: no per-session
-allocation, see ``models/wan/kv_slabs.py``) or, for a job or a test, its own (``allocate``).
+allocation, see ``models/wan/kv/slabs.py``) or, for a job or a test, its own (``allocate``).
 Size a geometry beforehand with ``bytes_for`` (admission); ``copy_from`` forks one cache into
 another. Writes go through ``plan_write`` -> ``write`` (per layer) -> ``commit``; the plan is
 host-side integer arithmetic, the writes are slice copies, so nothing syncs with the device.
@@ -29,7 +29,7 @@ host-side integer arithmetic, the writes are slice copies, so nothing syncs with
 **FP8.** A cache allocated with ``dtype=torch.float8_e4m3fn`` stores e4m3 K/V plus one float32
 descale per (layer, sample, head) (``k_descale``, ``v_descale``; 0 until the first write sets
 it): writes quantise, and ``layer_past`` hands attention an ``Fp8Past`` it reads as stored
-(``models/wan/kv_fp8.py``). Half the bytes of a bf16 slab, so twice the sessions per slab GiB.
+(``models/wan/kv/fp8.py``). Half the bytes of a bf16 slab, so twice the sessions per slab GiB.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import msgspec
 import torch
 
-from models.wan.config import WanDiTConfig
-from models.wan.kv_fp8 import Fp8Past, calibrated, quantize_with
+from models.wan.dit.config import WanDiTConfig
+from models.wan.kv.fp8 import Fp8Past, calibrated, quantize_with
 
 __all__ = ["EMPTY", "CacheShapeError", "ChunkKVCache", "WriteRun"]
 

@@ -102,7 +102,7 @@ def fa3_fp8_unsupported(q: torch.Tensor, mask: torch.Tensor | None) -> str | Non
         return "not a Hopper GPU (FA3's kernels are sm90)"
     if q.shape[3] not in (64, 96, 128, 192, 256):
         return f"head dim {q.shape[3]}"
-    from models.wan.library_attention import FA3_MODULE, library_missing
+    from models.wan.kernels.library import FA3_MODULE, library_missing
 
     return library_missing(FA3_MODULE, "fa3-fwd")
 
@@ -159,7 +159,7 @@ def _fp8_kv_attention(
         )
         return out.to(q.dtype).contiguous()
     _note(reason)
-    from models.wan.attention_kernels import attend
+    from models.wan.kernels.attention import attend
 
     kd, vd = dequantize(k8, k_descale, q.dtype), dequantize(v8, v_descale, q.dtype)
     return attend(q, kd, vd, mask).unflatten(-1, (q.shape[2], q.shape[3])).contiguous()

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from models.wan.config import WanDiTConfig
-from models.wan.kv_cache import CacheShapeError, ChunkKVCache
+from models.wan.dit.config import WanDiTConfig
+from models.wan.kv.cache import CacheShapeError, ChunkKVCache
 
 __all__ = ["KVSlabBuffer", "SlabGeometry"]
 
@@ -71,7 +71,7 @@ class KVSlabBuffer:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.valid = torch.zeros((num_slabs, slots), device=device, dtype=torch.bool)
-        # an e4m3 buffer's descales: [layers, N slabs, heads] fp32 (models/wan/kv_fp8.py)
+        # an e4m3 buffer's descales: [layers, N slabs, heads] fp32 (models/wan/kv/fp8.py)
         self.k_descale: torch.Tensor | None = None
         self.v_descale: torch.Tensor | None = None
         if dtype == torch.float8_e4m3fn:

@@ -43,8 +43,8 @@ from models.checkpoint.load import (
     resolve,
     validate,
 )
-from models.wan.taehv import TAEHVDecoder
-from models.wan.taehv_config import TAEHVConfig, TAEHVConfigError
+from models.wan.taehv.decoder import TAEHVDecoder
+from models.wan.taehv.config import TAEHVConfig, TAEHVConfigError
 
 __all__ = [
     "CONFIG_METADATA_KEY",
@@ -160,7 +160,7 @@ def build_decoder(instance: Any, *, weights: str | Path | None = None) -> TAEHVD
     """A TAEHV decoder for a loaded Wan instance, on its device and dtype: from ``weights``
     (any form ``load_taehv`` reads), else seeded random weights; the card's ``tiny_decoder``
     preset if it has one, else ``taew2_1``; compiled if the instance is. The factory
-    ``dreamrt bench gpu-session --tiny-decoder models.wan.taehv_checkpoint:build_decoder`` swaps
+    ``dreamrt bench gpu-session --tiny-decoder models.wan.taehv.checkpoint:build_decoder`` swaps
     in for ``+taehv``."""
     spec = instance.card.components.get("tiny_decoder")
     config = TAEHVConfig.preset(spec.preset if spec is not None else "taew2_1")

@@ -1,5 +1,5 @@
 """``dreamrt train tiny-decoder --card CARD``: distil a TAEHV tiny decoder from a card's full VAE
-on the card's own latents (``models.wan.taehv_distill``); prints a JSON summary.
+on the card's own latents (``models.wan.taehv.distill``); prints a JSON summary.
 
 Exit codes: 0 success, 1 the recipe could not run (the message says why), 2 bad usage.
 """
@@ -66,7 +66,7 @@ def _train(args: argparse.Namespace) -> int:
     from models.checkpoint.load import CheckpointError
     from models.instance import InstanceError
     from models.registry import UnknownModelError, get
-    from models.wan.taehv_distill import DistillConfig, DistillError, PixelLoss, distill
+    from models.wan.taehv.distill import DistillConfig, DistillError, PixelLoss, distill
 
     prompts = ()
     if args.prompts is not None:

@@ -2,7 +2,7 @@
 "Tiny AutoEncoder for Hunyuan Video"; ``taew2_1`` is its published Wan 2.1 decoder), as a
 latent codec the loops decode with in place of the full Wan VAE.
 
-    dec = TAEHVDecoder(TAEHVConfig.preset("taew2_1"))   # or models.wan.taehv_checkpoint.load_taehv
+    dec = TAEHVDecoder(TAEHVConfig.preset("taew2_1"))   # or models.wan.taehv.checkpoint.load_taehv
     cache = dec.new_decoder_cache(1, h, w)              # once per session: static buffers
     for z_chunk in stream:                              # DiT latents, e.g. 3 frames per chunk
         frames = dec.decode_chunk(z_chunk, cache)       # [1, 3, n, 8h, 8w] in [-1, 1]
@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.wan.taehv_config import TAEHVConfig
-from models.wan.vae import VAEShapeError, conv_flops
-from models.wan.vae_cache import DecoderCache, SlotSpec
+from models.wan.taehv.config import TAEHVConfig
+from models.wan.vae.autoencoder import VAEShapeError, conv_flops
+from models.wan.vae.cache import DecoderCache, SlotSpec
 
 __all__ = ["MemBlock", "TAEHVDecoder", "TAEHVNet", "TAEHVStage"]
 

@@ -23,10 +23,10 @@ from typing import cast
 import torch
 from torch import nn
 
-from models.wan.vae_blocks import AttentionBlock, MidBlock, ResidualBlock, UpBlock
-from models.wan.vae_cache import DecoderCache, EncoderCache
-from models.wan.vae_coders import Decoder, Encoder
-from models.wan.vae_config import WanVAEConfig
+from models.wan.vae.blocks import AttentionBlock, MidBlock, ResidualBlock, UpBlock
+from models.wan.vae.cache import DecoderCache, EncoderCache
+from models.wan.vae.coders import Decoder, Encoder
+from models.wan.vae.config import WanVAEConfig
 
 __all__ = ["VAEShapeError", "WanVAE", "conv_flops", "video_to_uint8"]
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.wan.vae_blocks import (
+from models.wan.vae.blocks import (
     CausalConv3d,
     Downsample,
     MidBlock,
@@ -25,8 +25,8 @@ from models.wan.vae_blocks import (
     RMSNorm,
     UpBlock,
 )
-from models.wan.vae_cache import CausalCache, SlotSpec
-from models.wan.vae_config import WanVAEConfig
+from models.wan.vae.cache import CausalCache, SlotSpec
+from models.wan.vae.config import WanVAEConfig
 
 __all__ = ["Decoder", "Encoder"]
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from models.wan.keymaps import DIFFUSERS, ORIGINAL
-from models.wan.vae_config import WanVAEConfig
+from models.wan.dit.keymaps import DIFFUSERS, ORIGINAL
+from models.wan.vae.config import WanVAEConfig
 
 __all__ = [
     "CONFIG_METADATA_KEY",

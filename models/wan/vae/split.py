@@ -41,7 +41,7 @@ resumed session's decoder history would be rank 0's band only).
 Numerics: the same convolutions and attention on fewer output rows, with the same inputs; the
 gloo test states the tolerance against one process (tests/models/test_vae_split.py).
 Hooks: ``row_split`` on ``CausalConv3d``, ``Upsample`` and ``AttentionBlock``
-(``models/wan/vae_blocks.py``), set by ``enable``; None = one process, the unchanged path.
+(``models/wan/vae/blocks.py``), set by ``enable``; None = one process, the unchanged path.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.loops.ops import DecodeOp
-from models.wan.vae import WanVAE
-from models.wan.vae_blocks import AttentionBlock, CausalConv3d, Upsample
-from models.wan.vae_cache import DecoderCache
+from models.wan.vae.autoencoder import WanVAE
+from models.wan.vae.blocks import AttentionBlock, CausalConv3d, Upsample
+from models.wan.vae.cache import DecoderCache
 
 __all__ = ["BandCache", "RowBands", "RowSplitVAE", "SplitDecodeOp", "enable", "split_decode"]
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from infra.bench.quality_guard import _judge, lever_config, print_table, run_guard
-from models.tinyworld.classify import FrameClassifier
-from models.tinyworld.evaluate import THRESHOLDS
+from models.tinyworld.evaluation.classify import FrameClassifier
+from models.tinyworld.evaluation.evaluate import THRESHOLDS
 
 
 def test_levers_compose_and_unknown_or_clashing_ones_are_refused() -> None:

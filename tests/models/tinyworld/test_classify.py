@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from models.tinyworld.classify import FrameClassifier
+from models.tinyworld.evaluation.classify import FrameClassifier
 from models.tinyworld.vocab import BACKGROUNDS, SHAPES, WorldSpec, prompt_text
 from models.tinyworld.world import World
 

@@ -10,8 +10,8 @@ import pytest
 
 from models.instance import load_instance
 from models.registry import get
-from models.tinyworld.evaluate import EvalReport, evaluate
-from models.tinyworld.rollout import LoopStream
+from models.tinyworld.evaluation.evaluate import EvalReport, evaluate
+from models.tinyworld.evaluation.stream import LoopStream
 from runtime.contract import PromptInput
 
 

@@ -6,7 +6,7 @@ import torch
 
 from models.tinyworld.components import load_checkpoint, new_components, save_checkpoint
 from models.tinyworld.prediction import PixelDiT
-from models.wan.kv_cache import ChunkKVCache
+from models.wan.kv.cache import ChunkKVCache
 
 
 def _dit(seed: int = 0) -> PixelDiT:

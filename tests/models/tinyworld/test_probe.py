@@ -6,7 +6,7 @@ import torch
 
 from models.loops.inputs import ACTION_DIM, ACTION_KEYS
 from models.tinyworld.components import new_components
-from models.tinyworld.probe import ActionProbe, rotate_keys
+from models.tinyworld.training.probe import ActionProbe, rotate_keys
 
 
 def _action(*keys: str) -> torch.Tensor:

@@ -8,12 +8,12 @@ import torch
 
 from models.tinyworld.card import TINY_WORLD
 from models.tinyworld.components import new_components
-from models.tinyworld.teacher_forcing import (
+from models.tinyworld.training.teacher_forcing import (
     TeacherForcingShapeError,
     pair_mask,
     pair_prediction,
 )
-from models.wan.kv_cache import ChunkKVCache
+from models.wan.kv.cache import ChunkKVCache
 
 TOLERANCE = TINY_WORLD.parity.tolerances["teacher_forced_vs_chunk_rollout"]
 
