@@ -112,9 +112,9 @@ def _worker(args: argparse.Namespace) -> dict:
     import torch.distributed as dist
 
     from models.wan.dit.config import WanDiTConfig
-    from models.wan.kv.cache import ChunkKVCache
     from models.wan.dit.sequence_parallel import enable, local_kv_config
     from models.wan.dit.transformer import WanDiT, param_dtype
+    from models.wan.kv.cache import ChunkKVCache
     from models.wan.vae.split import RowSplitVAE
 
     rank, world, device, dtype = _join(args)

@@ -32,8 +32,8 @@ from collections.abc import Callable
 
 import torch
 
-from models.wan.taehv.decoder import TAEHVDecoder
 from models.wan.taehv.config import TAEHVConfig
+from models.wan.taehv.decoder import TAEHVDecoder
 from models.wan.vae.autoencoder import WanVAE, video_to_uint8
 from models.wan.vae.cache import DecoderCache
 from models.wan.vae.config import WanVAEConfig

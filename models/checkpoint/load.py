@@ -45,9 +45,9 @@ from models.checkpoint.errors import (
     listing,
 )
 from models.wan.dit import keymaps
-from models.wan.vae import keymap as vae_keymap
 from models.wan.dit.config import WanDiTConfig
 from models.wan.dit.transformer import WanDiT, param_dtype
+from models.wan.vae import keymap as vae_keymap
 from models.wan.vae.autoencoder import WanVAE
 from models.wan.vae.config import WanVAEConfig
 

@@ -23,12 +23,12 @@ from models.compile_guard import CompileGuard
 from models.instance.errors import InstanceError
 from models.precompiled import Region, aot_supported
 from models.wan.dit.attention import WanSelfAttention
-from models.wan.kernels.attention import UnknownBackendError, select_backend
 from models.wan.dit.config import WanDiTConfig
 from models.wan.dit.cuda_graphs import ChunkGraphs
+from models.wan.dit.transformer import WanDiT, block_past_length
+from models.wan.kernels.attention import UnknownBackendError, select_backend
 from models.wan.kernels.fp8_linear import quantize_linears
 from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
-from models.wan.dit.transformer import WanDiT, block_past_length
 from models.wan.vae.cache import coder_call
 
 __all__ = ["InstanceLevers"]

@@ -48,10 +48,10 @@ from models.loops.registry import build_loop
 from models.loops.rollout_group import group_loop
 from models.lora import LoRAAdapters
 from models.resident_weights import ResidentWeights
+from models.wan.dit.transformer import WanDiT
 from models.wan.kv.cache import ChunkKVCache
 from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
 from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache
-from models.wan.dit.transformer import WanDiT
 from runtime.contract import Loop
 
 __all__ = ["InstanceError", "WanInstance", "load_instance"]

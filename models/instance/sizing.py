@@ -15,8 +15,8 @@ import torch
 from models.card import KVUpdate, LatentSpec, ModelCard, Profile
 from models.loops.chunk_rollout.plans import steady_chunk_plans
 from models.wan.dit.config import WanDiTConfig
-from models.wan.kv.cache import ChunkKVCache
 from models.wan.dit.transformer import WanDiT, dit_flops
+from models.wan.kv.cache import ChunkKVCache
 
 __all__ = ["InstanceSizing"]
 

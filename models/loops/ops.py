@@ -15,9 +15,9 @@ from typing import Any, Protocol
 import torch
 
 from models.loops.digests import host_digest
-from models.wan.kv.cache import ChunkKVCache
 from models.wan.dit.step_hooks import StepHookCall
 from models.wan.dit.transformer import CrossKV, WanDiT
+from models.wan.kv.cache import ChunkKVCache
 from models.wan.vae.autoencoder import video_to_uint8
 from models.wan.vae.cache import DecoderCache
 

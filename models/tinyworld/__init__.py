@@ -5,6 +5,6 @@ audio pulses; the card (``card``) serves a small Wan-architecture chunk-causal D
 latents (``codec``, ``prediction``, ``text``, ``components``) through the shared
 ``chunk_rollout`` loop; the recipe (``training/``: ``data``, ``pairs``, ``teacher_forcing``,
 ``probe``, ``recipe``) trains it on clips of that world; ``evaluation/`` (``evaluate``, with
-``classify`` and ``stream``) scores it through the real loop; ``cli`` adds ``dreamrt train|eval tiny-world``. The shipped weights live in
-``weights/``.
+``classify`` and ``stream``) scores it through the real loop; ``cli``
+adds ``dreamrt train|eval tiny-world``. The shipped weights live in ``weights/``.
 """

@@ -4,7 +4,8 @@ Pure data (no torch at import). A Wan-architecture chunk-causal DiT (preset ``ti
 ``models.tinyworld.config``) over pixel latents (``PixelCodec``), conditioned by a learned
 word-embedding text encoder and by the action and audio hooks. Weights ship in the repository
 (``models/tinyworld/weights/tiny-world.safetensors``); the recipe that made them is
-``models.tinyworld.training.recipe`` and its exact command is the card's ``RecipeSpec.training_command``.
+``models.tinyworld.training.recipe`` and its exact command is the card's
+``RecipeSpec.training_command``.
 """
 
 from __future__ import annotations

@@ -364,7 +364,8 @@ WAN21_T2V_TINY_RANDOM = ModelCard(
 
 # --------------------------------------------------------------------------------------------
 # The same causal cards decoding with a tiny streaming decoder (TAEHV architecture,
-# models/wan/taehv/decoder.py) instead of the full VAE: the DiT, its recipe and the loops are unchanged;
+# models/wan/taehv/decoder.py) instead of the full VAE: the DiT, its recipe and the loops are
+# unchanged;
 # ``vae_decode`` names the ``tiny_decoder`` component, so sessions stream with it and its cache
 # unless they ask for ``"decoder": "full"``. The full VAE stays a component, optional in the
 # manifest: loaded when it is there (sessions may pick it, jobs decode with it), and the

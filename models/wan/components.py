@@ -21,10 +21,10 @@ from models.card import ComponentKind, ComponentSpec, ModelCard
 from models.instance import InstanceError
 from models.loops.inputs import ACTION_DIM, AUDIO_DIM
 from models.wan.dit.config import WanDiTConfig
-from models.wan.taehv.decoder import TAEHVDecoder
-from models.wan.taehv.config import TAEHVConfig
-from models.wan.text_encoder import UMT5TextEncoder
 from models.wan.dit.transformer import WanDiT
+from models.wan.taehv.config import TAEHVConfig
+from models.wan.taehv.decoder import TAEHVDecoder
+from models.wan.text_encoder import UMT5TextEncoder
 from models.wan.vae.autoencoder import WanVAE
 from models.wan.vae.config import WanVAEConfig
 

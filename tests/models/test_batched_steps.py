@@ -20,8 +20,8 @@ from models.loops.ops import ChunkDenoiseArgs
 from models.loops.requests import SessionRequest
 from models.registry import get
 from models.wan.dit.config import WanDiTConfig
-from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
 from models.wan.dit.transformer import InputShapeError, WanDiT
+from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
 from runtime.contract import Emission, Priority, Stream
 from runtime.cost import CostModel
 from runtime.driver import run_inline

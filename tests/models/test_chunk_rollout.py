@@ -12,9 +12,9 @@ import torch
 
 from models.card import CardError
 from models.instance import load_instance
+from models.loops.chunk_rollout.loop import ChunkRolloutState, Phase
 from models.loops.chunk_rollout.plans import ChunkPlanner
 from models.loops.chunk_rollout.restart import RestartCutsOnly
-from models.loops.chunk_rollout.loop import ChunkRolloutState, Phase
 from models.loops.requests import JobRequest, SessionRequest
 from models.registry import get
 from runtime.contract import (

@@ -16,8 +16,8 @@ import torch
 
 from models.wan.dit.config import WanDiTConfig
 from models.wan.dit.cuda_graphs import ChunkGraphs, ineligible
-from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
 from models.wan.dit.transformer import ChunkCall, WanDiT
+from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
 
 GEOMETRY = SlabGeometry(sink_frames=1, window_frames=3, tokens_per_frame=6)  # 3 ring positions
 

@@ -22,9 +22,9 @@ from models.loops.requests import JobRequest, SessionRequest
 from models.registry import get
 from models.wan.card import WAN21_13B_CAUSAL
 from models.wan.components import build_decoders
-from models.wan.taehv.decoder import TAEHVDecoder
 from models.wan.taehv.checkpoint import load_taehv, published_state_dict, taehv_key_table
 from models.wan.taehv.config import TAEHVConfig
+from models.wan.taehv.decoder import TAEHVDecoder
 from models.wan.vae.autoencoder import WanVAE, video_to_uint8
 from runtime.contract import Done, PlanKind, StepResult
 from runtime.driver import Driver, InlineContext

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from models.wan.dit.config import WanDiTConfig
+from models.wan.dit.transformer import WanDiT
 from models.wan.kernels.fp8_linear import E4M3_MAX, Fp8Linear, quantize_linears
 from models.wan.kv.cache import ChunkKVCache
-from models.wan.dit.transformer import WanDiT
 
 
 def test_fp8_linear_matches_the_float_product_within_e4m3_precision() -> None:

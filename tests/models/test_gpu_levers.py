@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.wan.kernels.attention import ATTENTION_BACKENDS, attend
 from models.wan.dit.config import WanDiTConfig
 from models.wan.dit.cuda_graphs import ChunkGraphs
-from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
 from models.wan.dit.transformer import WanDiT
+from models.wan.kernels.attention import ATTENTION_BACKENDS, attend
+from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
 
 pytestmark = pytest.mark.gpu
 

@@ -13,9 +13,9 @@ import torch
 from models.instance import InstanceError, load_instance
 from models.loops.requests import SessionRequest
 from models.registry import get
-from models.wan.kernels import attention as attention_kernels
 from models.wan.dit.attention import WanSelfAttention
 from models.wan.dit.cuda_graphs import ChunkGraphs
+from models.wan.kernels import attention as attention_kernels
 from runtime.driver import run_inline
 
 

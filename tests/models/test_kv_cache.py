@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from models.wan.dit.config import WanDiTConfig
-from models.wan.kv.cache import EMPTY, CacheShapeError, ChunkKVCache, WriteRun
 from models.wan.dit.transformer import InputShapeError, WanDiT
+from models.wan.kv.cache import EMPTY, CacheShapeError, ChunkKVCache, WriteRun
 from runtime.contract import LoopState
 from runtime.snapshot import restore_state, snapshot_state
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from models.wan.dit.config import WanDiTConfig
+from models.wan.dit.transformer import WanDiT
 from models.wan.kv.cache import CacheShapeError, ChunkKVCache
 from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
-from models.wan.dit.transformer import WanDiT
 
 GEOMETRY = SlabGeometry(sink_frames=1, window_frames=2, tokens_per_frame=6)
 CHUNK = 2

@@ -15,9 +15,9 @@ import torch
 
 from models.card import ParallelPlan
 from models.wan.dit.config import WanDiTConfig
-from models.wan.kv.cache import ChunkKVCache
 from models.wan.dit.sequence_parallel import local_kv_config
 from models.wan.dit.transformer import WanDiT
+from models.wan.kv.cache import ChunkKVCache
 from tests.gloo_world import run_world
 
 pytestmark = pytest.mark.slow

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from models.wan.taehv.decoder import TAEHVDecoder
 from models.wan.taehv.checkpoint import published_state_dict
 from models.wan.taehv.config import TAEHVConfig, TAEHVConfigError
+from models.wan.taehv.decoder import TAEHVDecoder
 from models.wan.vae.autoencoder import VAEShapeError, WanVAE
 from models.wan.vae.cache import CacheMismatchError, DecoderCache
 from models.wan.vae.config import WanVAEConfig

@@ -18,8 +18,8 @@ from models.loops.requests import SessionRequest
 from models.registry import get
 from models.tinyworld.evaluation.stream import LoopStream
 from models.wan.card import WAN21_13B_CAUSAL_TAEHV
-from models.wan.taehv.decoder import TAEHVDecoder
 from models.wan.taehv.checkpoint import published_state_dict
+from models.wan.taehv.decoder import TAEHVDecoder
 from models.wan.vae.autoencoder import WanVAE, video_to_uint8
 from runtime.driver import Driver, InlineContext
 from tests.models.test_chunk_rollout import snapshot_and_resume

@@ -12,7 +12,6 @@ import safetensors.torch
 import torch
 
 from models.checkpoint.load import CheckpointFormatError, CheckpointKeyError, CheckpointShapeError
-from models.wan.taehv.decoder import TAEHVDecoder
 from models.wan.taehv.checkpoint import (
     CONFIG_METADATA_KEY,
     load_taehv,
@@ -21,6 +20,7 @@ from models.wan.taehv.checkpoint import (
     taehv_key_table,
 )
 from models.wan.taehv.config import TAEHVConfig
+from models.wan.taehv.decoder import TAEHVDecoder
 
 # the published stage layout at a few channels (64 decoder tensors, like taew2_1)
 SMALL = TAEHVConfig(widths=(8, 6, 4, 4))

@@ -12,9 +12,9 @@ import torch
 
 from models.instance import load_instance
 from models.registry import get
-from models.wan.taehv.decoder import TAEHVDecoder
 from models.wan.taehv.checkpoint import load_taehv
 from models.wan.taehv.config import TAEHVConfig
+from models.wan.taehv.decoder import TAEHVDecoder
 from models.wan.taehv.distill import (
     DistillConfig,
     DistillError,

@@ -15,9 +15,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from models.checkpoint.load import load_transformer
 from models.wan.dit.config import ConfigError, WanDiTConfig
 from models.wan.dit.flops import dit_flops
-from models.wan.kv.cache import ChunkKVCache
 from models.wan.dit.rope import rope_cos_sin
 from models.wan.dit.transformer import InputShapeError, WanDiT
+from models.wan.kv.cache import ChunkKVCache
 
 TOLERANCE = 1e-5
 

@@ -66,6 +66,7 @@ from typing import Any
 import torch
 
 from models.card import KVUpdate, LoopSpec
+from models.loops.chunk_rollout.fork import fork_state
 from models.loops.chunk_rollout.plans import ChunkPlanner
 from models.loops.chunk_rollout.restart import ChunkProgress, RestartKind
 from models.loops.chunk_rollout.state import ChunkRolloutState, Phase
@@ -73,7 +74,6 @@ from models.loops.digests import host_digest
 from models.loops.inputs import AUDIO_SAMPLE_RATE, action_vector, audio_features, normalize_keys
 from models.loops.model import LoopModel
 from models.loops.requests import JobRequest, SessionRequest
-from models.loops.chunk_rollout.fork import fork_state
 from models.loops.sampling import sigma_steps
 from models.wan.dit.transformer import CrossKV
 from runtime.contract import (

@@ -21,14 +21,14 @@ from typing import Any
 
 import torch
 
+from models.loops.chunk_rollout.capture import chunk_capture
 from models.loops.chunk_rollout.state import ChunkRolloutState
 from models.loops.model import LoopModel
 from models.loops.ops import ChunkDenoiseArgs, DecodeArgs, KVWriteArgs
-from models.loops.chunk_rollout.capture import chunk_capture
 from models.loops.sampling import SigmaStep, noise_seed
 from models.wan.dit.flops import dit_flops
-from models.wan.kv.cache import EMPTY
 from models.wan.dit.transformer import CrossKV
+from models.wan.kv.cache import EMPTY
 from runtime.contract import (
     AppliedMeta,
     EmitSpec,

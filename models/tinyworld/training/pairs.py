@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from models.tinyworld.training.data import Clips
 from models.tinyworld.geometry import CHUNK_FRAMES
+from models.tinyworld.training.data import Clips
 
 __all__ = ["Pair", "near_sprite_mask"]
 

@@ -23,12 +23,12 @@ from typing import Any
 import torch
 
 from models.loops.inputs import ACTION_KEYS
-from models.tinyworld.training.data import ClipSampler
 from models.tinyworld.geometry import CHUNK_FRAMES, SCHEDULE
-from models.tinyworld.training.pairs import Pair, near_sprite_mask
 from models.tinyworld.prediction import PixelDiT
-from models.tinyworld.training.teacher_forcing import pair_prediction
 from models.tinyworld.text import WordTextEncoder
+from models.tinyworld.training.data import ClipSampler
+from models.tinyworld.training.pairs import Pair, near_sprite_mask
+from models.tinyworld.training.teacher_forcing import pair_prediction
 
 __all__ = ["PROBE_SIGMAS", "ActionProbe", "rotate_keys"]
 

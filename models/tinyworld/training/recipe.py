@@ -49,13 +49,13 @@ import torch
 from models.loops.sampling import SigmaStep, sigma_steps
 from models.tinyworld.card import CHECKPOINT_FILE, TRAINING_COMMAND
 from models.tinyworld.components import load_checkpoint, new_components, save_checkpoint
-from models.tinyworld.training.data import ClipSampler
 from models.tinyworld.geometry import CHUNK_FRAMES, SCHEDULE, SINK_FRAMES, WINDOW_FRAMES
-from models.tinyworld.training.pairs import Pair, near_sprite_mask
 from models.tinyworld.prediction import PixelDiT
+from models.tinyworld.text import WordTextEncoder
+from models.tinyworld.training.data import ClipSampler
+from models.tinyworld.training.pairs import Pair, near_sprite_mask
 from models.tinyworld.training.probe import ActionProbe
 from models.tinyworld.training.teacher_forcing import pair_prediction
-from models.tinyworld.text import WordTextEncoder
 
 __all__ = ["PHASE1_FILE", "TrainConfig", "TrainGeometryError", "train"]
 

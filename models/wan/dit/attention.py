@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from models.wan.dit.rope import apply_rope
 from models.wan.kernels.attention import ATTENTION_BACKENDS, AttentionBackend, attend
 from models.wan.kv.fp8 import Fp8Past, cached_attention
-from models.wan.dit.rope import apply_rope
 
 __all__ = ["ATTENTION_BACKENDS", "WanCrossAttention", "WanSelfAttention", "attend"]
 

@@ -12,8 +12,8 @@ One module, three entry points sharing every layer:
 
 Parameter names are the original Wan ones (``blocks.N.self_attn.q``, ``head.head`` ...); note
 that in Wan ``norm3`` is the cross-attention norm and ``norm2`` the FFN norm. The block and the
-head are ``models/wan/dit/block.py``, the FLOP count ``models/wan/dit/flops.py``. Forward paths have no
-host syncs and no data-dependent control flow.
+head are ``models/wan/dit/block.py``, the FLOP count ``models/wan/dit/flops.py``. Forward paths
+have no host syncs and no data-dependent control flow.
 
 ``forward_chunk`` does its host-side bookkeeping (shape checks, where the K/V writes go, which
 keys to attend to, the RoPE tables of its position) first and then runs the device work as one
@@ -41,9 +41,9 @@ from models.wan.dit.conditioning import (
 )
 from models.wan.dit.config import WanDiTConfig
 from models.wan.dit.flops import dit_flops
+from models.wan.dit.rope import rope_cos_sin
 from models.wan.kv.cache import ChunkKVCache, WriteRun
 from models.wan.kv.fp8 import Fp8Past
-from models.wan.dit.rope import rope_cos_sin
 
 if TYPE_CHECKING:
     from models.wan.dit.sequence_parallel import SequenceShards
@@ -112,7 +112,7 @@ class ChunkCall:
 
 
 class ChunkRunner(Protocol):
-    """Runs ``body(call)`` - or work equal to it, bit for bit (``models/wan/dit/cuda_graphs.py``)."""
+    """Runs ``body(call)`` or work equal to it, bit for bit (``models/wan/dit/cuda_graphs.py``)."""
 
     def run(self, body: Callable[[ChunkCall], torch.Tensor], call: ChunkCall) -> torch.Tensor: ...
 

@@ -43,8 +43,8 @@ from models.checkpoint.load import (
     resolve,
     validate,
 )
-from models.wan.taehv.decoder import TAEHVDecoder
 from models.wan.taehv.config import TAEHVConfig, TAEHVConfigError
+from models.wan.taehv.decoder import TAEHVDecoder
 
 __all__ = [
     "CONFIG_METADATA_KEY",

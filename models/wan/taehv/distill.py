@@ -35,9 +35,9 @@ from typing import Any
 import torch
 
 from models.card import ComponentKind, ModelCard
-from models.wan.taehv.decoder import TAEHVDecoder
 from models.wan.taehv.checkpoint import load_taehv, save_taehv
 from models.wan.taehv.config import TAEHVConfig, TAEHVConfigError
+from models.wan.taehv.decoder import TAEHVDecoder
 
 __all__ = ["DistillConfig", "DistillError", "PixelLoss", "distill", "draw_latent_clips"]
 
@@ -138,7 +138,9 @@ def draw_latent_clips(
     """Latent clips of the card's own sessions: ``[1, C, chunks * c, h, w]`` each, in the DiT's
     latent space, from each stream's first frame; stops early (after at least one) once
     ``clock()`` passes ``deadline``."""
-    from models.tinyworld.evaluation.stream import LoopStream  # the model-side synchronous loop driver
+    from models.tinyworld.evaluation.stream import (
+        LoopStream,  # the model-side synchronous loop driver
+    )
 
     out: list[torch.Tensor] = []
     for i in range(clips):

@@ -9,8 +9,8 @@ import torch
 
 from models.tinyworld.components import load_checkpoint
 from models.tinyworld.config import dit_preset
-from models.tinyworld.training.data import ClipSampler
 from models.tinyworld.prediction import PixelDiT
+from models.tinyworld.training.data import ClipSampler
 from models.tinyworld.training.recipe import PHASE1_FILE, TrainConfig, train
 
 
