@@ -2,10 +2,10 @@
 
 Random Wan weights cannot show quality; tiny-world is a trained model. Every lever runs
 ``models.tinyworld.evaluation.evaluate`` (the four thresholds of ``dreamrt eval tiny-world``)
-on a fresh instance in ONE process, with the same seeds, the same scripted inputs and one calibrated frame
-classifier, so the rows differ by the lever alone. A lever **passes** if all four thresholds
-still pass and no thresholded metric drops more than 1 point (percentage point) below the
-``off`` row; only a lever that passes may become a serving default.
+on a fresh instance in ONE process, with the same seeds, the same scripted inputs and one
+calibrated frame classifier, so the rows differ by the lever alone. A lever **passes** if all
+four thresholds still pass and no thresholded metric drops more than 1 point (percentage point)
+below the ``off`` row; only a lever that passes may become a serving default.
 
 Levers (``--levers``, comma-separated; ``+`` combines, e.g. ``fp8attn+fp8``), named as the GPU
 session bench names them:
