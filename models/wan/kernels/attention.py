@@ -257,7 +257,7 @@ class Fp8TritonAttention(LowPrecisionAttention):
 @dataclass(eq=False)
 class Fa3Attention(LowPrecisionAttention):
     """FlashAttention-3's Hopper forward from the ``fa3-fwd`` wheel (prebuilt sm90 kernels, no
-    JIT); ``fp8``: e4m3 operands (``library_attention.quantize`` per batch and head). Its
+    JIT); ``fp8``: e4m3 operands (``library.quantize`` per batch and head). Its
     build has no FP16 kernels, so the bf16 mode takes bf16 only."""
 
     name: str = "fa3"

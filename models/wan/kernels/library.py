@@ -1,4 +1,4 @@
-"""Attention kernels of other libraries, as the backends of ``attention_kernels`` call them.
+"""Attention kernels of other libraries, as the backends of ``kernels.attention`` call them.
 
 What each candidate library needs on the H200 machine (torch 2.11+cu130, Python 3.12, no
 network, nvcc 13.0 present; everything carried travels in 64 MiB *in all*, the ~9 MB working

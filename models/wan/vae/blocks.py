@@ -31,7 +31,7 @@ __all__ = [
 
 NO_SLOT = -1
 
-# ``row_split`` hooks (a ``models.wan.vae.split.RowBands``, set by ``vae_split.enable`` on the
+# ``row_split`` hooks (a ``models.wan.vae.split.RowBands``, set by ``split.enable`` on the
 # decoder's modules; None = one process, the unchanged path): the modules that look across
 # rows - 3x3 convs and the mid-block attention - fetch their neighbours' rows through it.
 
