@@ -249,9 +249,35 @@ class Region:
     def _compile(
         self, key: str, full: tuple[Any, ...], marks: Sequence[tuple[torch.Tensor, int]]
     ) -> Any:
+        began = time.perf_counter()
+        try:
+            fn = self._aot_compile(full, marks)
+        except Exception as exc:  # noqa: BLE001 - a graph break, or a torch without aot_compile
+            if marks and type(exc).__name__ == "ConstraintViolationError":
+                # a dimension the rule marks is one the code specialises: this region's
+                # graphs are static from now on (those compiled already keep their keys)
+                log.warning("%s: dynamic dimensions dropped (%s)", self.name, _first_line(exc))
+                self._dynamic = None
+                key = signature(full[1:])
+                try:
+                    fn = self._aot_compile(full, ())
+                except Exception as again:  # noqa: BLE001 - as above
+                    self._fall_back(f"{type(again).__name__}: {_first_line(again)}")
+                    return None
+                self._entries.setdefault(key, []).append(fn)
+                self._fast[key] = fn
+            else:
+                self._fall_back(f"{type(exc).__name__}: {_first_line(exc)}")
+                return None
+        _check_guards_once(fn)
+        self.stats.compile_s += time.perf_counter() - began
+        self.stats.compiled += 1
+        self._save(key, fn)
+        return fn
+
+    def _aot_compile(self, full: tuple[Any, ...], marks: Sequence[tuple[torch.Tensor, int]]) -> Any:
         for tensor, dim in marks:
             torch._dynamo.mark_dynamic(tensor, dim)
-        began = time.perf_counter()
         try:
             with _aot_enabled():
                 compiler: Any = torch.compile(
@@ -259,19 +285,10 @@ class Region:
                     fullgraph=True,
                     options={"guard_filter_fn": _serializable_guards},
                 )
-                fn = compiler.aot_compile((full, {}))
-        except Exception as exc:  # noqa: BLE001 - a graph break, or a torch without aot_compile
-            first_line = str(exc).splitlines()[0] if str(exc) else ""
-            self._fall_back(f"{type(exc).__name__}: {first_line}")
-            return None
+                return compiler.aot_compile((full, {}))
         finally:
             for tensor, _ in marks:
                 _unmark(tensor)
-        _check_guards_once(fn)
-        self.stats.compile_s += time.perf_counter() - began
-        self.stats.compiled += 1
-        self._save(key, fn)
-        return fn
 
     def _save(self, key: str, fn: Any) -> None:
         if self._store is None:
@@ -300,6 +317,11 @@ class Region:
             self._guard.wrap(module, self.name)
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else ""
+
+
 def _check_guards_once(fn: Any) -> None:
     """Calls of an artifact skip its guards: ``Region._resolve`` checked them once for the
     call's signature (the signature holds what they would check per call)."""
@@ -324,8 +346,18 @@ def _serializable_guards(entries: Sequence[Any]) -> list[bool]:
     ]
 
 
+_MARKINGS = (
+    "_dynamo_dynamic_indices",
+    "_dynamo_dynamic_range",
+    "_dynamo_hint_overrides",
+    "_specialize_on",
+    "_has_dynamo_dim_marking",
+)
+
+
 def _unmark(tensor: torch.Tensor) -> None:
-    """Undo ``mark_dynamic`` on a live tensor (it may be a session's buffer, seen again)."""
-    for attr in ("_dynamo_dynamic_indices", "_dynamo_dynamic_range"):
-        if hasattr(tensor, attr):
+    """Undo ``mark_dynamic`` on a live tensor (it may be a session's buffer, seen again: a
+    marking left on it would fail the guards of an artifact compiled without it)."""
+    for attr in _MARKINGS:
+        if attr in tensor.__dict__:
             delattr(tensor, attr)

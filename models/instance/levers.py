@@ -29,7 +29,7 @@ from models.wan.cuda_graphs import ChunkGraphs
 from models.wan.fp8 import quantize_linears
 from models.wan.kv_slabs import KVSlabBuffer, SlabGeometry
 from models.wan.transformer import WanDiT, block_past_length
-from models.wan.vae_cache import coder_call
+from models.wan.vae_cache import coder_call, coder_dynamic
 
 __all__ = ["InstanceLevers"]
 
@@ -205,7 +205,14 @@ class InstanceLevers:
         ]
         for module, name in self._compiled_modules()[len(blocks) :]:
             regions.append(
-                Region(name, type(module).forward, [module], self.compile_guard, adapt=coder_call)
+                Region(
+                    name,
+                    type(module).forward,
+                    [module],
+                    self.compile_guard,
+                    dynamic=coder_dynamic,
+                    adapt=coder_call,
+                )
             )
         return regions
 

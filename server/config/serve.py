@@ -21,7 +21,7 @@ from server.config.limits import Limits
 
 __all__ = ["GROUPS", "ServerConfig"]
 
-_WEB_DIR = Path(__file__).resolve().parent.parent / "clients" / "web"
+_WEB_DIR = Path(__file__).resolve().parents[2] / "clients" / "web"
 
 
 @dataclass(frozen=True, slots=True)
