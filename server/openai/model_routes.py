@@ -28,7 +28,7 @@ router = APIRouter(prefix="/v1/models", route_class=OpenAIRoute)
 _STARTED_AT = int(time.time())
 
 
-def _model(card: Any, served: Any) -> dict[str, Any]:
+def _model(card: Any, served: Any) -> dict[str, object]:
     # a served card as this process serves it (e.g. its chunk length in the latency mode)
     public = (served[card.model_id].card if card.model_id in served else card).to_public()
     entry = {"id": card.model_id, "object": "model", "created": _STARTED_AT, "owned_by": "dreamrt"}
@@ -40,7 +40,7 @@ def _model(card: Any, served: Any) -> dict[str, Any]:
 
 
 @router.get("", response_model=ModelList, response_model_exclude_none=True)
-async def list_models(request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def list_models(request: Request, grant: AuthGrant) -> dict[str, object]:
     """Every card; ``served`` marks those this process serves, ``examples`` and ``controls``
     are what a page shows of a card (example prompts, the controls legend)."""
     require_general(grant)
@@ -51,7 +51,7 @@ async def list_models(request: Request, grant: AuthGrant) -> dict[str, Any]:
 
 
 @router.get("/{model_id}", response_model=ModelObject, response_model_exclude_none=True)
-async def get_model(model_id: str, request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def get_model(model_id: str, request: Request, grant: AuthGrant) -> dict[str, object]:
     require_general(grant)
     from models import registry
 

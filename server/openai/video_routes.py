@@ -106,7 +106,7 @@ async def list_videos(
     after: Annotated[str, Query(max_length=64)] | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Videos newest first (``order=asc``: oldest first); ``after``: the last id of the page
     before."""
     require_general(grant)
@@ -149,7 +149,7 @@ async def get_video(video_id: str, request: Request, grant: AuthGrant) -> JSONRe
 
 
 @router.delete("/{video_id}")
-async def delete_video(video_id: str, request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def delete_video(video_id: str, request: Request, grant: AuthGrant) -> dict[str, object]:
     require_general(grant)
     ctx = ctx_of(request)
     await _find(ctx, video_id)
