@@ -186,7 +186,7 @@ class WanInstance(InstanceSizing, InstanceDecoders, InstanceLevers):
         self.extensions: dict[str, Any] = dict(extensions or {})
         self.block_observers: tuple[Any, ...] = tuple(block_observers)
 
-    def shard_sequence(self, group: dist.ProcessGroup) -> None:
+    def shard_sequence(self, group: dist.ProcessGroup | None) -> None:
         """Ulysses over ``group`` (models/wan/sequence_parallel.py); slabs get H/sp heads."""
         from models.wan.sequence_parallel import enable, local_kv_config
 

@@ -73,7 +73,7 @@ class RowBands:
     index in it (band ``rank`` of ``size``, top to bottom). ``exchanges`` counts collectives.
     """
 
-    def __init__(self, group: dist.ProcessGroup) -> None:
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
         self.group = group
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -118,12 +118,14 @@ class RowBands:
         """Rank 0: every band concatenated along ``dim``; other ranks: their own ``x``."""
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(self.size)] if self.rank == 0 else None
-        dist.gather(x, parts, dst=dist.get_global_rank(self.group, 0), group=self.group)
+        # the default group (None) is the world: its rank 0 is global rank 0
+        first = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        dist.gather(x, parts, dst=first, group=self.group)
         self.exchanges += 1
         return torch.cat(parts, dim=dim) if parts is not None else x
 
 
-def enable(vae: WanVAE, group: dist.ProcessGroup) -> RowBands:
+def enable(vae: WanVAE, group: dist.ProcessGroup | None) -> RowBands:
     """Make ``vae``'s decoder decode a band of rows over ``group`` (module docstring); the
     encoder is untouched. Every rank must hold the same weights."""
     bands = RowBands(group)
@@ -142,7 +144,7 @@ class RowSplitVAE:
     band-sized ``DecoderCache``; rank 0 returns whole frames [B, 3, n, 8h, 8w], the others
     their band. Every rank must call it alike (collectives inside)."""
 
-    def __init__(self, vae: WanVAE, group: dist.ProcessGroup) -> None:
+    def __init__(self, vae: WanVAE, group: dist.ProcessGroup | None) -> None:
         self.vae = vae
         self.bands = enable(vae, group)
         self.config = vae.config
@@ -255,7 +257,7 @@ class SplitDecodeOp(DecodeOp):
         super().set_overlap(False, device)
 
 
-def split_decode(instance: Any, group: dist.ProcessGroup, latent_height: int) -> bool:
+def split_decode(instance: Any, group: dist.ProcessGroup | None, latent_height: int) -> bool:
     """Decode ``instance``'s streams split by rows over ``group`` (every rank calls it alike);
     False (nothing changes: rank 0 decodes alone) for a codec that is not a ``WanVAE`` or a
     ``latent_height`` that does not split."""
