@@ -13,7 +13,8 @@ started: a card has no creation date of its own. Errors answer in OpenAI's shape
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
 
@@ -23,12 +24,16 @@ from server.openai.schemas import ModelList, ModelObject
 
 __all__ = ["router"]
 
+if TYPE_CHECKING:
+    from models.card import ModelCard
+    from sessions.served_models import ServedModel
+
 router = APIRouter(prefix="/v1/models", route_class=OpenAIRoute)
 
 _STARTED_AT = int(time.time())
 
 
-def _model(card: Any, served: Any) -> dict[str, object]:
+def _model(card: ModelCard, served: Mapping[str, ServedModel]) -> dict[str, object]:
     # a served card as this process serves it (e.g. its chunk length in the latency mode)
     public = (served[card.model_id].card if card.model_id in served else card).to_public()
     entry = {"id": card.model_id, "object": "model", "created": _STARTED_AT, "owned_by": "dreamrt"}
