@@ -200,7 +200,7 @@ class EncoderCache(CausalCache):
     """The encoder's feature cache for one ``WanVAE.encode`` call."""
 
 
-def coder_call(args: tuple[Any, ...]) -> tuple[Any, ...]:
+def coder_call(args: tuple[object, ...]) -> tuple[object, ...]:
     """A compiled coder's call arguments with each ``CausalCache`` among them replaced by the
     view it compiles against: the same buffers, ``frames_seen`` 0 (the stream's first chunk) or
     1 (any later one; module docstring) and no ``grid_hw`` (``(0, 0)``: the coders read the
@@ -214,7 +214,7 @@ def coder_call(args: tuple[Any, ...]) -> tuple[Any, ...]:
     )
 
 
-def coder_dynamic(args: tuple[Any, ...]) -> list[tuple[torch.Tensor, int]]:
+def coder_dynamic(args: tuple[object, ...]) -> list[tuple[torch.Tensor, int]]:
     """The dimensions one compiled coder graph keeps symbolic (``models.precompiled``): the
     grid (the last two dimensions) of the latents and of every cache buffer, so one graph
     serves every size of the compiled set. (The chunk's frame count stays static: the tiny
@@ -228,5 +228,6 @@ def coder_dynamic(args: tuple[Any, ...]) -> list[tuple[torch.Tensor, int]]:
         buffers = arg.buffers if isinstance(arg, CausalCache) else arg
         if isinstance(buffers, list):
             for buffer in buffers:
-                marks += [(buffer, buffer.ndim - 2), (buffer, buffer.ndim - 1)]
+                if isinstance(buffer, torch.Tensor):
+                    marks += [(buffer, buffer.ndim - 2), (buffer, buffer.ndim - 1)]
     return marks
