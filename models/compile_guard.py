@@ -31,12 +31,12 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import torch
 
-__all__ = ["CompileGuard"]
+__all__ = ["CompileGuard", "GraphCapture"]
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,17 @@ _HOOKED = False
 _HOOK_LOCK = threading.Lock()
 
 
-def _on_dynamo_compile(args: Any) -> None:
+class GraphCapture(Protocol):
+    """What the guard reads and seals of an instance's CUDA graphs (``ChunkGraphs``)."""
+
+    stats: dict[str, int]
+
+    def seal(self) -> None: ...
+
+    def unseal(self) -> None: ...
+
+
+def _on_dynamo_compile(args: object) -> None:
     for guard in list(_GUARDS):
         guard.dynamo_compile_started()
 
@@ -64,8 +74,8 @@ def _hook_dynamo() -> None:
             _HOOKED = True
 
 
-def _shapes(values: Any) -> tuple:
-    out: list[Any] = []
+def _shapes(values: Iterable[object]) -> tuple[object, ...]:
+    out: list[object] = []
     for v in values:
         if isinstance(v, torch.Tensor):
             out.append(tuple(v.shape))
@@ -85,18 +95,18 @@ class CompileGuard:
         self._lock = threading.Lock()
         self._dynamo = 0
         self._outside: set[tuple] = set()
-        self._graphs: Any = None  # the instance's ChunkGraphs, when it replays CUDA graphs
+        self._graphs: GraphCapture | None = None  # the instance's ChunkGraphs, if any
         self._captures_at_seal = 0
         _GUARDS.add(self)
 
     def wrap(self, module: torch.nn.Module, name: str) -> None:
         """Route ``module``'s compiled calls (after ``module.compile()``) through the guard."""
-        compiled: Callable[..., Any] | None = module._compiled_call_impl
+        compiled: Callable[..., object] | None = module._compiled_call_impl
         if compiled is None:
             raise ValueError(f"module {name!r} is not compiled (call module.compile() first)")
         eager = module._call_impl
 
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: object, **kwargs: object) -> object:
             if not self.sealed:
                 return compiled(*args, **kwargs)
             try:
@@ -109,7 +119,7 @@ class CompileGuard:
 
         module._compiled_call_impl = call
 
-    def seal(self, graphs: Any = None, *, enforce: bool = True) -> None:
+    def seal(self, graphs: GraphCapture | None = None, *, enforce: bool = True) -> None:
         """From now on nothing compiles or captures (module docstring); ``graphs``: the
         instance's ``ChunkGraphs`` or None. ``enforce=False`` (nothing was warmed up): count
         what compiles from now on, but let it compile."""

@@ -39,19 +39,42 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 import torch
 from torch import nn
 
 from models.compile_guard import CompileGuard
 
-__all__ = ["Region", "RegionStats", "aot_supported", "signature"]
+if TYPE_CHECKING:
+    from torch._dynamo.types import GuardFilterEntry
+
+__all__ = ["Artifact", "Region", "RegionReport", "RegionStats", "aot_supported", "signature"]
 
 log = logging.getLogger(__name__)
 
 # (tensor, dimension) pairs of a call's arguments that one compiled graph keeps symbolic
-DynamicRule = Callable[[tuple[Any, ...]], Sequence[tuple[torch.Tensor, int]]]
+DynamicRule = Callable[[tuple[object, ...]], Sequence[tuple[torch.Tensor, int]]]
+
+
+class Artifact(Protocol):
+    """One compiled graph with its guards (torch's ``AOTCompiledFunction``)."""
+
+    def __call__(self, *args: object) -> object: ...
+
+    def save_compiled_function(self, path: str) -> object: ...
+
+
+class RegionReport(TypedDict):
+    """``Region.report``: what a region did in this process."""
+
+    signatures: int
+    compiled: int
+    loaded: int
+    compile_s: float
+    load_s: float
+    eager: int
+    fallbacks: list[str]
 
 
 def aot_supported() -> bool:
@@ -60,7 +83,7 @@ def aot_supported() -> bool:
         return hasattr(torch.compile(lambda: None), "aot_compile")
 
 
-def _aot_enabled() -> Any:
+def _aot_enabled() -> contextlib.AbstractContextManager[object]:
     """Dynamo's switch for ``aot_compile`` on (torch 2.10-2.12 keep it behind
     ``torch._dynamo.config.enable_aot_compile``; later torch has no switch)."""
     import torch._dynamo.config as dynamo_config
@@ -70,7 +93,7 @@ def _aot_enabled() -> Any:
     return contextlib.nullcontext()
 
 
-def _load_artifact(path: Path) -> Any:
+def _load_artifact(path: Path) -> Artifact:
     """An artifact ``save_compiled_function`` wrote (``torch.compiler.load_compiled_function``,
     or the class method it wraps where torch does not export it)."""
     load = getattr(torch.compiler, "load_compiled_function", None)
@@ -82,7 +105,7 @@ def _load_artifact(path: Path) -> Any:
         return AOTCompiledFunction.deserialize(file.read(), None, None)
 
 
-def _describe(value: Any, dynamic: dict[int, frozenset[int]]) -> Any:
+def _describe(value: object, dynamic: dict[int, frozenset[int]]) -> object:
     """One argument as plain data (module docstring: ``signature``)."""
     if isinstance(value, torch.Tensor):
         dims = dynamic.get(id(value), frozenset())
@@ -103,7 +126,7 @@ def _describe(value: Any, dynamic: dict[int, frozenset[int]]) -> Any:
     return (type(value).__qualname__,)
 
 
-def signature(args: tuple[Any, ...], dynamic: Iterable[tuple[torch.Tensor, int]] = ()) -> str:
+def signature(args: tuple[object, ...], dynamic: Iterable[tuple[torch.Tensor, int]] = ()) -> str:
     """The call signature of ``args`` (module docstring) as a stable string: the same in every
     process for calls that one compiled graph serves."""
     dims: dict[int, set[int]] = {}
@@ -133,12 +156,12 @@ class Region:
     def __init__(
         self,
         name: str,
-        forward: Callable[..., Any],
+        forward: Callable[..., object],
         modules: Sequence[nn.Module],
         guard: CompileGuard,
         *,
         dynamic: DynamicRule | None = None,
-        adapt: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None,
+        adapt: Callable[[tuple[object, ...]], tuple[object, ...]] | None = None,
     ) -> None:
         self.name = name
         self._forward = forward
@@ -146,8 +169,8 @@ class Region:
         self._guard = guard
         self._dynamic = dynamic
         self._adapt = adapt
-        self._entries: dict[str, list[Any]] = {}  # signature -> artifacts (guards checked)
-        self._fast: dict[str, Any] = {}  # signature -> the artifact its calls use
+        self._entries: dict[str, list[Artifact]] = {}  # signature -> artifacts
+        self._fast: dict[str, Artifact] = {}  # signature -> the artifact its calls use
         self._store: Path | None = None
         self._lock = threading.RLock()
         self._jit = False
@@ -193,6 +216,19 @@ class Region:
         with self._lock:
             return len(self._entries)
 
+    def report(self) -> RegionReport:
+        """What the region did in this process (``RegionStats``, with its signatures)."""
+        stats = self.stats
+        return RegionReport(
+            signatures=self.signatures(),
+            compiled=stats.compiled,
+            loaded=stats.loaded,
+            compile_s=stats.compile_s,
+            load_s=stats.load_s,
+            eager=stats.eager,
+            fallbacks=list(stats.fallbacks),
+        )
+
     def reset(self) -> None:
         """Forget which artifact serves which signature (after a lever changed what the
         modules run: their next calls check the artifacts' guards again)."""
@@ -202,8 +238,8 @@ class Region:
     # ---------------------------------------------------------------------------------------
     # calls
 
-    def _caller(self, module: nn.Module, eager: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
+    def _caller(self, module: nn.Module, eager: Callable[..., object]) -> Callable[..., object]:
+        def call(*args: object, **kwargs: object) -> object:
             if kwargs:  # positional calls only (the model's own); others run eagerly
                 return eager(*args, **kwargs)
             full = (module, *args) if self._adapt is None else self._adapt((module, *args))
@@ -211,7 +247,7 @@ class Region:
             key = signature(full[1:], marks)
             fn = self._fast.get(key)
             if fn is None:
-                fn = self._resolve(key, full, marks, eager)
+                fn = self._resolve(key, full, marks)
                 if fn is None:
                     return eager(*args)
             return fn(*full)
@@ -221,10 +257,9 @@ class Region:
     def _resolve(
         self,
         key: str,
-        full: tuple[Any, ...],
+        full: tuple[object, ...],
         marks: Sequence[tuple[torch.Tensor, int]],
-        eager: Callable[..., Any],
-    ) -> Any:
+    ) -> Artifact | None:
         """The artifact for a new signature: one whose guards accept the call, else a new one
         (unsealed) or None (sealed: the caller runs eagerly)."""
         with self._lock:
@@ -239,41 +274,61 @@ class Region:
                 return None
             if self._jit:
                 return None
-            fn = self._compile(key, full, marks)
-            if fn is None:
+            new = self._compile(key, full, marks)
+            if new is None:
                 return None
-            self._entries.setdefault(key, []).append(fn)
-            self._fast[key] = fn
-            return fn
+            self._entries.setdefault(key, []).append(new)
+            self._fast[key] = new
+            return new
 
     def _compile(
-        self, key: str, full: tuple[Any, ...], marks: Sequence[tuple[torch.Tensor, int]]
-    ) -> Any:
-        for tensor, dim in marks:
-            torch._dynamo.mark_dynamic(tensor, dim)
+        self, key: str, full: tuple[object, ...], marks: Sequence[tuple[torch.Tensor, int]]
+    ) -> Artifact | None:
         began = time.perf_counter()
         try:
-            with _aot_enabled():
-                compiler: Any = torch.compile(
-                    self._forward,
-                    fullgraph=True,
-                    options={"guard_filter_fn": _serializable_guards},
-                )
-                fn = compiler.aot_compile((full, {}))
+            fn = self._aot_compile(full, marks)
         except Exception as exc:  # noqa: BLE001 - a graph break, or a torch without aot_compile
-            first_line = str(exc).splitlines()[0] if str(exc) else ""
-            self._fall_back(f"{type(exc).__name__}: {first_line}")
-            return None
-        finally:
-            for tensor, _ in marks:
-                _unmark(tensor)
+            if marks and type(exc).__name__ == "ConstraintViolationError":
+                # a dimension the rule marks is one the code specialises: this region's
+                # graphs are static from now on (those compiled already keep their keys)
+                log.warning("%s: dynamic dimensions dropped (%s)", self.name, _first_line(exc))
+                self._dynamic = None
+                key = signature(full[1:])
+                try:
+                    fn = self._aot_compile(full, ())
+                except Exception as again:  # noqa: BLE001 - as above
+                    self._fall_back(f"{type(again).__name__}: {_first_line(again)}")
+                    return None
+                self._entries.setdefault(key, []).append(fn)
+                self._fast[key] = fn
+            else:
+                self._fall_back(f"{type(exc).__name__}: {_first_line(exc)}")
+                return None
         _check_guards_once(fn)
         self.stats.compile_s += time.perf_counter() - began
         self.stats.compiled += 1
         self._save(key, fn)
         return fn
 
-    def _save(self, key: str, fn: Any) -> None:
+    def _aot_compile(
+        self, full: tuple[object, ...], marks: Sequence[tuple[torch.Tensor, int]]
+    ) -> Artifact:
+        for tensor, dim in marks:
+            torch._dynamo.mark_dynamic(tensor, dim)
+        try:
+            with _aot_enabled():
+                compiler = torch.compile(
+                    self._forward,
+                    fullgraph=True,
+                    options={"guard_filter_fn": _serializable_guards},
+                )
+                aot_compile: Callable[..., Artifact] = getattr(compiler, "aot_compile")  # noqa: B009 - not in torch's stubs
+                return aot_compile((full, {}))
+        finally:
+            for tensor, _ in marks:
+                _unmark(tensor)
+
+    def _save(self, key: str, fn: Artifact) -> None:
         if self._store is None:
             return
         index = sum(len(v) for v in self._entries.values())
@@ -300,7 +355,12 @@ class Region:
             self._guard.wrap(module, self.name)
 
 
-def _check_guards_once(fn: Any) -> None:
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else ""
+
+
+def _check_guards_once(fn: Artifact) -> None:
     """Calls of an artifact skip its guards: ``Region._resolve`` checked them once for the
     call's signature (the signature holds what they would check per call)."""
     disable = getattr(fn, "disable_guard_check", None)
@@ -308,7 +368,7 @@ def _check_guards_once(fn: Any) -> None:
         disable()
 
 
-def _serializable_guards(entries: Sequence[Any]) -> list[bool]:
+def _serializable_guards(entries: Sequence[GuardFilterEntry]) -> list[bool]:
     """The guards an artifact keeps: those torch can save (as ``aot_compile``'s own filter:
     no globals, no object identities), less the per-tensor checks (``TENSOR_MATCH``), which the
     region's ``signature`` makes already (shape, strides, dtype, device, grad) but for the
@@ -324,8 +384,18 @@ def _serializable_guards(entries: Sequence[Any]) -> list[bool]:
     ]
 
 
+_MARKINGS = (
+    "_dynamo_dynamic_indices",
+    "_dynamo_dynamic_range",
+    "_dynamo_hint_overrides",
+    "_specialize_on",
+    "_has_dynamo_dim_marking",
+)
+
+
 def _unmark(tensor: torch.Tensor) -> None:
-    """Undo ``mark_dynamic`` on a live tensor (it may be a session's buffer, seen again)."""
-    for attr in ("_dynamo_dynamic_indices", "_dynamo_dynamic_range"):
-        if hasattr(tensor, attr):
+    """Undo ``mark_dynamic`` on a live tensor (it may be a session's buffer, seen again: a
+    marking left on it would fail the guards of an artifact compiled without it)."""
+    for attr in _MARKINGS:
+        if attr in tensor.__dict__:
             delattr(tensor, attr)

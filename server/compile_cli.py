@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from server.config.serve import ServerConfig
 
 __all__ = ["compile_cache_command"]
 
@@ -41,7 +44,7 @@ def compile_cache_command(argv: list[str]) -> int:
         return 1
 
 
-async def _compile(config: Any) -> int:
+async def _compile(config: ServerConfig) -> int:
     import time
 
     from models.compiled_set import compiled_set

@@ -30,10 +30,15 @@ class _Block(torch.nn.Module):
         return x + self.b(torch.nn.functional.gelu(self.a(h)))[:, -x.shape[1] :]
 
 
+def _past_length(args: tuple[object, ...]) -> list[tuple[torch.Tensor, int]]:
+    past = args[2]
+    return [(past, 1)] if isinstance(past, torch.Tensor) else []
+
+
 def _run(device: str, store: Path) -> dict[str, object]:
     torch.manual_seed(0)
     blocks = [_Block().to(device) for _ in range(3)]
-    region = Region("probe", _Block.forward, blocks, CompileGuard(), dynamic=lambda a: [(a[2], 1)])
+    region = Region("probe", _Block.forward, blocks, CompileGuard(), dynamic=_past_length)
     loaded = region.use_store(store)
     x = torch.randn(1, 8, 64, device=device)
     worst = 0.0

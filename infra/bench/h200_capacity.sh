@@ -6,6 +6,7 @@
 #   bash infra/bench/h200_capacity.sh server                  # sessions per GPU, real server
 #   bash infra/bench/h200_capacity.sh warm                    # ready times, a job beside a
 #                                                             # session, sessions per GPU
+#   bash infra/bench/h200_capacity.sh compile                 # dreamrt compile: fresh, cached
 #   bash infra/bench/h200_capacity.sh probe,start             # ready fresh, from the cache
 #                                                             # and from a copy of it
 #
@@ -71,6 +72,22 @@ if has warm; then
     --json "$OUT/warm_serving.json" >"$OUT/warm_serving.log" 2>&1
   tail -40 "$OUT/warm_serving.log"
   pkill -INT -f -- '--compile-cache' && sleep 5
+fi
+if has compile; then
+  # `dreamrt compile` with every cache empty (a bare machine), then again from its cache with
+  # the local caches emptied: the build's graphs and seconds, and a start from the cache alone
+  rm -rf "/tmp/torchinductor_$(whoami)" ~/.triton/cache /tmp/bench-cache /tmp/bench-data
+  for phase in fresh cached; do
+    [ "$phase" = cached ] && rm -rf "/tmp/torchinductor_$(whoami)" ~/.triton/cache
+    began=$SECONDS
+    limit=$([ "$phase" = fresh ] && echo "${COMPILE_FRESH_S:-300}" || echo "${COMPILE_CACHED_S:-80}")
+    timeout "$limit" $PY -m server compile --model wan2.1-1.3b-causal --device cuda \
+      --random-weights --max-sessions 6 --compile-cache /tmp/bench-cache \
+      --data-dir /tmp/bench-data >"$OUT/compile_$phase.log" 2>&1
+    echo "dreamrt compile ($phase): exit $?, $((SECONDS - began)) s with the interpreter's start"
+    grep -v "warm-up \[" "$OUT/compile_$phase.log" | grep -E "^\||Dynamo|cache:|graph break|compiling |warm-up done|Error" | cut -c1-300 | tail -14
+  done
+  du -sh /tmp/bench-cache/*/ /tmp/bench-cache/*/regions 2>/dev/null
 fi
 if has start; then
   # ready fresh (empty caches) and from the compile cache, with one capacity setup and the time

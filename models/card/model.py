@@ -22,7 +22,6 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from models.card.errors import CardError, ProfileError, RecipeMismatchError
 from models.card.manifest import CheckpointManifest
@@ -232,7 +231,7 @@ class ModelCard:
     # ---------------------------------------------------------------------------------------
     # public forms
 
-    def to_public(self) -> dict[str, Any]:
+    def to_public(self) -> dict[str, object]:
         """The JSON-able description served by ``GET /v1/models``."""
         r = self.recipe
         return {

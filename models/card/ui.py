@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
 from models.card.vocabulary import coerce
 
@@ -54,7 +53,7 @@ class Control:
         object.__setattr__(self, "kind", coerce(ControlKind, self.kind, "control kind"))
         object.__setattr__(self, "inputs", tuple(self.inputs))
 
-    def to_public(self) -> dict[str, Any]:
+    def to_public(self) -> dict[str, object]:
         return {"kind": self.kind.value, "inputs": list(self.inputs), "does": self.does}
 
     def describe(self) -> str:

@@ -11,9 +11,10 @@ batch together (the engine batches plans of one op object only).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Mapping
 
 from models.card import CheckpointManifest, ModelCard
+from models.loops.ops import DecodeOp, LatentCodec
 
 __all__ = ["DecoderUnavailableError", "InstanceDecoders", "with_loaded_decoders"]
 
@@ -26,10 +27,10 @@ class InstanceDecoders:
     """Decoder options of a loaded instance (see the module docstring)."""
 
     card: ModelCard
-    vae: Any
-    decode_op: Any
-    _other_codecs: dict[str, Any]
-    _other_decode_ops: dict[str, Any]
+    vae: LatentCodec
+    decode_op: DecodeOp
+    _other_codecs: dict[str, LatentCodec]
+    _other_decode_ops: dict[str, DecodeOp]
 
     @property
     def default_decoder(self) -> str:
@@ -51,12 +52,12 @@ class InstanceDecoders:
             )
         return option
 
-    def codec_for(self, decoder: str | None) -> Any:
+    def codec_for(self, decoder: str | None) -> LatentCodec:
         """The latent codec of ``decoder`` (None: the default, ``vae``)."""
         option = self.resolve_decoder(decoder)
         return self.vae if option == self.default_decoder else self._other_codecs[option]
 
-    def decode_op_for(self, decoder: str | None) -> Any:
+    def decode_op_for(self, decoder: str | None) -> DecodeOp:
         """The decode op of ``decoder`` (None: the default, ``decode_op``)."""
         option = self.resolve_decoder(decoder)
         if option == self.default_decoder:
@@ -64,7 +65,7 @@ class InstanceDecoders:
         return self._other_decode_ops[option]
 
 
-def with_loaded_decoders(card: ModelCard, loaded: dict[str, Any]) -> ModelCard:
+def with_loaded_decoders(card: ModelCard, loaded: Mapping[str, object]) -> ModelCard:
     """``card`` without the non-default decoders that were not ``loaded`` (their component and
     manifest entry), so what the card says of its decoders (``GET /v1/models``) is what the
     instance serves."""

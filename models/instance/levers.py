@@ -21,7 +21,8 @@ from models.card import KVUpdate, ModelCard
 from models.card.vocabulary import coerce
 from models.compile_guard import CompileGuard
 from models.instance.errors import InstanceError
-from models.precompiled import Region, aot_supported
+from models.loops.ops import DecodeOp, LatentCodec
+from models.precompiled import Region, RegionReport, aot_supported
 from models.wan.dit.attention import WanSelfAttention
 from models.wan.dit.config import WanDiTConfig
 from models.wan.dit.cuda_graphs import ChunkGraphs
@@ -29,7 +30,7 @@ from models.wan.dit.transformer import WanDiT, block_past_length
 from models.wan.kernels.attention import UnknownBackendError, select_backend
 from models.wan.kernels.fp8_linear import quantize_linears
 from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
-from models.wan.vae.cache import coder_call
+from models.wan.vae.cache import coder_call, coder_dynamic
 
 __all__ = ["InstanceLevers"]
 
@@ -40,16 +41,16 @@ class InstanceLevers:
     # what it reads and sets of the instance
     card: ModelCard
     dit: WanDiT
-    vae: Any  # the default latent codec
+    vae: LatentCodec  # the default latent codec
     device: torch.device
     dtype: torch.dtype
     kv_config: WanDiTConfig
     kv_dtype: torch.dtype
-    decode_op: Any
+    decode_op: DecodeOp
     levers: dict[str, Any]
     compile_guard: CompileGuard
-    _other_codecs: dict[str, Any]
-    _other_decode_ops: dict[str, Any]
+    _other_codecs: dict[str, LatentCodec]
+    _other_decode_ops: dict[str, DecodeOp]
     _slab_buffers: dict[SlabGeometry, KVSlabBuffer]
     _compiled: bool
     _fp8: bool
@@ -166,7 +167,9 @@ class InstanceLevers:
         if self._compiled:
             return
         for codec in (self.vae, *self._other_codecs.values()):
-            if hasattr(codec, "decoder") and isinstance(codec.decoder, torch.nn.Module):
+            if isinstance(codec, torch.nn.Module) and isinstance(
+                getattr(codec, "decoder", None), torch.nn.Module
+            ):
                 for module in codec.modules():
                     if isinstance(module, torch.nn.Conv3d):
                         module.weight.data = module.weight.data.contiguous(
@@ -205,7 +208,14 @@ class InstanceLevers:
         ]
         for module, name in self._compiled_modules()[len(blocks) :]:
             regions.append(
-                Region(name, type(module).forward, [module], self.compile_guard, adapt=coder_call)
+                Region(
+                    name,
+                    type(module).forward,
+                    [module],
+                    self.compile_guard,
+                    dynamic=coder_dynamic,
+                    adapt=coder_call,
+                )
             )
         return regions
 
@@ -215,20 +225,20 @@ class InstanceLevers:
         A no-op on an instance compiled just in time or not at all."""
         return {region.name: region.use_store(directory) for region in self._regions}
 
-    def compile_stats(self) -> dict[str, Any]:
+    def compile_stats(self) -> dict[str, RegionReport]:
         """What the precompiled regions did in this process: per region, signatures served,
         artifacts compiled and loaded, seconds, eager calls after the seal, fallbacks to JIT."""
-        return {
-            region.name: {"signatures": region.signatures(), **dataclasses.asdict(region.stats)}
-            for region in self._regions
-        }
+        return {region.name: region.report() for region in self._regions}
 
     def seal(self, *, enforce: bool = True) -> None:
         """At ready, after the warm-up: compile and capture nothing more; a call outside the
         compiled set runs eagerly, logged once and counted (``models.compile_guard``).
         ``enforce=False`` (no warm-up ran): only count what still compiles. A no-op uncompiled."""
         if self._compiled:
-            self.compile_guard.seal(self.dit.chunk_graphs, enforce=enforce)
+            graphs = self.dit.chunk_graphs
+            self.compile_guard.seal(
+                graphs if isinstance(graphs, ChunkGraphs) else None, enforce=enforce
+            )
 
     def compiles_after_ready(self) -> dict[str, int]:
         """``CompileGuard.after_ready`` (all zero on an uncompiled or unsealed instance)."""

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import importlib
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import torch
+import torch.distributed as dist
 
 from models.card import ModelCard, Profile
 from models.checkpoint.digest import checkpoint_digest, random_digest
@@ -51,12 +53,24 @@ from models.resident_weights import ResidentWeights
 from models.wan.dit.transformer import WanDiT
 from models.wan.kv.cache import ChunkKVCache
 from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
-from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache
+from models.wan.text_encoder import CachedTextEncoder, TextEmbeddingCache, UMT5TextEncoder
+from models.wan.vae.cache import DecoderCache
 from runtime.contract import Loop
+
+if TYPE_CHECKING:
+    from models.programs.graph import Program
 
 __all__ = ["InstanceError", "WanInstance", "load_instance"]
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class ModuleCodec(LatentCodec, Protocol):
+    """A codec as its builder returns it: a module still to be moved to the serving device."""
+
+    def to(self, *, device: torch.device, dtype: torch.dtype) -> Self: ...
+
+    def eval(self) -> Self: ...
 
 
 class ComponentBuilder(Protocol):
@@ -71,7 +85,22 @@ class ComponentBuilder(Protocol):
         seed: int,
         random_weights: bool,
         checkpoint_dir: str | Path | None,
-    ) -> tuple[Any, Any, Any]: ...
+    ) -> tuple[WanDiT, ModuleCodec, UMT5TextEncoder]: ...
+
+
+class DecoderBuilder(Protocol):
+    """Builds a card's other decoders (``build_decoders``): decoder option -> codec."""
+
+    def __call__(
+        self,
+        card: ModelCard,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        seed: int,
+        random_weights: bool,
+        checkpoint_dir: str | Path | None,
+    ) -> dict[str, ModuleCodec]: ...
 
 
 # family -> module providing ``build_components`` (a ComponentBuilder); imported on first use.
@@ -109,7 +138,7 @@ class WanInstance(InstanceSizing, InstanceDecoders, InstanceLevers):
         chunk_restart: RestartPolicy | None = None,
         extensions: dict[str, Any] | None = None,
         block_observers: tuple[Any, ...] = (),
-        decoders: dict[str, LatentCodec] | None = None,
+        decoders: Mapping[str, LatentCodec] | None = None,
     ) -> None:
         self.card = card
         self.instance_id = f"{card.model_id}@{device}"
@@ -157,7 +186,7 @@ class WanInstance(InstanceSizing, InstanceDecoders, InstanceLevers):
         self.extensions: dict[str, Any] = dict(extensions or {})
         self.block_observers: tuple[Any, ...] = tuple(block_observers)
 
-    def shard_sequence(self, group: Any) -> None:
+    def shard_sequence(self, group: dist.ProcessGroup | None) -> None:
         """Ulysses over ``group`` (models/wan/dit/sequence_parallel.py); slabs get H/sp heads."""
         from models.wan.dit.sequence_parallel import enable, local_kv_config
 
@@ -208,7 +237,7 @@ class WanInstance(InstanceSizing, InstanceDecoders, InstanceLevers):
         except KeyError as exc:
             raise InstanceError(f"card {self.card.model_id!r}: {exc.args[0]}") from None
 
-    def program_loop(self, program: Any) -> Loop[Any]:
+    def program_loop(self, program: Program) -> Loop[Any]:
         """The loop running ``program`` (a ``models.programs.graph.Program``) on this instance
         (``ProgramError`` if the card cannot run it)."""
         from models.programs.program_loop import ProgramLoop
@@ -295,7 +324,9 @@ class WanInstance(InstanceSizing, InstanceDecoders, InstanceLevers):
             )
         return buffer.cache(slab)
 
-    def new_decoder_cache(self, latent_h: int, latent_w: int, decoder: str | None = None) -> Any:
+    def new_decoder_cache(
+        self, latent_h: int, latent_w: int, decoder: str | None = None
+    ) -> DecoderCache:
         """A fresh per-stream decoder cache (``DecoderCache``) of ``decoder`` (None: the
         default)."""
         return self.codec_for(decoder).new_decoder_cache(1, latent_h, latent_w)
@@ -386,7 +417,7 @@ def load_instance(
     return instance
 
 
-def _decoder_builder(family: str) -> Any:
+def _decoder_builder(family: str) -> DecoderBuilder | None:
     """The family's builder of a card's other decoders (``build_decoders``), or None."""
     module = _COMPONENT_BUILDERS.get(family, "models.wan.components")
     return getattr(importlib.import_module(module), "build_decoders", None)

@@ -8,12 +8,12 @@ config, latent codec, K/V layout and dtype, and holds no state of its own.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from models.card import KVUpdate, LatentSpec, ModelCard, Profile
 from models.loops.chunk_rollout.plans import steady_chunk_plans
+from models.loops.ops import LatentCodec
 from models.wan.dit.config import WanDiTConfig
 from models.wan.dit.transformer import WanDiT, dit_flops
 from models.wan.kv.cache import ChunkKVCache
@@ -28,14 +28,14 @@ class InstanceSizing:
     card: ModelCard
     latent: LatentSpec
     dit: WanDiT
-    vae: Any  # the default latent codec
+    vae: LatentCodec  # the default latent codec
     dtype: torch.dtype
     text_len: int
     kv_config: WanDiTConfig
     kv_dtype: torch.dtype
     kv_geometry: Callable[[int], tuple[int, int]]
     tokens_per_frame: Callable[[int, int], int]
-    codec_for: Callable[[str | None], Any]
+    codec_for: Callable[[str | None], LatentCodec]
 
     def _latent_hw(self, profile: Profile) -> tuple[int, int]:
         s = self.latent.spatial_stride

@@ -18,8 +18,6 @@ so within float rounding of one process (tests/models/test_cfg_branches.py state
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.distributed as dist
 
@@ -30,7 +28,7 @@ class CfgBranches:
     """One rank's branch of a ``cfg`` group (``group``: the ``DeviceMesh["cfg"]`` group of 2
     ranks; index 0 runs the conditional branch, 1 the unconditional one)."""
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
         size = dist.get_world_size(group)
         if size != 2:
             raise ValueError(f"a cfg group has 2 ranks (one per branch), got {size}")

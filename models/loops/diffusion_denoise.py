@@ -126,7 +126,7 @@ class DiffusionDenoise:
             plugin_state=plugin_state,
         )
 
-    def check_request(self, request: JobRequest) -> dict[str, Any]:
+    def check_request(self, request: JobRequest) -> dict[str, object]:
         """The extension pre-flight of ``request`` (``ExtensionRejected``, a ``ValueError``,
         naming both sides) -> its initial ``plugin_state``; a host calls it before queuing."""
         facts = ScheduleFacts(

@@ -81,7 +81,7 @@ class LoopExtensions:
 
     def start(
         self, requested: Mapping[str, Mapping[str, Any]], facts: ScheduleFacts, *, exact: bool
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """The initial ``plugin_state`` of a request, or ``ExtensionRejected``."""
         deployed = getattr(self._model, "extensions", None) or {}
         active = preflight(SPECS, deployed, requested, facts, exact=exact)

@@ -8,11 +8,12 @@ calls, so interleaving sessions through one op cannot smear state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from torch import nn
 
 from models.loops.digests import host_digest
 from models.wan.dit.step_hooks import StepHookCall
@@ -20,6 +21,9 @@ from models.wan.dit.transformer import CrossKV, WanDiT
 from models.wan.kv.cache import ChunkKVCache
 from models.wan.vae.autoencoder import video_to_uint8
 from models.wan.vae.cache import DecoderCache
+
+if TYPE_CHECKING:
+    from models.loops.cfg_branches import CfgBranches
 
 __all__ = [
     "ChunkDenoiseArgs",
@@ -342,13 +346,15 @@ class LatentCodec(Protocol):
     codec that decodes DiT latents as they are); ``decode_chunk`` returns ``[B, 3, n, H, W]`` in
     [-1, 1] and advances the stream's cache in place."""
 
-    def parameters(self) -> Any: ...
+    def parameters(self) -> Iterator[nn.Parameter]: ...
 
     def denormalize(self, z: torch.Tensor) -> torch.Tensor: ...
 
     def decode_chunk(self, z: torch.Tensor, cache: DecoderCache) -> torch.Tensor: ...
 
-    def new_decoder_cache(self, batch_size: int, latent_height: int, latent_width: int) -> Any: ...
+    def new_decoder_cache(
+        self, batch_size: int, latent_height: int, latent_width: int
+    ) -> DecoderCache: ...
 
     def decoder_cache_bytes(
         self, batch_size: int, latent_height: int, latent_width: int, dtype: torch.dtype
@@ -453,7 +459,7 @@ class DiffusionStepOp(_SoloOp):
     def __init__(self, dit: WanDiT) -> None:
         self._dit = dit
         # the cfg axis (models/loops/cfg_branches.py): my branch here, the other on a peer rank
-        self.branches: Any = None
+        self.branches: CfgBranches | None = None
 
     def run(self, a: DiffusionStepArgs) -> torch.Tensor | HookedStepOutput:
         # a.x: [1, C, f, h, w] -> [1, C, f, h, w]

@@ -158,7 +158,7 @@ class _Compiler:
         check(program, self.card)  # a compiled program is valid by construction
         return CompiledWorkflow(program, job, self.mapping)
 
-    def _sampler(self, sid: str) -> dict[str, Any]:
+    def _sampler(self, sid: str) -> dict[str, object]:
         cls = self._class(sid)
         advanced = cls == "KSamplerAdvanced"
         job: dict[str, Any] = {}
@@ -213,7 +213,7 @@ class _Compiler:
         job["loop"] = loop_id
         return job
 
-    def _latent(self, lid: str) -> dict[str, Any]:
+    def _latent(self, lid: str) -> dict[str, object]:
         cls = self._class(lid)
         width = self._value(lid, "width", (int,))
         height = self._value(lid, "height", (int,))
@@ -234,7 +234,7 @@ class _Compiler:
             "num_frames": frames,
         }
 
-    def _model_chain(self, sid: str, flow_shift: float) -> dict[str, Any]:
+    def _model_chain(self, sid: str, flow_shift: float) -> dict[str, object]:
         """Walk sampler.model back to the UNETLoader: ModelSamplingSD3 (shift) and LoRA
         loaders (adapters) on the way."""
         shift, adapters, shift_node = COMFYUI_WAN_SHIFT, [], None

@@ -210,7 +210,7 @@ class Program:
             depth[node_id] = 1 + max((depth[e.source] for e in self.into(node_id)), default=-1)
         return depth
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "name": self.name,
             "nodes": {n.node_id: {"kind": n.kind.value, **n.params} for n in self.nodes},

@@ -260,7 +260,7 @@ class ProgramLoop:
             if edge.source in state.finished and not target.closed:
                 LatentDecode.close(target)
 
-    def _geometry(self, state: ProgramState, source: str) -> dict[str, Any]:
+    def _geometry(self, state: ProgramState, source: str) -> dict[str, object]:
         """The decode geometry of loop node ``source``'s latents (its chunks: what its own
         decode would have decoded, piece for piece)."""
         if source in state.rollouts:

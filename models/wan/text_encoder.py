@@ -354,9 +354,11 @@ class EmbeddingStore(Protocol):
     """What the cached encoder needs from a cache: ``get`` returns None on a miss.
     The runtime's feature cache satisfies it; so does ``TextEmbeddingCache``."""
 
-    def get(self, key: CacheKey) -> Any | None: ...
+    def get(self, key: CacheKey) -> torch.Tensor | None: ...
 
-    def put(self, key: CacheKey, value: Any) -> object: ...  # a "not cached" result is fine
+    def put(
+        self, key: CacheKey, value: torch.Tensor
+    ) -> object: ...  # a "not cached" result is fine
 
 
 class TextEmbeddingCache:
@@ -370,12 +372,12 @@ class TextEmbeddingCache:
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self.max_entries = max_entries
-        self._entries: OrderedDict[CacheKey, Any] = OrderedDict()
+        self._entries: OrderedDict[CacheKey, torch.Tensor] = OrderedDict()
         self.hits = 0
         self.misses = 0
         self.evictions = 0
 
-    def get(self, key: CacheKey) -> Any | None:
+    def get(self, key: CacheKey) -> torch.Tensor | None:
         value = self._entries.get(key)
         if value is None:
             self.misses += 1
@@ -384,7 +386,7 @@ class TextEmbeddingCache:
         self.hits += 1
         return value
 
-    def put(self, key: CacheKey, value: Any) -> None:
+    def put(self, key: CacheKey, value: torch.Tensor) -> None:
         self._entries[key] = value
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:

@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 
 from server.api.deps import AuthGrant, ctx_of, require_general
@@ -18,14 +16,14 @@ router = APIRouter()
 
 
 @router.get("/v1/deployment")
-def get_deployment(request: Request, grant: AuthGrant) -> dict[str, Any]:
+def get_deployment(request: Request, grant: AuthGrant) -> dict[str, object]:
     """This engine's DeploymentCard (the same data the fleet's ``card`` endpoint serves)."""
     require_general(grant)
     return deployment_card(ctx_of(request))
 
 
 @router.post("/v1/deployment/drain", status_code=202)
-async def drain(request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def drain(request: Request, grant: AuthGrant) -> dict[str, object]:
     """Stop taking placements: the card says ``draining``; with ``--fleet`` the engine leaves
     the fleet once its last session has ended. Admin only; idempotent."""
     if not grant.is_admin:

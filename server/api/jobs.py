@@ -8,7 +8,6 @@ Finished jobs stay readable from the store after the process restarts.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
@@ -77,7 +76,7 @@ def _retry_after_s(waiting: list[Job]) -> int:
     return int(min(600, max(1, round(min(estimates)) if estimates else 5)))
 
 
-async def _job_view(request: Request, job_id: str) -> dict[str, Any]:
+async def _job_view(request: Request, job_id: str) -> dict[str, object]:
     ctx = ctx_of(request)
     job = ctx.jobs.job(job_id)
     if job is not None:
@@ -107,7 +106,7 @@ async def _job_view(request: Request, job_id: str) -> dict[str, Any]:
 
 
 @router.get("/{job_id}")
-async def get_job(job_id: str, request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def get_job(job_id: str, request: Request, grant: AuthGrant) -> dict[str, object]:
     require_general(grant)
     view = await _job_view(request, job_id)
     return {k: v for k, v in view.items() if not k.startswith("_")}
@@ -123,10 +122,13 @@ async def artifact(job_id: str, request: Request, grant: AuthGrant) -> FileRespo
             "not_ready",
             f"job {job_id!r} is {view['state']}; its artifact exists once it succeeded",
         )
-    path = Path(view["_artifact_path"])
+    path = Path(str(view["_artifact_path"]))
     if not path.exists():
         raise ApiError(410, "gone", f"the artifact of job {job_id!r} is no longer on disk")
-    return FileResponse(path, media_type=view["_media_type"], filename=path.name)
+    media_type = view["_media_type"]
+    return FileResponse(
+        path, media_type=media_type if isinstance(media_type, str) else None, filename=path.name
+    )
 
 
 @router.get("/{job_id}/events")

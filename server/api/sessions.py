@@ -168,7 +168,7 @@ def _join_room(ctx: ServerContext, session: Session, block: LiveKitBody, token: 
 
 
 @router.get("/{session_id}")
-async def get_session(session_id: str, request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def get_session(session_id: str, request: Request, grant: AuthGrant) -> dict[str, object]:
     if not grant.allows_session(session_id):
         raise ApiError(403, "forbidden", f"this token does not grant session {session_id!r}")
     ctx = ctx_of(request)
@@ -255,7 +255,7 @@ async def actions(
 
 
 @router.post("/{session_id}/audio", status_code=202)
-async def audio(session_id: str, request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def audio(session_id: str, request: Request, grant: AuthGrant) -> dict[str, object]:
     session = _live(request, session_id, grant)
     if "input.audio" not in session.config.capabilities:
         raise ApiError(
@@ -297,7 +297,7 @@ async def feedback(
 @router.post("/{session_id}/fork", status_code=201)
 async def fork(
     session_id: str, body: ForkBody, request: Request, grant: AuthGrant
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """N candidate sessions from this session's state at its next chunk boundary
     (``sessions.forks``); 201 once the fork row is committed, 503 when they do not all fit."""
     session = _live(request, session_id, grant)
@@ -327,7 +327,7 @@ async def fork(
 @router.post("/{session_id}/render", status_code=202)
 async def render(
     session_id: str, body: RenderBody, request: Request, grant: AuthGrant
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Render a moment: the session's stream continued offline from its next chunk boundary
     for ``chunks`` more chunks, decoded by the full VAE into a job's MP4 (``sessions.moments``);
     the session goes on untouched."""
@@ -343,7 +343,7 @@ async def render(
 @router.post("/{session_id}/choose", status_code=201)
 async def choose(
     session_id: str, body: ChooseBody, request: Request, grant: AuthGrant
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The chosen candidate's state continues this session; the others close; one preference
     pair per rejected candidate is committed before the 201."""
     session = _live(request, session_id, grant)

@@ -53,7 +53,7 @@ def _refusals() -> Iterator[None]:
 
 
 @router.get("/weights")
-def weights_info(request: Request, grant: AuthGrant, model: str | None = None) -> dict[str, Any]:
+def weights_info(request: Request, grant: AuthGrant, model: str | None = None) -> dict[str, object]:
     trainer = _trainer(request, grant)
     with _refusals():
         return {
@@ -62,32 +62,34 @@ def weights_info(request: Request, grant: AuthGrant, model: str | None = None) -
         }
 
 
-async def _answer(call: Awaitable[Any]) -> dict[str, Any]:
+async def _answer(call: Awaitable[Any]) -> dict[str, object]:
     with _refusals():
         result = await call
     return dataclasses.asdict(result)
 
 
 @router.post("/weights")
-async def sync_weights(body: WeightsBody, request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def sync_weights(body: WeightsBody, request: Request, grant: AuthGrant) -> dict[str, object]:
     trainer = _trainer(request, grant)
     return await _answer(trainer.weights.sync(body.path, mode=body.mode, model=body.model))
 
 
 @router.post("/sleep")
-async def sleep(body: ComponentsBody, request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def sleep(body: ComponentsBody, request: Request, grant: AuthGrant) -> dict[str, object]:
     trainer = _trainer(request, grant)
     return await _answer(trainer.sleep.sleep(body.components, model=body.model))
 
 
 @router.post("/wake")
-async def wake(body: ComponentsBody, request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def wake(body: ComponentsBody, request: Request, grant: AuthGrant) -> dict[str, object]:
     trainer = _trainer(request, grant)
     return await _answer(trainer.sleep.wake(body.components, model=body.model))
 
 
 @router.post("/rollouts", status_code=202)
-async def submit_rollouts(body: RolloutBody, request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def submit_rollouts(
+    body: RolloutBody, request: Request, grant: AuthGrant
+) -> dict[str, object]:
     require_general(grant)
     groups = ctx_of(request).trainer.rollouts
     with creation_errors():
@@ -106,7 +108,7 @@ async def submit_rollouts(body: RolloutBody, request: Request, grant: AuthGrant)
 
 
 @router.get("/rollouts/{group_id}")
-async def rollout_group(group_id: str, request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def rollout_group(group_id: str, request: Request, grant: AuthGrant) -> dict[str, object]:
     """The group, its samples (jobs: state, artifact) and the records written so far (all of
     them once ``state`` is not ``running``)."""
     require_general(grant)

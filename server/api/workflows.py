@@ -9,8 +9,6 @@ job's (``GET /v1/jobs/{id}``, its events and artifact).
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 
 from server.api.deps import AuthGrant, ctx_of, require_general
@@ -24,7 +22,7 @@ router = APIRouter(prefix="/v1/workflows")
 
 
 @router.post("", status_code=202)
-async def submit(body: WorkflowBody, request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def submit(body: WorkflowBody, request: Request, grant: AuthGrant) -> dict[str, object]:
     require_general(grant)
     ctx = ctx_of(request)
     limit = ctx.config.limits.max_queued_jobs
@@ -42,7 +40,7 @@ async def submit(body: WorkflowBody, request: Request, grant: AuthGrant) -> dict
 
 
 @router.get("/{workflow_id}")
-async def get_workflow(workflow_id: str, request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def get_workflow(workflow_id: str, request: Request, grant: AuthGrant) -> dict[str, object]:
     require_general(grant)
     ctx = ctx_of(request)
     job = ctx.jobs.job(workflow_id)

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = ["ConfigError", "check_choices", "setting"]
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -23,7 +28,7 @@ class ConfigError(ValueError):
 
 
 def setting(
-    default: Any,
+    default: T,
     help: str,
     *,
     key: str = "",
@@ -31,8 +36,8 @@ def setting(
     metavar: str | None = None,
     choices: Sequence[str] = (),
     check: bool = True,
-    switch_value: Any = True,
-) -> Any:
+    switch_value: object = True,
+) -> T:
     """A dataclass field that is a setting (module docstring). ``flag=None``: no flag (code
     and tests only, e.g. the web client's directory). ``choices``: the values allowed in every
     source (``check=False``: the flag lists them, the code that uses the value checks it).
@@ -50,7 +55,7 @@ def setting(
     return dataclasses.field(default=default, metadata=meta)
 
 
-def check_choices(value: Any) -> None:
+def check_choices(value: DataclassInstance) -> None:
     """``ConfigError`` for a field of the dataclass ``value`` outside its ``choices``."""
     for f in dataclasses.fields(value):
         choices = f.metadata.get("choices")

@@ -21,7 +21,7 @@ from server.config.limits import Limits
 
 __all__ = ["GROUPS", "ServerConfig"]
 
-_WEB_DIR = Path(__file__).resolve().parent.parent / "clients" / "web"
+_WEB_DIR = Path(__file__).resolve().parents[2] / "clients" / "web"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,13 +110,14 @@ class ServerConfig:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)}")
 
     @classmethod
-    def of(cls, **values: Any) -> ServerConfig:
+    def of(cls, **values: object) -> ServerConfig:
         """A config from flat keys (``max_sessions=2``, ``model="tiny-world"``) or whole groups
         (``limits=Limits(...)``); ``ConfigError`` names an unknown key."""
         return cls().replace(**values)
 
-    def replace(self, **values: Any) -> ServerConfig:
+    def replace(self, **values: object) -> ServerConfig:
         """This config with the settings of ``values`` (keys as in ``of``) replaced."""
+        # dataclasses.replace takes the values as given: each group's __post_init__ checks them
         own: dict[str, Any] = {}
         grouped: dict[str, dict[str, Any]] = {}
         for key, value in values.items():
@@ -135,9 +136,9 @@ class ServerConfig:
             own[group] = dataclasses.replace(own.get(group, getattr(self, group)), **changes)
         return dataclasses.replace(self, **own)
 
-    def flat(self) -> dict[str, Any]:
+    def flat(self) -> dict[str, object]:
         """Every setting by its key (what ``of`` takes back)."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for key, (group, name) in KEYS.items():
             holder = getattr(self, group) if group else self
             out[key] = getattr(holder, name)

@@ -17,7 +17,6 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from server.config.fields import ConfigError
 from server.config.serve import GROUPS, KEYS, ServerConfig
@@ -44,12 +43,12 @@ class Setting:
     kind: type  # str, int, float, bool or Path (of each item, for a list)
     many: bool  # a list: the flag repeats, the file takes an array
     optional: bool
-    default: Any
+    default: object
     help: str
     flag: str | None
     metavar: str | None
     choices: tuple[str, ...]
-    switch_value: Any
+    switch_value: object
 
     @property
     def env(self) -> str:
@@ -60,17 +59,17 @@ class Setting:
         assert self.flag is not None
         return self.flag.lstrip("-").replace("-", "_")
 
-    def parse(self, text: str, source: str) -> Any:
+    def parse(self, text: str, source: str) -> object:
         """``text`` (a flag's or variable's value) as this setting's value."""
         try:
             return _scalar(self.kind, text)
         except ValueError:
             raise ConfigError(f"{source}: {text!r} is not a valid {self.kind.__name__}") from None
 
-    def coerce(self, value: Any, source: str, *, text: bool = False) -> Any:
+    def coerce(self, value: object, source: str, *, text: bool = False) -> object:
         """A file's value (``text``: a variable's string) as this setting's, type checked."""
         if self.many:
-            if text:
+            if text and isinstance(value, str):
                 value = _json_list(value, source) if value.startswith("[") else [value]
             if not isinstance(value, list):
                 raise ConfigError(f"{source}: expected a list of {self.kind.__name__}")
@@ -79,7 +78,7 @@ class Setting:
             return None
         return self._one(value, source, text=text)
 
-    def _one(self, value: Any, source: str, *, text: bool) -> Any:
+    def _one(self, value: object, source: str, *, text: bool) -> object:
         if text and isinstance(value, str):
             return self.parse(value, source)
         if self.kind is float and type(value) is int:
@@ -91,14 +90,14 @@ class Setting:
         return value
 
 
-def _json_list(text: str, source: str) -> Any:
+def _json_list(text: str, source: str) -> object:
     try:
         return json.loads(text)
     except ValueError:
         raise ConfigError(f"{source}: {text!r} is not a JSON array") from None
 
 
-def _scalar(kind: type, text: str) -> Any:
+def _scalar(kind: type, text: str) -> object:
     if kind is bool:
         lowered = text.strip().lower()
         if lowered in ("1", "true", "yes", "on"):
@@ -109,13 +108,15 @@ def _scalar(kind: type, text: str) -> Any:
     return kind(text)
 
 
-def _setting(key: str, f: dataclasses.Field, hint: Any) -> Setting:
+def _setting(key: str, f: dataclasses.Field[object], hint: object) -> Setting:
     many = typing.get_origin(hint) is tuple
     args = [a for a in typing.get_args(hint) if a is not type(None) and a is not Ellipsis]
     optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(
         None
     ) in typing.get_args(hint)
     kind = args[0] if (many or optional) else hint
+    if not isinstance(kind, type):
+        raise TypeError(f"setting {key}: {hint!r} is not a type a source can parse")
     flag = f.metadata.get("flag", "")
     return Setting(
         key=key,
@@ -155,34 +156,37 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, defaults: bool = Tr
     for s in settings().values():
         if s.flag is None:
             continue
-        shown = list(s.default) if s.many else s.default
+        shown = list(s.default) if isinstance(s.default, tuple) else s.default
         told = s.default not in (None, (), "") and s.kind is not bool
-        options: dict[str, Any] = {
-            "dest": s.dest,
-            "default": shown if defaults else argparse.SUPPRESS,
-            "help": f"{s.help} ({'default %(default)s, ' if told else ''}${s.env})",
-        }
-        if s.kind is bool:
-            options["action"] = "store_true"
-        else:
-            options["type"] = s.kind
-            options["action"] = "append" if s.many else "store"
-            if s.metavar:
-                options["metavar"] = s.metavar
-            if s.choices:
-                options["choices"] = s.choices
+        default = shown if defaults else argparse.SUPPRESS
+        help = f"{s.help} ({'default %(default)s, ' if told else ''}${s.env})"
         group = KEYS[s.key][0]
-        (sections[group] if group else parser).add_argument(s.flag, **options)
+        target = sections[group] if group else parser
+        if s.kind is bool:
+            target.add_argument(
+                s.flag, dest=s.dest, default=default, help=help, action="store_true"
+            )
+        else:
+            target.add_argument(
+                s.flag,
+                dest=s.dest,
+                default=default,
+                help=help,
+                type=s.kind,
+                action="append" if s.many else "store",
+                metavar=s.metavar or None,
+                choices=s.choices or None,
+            )
 
 
-def flag_values(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None]:
+def flag_values(argv: Sequence[str]) -> tuple[dict[str, object], Path | None]:
     """The settings given as flags in ``argv`` (the arguments after ``serve``), and the
     ``--config`` file if given."""
     parser = argparse.ArgumentParser(add_help=False)
     add_config_arguments(parser, defaults=False)
     given = vars(parser.parse_known_args(list(argv))[0])
     config_file = given.pop("config", None)
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for s in settings().values():
         if s.flag is None or s.dest not in given:
             continue
@@ -193,10 +197,10 @@ def flag_values(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None]:
     return out, config_file
 
 
-def env_values(environ: Mapping[str, str]) -> dict[str, Any]:
+def env_values(environ: Mapping[str, str]) -> dict[str, object]:
     """The settings given as ``DREAMRT_<KEY>`` variables; a list is one value or a JSON
     array (``DREAMRT_ICE_HOSTS='["10.0.0.1", "10.0.0.2"]'``)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for s in settings().values():
         if s.flag is None or s.env not in environ:
             continue
@@ -204,7 +208,7 @@ def env_values(environ: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-def file_values(path: Path) -> dict[str, Any]:
+def file_values(path: Path) -> dict[str, object]:
     """The settings of a TOML file: each key at the top or in its group's table
     (``[engine] max_sessions = 2`` or ``max_sessions = 2``); an unknown key is an error."""
     try:
@@ -214,9 +218,9 @@ def file_values(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
     known = settings()
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
 
-    def take(key: str, value: Any, where: str) -> None:
+    def take(key: str, value: object, where: str) -> None:
         s = known.get(key)
         if s is None or s.flag is None:
             raise ConfigError(f"config file {path}: unknown setting {where}")

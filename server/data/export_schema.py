@@ -107,7 +107,7 @@ def _json(value: Any, default: Any) -> Any:
     return default if value is None else json.loads(value) if isinstance(value, str) else value
 
 
-def record_row(row: dict[str, Any], media: str | None) -> dict[str, Any]:
+def record_row(row: dict[str, Any], media: str | None) -> dict[str, object]:
     """A ``records`` table row (SQLite) as a ``RECORD_SCHEMA`` row."""
     actions = _json(row.get("actions"), {})
     action = actions.get("action") or {}

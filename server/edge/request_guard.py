@@ -20,17 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable
+
+from starlette.types import Message, Receive, Scope, Send
 
 from server.config.limits import Limits, RateLimiter
 
 __all__ = ["RequestGuard"]
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 
 class RequestGuard:

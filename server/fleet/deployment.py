@@ -25,7 +25,7 @@ def engine_id_for(host: str, port: int) -> str:
     return f"{socket.gethostname()}:{port}"
 
 
-def deployment_card(ctx: Any) -> dict[str, Any]:
+def deployment_card(ctx: Any) -> dict[str, object]:
     """The engine's DeploymentCard as JSON-able data (see the module docstring)."""
     config = ctx.config
     snapshot_dir = config.recording.snapshot_dir
@@ -69,7 +69,7 @@ def deployment_card(ctx: Any) -> dict[str, Any]:
     }
 
 
-def _model_entry(ctx: Any, served: Any) -> dict[str, Any]:
+def _model_entry(ctx: Any, served: Any) -> dict[str, object]:
     card = served.card
     streams = "session.realtime" in card.capabilities
     return {

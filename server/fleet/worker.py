@@ -169,7 +169,7 @@ class FleetWorker:
         answer = await self.place(request if isinstance(request, dict) else {})
         yield {**answer, "engine_id": self._ctx.engine_id, "url": self._ctx.public_url}
 
-    async def place(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def place(self, request: dict[str, Any]) -> dict[str, object]:
         kind = request.get("kind")
         if self._ctx.draining:
             return _refused(503, "draining", "this engine is leaving the fleet", retry_after_s=1)
@@ -187,7 +187,7 @@ class FleetWorker:
             422, "invalid_field", f"kind must be session, job, video or resume, not {kind!r}"
         )
 
-    async def _resume(self, session_id: str) -> dict[str, Any]:
+    async def _resume(self, session_id: str) -> dict[str, object]:
         ctx = self._ctx
         if ctx.config.recording.snapshot_dir is None:
             return _refused(409, "no_snapshot_dir", "this engine has no --snapshot-dir")
@@ -238,7 +238,7 @@ class FleetWorker:
         return {"status": 201, "body": body}
 
 
-def _refused(status: int, code: str, message: str, **extra: Any) -> dict[str, Any]:
+def _refused(status: int, code: str, message: str, **extra: Any) -> dict[str, object]:
     return {"status": status, "body": {"detail": message, "code": code}, **extra}
 
 

@@ -34,7 +34,6 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
 
 from runtime.task_set import TaskSet
 from server.livekit.room import RoomConnection
@@ -143,7 +142,7 @@ class AvatarBridge:
             payload = {"playback_position": report.played_s, "interrupted": report.interrupted}
             self._notify(RPC_PLAYBACK_FINISHED, json.dumps(payload))
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         """``avatar`` of ``GET /v1/sessions/{id}``."""
         return {"agent": self.agent_identity, "speech": self.speech.stats()}
 

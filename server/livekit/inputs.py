@@ -20,8 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine, Sequence
 
 import numpy as np
 
@@ -170,7 +169,7 @@ class RoomInputs:
 
     # ---------------------------------------------------------------- lifecycle
 
-    def _spawn(self, coro: Any, what: str) -> None:
+    def _spawn(self, coro: Coroutine[object, None, None], what: str) -> None:
         self._tasks.spawn(coro, f"peer-{self.session.id}-livekit-{what}")
 
     async def close(self) -> None:

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from server.livekit.sink import LiveKitVideoSink, video_bitrate_bps
 from sessions.events import RoomStateChanged
 from sessions.session import Session, SessionStateError
 from sessions.store import Store
+
+if TYPE_CHECKING:
+    from server.livekit.avatar import AvatarBridge
 
 __all__ = ["LiveKitParticipant"]
 
@@ -76,7 +79,7 @@ class LiveKitParticipant:
             control_burst=int(2 * control_rate_per_s),
             audio_identity=audio_identity,
         )
-        self.avatar: Any = None
+        self.avatar: AvatarBridge | None = None
         if avatar_of is not None:
             from server.livekit.avatar import AvatarBridge
 

@@ -29,12 +29,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from runtime.task_set import TaskSet
+
+if TYPE_CHECKING:
+    from livekit import rtc
 
 __all__ = [
     "CONTROL_TOPIC",
@@ -107,7 +110,7 @@ class RoomConnection(Protocol):
     async def disconnect(self) -> None: ...
 
 
-def i420_frame(rgb: np.ndarray) -> Any:
+def i420_frame(rgb: np.ndarray) -> rtc.VideoFrame:
     """``rtc.VideoFrame`` in I420 of one frame. # rgb: [H, W, 3] uint8 (even H and W)."""
     from livekit import rtc
 
@@ -120,7 +123,7 @@ def i420_frame(rgb: np.ndarray) -> Any:
     return frame.convert(rtc.VideoBufferType.I420)
 
 
-def rtc_audio_frame(pcm: np.ndarray, sample_rate: int) -> Any:
+def rtc_audio_frame(pcm: np.ndarray, sample_rate: int) -> rtc.AudioFrame:
     """``rtc.AudioFrame`` of mono int16 samples. # pcm: [n] int16"""
     from livekit import rtc
 
@@ -130,7 +133,7 @@ def rtc_audio_frame(pcm: np.ndarray, sample_rate: int) -> Any:
     return rtc.AudioFrame(data, sample_rate, 1, pcm.shape[0])
 
 
-def publish_options(fps: int, bitrate_bps: int) -> Any:
+def publish_options(fps: int, bitrate_bps: int) -> rtc.TrackPublishOptions:
     """Camera source, simulcast off, one encoding capped at ``fps`` and ``bitrate_bps``."""
     from livekit import rtc
 
@@ -157,9 +160,9 @@ class LiveKitRoom:
         self._connect_timeout_s = connect_timeout_s
         self._audio_capacity = audio_capacity_frames
         self._max_text_bytes = max_text_bytes
-        self._room: Any = None
-        self._source: Any = None
-        self._audio: Any = None
+        self._room: rtc.Room | None = None
+        self._source: rtc.VideoSource | None = None
+        self._audio: rtc.AudioSource | None = None
         self._events: RoomEvents | None = None
         self._tasks = TaskSet()
         self._rpc: dict[str, RpcHandler] = {}
@@ -198,7 +201,12 @@ class LiveKitRoom:
         for method, answer in self._rpc.items():
             self._register_rpc_now(method, answer)
 
-    def _on_disconnected(self, reason: Any) -> None:
+    def _joined(self) -> rtc.Room:
+        if self._room is None:
+            raise RuntimeError("not in a room: connect first")
+        return self._room
+
+    def _on_disconnected(self, reason: rtc.DisconnectReason.ValueType) -> None:
         from livekit import rtc
 
         try:
@@ -215,7 +223,9 @@ class LiveKitRoom:
 
         self._source = rtc.VideoSource(width, height)
         track = rtc.LocalVideoTrack.create_video_track("dreamrt", self._source)
-        await self._room.local_participant.publish_track(track, publish_options(fps, bitrate_bps))
+        await self._joined().local_participant.publish_track(
+            track, publish_options(fps, bitrate_bps)
+        )
 
     def capture(self, rgb: np.ndarray, timestamp_us: int) -> None:
         source = self._source
@@ -232,7 +242,7 @@ class LiveKitRoom:
         self._audio = rtc.AudioSource(sample_rate, 1, queue_size_ms=_AUDIO_QUEUE_MS)
         track = rtc.LocalAudioTrack.create_audio_track("dreamrt-speech", self._audio)
         options = rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE)
-        await self._room.local_participant.publish_track(track, options)
+        await self._joined().local_participant.publish_track(track, options)
 
     async def capture_audio(self, pcm: np.ndarray, timestamp_us: int) -> None:
         """Queues mono int16 ``pcm`` (LiveKit audio carries no capture time: ``timestamp_us``
@@ -261,16 +271,16 @@ class LiveKitRoom:
             payload, reliable=True, topic=topic, destination_identities=list(to)
         )
 
-    def _on_packet(self, packet: Any) -> None:
+    def _on_packet(self, packet: rtc.DataPacket) -> None:
         if packet.topic != self._control_topic or self._events is None:
             return
         sender = packet.participant.identity if packet.participant is not None else ""
         self._events.on_data(bytes(packet.data), sender)
 
-    def _on_text_stream(self, reader: Any, sender: str) -> None:
+    def _on_text_stream(self, reader: rtc.TextStreamReader, sender: str) -> None:
         self._spawn(self._read_text(reader, sender), "text")
 
-    async def _read_text(self, reader: Any, sender: str) -> None:
+    async def _read_text(self, reader: rtc.TextStreamReader, sender: str) -> None:
         parts: list[bytes] = []
         size = 0
         async for chunk in reader:
@@ -284,7 +294,9 @@ class LiveKitRoom:
 
     # ---------------------------------------------------------------- audio in
 
-    def _on_published(self, publication: Any, participant: Any) -> None:
+    def _on_published(
+        self, publication: rtc.RemoteTrackPublication, participant: rtc.RemoteParticipant
+    ) -> None:
         from livekit import rtc
 
         events = self._events
@@ -293,7 +305,12 @@ class LiveKitRoom:
         if events.wants_audio(participant.identity):
             publication.set_subscribed(True)
 
-    def _on_track(self, track: Any, publication: Any, participant: Any) -> None:
+    def _on_track(
+        self,
+        track: rtc.Track,
+        publication: rtc.RemoteTrackPublication,
+        participant: rtc.RemoteParticipant,
+    ) -> None:
         from livekit import rtc
 
         events = self._events
@@ -317,13 +334,13 @@ class LiveKitRoom:
             self._register_rpc_now(method, handler)
 
     def _register_rpc_now(self, method: str, handler: RpcHandler) -> None:
-        async def invoke(data: Any) -> str:
+        async def invoke(data: rtc.RpcInvocationData) -> str:
             return await handler(data.caller_identity, data.payload)
 
-        self._room.local_participant.register_rpc_method(method, invoke)
+        self._joined().local_participant.register_rpc_method(method, invoke)
 
     async def perform_rpc(self, identity: str, method: str, payload: str) -> str:
-        return await self._room.local_participant.perform_rpc(
+        return await self._joined().local_participant.perform_rpc(
             destination_identity=identity, method=method, payload=payload
         )
 
@@ -333,15 +350,17 @@ class LiveKitRoom:
             self._room.register_byte_stream_handler(topic, self._byte_stream_adapter(handler))
 
     @staticmethod
-    def _byte_stream_adapter(handler: ByteStreamHandler) -> Callable[[Any, str], None]:
-        def opened(reader: Any, sender: str) -> None:
+    def _byte_stream_adapter(
+        handler: ByteStreamHandler,
+    ) -> Callable[[rtc.ByteStreamReader, str], None]:
+        def opened(reader: rtc.ByteStreamReader, sender: str) -> None:
             handler(reader.__aiter__(), sender, dict(reader.info.attributes or {}))
 
         return opened
 
     # ---------------------------------------------------------------- leaving
 
-    def _spawn(self, coro: Any, what: str) -> None:
+    def _spawn(self, coro: Coroutine[object, None, None], what: str) -> None:
         self._tasks.spawn(coro, f"livekit-room-{what}")
 
     async def disconnect(self) -> None:
@@ -362,7 +381,7 @@ class LiveKitRoom:
             self._audio = None
 
 
-async def _audio_blocks(stream: Any) -> AsyncIterator[np.ndarray]:
+async def _audio_blocks(stream: rtc.AudioStream) -> AsyncIterator[np.ndarray]:
     """16 kHz mono float32 blocks of an ``rtc.AudioStream``. # yields: [n] float32 in [-1, 1]"""
     try:
         async for event in stream:

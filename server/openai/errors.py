@@ -22,13 +22,14 @@ Imports FastAPI only: the fleet router (``server.router.app``) uses it too.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.types import Message, Receive, Scope, Send
 
 __all__ = [
     "OPENAI_PATHS",
@@ -58,7 +59,7 @@ def _type_for(status: int) -> str:
 
 def error_body(
     status: int, message: str, *, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The OpenAI error body of an answer with ``status``."""
     return {"error": {"message": message, "type": _type_for(status), "param": param, "code": code}}
 
@@ -141,12 +142,6 @@ class OpenAIRoute(APIRoute):
                 return from_validation(exc.errors()).response()
 
         return route
-
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 
 class OpenAIErrorBodies:

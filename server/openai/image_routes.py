@@ -15,7 +15,6 @@ import asyncio
 import base64
 import time
 from pathlib import Path
-from typing import Any
 
 from fastapi import APIRouter, Request
 
@@ -34,7 +33,7 @@ IMAGE_WAIT_S = 300.0  # the longest an answer waits for its jobs (read at each r
 
 
 @router.post("/generations")
-async def generate(body: ImageBody, request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def generate(body: ImageBody, request: Request, grant: AuthGrant) -> dict[str, object]:
     require_general(grant)
     ctx = ctx_of(request)
     check_prompt(request, "prompt", body.prompt)

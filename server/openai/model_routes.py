@@ -13,7 +13,8 @@ started: a card has no creation date of its own. Errors answer in OpenAI's shape
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
 
@@ -23,12 +24,16 @@ from server.openai.schemas import ModelList, ModelObject
 
 __all__ = ["router"]
 
+if TYPE_CHECKING:
+    from models.card import ModelCard
+    from sessions.served_models import ServedModel
+
 router = APIRouter(prefix="/v1/models", route_class=OpenAIRoute)
 
 _STARTED_AT = int(time.time())
 
 
-def _model(card: Any, served: Any) -> dict[str, Any]:
+def _model(card: ModelCard, served: Mapping[str, ServedModel]) -> dict[str, object]:
     # a served card as this process serves it (e.g. its chunk length in the latency mode)
     public = (served[card.model_id].card if card.model_id in served else card).to_public()
     entry = {"id": card.model_id, "object": "model", "created": _STARTED_AT, "owned_by": "dreamrt"}
@@ -40,7 +45,7 @@ def _model(card: Any, served: Any) -> dict[str, Any]:
 
 
 @router.get("", response_model=ModelList, response_model_exclude_none=True)
-async def list_models(request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def list_models(request: Request, grant: AuthGrant) -> dict[str, object]:
     """Every card; ``served`` marks those this process serves, ``examples`` and ``controls``
     are what a page shows of a card (example prompts, the controls legend)."""
     require_general(grant)
@@ -51,7 +56,7 @@ async def list_models(request: Request, grant: AuthGrant) -> dict[str, Any]:
 
 
 @router.get("/{model_id}", response_model=ModelObject, response_model_exclude_none=True)
-async def get_model(model_id: str, request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def get_model(model_id: str, request: Request, grant: AuthGrant) -> dict[str, object]:
     require_general(grant)
     from models import registry
 

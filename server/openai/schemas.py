@@ -83,7 +83,7 @@ async def read_video_body(request: Request) -> VideoBody:
         raise from_validation(exc.errors()) from None
 
 
-def _video_form_schema() -> dict[str, Any]:
+def _video_form_schema() -> dict[str, object]:
     schema = VideoBody.model_json_schema()
     schema["properties"]["input_reference"] = {"type": "string", "format": "binary"}
     return schema

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
@@ -29,6 +29,7 @@ from server.openai.errors import OpenAIError, OpenAIRoute, invalid
 from server.openai.schemas import VIDEO_REQUEST_BODY, read_video_body
 from server.openai.videos import (
     DELETED,
+    VideoContext,
     check_queue,
     fps_of,
     frames_for,
@@ -39,12 +40,16 @@ from server.openai.videos import (
     video_object,
 )
 
+if TYPE_CHECKING:
+    from models.card import ModelCard
+    from sessions.job import Job
+
 __all__ = ["card_of", "router"]
 
 router = APIRouter(prefix="/v1/videos", route_class=OpenAIRoute)
 
 
-def card_of(ctx: Any, model: str | None) -> Any:
+def card_of(ctx: VideoContext, model: str | None) -> ModelCard:
     """The served card ``model`` names (the default card for None); 404 naming ``model``."""
     try:
         return ctx.jobs.models.resolve(model).card
@@ -52,7 +57,7 @@ def card_of(ctx: Any, model: str | None) -> Any:
         raise OpenAIError(404, str(exc.args[0]), param="model", code="model_not_found") from None
 
 
-async def _find(ctx: Any, video_id: str) -> tuple[dict[str, Any], Any]:
+async def _find(ctx: VideoContext, video_id: str) -> tuple[dict[str, Any], Job | None]:
     """(store row, job in memory or None) of video ``video_id``; 404 when there is none."""
     # read after the writes the store has queued: the row of a video made a moment ago exists
     row = await ctx.store.run(ctx.store.get_job, video_id)
@@ -95,8 +100,8 @@ async def create_video(request: Request, grant: AuthGrant) -> JSONResponse:
             width=width,
             height=height,
         )
-    row, job = await _find(ctx, job.id)
-    return JSONResponse(video_object(row, job, card.default_profile.fps))
+    row, held = await _find(ctx, job.id)
+    return JSONResponse(video_object(row, held, card.default_profile.fps))
 
 
 @router.get("")
@@ -106,7 +111,7 @@ async def list_videos(
     after: Annotated[str, Query(max_length=64)] | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Videos newest first (``order=asc``: oldest first); ``after``: the last id of the page
     before."""
     require_general(grant)
@@ -149,7 +154,7 @@ async def get_video(video_id: str, request: Request, grant: AuthGrant) -> JSONRe
 
 
 @router.delete("/{video_id}")
-async def delete_video(video_id: str, request: Request, grant: AuthGrant) -> dict[str, Any]:
+async def delete_video(video_id: str, request: Request, grant: AuthGrant) -> dict[str, object]:
     require_general(grant)
     ctx = ctx_of(request)
     await _find(ctx, video_id)

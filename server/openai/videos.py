@@ -18,13 +18,21 @@ import io
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from server.openai.errors import OpenAIError, invalid
+
+if TYPE_CHECKING:
+    from models.card import ModelCard
+    from server.config.serve import ServerConfig
+    from sessions.job import Job
+    from sessions.job_host import JobHost
+    from sessions.store import Store
 
 __all__ = [
     "DELETED",
     "MAX_FRAMES",
+    "VideoContext",
     "check_queue",
     "frames_for",
     "parse_size",
@@ -47,11 +55,25 @@ _MAX_RETRY_AFTER_S = 10.0
 _MAX_SIDE = 4096  # the job limit on width and height (server.edge.schemas.Dimension)
 
 
+class VideoContext(Protocol):
+    """What the video routes read of the live context (``server.context.ServerContext``, which
+    this edge does not import)."""
+
+    @property
+    def config(self) -> ServerConfig: ...
+
+    @property
+    def jobs(self) -> JobHost: ...
+
+    @property
+    def store(self) -> Store: ...
+
+
 def is_deleted(row: dict[str, Any]) -> bool:
     return row.get("error") == DELETED
 
 
-def fps_of(ctx: Any, model_id: str) -> int | None:
+def fps_of(ctx: VideoContext, model_id: str) -> int | None:
     """The frame rate a job of ``model_id`` ran at (jobs use the card's default profile);
     None for a card this build does not know (a video of an older build's data dir)."""
     try:
@@ -81,7 +103,7 @@ def _error(state: str, error: str | None) -> dict[str, str] | None:
     return {"code": code, "message": message or code}
 
 
-def video_object(row: dict[str, Any], job: Any, fps: int | None) -> dict[str, Any]:
+def video_object(row: dict[str, Any], job: Job | None, fps: int | None) -> dict[str, object]:
     """The ``video`` object of the job whose store ``row`` this is (``job``: the job held in
     memory, whose state and progress are live; None for an older one)."""
     params = row["params"]
@@ -106,7 +128,7 @@ def video_object(row: dict[str, Any], job: Any, fps: int | None) -> dict[str, An
     }
 
 
-def poll_after_ms(job: Any, now_s: float | None = None) -> int:
+def poll_after_ms(job: Job | None, now_s: float | None = None) -> int:
     """How long a client polling ``job`` should wait (the ``openai-poll-after-ms`` header the
     official client's ``poll`` honours): its remaining time at its pace so far, 0.2–5 s."""
     if job is None or job.terminal:
@@ -118,7 +140,7 @@ def poll_after_ms(job: Any, now_s: float | None = None) -> int:
     return 500
 
 
-def parse_size(card: Any, size: str | None) -> tuple[int | None, int | None]:
+def parse_size(card: ModelCard, size: str | None) -> tuple[int | None, int | None]:
     """``"WxH"`` -> (width, height) the card allows; (None, None) for its default. 400 names
     ``size``."""
     if size is None:
@@ -136,7 +158,7 @@ def parse_size(card: Any, size: str | None) -> tuple[int | None, int | None]:
     return width, height
 
 
-def frames_for(card: Any, seconds: str | int | None) -> int:
+def frames_for(card: ModelCard, seconds: str | int | None) -> int:
     """Frames of a clip of ``seconds`` (default 4, OpenAI's) at the card's fps, within the
     job limit. 400 names ``seconds``."""
     text = "4" if seconds is None else str(seconds).strip()
@@ -153,7 +175,7 @@ def frames_for(card: Any, seconds: str | int | None) -> int:
     return frames
 
 
-def check_queue(ctx: Any, needed: int = 1, *, now_s: float | None = None) -> None:
+def check_queue(ctx: VideoContext, needed: int = 1, *, now_s: float | None = None) -> None:
     """429 + ``Retry-After`` when ``needed`` more jobs would pass ``--max-queued-jobs``. The
     wait is the soonest a running job should end at its pace so far, 0.5–10 s
     (``retry-after-ms`` to the millisecond, which the official client prefers; ``Retry-After``

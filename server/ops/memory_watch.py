@@ -39,7 +39,8 @@ import sys
 import time
 import tracemalloc
 import types
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ def mallinfo() -> dict[str, int]:
     return {"in_use": info.uordblks, "free_kept": info.fordblks, "mmapped": info.hblkhd}
 
 
-def type_counts(objects: list[Any] | None = None) -> Counter[str]:
+def type_counts(objects: list[object] | None = None) -> Counter[str]:
     """The garbage-collected objects of the process by type name."""
     return Counter(type(o).__name__ for o in (gc.get_objects() if objects is None else objects))
 
@@ -93,16 +94,16 @@ _BUILTIN = frozenset(
 )
 
 
-def _describe(holder: Any, held: Any) -> str:
+def _describe(holder: object, held: object) -> str:
     if isinstance(holder, dict):
         key = next((k for k, v in holder.items() if v is held), None)
         return f"dict[{key!r:.60}]"
-    if isinstance(holder, (list, tuple, set, frozenset)) or type(holder).__name__ == "deque":
+    if isinstance(holder, (list, tuple, set, frozenset, deque)):
         return f"{type(holder).__name__}(len {len(holder)})"
     return type(holder).__qualname__
 
 
-def holders(obj: Any, *, depth: int = 6, skip: tuple[Any, ...] = ()) -> list[str]:
+def holders(obj: object, *, depth: int = 6, skip: tuple[object, ...] = ()) -> list[str]:
     """Who holds ``obj``: one chain of referrers, nearest first (frames and ``skip`` left
     out). A dict that is an instance's ``__dict__`` shows as the key it holds ``obj`` under,
     then the instance's type."""
@@ -164,14 +165,14 @@ class MemoryWatch:
         self.top = top
         self.holder_types = holder_types  # each hop of a chain walks every object: a few only
         self.out = out
-        self.reports: list[dict[str, Any]] = []
+        self.reports: list[dict[str, object]] = []
         self._baseline: tuple[tracemalloc.Snapshot, Counter[str], float] | None = None
         self._task: asyncio.Task[None] | None = None
         self._started_here = False
         self._signal = False
 
     @classmethod
-    def from_env(cls, data_dir: Path, env: Any = os.environ) -> MemoryWatch | None:
+    def from_env(cls, data_dir: Path, env: Mapping[str, str] = os.environ) -> MemoryWatch | None:
         """The watch ``$DREAMRT_DEBUG_MEMORY`` asks for, or None when it is unset."""
         every = env.get(ENV_EVERY)
         if not every:
@@ -207,7 +208,7 @@ class MemoryWatch:
         gc.collect()
         self._baseline = (tracemalloc.take_snapshot(), type_counts(), time.monotonic())
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> dict[str, object]:
         """One report against the baseline (taken now if there is none)."""
         if self._baseline is None:
             self.take_baseline()

@@ -17,10 +17,17 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from models.card import Profile
+    from models.instance import WanInstance
+    from models.precompiled import RegionReport
+    from runtime.cost import CostModel
+    from server.config.serve import ServerConfig
 
 from server.ops.warm_up import compile_summary, warm_up_set
 
@@ -53,7 +60,7 @@ class WarmUpProgress:
     started: float = field(default_factory=time.monotonic)
     graphs_of: Callable[[], tuple[int, int]] | None = None  # -> (ready, loaded), read live
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         """The progress as ``/readyz`` shows it (``docs/api.md``)."""
         self._refresh()
         return {
@@ -96,7 +103,7 @@ class WarmStart:
     directory: Path | None
     took: dict[str, float]
     dynamo: dict[str, float]
-    regions: dict[str, Any]
+    regions: dict[str, RegionReport]
 
     def graph_breaks(self) -> list[str]:
         """Why a region could not be precompiled whole, and restarted analyses (each a graph
@@ -111,7 +118,7 @@ class WarmStart:
         return reasons
 
 
-def load_cost(cost: Any, path: Path) -> None:
+def load_cost(cost: CostModel, path: Path) -> None:
     """Calibrate ``cost`` from the snapshot at ``path`` if there is a usable one."""
     from runtime.cost import CostModelError
 
@@ -125,7 +132,7 @@ def load_cost(cost: Any, path: Path) -> None:
     log.info("cost calibration: %d measured plan costs from %s", entries, path)
 
 
-def save_cost(cost: Any, path: Path) -> None:
+def save_cost(cost: CostModel, path: Path) -> None:
     """Write ``cost``'s measured plan costs to ``path`` (a failure is logged, not raised)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,7 +141,7 @@ def save_cost(cost: Any, path: Path) -> None:
         log.warning("cost calibration not saved to %s: %s", path, exc)
 
 
-def compile_directory(config: Any, model_id: str, instance: Any) -> Path | None:
+def compile_directory(config: ServerConfig, model_id: str, instance: WanInstance) -> Path | None:
     """The compile cache's directory for this card, device and levers (``--compile-cache``,
     default ``DATA_DIR/compile-cache``), with Inductor pointed at it and the instance's
     precompiled regions loaded from it; None for an instance that is not compiled."""
@@ -156,11 +163,11 @@ def compile_directory(config: Any, model_id: str, instance: Any) -> Path | None:
 
 
 async def warm_start(
-    instance: Any,
+    instance: WanInstance,
     directory: Path | None,
-    profiles: Any,
+    profiles: Sequence[Profile],
     num_slabs: int,
-    cost: Any,
+    cost: CostModel,
     progress: WarmUpProgress,
 ) -> WarmStart:
     """Warm ``instance`` up at ``profiles`` and calibrate ``cost`` (``warm_up_set``), showing

@@ -14,17 +14,24 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from models.card import Profile
+    from models.instance import WanInstance
+    from runtime.cost import CostModel
+    from runtime.emissions import Emission
+    from runtime.loop_handle import LoopHandle
 
 __all__ = ["calibrate", "compile_summary", "warm_up", "warm_up_set", "warm_up_stages"]
 
 
 async def warm_up_set(
-    instance: Any,
-    profiles: Any,
+    instance: WanInstance,
+    profiles: Sequence[Profile],
     num_slabs: int,
-    cost: Any = None,
+    cost: CostModel | None = None,
     on_stage: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, float]:
     """``warm_up`` at each of ``profiles`` in turn, then (``cost``: the serving cost model)
@@ -64,7 +71,7 @@ def _prefixed(tell: Callable[[str], None], profile: str, part: str) -> None:
     tell(f"{profile} {part}")
 
 
-def warm_up_stages(instance: Any) -> list[str]:
+def warm_up_stages(instance: WanInstance) -> list[str]:
     """The parts ``warm_up`` runs at each profile, in order: its sessions, a job (a card that
     makes videos), and one session per decoder other than the default."""
     parts = ["sessions"]
@@ -94,17 +101,17 @@ def compile_summary() -> dict[str, float]:
     }
 
 
-def _name(profile: Any) -> str:
+def _name(profile: Profile) -> str:
     return f"{profile.width}x{profile.height}/{profile.chunk_latent_frames}"
 
 
-def _fill_chunks(instance: Any, profile: Any) -> int:
+def _fill_chunks(instance: WanInstance, profile: Profile) -> int:
     """Chunks of ``profile`` until a session's K/V cache is full (then every chunk is steady)."""
     sink, ring = instance.kv_geometry(profile.chunk_latent_frames)
     return -(-(sink + ring) // profile.chunk_latent_frames)
 
 
-async def calibrate(instance: Any, profile: Any, cost: Any) -> None:
+async def calibrate(instance: WanInstance, profile: Profile, cost: CostModel) -> None:
     """One session of ``profile`` per decoder, through the fill of its K/V cache and two
     steady chunks, on an engine whose cost model is ``cost``: what a steady chunk of each
     costs is measured before the first user's session is priced. A decoder whose steady chunk
@@ -159,8 +166,8 @@ async def calibrate(instance: Any, profile: Any, cost: Any) -> None:
 
 
 async def warm_up(
-    instance: Any,
-    profile: Any,
+    instance: WanInstance,
+    profile: Profile,
     num_slabs: int,
     on_part: Callable[[str], None] | None = None,
 ) -> float:
@@ -190,11 +197,11 @@ async def warm_up(
     instance.reserve_kv_slabs(profile, num_slabs)
     engine = Engine(cost=CostModel())
     await engine.start()
-    handles: list[Any] = []
+    handles: list[LoopHandle] = []
     at = (0, fill // 2, fill) if "prompt.switch" in instance.card.capabilities else ()
 
-    def on_emit(index: int, switch_at: tuple[int, ...]) -> Any:
-        def emitted(emission: Any) -> None:
+    def on_emit(index: int, switch_at: tuple[int, ...]) -> Callable[[Emission], None]:
+        def emitted(emission: Emission) -> None:
             meta = emission.spec.meta
             if emission.spec.stream == "media" and meta.final and meta.chunk in switch_at:
                 text = f"warm-up {meta.chunk}"  # a switch at the next chunk: a re-cache
@@ -204,7 +211,7 @@ async def warm_up(
 
         return emitted
 
-    def spawn_session(slab: int, max_chunks: int, decoder: str | None = None) -> Any:
+    def spawn_session(slab: int, max_chunks: int, decoder: str | None = None) -> LoopHandle:
         name = decoder or str(slab)
         handle = engine.spawn(
             instance.loop("chunk_rollout"),
@@ -268,7 +275,7 @@ async def warm_up(
     return time.perf_counter() - start_s
 
 
-def _other_decoders(instance: Any) -> tuple[str, ...]:
+def _other_decoders(instance: WanInstance) -> tuple[str, ...]:
     """The decoders a session may pick other than the default one (none for a model with one)."""
     options = tuple(getattr(instance, "decoder_options", tuple)())
     default = getattr(instance, "default_decoder", None)

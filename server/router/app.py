@@ -107,7 +107,7 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
 
     @app.get("/healthz")
-    def healthz(request: Request) -> dict[str, Any]:
+    def healthz(request: Request) -> dict[str, object]:
         return {"status": "ok", "engines": len(request.app.state.view.cards)}
 
     @app.post("/v1/sessions", dependencies=guarded)
@@ -147,7 +147,7 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         return JSONResponse(body, status_code=404)
 
     @app.get("/v1/fleet", dependencies=guarded)
-    def fleet(request: Request) -> dict[str, Any]:
+    def fleet(request: Request) -> dict[str, object]:
         view: FleetView = request.app.state.view
         engines = [{"instance_id": i, "card": c} for i, c in sorted(view.cards.items())]
         return {

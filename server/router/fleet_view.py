@@ -72,10 +72,10 @@ class FleetView:
     def instance_ids(self) -> list[int]:
         return sorted(self._clients["card"].instance_ids())
 
-    async def call(self, endpoint: str, instance_id: int, request: Any) -> dict[str, Any]:
+    async def call(self, endpoint: str, instance_id: int, request: Any) -> dict[str, object]:
         """One request to one engine's endpoint; its single answer."""
 
-        async def one() -> dict[str, Any]:
+        async def one() -> dict[str, object]:
             stream = await self._clients[endpoint].direct(request, instance_id, annotated=False)
             async for answer in stream:
                 return answer
@@ -183,7 +183,7 @@ class FleetView:
         return None
 
 
-def _no_room(request: PlacementRequest) -> dict[str, Any]:
+def _no_room(request: PlacementRequest) -> dict[str, object]:
     what = request.model or "the default model"
     return {
         "detail": f"no engine of the fleet has room for a {request.kind} of {what}",

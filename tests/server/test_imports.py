@@ -17,6 +17,8 @@ COMPOSITION_ROOTS = {
     "app.py",
     "context.py",
     "ops/warm_up.py",
+    "ops/warm_start.py",
+    "compile_cli.py",
     "spmd_serving.py",
     "data/replay.py",
     "cli.py",

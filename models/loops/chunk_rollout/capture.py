@@ -21,7 +21,7 @@ RNG_RULE = (
 )
 
 
-def chunk_capture(state: Any, steps: Sequence[SigmaStep], precision: str) -> dict[str, Any]:
+def chunk_capture(state: Any, steps: Sequence[SigmaStep], precision: str) -> dict[str, object]:
     """The facts of the chunk ``state`` is about to decode (a ``ChunkRolloutState``)."""
     seeds = [noise_seed(state.seed, state.segment, state.chunk, i) for i in range(-1, len(steps))]
     kv = state.kv

@@ -17,7 +17,6 @@ Jobs (``collect_frames``) also emit ``progress`` on every plan.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -339,7 +338,7 @@ class ChunkPlanner:
         decode = decode_shape_sig(bool(first), latent, shape, self._decoder_sig(state))
         return (*steps, Followup(PlanKind.VAE_DECODE, decode))
 
-    def _capture(self, state: ChunkRolloutState) -> dict[str, Any]:
+    def _capture(self, state: ChunkRolloutState) -> dict[str, object]:
         facts = chunk_capture(state, self._steps, self._m.precision)
         if state.adapters:  # name@content-version:strength of each LoRA adapter it ran with
             facts["adapters"] = self._m.adapters.versions(state.adapters)

@@ -82,7 +82,7 @@ class EvalReport:
     def passed(self) -> bool:
         return bool(self.verdicts) and all(self.verdicts.values())
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self) | {"passed": self.passed, "thresholds": THRESHOLDS}
 
 

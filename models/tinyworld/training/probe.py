@@ -18,8 +18,6 @@ Deterministic: the batch and the noise come from ``seed``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from models.loops.inputs import ACTION_KEYS
@@ -129,7 +127,7 @@ class ActionProbe:
             self.region.sum(dim=(1, 2, 3, 4)) * 3 * CHUNK_FRAMES
         ).clamp_min(1.0)
 
-    def measure(self, dit: PixelDiT, text_encoder: WordTextEncoder) -> dict[str, Any]:
+    def measure(self, dit: PixelDiT, text_encoder: WordTextEncoder) -> dict[str, object]:
         """-> {"probe", "probe_rest", "err_true", "pairs", "rest_pairs"} (module docstring)."""
         was_training = dit.training
         dit.eval()

@@ -42,7 +42,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -110,6 +110,14 @@ class TrainConfig:
     init_from: str | None = None  # a checkpoint to start from (fine-tuning) instead of seeded init
     log_every: int = 50
     checkpoint_every_s: float = 600.0
+
+
+class StepStats(TypedDict):
+    """What one optimizer step reports (averaged over the steps between log records)."""
+
+    loss: torch.Tensor  # the step's loss, detached
+    grad_norm: torch.Tensor  # before clipping, detached
+    rollout: float  # 1.0 once the run is in its self-rollout phase
 
 
 class _Run:
@@ -227,7 +235,7 @@ class _Run:
         warm = min(1.0, (self.n + 1) / self.cfg.warmup_steps)
         return self.cfg.lr * warm * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
-    def step(self, frac: float) -> dict[str, Any]:
+    def step(self, frac: float) -> StepStats:
         cfg = self.cfg
         clips = self.sampler.sample(cfg.batch)
         b = cfg.batch
@@ -283,7 +291,9 @@ class _Run:
             )
 
 
-def train(cfg: TrainConfig, *, device: str | torch.device, out_dir: str | Path) -> dict[str, Any]:
+def train(
+    cfg: TrainConfig, *, device: str | torch.device, out_dir: str | Path
+) -> dict[str, object]:
     """Run the recipe (module docstring); -> the run summary (also in ``train_log.json``)."""
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -294,8 +304,8 @@ def train(cfg: TrainConfig, *, device: str | torch.device, out_dir: str | Path) 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, float]] = []
-    probes: list[dict[str, float]] = [_probe_record(run, 0.0)] if run.probe is not None else []
-    window: list[dict[str, Any]] = []  # what each step returned since the last record
+    probes: list[dict[str, object]] = [_probe_record(run, 0.0)] if run.probe is not None else []
+    window: list[StepStats] = []  # what each step returned since the last record
     start = last_save = time.perf_counter()
     frac, phase_saved = 0.0, False
     while run.n < cfg.max_steps:
@@ -359,13 +369,17 @@ def train(cfg: TrainConfig, *, device: str | torch.device, out_dir: str | Path) 
     return summary
 
 
-def _probe_record(run: _Run, elapsed_s: float, *, ema: bool = False) -> dict[str, Any]:
+def _probe_record(run: _Run, elapsed_s: float, *, ema: bool = False) -> dict[str, object]:
     """The action probe (``probe.py``) of the live weights (what the step just changed; the
     EMA lags them by ~1/(1 - ema) steps) or of the EMA weights -> a log record."""
     if run.probe is None:
         raise RuntimeError("the run has no action probe (probe_every is 0)")
     dit, text = (run.ema_dit, run.ema_text) if ema else (run.dit, run.text)
-    record = {"step": run.n, "elapsed_s": round(elapsed_s, 2), "weights": "ema" if ema else "live"}
+    record: dict[str, object] = {
+        "step": run.n,
+        "elapsed_s": round(elapsed_s, 2),
+        "weights": "ema" if ema else "live",
+    }
     record |= run.probe.measure(dit, text)
     log.info(
         "probe step %(step)d  %(weights)s  probe %(probe).2e  rest %(probe_rest).2e  "

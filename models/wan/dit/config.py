@@ -153,7 +153,7 @@ class WanDiTConfig:
             audio_dim=int(cfg.get("audio_dim", 0)),
         )
 
-    def to_diffusers_config(self) -> dict[str, Any]:
+    def to_diffusers_config(self) -> dict[str, object]:
         """Constructor kwargs of diffusers' ``WanTransformer3DModel`` (hooks are not part of it)."""
         return {
             "patch_size": list(self.patch_size),
@@ -196,7 +196,7 @@ class WanDiTConfig:
             audio_dim=int(cfg.get("audio_dim", 0)),
         )
 
-    def to_original_config(self) -> dict[str, Any]:
+    def to_original_config(self) -> dict[str, object]:
         """Wan's config.json fields, plus our hook widths (readers that do not know them ignore)."""
         return {
             "model_type": "t2v",

@@ -94,7 +94,7 @@ class BranchCache:
     reused: int = 0
     computed: int = 0
 
-    def to_plain(self) -> dict[str, Any]:
+    def to_plain(self) -> dict[str, object]:
         return {
             "probe": self.probe,
             "residual": self.residual,

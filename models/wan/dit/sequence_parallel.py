@@ -48,7 +48,7 @@ class SequenceShards:
     ``size`` its world size, ``rank`` this process's index in it.
     """
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
         self.group = group
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -137,7 +137,7 @@ def local_kv_config(config: WanDiTConfig, sp: int) -> WanDiTConfig:
     return config.replace(num_heads=config.num_heads // sp, dim=config.dim // sp)
 
 
-def enable(dit: Any, group: Any) -> SequenceShards:
+def enable(dit: Any, group: dist.ProcessGroup | None) -> SequenceShards:
     """Make ``dit`` (a ``WanDiT``) run Ulysses over ``group``; returns the shards it uses.
     Every rank of the group must hold the same weights and call the DiT with the same inputs."""
     shards = SequenceShards(group)

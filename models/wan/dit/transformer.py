@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 from torch import nn
@@ -474,15 +474,19 @@ class WanDiT(nn.Module):
         return y.reshape(y.shape[0], self.config.out_channels, f * pt, h * ph, w * pw)
 
 
-def block_past_length(args: tuple[Any, ...]) -> list[tuple[torch.Tensor, int]]:
+def block_past_length(args: tuple[object, ...]) -> list[tuple[torch.Tensor, int]]:
     """The dimension one compiled block graph keeps symbolic (``models.precompiled``): the
     cached tokens a block call attends to, ``past``'s dim 1 (K and V), where it is read
     unmasked (a filled prefix: its length grows while a cache fills). A masked call reads the
     whole cache, a fixed length. ``args``: ``WanBlock.forward``'s, the block first."""
     past, mask = args[7], args[8]
-    if past is None or mask is not None:
+    if mask is not None:
         return []
-    return [(past[0], 1), (past[1], 1)] if isinstance(past, tuple) else [(past.k, 1), (past.v, 1)]
+    if isinstance(past, Fp8Past):
+        return [(past.k, 1), (past.v, 1)]
+    if isinstance(past, tuple) and all(isinstance(t, torch.Tensor) for t in past):
+        return [(t, 1) for t in past if isinstance(t, torch.Tensor)]
+    return []
 
 
 def _gather_past(

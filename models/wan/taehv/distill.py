@@ -266,7 +266,7 @@ def distill(
     checkpoint_dir: str | Path | None = None,
     instance: Any = None,
     clock: Callable[[], float] = time.monotonic,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Run the recipe (module docstring) within ``config.budget_s`` of wall time (from this
     call: loading included); write the student to ``out`` (safetensors, published layout) and
     return a JSON-able summary. ``instance``: the card already loaded (tests, notebooks);

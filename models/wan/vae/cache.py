@@ -40,6 +40,7 @@ __all__ = [
     "EncoderCache",
     "SlotSpec",
     "coder_call",
+    "coder_dynamic",
 ]
 
 
@@ -199,13 +200,34 @@ class EncoderCache(CausalCache):
     """The encoder's feature cache for one ``WanVAE.encode`` call."""
 
 
-def coder_call(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A compiled coder's call arguments with each ``CausalCache`` among them replaced by a view
-    whose ``frames_seen`` is 0 (the stream's first chunk) or 1 (any later one), sharing its
-    buffers (module docstring); other arguments as they are."""
+def coder_call(args: tuple[object, ...]) -> tuple[object, ...]:
+    """A compiled coder's call arguments with each ``CausalCache`` among them replaced by the
+    view it compiles against: the same buffers, ``frames_seen`` 0 (the stream's first chunk) or
+    1 (any later one; module docstring) and no ``grid_hw`` (``(0, 0)``: the coders read the
+    grid from the buffers, their callers check it), so one graph serves every grid size and
+    every later chunk. Other arguments as they are."""
     return tuple(
-        msgspec.structs.replace(a, frames_seen=min(a.frames_seen, 1))
+        msgspec.structs.replace(a, frames_seen=min(a.frames_seen, 1), grid_hw=(0, 0))
         if isinstance(a, CausalCache)
         else a
         for a in args
     )
+
+
+def coder_dynamic(args: tuple[object, ...]) -> list[tuple[torch.Tensor, int]]:
+    """The dimensions one compiled coder graph keeps symbolic (``models.precompiled``): the
+    grid (the last two dimensions) of the latents and of every cache buffer, so one graph
+    serves every size of the compiled set. (The chunk's frame count stays static: the tiny
+    decoder's time upsampling specialises it.) ``args``: the coder's call, the module first,
+    the latents second (``coder_call``'s view of the cache among them)."""
+    marks: list[tuple[torch.Tensor, int]] = []
+    latents = args[1]
+    if isinstance(latents, torch.Tensor):
+        marks += [(latents, latents.ndim - 2), (latents, latents.ndim - 1)]
+    for arg in args[2:]:
+        buffers = arg.buffers if isinstance(arg, CausalCache) else arg
+        if isinstance(buffers, list):
+            for buffer in buffers:
+                if isinstance(buffer, torch.Tensor):
+                    marks += [(buffer, buffer.ndim - 2), (buffer, buffer.ndim - 1)]
+    return marks

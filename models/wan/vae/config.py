@@ -141,7 +141,7 @@ class WanVAEConfig:
                 kwargs[name] = tuple(value) if isinstance(value, list) else value
         return cls(**kwargs)
 
-    def to_diffusers_config(self) -> dict[str, Any]:
+    def to_diffusers_config(self) -> dict[str, object]:
         """The kwargs of ``AutoencoderKLWan(**...)`` describing this architecture."""
         out = asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -72,7 +73,7 @@ class RowBands:
     index in it (band ``rank`` of ``size``, top to bottom). ``exchanges`` counts collectives.
     """
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
         self.group = group
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -117,12 +118,14 @@ class RowBands:
         """Rank 0: every band concatenated along ``dim``; other ranks: their own ``x``."""
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(self.size)] if self.rank == 0 else None
-        dist.gather(x, parts, dst=dist.get_global_rank(self.group, 0), group=self.group)
+        # the default group (None) is the world: its rank 0 is global rank 0
+        first = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        dist.gather(x, parts, dst=first, group=self.group)
         self.exchanges += 1
         return torch.cat(parts, dim=dim) if parts is not None else x
 
 
-def enable(vae: WanVAE, group: Any) -> RowBands:
+def enable(vae: WanVAE, group: dist.ProcessGroup | None) -> RowBands:
     """Make ``vae``'s decoder decode a band of rows over ``group`` (module docstring); the
     encoder is untouched. Every rank must hold the same weights."""
     bands = RowBands(group)
@@ -141,13 +144,13 @@ class RowSplitVAE:
     band-sized ``DecoderCache``; rank 0 returns whole frames [B, 3, n, 8h, 8w], the others
     their band. Every rank must call it alike (collectives inside)."""
 
-    def __init__(self, vae: WanVAE, group: Any) -> None:
+    def __init__(self, vae: WanVAE, group: dist.ProcessGroup | None) -> None:
         self.vae = vae
         self.bands = enable(vae, group)
         self.config = vae.config
         self.decoder = vae.decoder
 
-    def parameters(self) -> Any:
+    def parameters(self) -> Iterator[nn.Parameter]:
         return self.vae.parameters()
 
     def denormalize(self, z: torch.Tensor) -> torch.Tensor:
@@ -160,7 +163,9 @@ class RowSplitVAE:
             )
         return latent_height // self.bands.size
 
-    def new_decoder_cache(self, batch_size: int, latent_height: int, latent_width: int) -> Any:
+    def new_decoder_cache(
+        self, batch_size: int, latent_height: int, latent_width: int
+    ) -> BandCache:
         """A zeroed cache for my band of a new ``latent_height x latent_width`` stream."""
         return _STREAMS.open(self, batch_size, (self._band_rows(latent_height), latent_width))
 
@@ -252,7 +257,7 @@ class SplitDecodeOp(DecodeOp):
         super().set_overlap(False, device)
 
 
-def split_decode(instance: Any, group: Any, latent_height: int) -> bool:
+def split_decode(instance: Any, group: dist.ProcessGroup | None, latent_height: int) -> bool:
     """Decode ``instance``'s streams split by rows over ``group`` (every rank calls it alike);
     False (nothing changes: rank 0 decodes alone) for a codec that is not a ``WanVAE`` or a
     ``latent_height`` that does not split."""
