@@ -126,6 +126,42 @@ def _describe(value: object, dynamic: dict[int, frozenset[int]]) -> object:
     return (type(value).__qualname__,)
 
 
+def _quick_key(args: tuple[object, ...], dynamic: Sequence[tuple[torch.Tensor, int]]) -> tuple:
+    """What ``signature`` encodes, as a hashable tuple built without encoding (the per-call
+    lookup; ``signature`` runs once per new signature)."""
+    dims: dict[int, list[int]] = {}
+    for tensor, dim in dynamic:
+        dims.setdefault(id(tensor), []).append(dim)
+    return (
+        tuple(_quick(a, dims) for a in args),
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+    )
+
+
+def _quick(value: object, dims: dict[int, list[int]]) -> object:
+    if isinstance(value, torch.Tensor):
+        marked = dims.get(id(value))
+        shape: tuple[object, ...] = value.shape
+        strides: tuple[object, ...] = value.stride()
+        if marked:
+            inner = max(marked)
+            shape = tuple(None if i in marked else n for i, n in enumerate(value.shape))
+            strides = tuple(None if i <= inner else n for i, n in enumerate(strides))
+        return (shape, strides, value.dtype, value.device.type, value.requires_grad)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return (type(value), value)
+    if isinstance(value, (tuple, list)):
+        return (type(value), *(_quick(v, dims) for v in value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        return (type(value), *(_quick(getattr(value, f.name), dims) for f in fields))
+    if hasattr(value, "__struct_fields__"):  # a msgspec.Struct
+        names = value.__struct_fields__
+        return (type(value), *(_quick(getattr(value, n), dims) for n in names))
+    return (type(value),)
+
+
 def signature(args: tuple[object, ...], dynamic: Iterable[tuple[torch.Tensor, int]] = ()) -> str:
     """The call signature of ``args`` (module docstring) as a stable string: the same in every
     process for calls that one compiled graph serves."""
@@ -170,7 +206,8 @@ class Region:
         self._dynamic = dynamic
         self._adapt = adapt
         self._entries: dict[str, list[Artifact]] = {}  # signature -> artifacts
-        self._fast: dict[str, Artifact] = {}  # signature -> the artifact its calls use
+        # ``_quick_key`` of a call -> the artifact its calls use (the signature, unencoded)
+        self._fast: dict[tuple[object, ...], Artifact] = {}
         self._store: Path | None = None
         self._lock = threading.RLock()
         self._jit = False
@@ -244,12 +281,13 @@ class Region:
                 return eager(*args, **kwargs)
             full = (module, *args) if self._adapt is None else self._adapt((module, *args))
             marks = () if self._dynamic is None else self._dynamic(full)
-            key = signature(full[1:], marks)
-            fn = self._fast.get(key)
+            quick = _quick_key(full[1:], marks)
+            fn = self._fast.get(quick)
             if fn is None:
-                fn = self._resolve(key, full, marks)
+                fn = self._resolve(signature(full[1:], marks), full, marks)
                 if fn is None:
                     return eager(*args)
+                self._fast[quick] = fn
             return fn(*full)
 
         return call
@@ -266,7 +304,6 @@ class Region:
             for fn in self._entries.get(key, ()):
                 check = getattr(fn, "guard_check", None)
                 if check is None or check(*full):
-                    self._fast[key] = fn
                     return fn
             if self._guard.sealed:
                 self.stats.eager += 1
@@ -278,7 +315,6 @@ class Region:
             if new is None:
                 return None
             self._entries.setdefault(key, []).append(new)
-            self._fast[key] = new
             return new
 
     def _compile(
@@ -300,7 +336,6 @@ class Region:
                     self._fall_back(f"{type(again).__name__}: {_first_line(again)}")
                     return None
                 self._entries.setdefault(key, []).append(fn)
-                self._fast[key] = fn
             else:
                 self._fall_back(f"{type(exc).__name__}: {_first_line(exc)}")
                 return None

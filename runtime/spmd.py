@@ -37,15 +37,16 @@ import io
 import logging
 import pickle
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal, Protocol
 
 import torch
 import torch.distributed as dist
 
-from runtime.executor import ExecJob, Executor, _Attempt
+from runtime.executor import ExecJob, Executor, JobOutcome, _Attempt
 from runtime.observers import BatchInfo, Observer, PlanFault
 from runtime.plans import StepOp
 
@@ -54,6 +55,22 @@ __all__ = ["Channel", "Follower", "Leader", "leader_only", "model_ops"]
 logger = logging.getLogger(__name__)
 
 _STOP = "stop"
+
+# A tensor's persistent id in a published message: a view of a rank-local buffer (name, storage
+# offset, shape, stride), one the followers hold already (key), or one sent after the message
+# (key, its index among the message's tensors).
+_LocalId = tuple[Literal["local"], str, int, tuple[int, ...], tuple[int, ...]]
+_TensorId = _LocalId | tuple[Literal["ref"], int] | tuple[Literal["val"], int, int]
+# What ``Leader.run_job`` publishes: the batch, its op's name, the plans' args and flops.
+_Published = tuple[BatchInfo, str, tuple[object, ...], tuple[float, ...]]
+# One rank's failures of an attempt (``Channel.agree``): its error and its plans' faults.
+_Failures = tuple[tuple[str, str] | None, dict[int, tuple[str, str]]]
+
+
+class _Engine(Protocol):
+    """An engine whose executor ``Leader.install`` replaces (``runtime.engine.Engine``)."""
+
+    executor: Executor
 
 
 def leader_only(op: StepOp) -> bool:
@@ -75,22 +92,22 @@ class _TensorPickler(pickle.Pickler):
     """A pickler that hands each object to ``ident`` first: a tuple it returns is written as
     the object's persistent id (``Channel._tensor_id``), ``None`` pickles it as usual."""
 
-    def __init__(self, file: io.BytesIO, ident: Callable[[object], tuple[Any, ...] | None]) -> None:
+    def __init__(self, file: io.BytesIO, ident: Callable[[object], _TensorId | None]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._ident = ident
 
-    def persistent_id(self, obj: object) -> tuple[Any, ...] | None:
+    def persistent_id(self, obj: object) -> _TensorId | None:
         return self._ident(obj)
 
 
 class _TensorUnpickler(pickle.Unpickler):
     """The other end: ``resolve`` turns each persistent id back into its tensor."""
 
-    def __init__(self, payload: bytes, resolve: Callable[[tuple[Any, ...]], torch.Tensor]) -> None:
+    def __init__(self, payload: bytes, resolve: Callable[[_TensorId], torch.Tensor]) -> None:
         super().__init__(io.BytesIO(payload))
         self._resolve = resolve
 
-    def persistent_load(self, pid: tuple[Any, ...]) -> torch.Tensor:
+    def persistent_load(self, pid: _TensorId) -> torch.Tensor:
         return self._resolve(pid)
 
 
@@ -100,7 +117,7 @@ class Channel:
     def __init__(
         self,
         *,
-        group: Any = None,
+        group: dist.ProcessGroup | None = None,
         device: torch.device | str = "cpu",
         local_buffers: Mapping[str, torch.Tensor] | None = None,
         src: int = 0,
@@ -132,12 +149,19 @@ class Channel:
         for t in outgoing:
             dist.broadcast(t.contiguous(), self.src, group=self.group)
 
-    def _tensor_id(self, obj: object, outgoing: list[torch.Tensor]) -> tuple[Any, ...] | None:
+    def _tensor_id(self, obj: object, outgoing: list[torch.Tensor]) -> _TensorId | None:
         if not isinstance(obj, torch.Tensor):
             return None
         name = self._ptrs.get(obj.untyped_storage().data_ptr())
         if name is not None:
-            return ("local", name, obj.storage_offset(), tuple(obj.shape), obj.stride())
+            view: _LocalId = (
+                "local",
+                name,
+                int(obj.storage_offset()),
+                tuple(obj.shape),
+                obj.stride(),
+            )
+            return view
         if obj.device.type != self.device.type:
             return None  # pickled inline (a CPU tensor on a CUDA channel)
         with self._lock:
@@ -166,10 +190,12 @@ class Channel:
 
     # -- follower --------------------------------------------------------------------------
 
-    def receive(self) -> Any:  # what the leader published: the follower unpacks it
-        box: list[Any] = [None, None, None]
+    def receive(self) -> object:  # what the leader published: the follower unpacks it
+        box: list[object] = [None, None, None]
         dist.broadcast_object_list(box, self.src, group=self.group)
         payload, metas, dropped = box
+        assert isinstance(payload, bytes) and isinstance(metas, list)
+        assert isinstance(dropped, list)
         fresh = []
         for shape, dtype in metas:
             t = torch.empty(shape, dtype=dtype, device=self.device)
@@ -179,13 +205,15 @@ class Channel:
             self._held.pop(key, None)
         return _TensorUnpickler(payload, lambda pid: self._resolve(pid, fresh)).load()
 
-    def _resolve(self, pid: tuple[Any, ...], fresh: list[torch.Tensor]) -> torch.Tensor:
-        if pid[0] == "local":
-            _, name, offset, shape, stride = pid
-            return self.local[name].as_strided(shape, stride, offset)
-        if pid[0] == "val":
-            self._held[pid[1]] = fresh[pid[2]]
-        return self._held[pid[1]]
+    def _resolve(self, pid: _TensorId, fresh: list[torch.Tensor]) -> torch.Tensor:
+        match pid:
+            case ("local", name, offset, shape, stride):
+                return self.local[name].as_strided(shape, stride, offset)
+            case ("val", key, index):
+                self._held[key] = fresh[index]
+                return self._held[key]
+            case ("ref", key):
+                return self._held[key]
 
     @property
     def held(self) -> int:
@@ -204,8 +232,11 @@ class Channel:
         dist.all_gather(rows, flags, group=self.group)
         if not any(bool(r.any()) for r in rows):
             return attempt
-        mine = (attempt.error, {i: (f.code, f.message) for i, f in attempt.faults.items()})
-        theirs: list[Any] = [None] * self.size
+        mine: _Failures = (
+            attempt.error,
+            {i: (f.code, f.message) for i, f in attempt.faults.items()},
+        )
+        theirs = [mine] * self.size  # every rank's, once gathered
         dist.all_gather_object(theirs, mine, group=self.group)
         for rank, (error, _) in enumerate(theirs):
             if error is not None:
@@ -232,13 +263,20 @@ class Leader(_AgreeingExecutor):
     """Rank 0's executor: publishes each batch before running it, and a stop when it stops.
     ``Leader.install(engine, channel)`` swaps it into an engine that has not started."""
 
-    def __init__(self, channel: Channel, **executor_kwargs: Any) -> None:
-        super().__init__(**executor_kwargs)
+    def __init__(
+        self,
+        channel: Channel,
+        *,
+        observers: Sequence[Observer] = (),
+        deterministic: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(observers=observers, deterministic=deterministic, clock=clock)
         self.channel = channel
         self.published: list[tuple[int, str, tuple[str, ...]]] = []
 
     @classmethod
-    def install(cls, engine: Any, channel: Channel) -> Leader:
+    def install(cls, engine: _Engine, channel: Channel) -> Leader:
         old = engine.executor
         leader = cls(
             channel, observers=old.observers, deterministic=old.deterministic, clock=old._clock
@@ -246,10 +284,11 @@ class Leader(_AgreeingExecutor):
         engine.executor = leader
         return leader
 
-    def run_job(self, job: ExecJob) -> Any:
+    def run_job(self, job: ExecJob) -> JobOutcome:
         if not leader_only(job.op):
             name = job.op.name
-            self.channel.publish((job.info, name, job.args, job.plan_flops))
+            published: _Published = (job.info, name, job.args, job.plan_flops)
+            self.channel.publish(published)
             self.published.append((job.info.batch_id, name, job.info.loop_ids))
         return super().run_job(job)
 
@@ -279,7 +318,7 @@ class Follower(_AgreeingExecutor):
     def __init__(
         self,
         channel: Channel,
-        ops: Mapping[str, Any],
+        ops: Mapping[str, StepOp],
         *,
         observers: Sequence[Observer] = (),
         on_batch: Callable[[FollowedBatch], None] | None = None,
@@ -294,7 +333,7 @@ class Follower(_AgreeingExecutor):
         """Run published batches until the stop; returns how many ran."""
         count = 0
         while (message := self.channel.receive()) != _STOP:
-            info, name, args, flops = message
+            info, name, args, flops = _published(message)
             job = ExecJob(info, self.ops[name], args, flops)
             outcome = self.run_job(job)
             count += 1
@@ -303,3 +342,11 @@ class Follower(_AgreeingExecutor):
                 self.on_batch(FollowedBatch(info.batch_id, name, info.loop_ids, failures))
         logger.info("rank %d: the leader stopped after %d batches", self.channel.rank, count)
         return count
+
+
+def _published(message: object) -> _Published:
+    """A received message as the batch ``Leader.run_job`` published."""
+    match message:
+        case (BatchInfo() as info, str(name), tuple(args), tuple(flops)):
+            return info, name, args, flops
+    raise TypeError(f"the leader published {type(message).__name__}, not a batch")

@@ -31,7 +31,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -61,7 +61,7 @@ class SessionManifest:
     fps: int
     width: int
     height: int
-    priority_class: str
+    priority_class: Literal["realtime", "batch"]
     token_sha256: str  # the session token's digest (server.edge.auth stores tokens hashed)
     token_expires_at: float
     engine_id: str  # the engine it was created on (for the logs and the operator)

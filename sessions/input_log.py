@@ -10,7 +10,6 @@ their fields, audio as float32 little-endian sample bytes (exactly what the loop
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import msgspec
 import numpy as np
@@ -24,6 +23,7 @@ from runtime.contract import (
     PromptMode,
 )
 from sessions.store import Store
+from sessions.store_rows import InputRow
 
 __all__ = ["InputLog", "decode_input", "encode_input"]
 
@@ -32,7 +32,7 @@ def encode_input(event: InputEvent) -> tuple[int, str, bytes, float]:
     """-> (seq, kind, payload, received_s) as the store keeps them."""
     payload = event.payload
     if isinstance(payload, PromptInput):
-        body: dict[str, Any] = {"text": payload.text, "mode": payload.mode.value}
+        body: dict[str, object] = {"text": payload.text, "mode": payload.mode.value}
     elif isinstance(payload, ActionInput):
         body = {"keys": list(payload.keys), "mouse": list(payload.mouse)}
     elif isinstance(payload, AudioInput):
@@ -44,12 +44,14 @@ def encode_input(event: InputEvent) -> tuple[int, str, bytes, float]:
     return event.seq, str(kind), msgspec.msgpack.encode(body), float(event.received_s)
 
 
-def decode_input(row: dict[str, Any]) -> InputEvent:
+def decode_input(row: InputRow) -> InputEvent:
     """A stored row (``Store.inputs``) back into the ``InputEvent`` the loop absorbed."""
     body = msgspec.msgpack.decode(row["payload"])
     kind = InputKind(row["kind"])
     if kind is InputKind.PROMPT:
-        payload: Any = PromptInput(text=body["text"], mode=PromptMode(body["mode"]))
+        payload: PromptInput | ActionInput | AudioInput = PromptInput(
+            text=body["text"], mode=PromptMode(body["mode"])
+        )
     elif kind is InputKind.ACTION:
         payload = ActionInput(keys=tuple(body["keys"]), mouse=tuple(body["mouse"]))
     else:

@@ -24,7 +24,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from sessions.loop_watch import LoopWatch
 from sessions.persistence import Persistence
 from sessions.states import JOB_TERMINAL, JobState, check_job_transition
 from sessions.store import Store
+from sessions.store_rows import JobParams
 
 __all__ = ["Job", "JobConfig"]
 
@@ -53,7 +54,7 @@ class JobConfig:
     model_id: str
     prompt: str
     fps: int
-    params: Mapping[str, Any]
+    params: JobParams
 
 
 class Job:
@@ -240,8 +241,10 @@ class Job:
     @property
     def previews(self) -> bool:
         """Whether the job's program streams previews (it has a stream node)."""
-        program = self.config.params.get("program") or {}
-        return any(n.get("kind") == "stream" for n in program.get("nodes", {}).values())
+        nodes = self.config.params.get("program", {}).get("nodes")
+        return isinstance(nodes, dict) and any(
+            isinstance(n, dict) and n.get("kind") == "stream" for n in nodes.values()
+        )
 
     @property
     def handle(self) -> LoopHandleLike | None:

@@ -38,6 +38,7 @@ from sessions.served_models import (
 )
 from sessions.states import JobState
 from sessions.store import Store
+from sessions.store_rows import JobOrigin, JobParams, JobRow
 
 __all__ = ["JobHost"]
 
@@ -86,15 +87,15 @@ class JobHost:
         steps: int | None = None,
         seed: int | None = None,
         job_id: str | None = None,
-        extensions: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, object]] | None = None,
         exact: bool = False,
         group: bool = False,
         tap: Callable[[Emission], None] | None = None,
         keep_latents: bool = False,
         restore_from: bytes | None = None,
         first_event_id: int = 1,
-        program: str | dict[str, Any] | None = None,
-        origin: dict[str, Any] | None = None,
+        program: str | dict[str, object] | None = None,
+        origin: JobOrigin | None = None,
         fork_from: Any = None,
     ) -> Job:
         """Queues a job (batch class; never refused but while the model is held:
@@ -176,7 +177,7 @@ class JobHost:
                 check(request)
             except ValueError as exc:
                 raise UnsupportedTaskError("extensions", str(exc)) from None
-        params: dict[str, Any] = {
+        params: JobParams = {
             "num_frames": num_frames,
             "width": profile.width,
             "height": profile.height,
@@ -187,7 +188,11 @@ class JobHost:
             params |= {"extensions": extensions or {}, "exact": exact}
         if graph is not None:
             params["program"] = graph.to_dict()
-        params |= origin or {}
+        if origin is not None:
+            if "workflow" in origin:
+                params["workflow"] = origin["workflow"]
+            if "moment" in origin:
+                params["moment"] = origin["moment"]
         config = JobConfig(
             job_id=job_id,
             task=task,
@@ -257,7 +262,7 @@ class JobHost:
             del self._jobs[old.id]
 
     def _upsert_job(
-        self, job_id: str, task: str, model_id: str, prompt: str, params: dict[str, Any]
+        self, job_id: str, task: str, model_id: str, prompt: str, params: JobParams
     ) -> None:
         if self.store.get_job(job_id) is None:
             self.store.add_job(
@@ -271,7 +276,7 @@ class JobHost:
         else:
             self.store.update_job(job_id, state=JobState.QUEUED.value, progress=0.0, error=None)
 
-    def resume_jobs(self, rows: list[dict[str, Any]]) -> list[Job]:
+    def resume_jobs(self, rows: list[JobRow]) -> list[Job]:
         """Queues again the jobs a previous process left unfinished (``Store.recover``): from
         their newest snapshot (a graceful shutdown's, or after a kill the newest periodic one,
         ``sessions.job_snapshots``), else from their request; one that cannot be queued ends

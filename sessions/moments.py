@@ -32,6 +32,7 @@ from sessions.job import Job
 from sessions.job_host import JobHost
 from sessions.resume import newest_snapshot
 from sessions.served_models import UnsupportedTaskError
+from sessions.store_rows import SessionRow
 
 __all__ = ["render_moment", "session_of"]
 
@@ -86,7 +87,7 @@ async def render_moment(
     )
 
 
-async def _stored(jobs: JobHost, session_id: str) -> tuple[dict[str, Any], LoopState]:
+async def _stored(jobs: JobHost, session_id: str) -> tuple[SessionRow, LoopState]:
     """The session's row and the state of its newest replay snapshot."""
     row = await jobs.store.run(jobs.store.get_session, session_id)
     path = None

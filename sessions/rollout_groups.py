@@ -37,6 +37,7 @@ from sessions.job_host import JobHost
 from sessions.records import ChunkRecorder, frames_digest
 from sessions.served_models import UnsupportedTaskError, new_id
 from sessions.store import Store
+from sessions.store_rows import RecordRow
 
 __all__ = ["RolloutGroup", "RolloutGroups"]
 
@@ -206,7 +207,7 @@ class RolloutGroups:
             for recorder in group.recorders:
                 recorder.flush()
 
-    def records(self, group: RolloutGroup) -> list[dict[str, Any]]:
+    def records(self, group: RolloutGroup) -> list[RecordRow]:
         """Every written record of the group's samples, in sample then chunk order (store
         thread: ``await store.run(groups.records, group)``)."""
         return [r for job in group.jobs for r in self._store.records(job.id)]

@@ -34,14 +34,27 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar, cast
 
+from sessions.store_rows import (
+    EventRow,
+    FeedbackRow,
+    ForkRow,
+    InputRow,
+    JobParams,
+    JobRow,
+    PreferenceRow,
+    RecordRow,
+    SessionRow,
+    TokenRow,
+)
 from sessions.store_schema import RECORD_JSON, SCHEMA_VERSION, open_schema
 
 __all__ = ["SCHEMA_VERSION", "Store"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Row = TypeVar("Row", bound=Mapping[str, object])
 
 _SESSION_FIELDS = frozenset(
     {"state", "segment", "frames_sent", "stalls", "fps_measured", "error", "prompt"}
@@ -105,7 +118,9 @@ class Store:
 
     def synchronous(self) -> int:
         """The connection's current ``synchronous`` level (1 NORMAL, 2 FULL)."""
-        return int(self._query("PRAGMA synchronous")[0]["synchronous"])
+        level = self._query("PRAGMA synchronous")[0]["synchronous"]
+        assert isinstance(level, int)  # SQLite answers an INTEGER
+        return level
 
     def _execute(
         self, sql: str, params: tuple[object, ...] | Mapping[str, object] = ()
@@ -113,9 +128,15 @@ class Store:
         with self._lock:
             return self._conn.execute(sql, params)
 
-    def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[dict[str, Any]]:
+    def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[dict[str, object]]:
+        """The rows of ``sql`` as dicts (column -> SQLite value); the typed readers below cast
+        them to their table's row (``sessions.store_rows``: the schema's columns)."""
         with self._lock:
             return [dict(row) for row in self._conn.execute(sql, params).fetchall()]
+
+    def _rows(self, _row: type[Row], sql: str, params: tuple[object, ...] = ()) -> list[Row]:
+        """``_query`` read as rows of ``_row`` (a table's row type: its columns, as stored)."""
+        return cast("list[Row]", self._query(sql, params))
 
     def journal_mode(self) -> str:
         return str(self._query("PRAGMA journal_mode")[0]["journal_mode"])
@@ -170,8 +191,8 @@ class Store:
             {**fields, "updated_at": self._clock(), "id": session_id},
         )
 
-    def get_session(self, session_id: str) -> dict[str, Any] | None:
-        rows = self._query("SELECT * FROM sessions WHERE id = ?", (session_id,))
+    def get_session(self, session_id: str) -> SessionRow | None:
+        rows = self._rows(SessionRow, "SELECT * FROM sessions WHERE id = ?", (session_id,))
         return rows[0] if rows else None
 
     # ---------------------------------------------------------------- jobs
@@ -183,7 +204,7 @@ class Store:
         task: str,
         model_id: str,
         prompt: str,
-        params: dict[str, Any],
+        params: JobParams,
         state: str,
     ) -> None:
         now = self._clock()
@@ -205,23 +226,22 @@ class Store:
             {**fields, "updated_at": self._clock(), "id": job_id},
         )
 
-    def get_job(self, job_id: str) -> dict[str, Any] | None:
-        rows = self._query("SELECT * FROM jobs WHERE id = ?", (job_id,))
-        if not rows:
-            return None
-        row = rows[0]
-        row["params"] = json.loads(row["params"])
-        return row
+    def get_job(self, job_id: str) -> JobRow | None:
+        rows = self._jobs("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        return rows[0] if rows else None
 
-    def list_jobs(self, task: str, *, newest_first: bool = True) -> list[dict[str, Any]]:
+    def list_jobs(self, task: str, *, newest_first: bool = True) -> list[JobRow]:
         """Every job of ``task``, by creation time (then id); ``params`` decoded."""
         order = "DESC" if newest_first else "ASC"
-        rows = self._query(
+        return self._jobs(
             f"SELECT * FROM jobs WHERE task = ? ORDER BY created_at {order}, id {order}", (task,)
         )
+
+    def _jobs(self, sql: str, params: tuple[object, ...]) -> list[JobRow]:
+        rows = self._query(sql, params)
         for row in rows:
-            row["params"] = json.loads(row["params"])
-        return rows
+            row["params"] = json.loads(str(row["params"]))
+        return cast("list[JobRow]", rows)
 
     # ---------------------------------------------------------------- events
 
@@ -235,15 +255,16 @@ class Store:
             (owner_id, event_id, event_type, text, time_s),
         )
 
-    def events(self, owner_id: str) -> list[dict[str, Any]]:
-        return self._query(
+    def events(self, owner_id: str) -> list[EventRow]:
+        return self._rows(
+            EventRow,
             "SELECT event_id, type, body, time_s FROM events WHERE owner_id = ? ORDER BY event_id",
             (owner_id,),
         )
 
     # ---------------------------------------------------------------- behaviour records
 
-    def add_record(self, record: dict[str, Any]) -> None:
+    def add_record(self, record: Mapping[str, object]) -> None:
         row = dict(record)
         for name in RECORD_JSON:
             if name in row:
@@ -253,17 +274,17 @@ class Store:
         placeholders = ", ".join(f":{name}" for name in row)
         self._execute(f"INSERT OR REPLACE INTO records({columns}) VALUES ({placeholders})", row)
 
-    def records(self, session_id: str) -> list[dict[str, Any]]:
+    def records(self, session_id: str) -> list[RecordRow]:
         rows = self._query(
             "SELECT * FROM records WHERE session_id = ? ORDER BY segment, chunk", (session_id,)
         )
         for row in rows:
             for name in RECORD_JSON:
                 if row.get(name) is not None:
-                    row[name] = json.loads(row[name])
-        return rows
+                    row[name] = json.loads(str(row[name]))
+        return cast("list[RecordRow]", rows)
 
-    def record(self, session_id: str, chunk: int, segment: int | None = None) -> dict[str, Any]:
+    def record(self, session_id: str, chunk: int, segment: int | None = None) -> RecordRow:
         """The record of ``chunk`` (the latest segment's unless ``segment`` is given);
         ``KeyError`` naming the session's recorded chunks when there is none."""
         rows = [
@@ -290,8 +311,9 @@ class Store:
                 [(loop_id, step, seq, kind, payload, t) for seq, kind, payload, t in rows],
             )
 
-    def inputs(self, loop_id: str, from_step: int = 0) -> list[dict[str, Any]]:
-        return self._query(
+    def inputs(self, loop_id: str, from_step: int = 0) -> list[InputRow]:
+        return self._rows(
+            InputRow,
             "SELECT step, seq, kind, payload, received_s FROM inputs"
             " WHERE loop_id = ? AND step >= ? ORDER BY step, seq",
             (loop_id, from_step),
@@ -308,8 +330,10 @@ class Store:
         )
         return int(cursor.lastrowid or 0)
 
-    def feedback(self, session_id: str) -> list[dict[str, Any]]:
-        return self._query("SELECT * FROM feedback WHERE session_id = ? ORDER BY id", (session_id,))
+    def feedback(self, session_id: str) -> list[FeedbackRow]:
+        return self._rows(
+            FeedbackRow, "SELECT * FROM feedback WHERE session_id = ? ORDER BY id", (session_id,)
+        )
 
     def add_fork(
         self,
@@ -336,14 +360,16 @@ class Store:
         )
         return int(cursor.lastrowid or 0)
 
-    def forks(self, session_id: str) -> list[dict[str, Any]]:
+    def forks(self, session_id: str) -> list[ForkRow]:
         """The forks of ``session_id``, newest first (``candidates`` decoded)."""
         rows = self._query(
             "SELECT * FROM forks WHERE session_id = ? ORDER BY id DESC", (session_id,)
         )
-        return [{**row, "candidates": json.loads(row["candidates"])} for row in rows]
+        for row in rows:
+            row["candidates"] = json.loads(str(row["candidates"]))
+        return cast("list[ForkRow]", rows)
 
-    def find_fork(self, session_id: str, candidate: str) -> dict[str, Any] | None:
+    def find_fork(self, session_id: str, candidate: str) -> ForkRow | None:
         return next((r for r in self.forks(session_id) if candidate in r["candidates"]), None)
 
     def choose_fork(
@@ -382,8 +408,8 @@ class Store:
             finally:
                 self._conn.execute("PRAGMA synchronous=NORMAL")
 
-    def preferences(self) -> list[dict[str, Any]]:
-        return self._query("SELECT * FROM preferences ORDER BY id")
+    def preferences(self) -> list[PreferenceRow]:
+        return self._rows(PreferenceRow, "SELECT * FROM preferences ORDER BY id")
 
     # ---------------------------------------------------------------- tokens
 
@@ -393,13 +419,13 @@ class Store:
             (token_hash, scope, expires_at, self._clock()),
         )
 
-    def get_token(self, token_hash: str) -> dict[str, Any] | None:
-        rows = self._query("SELECT * FROM tokens WHERE hash = ?", (token_hash,))
+    def get_token(self, token_hash: str) -> TokenRow | None:
+        rows = self._rows(TokenRow, "SELECT * FROM tokens WHERE hash = ?", (token_hash,))
         return rows[0] if rows else None
 
     # ---------------------------------------------------------------- recovery
 
-    def recover(self) -> list[dict[str, Any]]:
+    def recover(self) -> list[JobRow]:
         """Marks interrupted sessions failed; returns interrupted jobs (to queue again)."""
         placeholders = ",".join("?" * len(_LIVE_SESSION_STATES))
         self._execute(
@@ -407,12 +433,9 @@ class Store:
             f" updated_at = ? WHERE state IN ({placeholders})",
             (self._clock(), *_LIVE_SESSION_STATES),
         )
-        rows = self._query(
-            "SELECT * FROM jobs WHERE state IN ('queued', 'running') ORDER BY created_at"
+        return self._jobs(
+            "SELECT * FROM jobs WHERE state IN ('queued', 'running') ORDER BY created_at", ()
         )
-        for row in rows:
-            row["params"] = json.loads(row["params"])
-        return rows
 
 
 def _log_failure(future: concurrent.futures.Future[object]) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from models.programs.comfyui import compile_workflow
 from sessions.job_host import JobHost
+from sessions.store_rows import JobParams
 
 __all__ = ["submit_workflow", "workflow_view"]
 
@@ -40,12 +41,12 @@ def submit_workflow(jobs: JobHost, workflow: Any, *, model: str | None = None) -
         program=compiled.program.to_dict(),
         origin={"workflow": compiled.mapping},
     )
-    view = workflow_view(submitted.id, submitted.config.model_id, dict(submitted.config.params))
+    view = workflow_view(submitted.id, submitted.config.model_id, submitted.config.params)
     assert view is not None  # submitted with its workflow mapping just above
     return view
 
 
-def workflow_view(job_id: str, model_id: str, params: dict[str, Any]) -> dict[str, Any] | None:
+def workflow_view(job_id: str, model_id: str, params: JobParams) -> dict[str, object] | None:
     """The body of ``GET /v1/workflows/{id}`` from a job's parameters; None for a job that
     did not come from a workflow."""
     mapping = params.get("workflow")

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
@@ -51,6 +51,7 @@ from sessions.host import Reject
 from sessions.moments import render_moment
 from sessions.resume import ResumeError
 from sessions.session import PromptTooLongError, Session, SessionStateError
+from sessions.store_rows import EventRow
 
 if TYPE_CHECKING:
     from server.context import ServerContext
@@ -182,7 +183,7 @@ async def get_session(session_id: str, request: Request, grant: AuthGrant) -> di
     row = await ctx.store.run(ctx.store.get_session, session_id)
     if row is None:
         raise ApiError(404, "not_found", f"no session {session_id!r}")
-    return {
+    stored: dict[str, object] = {
         key: row[key]
         for key in (
             "id",
@@ -195,7 +196,8 @@ async def get_session(session_id: str, request: Request, grant: AuthGrant) -> di
             "created_at",
             "error",
         )
-    } | {"model": row["model_id"]}
+    }
+    return stored | {"model": row["model_id"]}
 
 
 @router.post("/{session_id}/offer")
@@ -406,7 +408,7 @@ async def events(session_id: str, request: Request, grant: AuthGrant) -> Streami
             headers={"Retry-After": str(int(sse.SSE_KEEPALIVE_S))},
         )
     subscription = session.events.subscribe(after_id=after)
-    earlier: list[dict[str, Any]] = []
+    earlier: list[EventRow] = []
     first_id = session.events.first_id
     if after + 1 < first_id:  # resumed: what its previous process published is stored
         try:

@@ -46,7 +46,7 @@ async def get_workflow(workflow_id: str, request: Request, grant: AuthGrant) -> 
     job = ctx.jobs.job(workflow_id)
     view = None
     if job is not None:
-        view = workflow_view(job.id, job.config.model_id, dict(job.config.params))
+        view = workflow_view(job.id, job.config.model_id, job.config.params)
         if view is not None:
             view["state"] = job.state.value
     else:

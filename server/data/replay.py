@@ -25,14 +25,19 @@ import asyncio
 import copy
 import sys
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
+    import torch
+
     from models.instance import WanInstance
+    from runtime.contract import InputEvent
+    from sessions.store_rows import InputRow, RecordRow
 
 __all__ = ["ReplayError", "ReplayResult", "add_parser", "load_model", "main", "replay_chunk"]
 
@@ -51,7 +56,8 @@ class ReplayResult:
     replay_key: str
     plans_run: int
     frames: np.ndarray  # uint8 [n, H, W, 3]
-    latents: Any = None  # torch [1, C, f, h, w]: the chunk's final latents (what was decoded)
+    # torch [1, C, f, h, w]: the chunk's final latents (what was decoded)
+    latents: torch.Tensor | None = None
     step_batch: int = 1  # the largest batch its steps ran in live (> 1: equal within tolerance)
 
     @property
@@ -121,16 +127,17 @@ def replay_chunk(
     )
 
 
-def load_model(record: dict[str, Any], device: str = "cpu") -> WanInstance:
-    """The model a record was generated with, at its precision, on ``device``."""
+def load_model(record: Mapping[str, object], device: str = "cpu") -> WanInstance:
+    """The model a record was generated with, at its precision, on ``device`` (``record``: a
+    ``records`` row, decoded (``Store.records``) or as stored (the export's)."""
     from models import registry
     from models.instance import load_instance
 
-    card = registry.get(record["model_id"])
-    return load_instance(card, device=device, precision=record["precision"])
+    card = registry.get(str(record["model_id"]))
+    return load_instance(card, device=device, precision=str(record["precision"]))
 
 
-def _serving_as_recorded(instance: WanInstance, record: dict[str, Any]) -> WanInstance:
+def _serving_as_recorded(instance: WanInstance, record: RecordRow) -> WanInstance:
     """``instance`` latching inputs as the live run did: with the restart policy the chunk's
     record names (``dreamrt serve --steering``; older records name none: the instance's)."""
     name = record.get("restart_policy")
@@ -148,14 +155,14 @@ def _serving_as_recorded(instance: WanInstance, record: dict[str, Any]) -> WanIn
 
 
 async def _drive(
-    instance: WanInstance, blob: bytes, rows: list[dict[str, Any]], record: dict[str, Any]
-) -> tuple[np.ndarray, Any, int]:
+    instance: WanInstance, blob: bytes, rows: list[InputRow], record: RecordRow
+) -> tuple[np.ndarray, torch.Tensor | None, int]:
     from runtime.contract import Stream
     from runtime.driver import Driver, InlineContext
     from runtime.snapshot import resolve_state_type
     from sessions.input_log import decode_input
 
-    by_step: dict[int, list[Any]] = defaultdict(list)
+    by_step: dict[int, list[InputEvent]] = defaultdict(list)
     for row in rows:
         by_step[row["step"]].append(decode_input(row))
     loop = instance.loop(record["loop_id"])
@@ -163,7 +170,7 @@ async def _drive(
     state_type = resolve_state_type(loop, blob)
     driver = Driver.from_snapshot(loop, ctx, blob, state_type, device=instance.device)
     parts: list[np.ndarray] = []
-    latents: list[Any] = []
+    latents: list[torch.Tensor] = []
     target = (record["segment"], record["chunk"])
     while True:
         for event in by_step.pop(driver.state.step, []):

@@ -13,6 +13,7 @@ from fastapi.responses import StreamingResponse
 
 from server.edge.errors import ApiError
 from sessions.events import encode_event
+from sessions.store_rows import EventRow
 
 __all__ = [
     "SSE_HEADERS",
@@ -43,7 +44,7 @@ def after_id(request: Request) -> int:
     return int(after)
 
 
-def stored_frames(rows: Iterable[dict[str, Any]]) -> list[bytes]:
+def stored_frames(rows: Iterable[EventRow]) -> list[bytes]:
     """Frames of stored event rows (``Store.events``), in their order."""
     return [frame(row["event_id"], row["type"], row["body"].encode()) for row in rows]
 

@@ -13,7 +13,11 @@ model's default profile would reserve (``session_share``): a router compares it 
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from server.fleet.context import FleetContext
+    from sessions.served_models import ServedModel
 
 __all__ = ["CARD_VERSION", "deployment_card", "engine_id_for"]
 
@@ -25,12 +29,14 @@ def engine_id_for(host: str, port: int) -> str:
     return f"{socket.gethostname()}:{port}"
 
 
-def deployment_card(ctx: Any) -> dict[str, object]:
+def deployment_card(ctx: FleetContext) -> dict[str, object]:
     """The engine's DeploymentCard as JSON-able data (see the module docstring)."""
     config = ctx.config
     snapshot_dir = config.recording.snapshot_dir
     engine = ctx.engine
-    usage = engine.admission.usage()
+    admission = engine.admission
+    assert admission is not None  # a serving engine admits (server.lifespan builds it so)
+    usage = admission.usage()
     capacity = usage.effective_compute_capacity
     slabs_free, slabs_capacity = ctx.host.slab_counts()
     jobs = ctx.jobs.counts()
@@ -56,7 +62,7 @@ def deployment_card(ctx: Any) -> dict[str, object]:
             "compute_capacity": capacity,
             "headroom": max(0.0, capacity - usage.compute_gpu_s_per_s),
             "tightened": usage.tightened,
-            "deadline_miss_ratio": engine.admission.miss_ratio(),
+            "deadline_miss_ratio": admission.miss_ratio(),
             "kv_slabs_free": slabs_free,
             "kv_slabs_capacity": slabs_capacity,
             "queue_depth": engine.scheduler.depth(),
@@ -69,7 +75,7 @@ def deployment_card(ctx: Any) -> dict[str, object]:
     }
 
 
-def _model_entry(ctx: Any, served: Any) -> dict[str, object]:
+def _model_entry(ctx: FleetContext, served: ServedModel) -> dict[str, object]:
     card = served.card
     streams = "session.realtime" in card.capabilities
     return {

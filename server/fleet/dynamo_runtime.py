@@ -13,14 +13,59 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Protocol
 
-__all__ = ["DEFAULT_FLEET_DIR", "dynamo_runtime"]
+__all__ = [
+    "DEFAULT_FLEET_DIR",
+    "DynamoClient",
+    "DynamoEndpoint",
+    "DynamoRuntime",
+    "EndpointHandler",
+    "dynamo_runtime",
+]
+
+# An endpoint's handler: (the request, Dynamo's context) -> its answers (one, here).
+EndpointHandler = Callable[[object, object], AsyncIterator[dict[str, object]]]
+
+
+class DynamoClient(Protocol):
+    """What dreamrt calls of a Dynamo endpoint's client (the router's)."""
+
+    def instance_ids(self) -> list[int]: ...
+
+    async def direct(
+        self, request: object, instance_id: int, *, annotated: bool
+    ) -> AsyncIterator[dict[str, object]]: ...
+
+
+class DynamoEndpoint(Protocol):
+    """What dreamrt calls of a Dynamo endpoint (``DistributedRuntime.endpoint``)."""
+
+    def serve_endpoint(
+        self, handler: EndpointHandler, *, graceful_shutdown: bool
+    ) -> Awaitable[None]: ...
+
+    def connection_id(self) -> int: ...
+
+    def unregister_endpoint_instance(self) -> Awaitable[None]: ...
+
+    def client(self) -> Awaitable[DynamoClient]: ...
+
+
+class DynamoRuntime(Protocol):
+    """What dreamrt calls of Dynamo's ``DistributedRuntime``."""
+
+    def endpoint(self, path: str) -> DynamoEndpoint: ...
+
+    def shutdown(self) -> None: ...
+
 
 DEFAULT_FLEET_DIR = "/tmp/dreamrt-fleet"  # file discovery's directory when none is given
 
 
-def dynamo_runtime(discovery: str | None, fleet_dir: Any) -> Any:
+def dynamo_runtime(discovery: str | None, fleet_dir: str | Path | None) -> DynamoRuntime:
     """A Dynamo ``DistributedRuntime`` on the running loop: discovery ``file`` (the
     directory ``fleet_dir``, else ``$DYN_FILE_KV``, else /tmp/dreamrt-fleet), ``etcd``
     (``$ETCD_ENDPOINTS``) or ``kubernetes``; TCP requests, ZMQ events."""

@@ -29,14 +29,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
 
 import httpx
 
 from runtime.task_set import TaskSet
+from server.fleet.context import FleetContext
 from server.fleet.deployment import deployment_card
-from server.fleet.dynamo_runtime import dynamo_runtime
+from server.fleet.dynamo_runtime import (
+    DynamoEndpoint,
+    DynamoRuntime,
+    EndpointHandler,
+    dynamo_runtime,
+)
 from sessions.handoff import (
     HandoffError,
     SessionManifest,
@@ -45,6 +50,7 @@ from sessions.handoff import (
     write_manifest,
 )
 from sessions.host import SESSION_LOOP, Reject
+from sessions.session import Session
 
 __all__ = ["ENDPOINTS", "FleetWorker", "write_session_manifest"]
 
@@ -56,7 +62,7 @@ _PLACE_TIMEOUT_S = 30.0
 _PLACE_ROUTES = {"session": "/v1/sessions", "job": "/v1/jobs", "video": "/v1/videos"}
 
 
-def write_session_manifest(ctx: Any, session: Any, token: str) -> None:
+def write_session_manifest(ctx: FleetContext, session: Session, token: str) -> None:
     """Shared storage learns what resuming ``session`` elsewhere needs (``--snapshot-dir``)."""
     from server.edge.auth import SESSION_TOKEN_TTL_S, token_digest
 
@@ -74,16 +80,18 @@ def write_session_manifest(ctx: Any, session: Any, token: str) -> None:
         token_expires_at=session.created_at + SESSION_TOKEN_TTL_S,
         engine_id=ctx.engine_id,
     )
-    write_manifest(ctx.config.recording.snapshot_dir, manifest)
+    snapshot_dir = ctx.config.recording.snapshot_dir
+    assert snapshot_dir is not None  # the caller writes manifests only with --snapshot-dir
+    write_manifest(snapshot_dir, manifest)
 
 
 class FleetWorker:
     """See the module docstring. ``start()`` registers, ``close()`` unregisters (idempotent)."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: FleetContext) -> None:
         self._ctx = ctx
-        self._runtime: Any = None
-        self._endpoints: dict[str, Any] = {}
+        self._runtime: DynamoRuntime | None = None
+        self._endpoints: dict[str, DynamoEndpoint] = {}
         self._tasks = TaskSet()  # the endpoints' servers and the drain
         self._http: httpx.AsyncClient | None = None
         self.instance_id: int | None = None
@@ -91,7 +99,7 @@ class FleetWorker:
 
     async def start(self) -> None:
         config = self._ctx.config
-        self._runtime = dynamo_runtime(config.fleet.discovery, config.fleet.discovery_dir)
+        self._runtime = runtime = dynamo_runtime(config.fleet.discovery, config.fleet.discovery_dir)
         headers = {}
         if self._ctx.auth.mode.value == "token":  # this worker's own way into the REST API
             token, _ = self._ctx.auth.issue("admin", 30 * 24 * 3600.0)
@@ -101,9 +109,13 @@ class FleetWorker:
             headers=headers,
             timeout=_PLACE_TIMEOUT_S,
         )
-        handlers = {"card": self._card, "health": self._health, "place": self._place}
+        handlers: dict[str, EndpointHandler] = {
+            "card": self._card,
+            "health": self._health,
+            "place": self._place,
+        }
         for name in ENDPOINTS:
-            endpoint = self._runtime.endpoint(f"{config.fleet.namespace}.{COMPONENT}.{name}")
+            endpoint = runtime.endpoint(f"{config.fleet.namespace}.{COMPONENT}.{name}")
             self._endpoints[name] = endpoint
             self._tasks.spawn(self._serve(name, endpoint, handlers[name]), f"dreamrt-fleet-{name}")
         self.instance_id = self._endpoints["card"].connection_id()
@@ -115,7 +127,7 @@ class FleetWorker:
             self._ctx.public_url,
         )
 
-    async def _serve(self, name: str, endpoint: Any, handler: Any) -> None:
+    async def _serve(self, name: str, endpoint: DynamoEndpoint, handler: EndpointHandler) -> None:
         try:
             await endpoint.serve_endpoint(handler, graceful_shutdown=False)
         except asyncio.CancelledError:
@@ -158,18 +170,24 @@ class FleetWorker:
 
     # ------------------------------------------------------------------ endpoint handlers
 
-    async def _card(self, request: Any, context: Any = None) -> AsyncIterator[dict[str, Any]]:
+    async def _card(
+        self, request: object, context: object = None
+    ) -> AsyncIterator[dict[str, object]]:
         yield deployment_card(self._ctx)
 
-    async def _health(self, request: Any, context: Any = None) -> AsyncIterator[dict[str, Any]]:
+    async def _health(
+        self, request: object, context: object = None
+    ) -> AsyncIterator[dict[str, object]]:
         status = "draining" if self._ctx.draining else "ok"
         yield {"status": status, "engine_id": self._ctx.engine_id}
 
-    async def _place(self, request: Any, context: Any = None) -> AsyncIterator[dict[str, Any]]:
+    async def _place(
+        self, request: object, context: object = None
+    ) -> AsyncIterator[dict[str, object]]:
         answer = await self.place(request if isinstance(request, dict) else {})
         yield {**answer, "engine_id": self._ctx.engine_id, "url": self._ctx.public_url}
 
-    async def place(self, request: dict[str, Any]) -> dict[str, object]:
+    async def place(self, request: Mapping[str, object]) -> dict[str, object]:
         kind = request.get("kind")
         if self._ctx.draining:
             return _refused(503, "draining", "this engine is leaving the fleet", retry_after_s=1)
@@ -177,7 +195,7 @@ class FleetWorker:
             route = _PLACE_ROUTES[kind]
             assert self._http is not None  # made by start, before the endpoints serve
             response = await self._http.post(route, json=request.get("body") or {})
-            answer: dict[str, Any] = {"status": response.status_code, "body": response.json()}
+            answer: dict[str, object] = {"status": response.status_code, "body": response.json()}
             if "retry-after" in response.headers:
                 answer["retry_after_s"] = float(response.headers["retry-after"])
             return answer
@@ -238,7 +256,7 @@ class FleetWorker:
         return {"status": 201, "body": body}
 
 
-def _refused(status: int, code: str, message: str, **extra: Any) -> dict[str, object]:
+def _refused(status: int, code: str, message: str, **extra: float) -> dict[str, object]:
     return {"status": status, "body": {"detail": message, "code": code}, **extra}
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
@@ -39,6 +39,7 @@ from server.openai.videos import (
     thumbnail_png,
     video_object,
 )
+from sessions.store_rows import JobRow
 
 if TYPE_CHECKING:
     from models.card import ModelCard
@@ -57,7 +58,7 @@ def card_of(ctx: VideoContext, model: str | None) -> ModelCard:
         raise OpenAIError(404, str(exc.args[0]), param="model", code="model_not_found") from None
 
 
-async def _find(ctx: VideoContext, video_id: str) -> tuple[dict[str, Any], Job | None]:
+async def _find(ctx: VideoContext, video_id: str) -> tuple[JobRow, Job | None]:
     """(store row, job in memory or None) of video ``video_id``; 404 when there is none."""
     # read after the writes the store has queued: the row of a video made a moment ago exists
     row = await ctx.store.run(ctx.store.get_job, video_id)

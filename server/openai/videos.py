@@ -18,9 +18,10 @@ import io
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from server.openai.errors import OpenAIError, invalid
+from sessions.store_rows import JobRow
 
 if TYPE_CHECKING:
     from models.card import ModelCard
@@ -69,7 +70,7 @@ class VideoContext(Protocol):
     def store(self) -> Store: ...
 
 
-def is_deleted(row: dict[str, Any]) -> bool:
+def is_deleted(row: JobRow) -> bool:
     return row.get("error") == DELETED
 
 
@@ -103,7 +104,7 @@ def _error(state: str, error: str | None) -> dict[str, str] | None:
     return {"code": code, "message": message or code}
 
 
-def video_object(row: dict[str, Any], job: Job | None, fps: int | None) -> dict[str, object]:
+def video_object(row: JobRow, job: Job | None, fps: int | None) -> dict[str, object]:
     """The ``video`` object of the job whose store ``row`` this is (``job``: the job held in
     memory, whose state and progress are live; None for an older one)."""
     params = row["params"]

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from server.fleet.dynamo_runtime import DynamoClient, DynamoRuntime
 from server.router.placement import Candidate, HeadroomPlacement, PlacementRequest
 
 __all__ = ["FleetView"]
@@ -37,7 +38,7 @@ class FleetView:
 
     def __init__(
         self,
-        runtime: Any,
+        runtime: DynamoRuntime,
         namespace: str,
         *,
         placement: HeadroomPlacement | None = None,
@@ -47,7 +48,7 @@ class FleetView:
         self.namespace = namespace
         self.placement = placement or HeadroomPlacement()
         self.poll_s = poll_s
-        self._clients: dict[str, Any] = {}
+        self._clients: dict[str, DynamoClient] = {}
         self.cards: dict[int, dict[str, Any]] = {}
         self.orphans: dict[str, str] = {}  # session id -> engine id it was lost with
         self.resumed: dict[str, str] = {}  # session id -> engine id it was resumed on
@@ -72,7 +73,7 @@ class FleetView:
     def instance_ids(self) -> list[int]:
         return sorted(self._clients["card"].instance_ids())
 
-    async def call(self, endpoint: str, instance_id: int, request: Any) -> dict[str, object]:
+    async def call(self, endpoint: str, instance_id: int, request: object) -> dict[str, object]:
         """One request to one engine's endpoint; its single answer."""
 
         async def one() -> dict[str, object]:
