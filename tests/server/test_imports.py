@@ -8,6 +8,7 @@ The walk reads every import statement, those inside functions included.
 from __future__ import annotations
 
 import ast
+from collections import deque
 from pathlib import Path
 
 SERVER = Path(__file__).resolve().parents[2] / "server"
@@ -30,9 +31,24 @@ CARD_DATA = {"models.card", "models.registry", "models.loops.requests"}
 SHARED_RUNTIME = {"runtime.errors", "runtime.task_set"}
 
 
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node but those under ``if TYPE_CHECKING:`` (an annotation's import runs nothing:
+    a Protocol of an edge may name the engine it reads)."""
+    out: list[ast.AST] = []
+    todo = deque([tree])  # breadth first, as ast.walk
+    while todo:
+        node = todo.popleft()
+        out.append(node)
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            todo += node.orelse
+            continue
+        todo += ast.iter_child_nodes(node)
+    return out
+
+
 def _imported_modules(path: Path) -> list[str]:
     names: list[str] = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in _runtime_nodes(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
