@@ -17,7 +17,7 @@ length, then symbolic). A ``Region`` instead:
   inner strides with the dynamic dimensions left out, the structure of the other arguments and
   the grad mode), verified by the artifact's own guards on the first call of each signature;
 - saves each artifact (``save_compiled_function``: the guards, the transformed bytecode and
-  Inductor's compiled code) to ``store/<region>/<n>.aot`` with the signature beside it, and
+  Inductor's compiled code) to ``store/<region>/<hash>-<n>.aot`` with the signature beside it, and
   loads them at the next start: a start from the cache traces nothing; Inductor's kernels come
   from its own cache in the same directory (``server.ops.compile_cache``).
 
@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -311,39 +313,39 @@ class Region:
                 return None
             if self._jit:
                 return None
-            new = self._compile(key, full, marks)
-            if new is None:
+            compiled = self._compile(key, full, marks)
+            if compiled is None:
                 return None
-            self._entries.setdefault(key, []).append(new)
-            return new
+            key, fn = compiled
+            self._entries.setdefault(key, []).append(fn)
+            self._save(key, fn)
+            return fn
 
     def _compile(
         self, key: str, full: tuple[object, ...], marks: Sequence[tuple[torch.Tensor, int]]
-    ) -> Artifact | None:
+    ) -> tuple[str, Artifact] | None:
+        """A new artifact for ``full`` -> (its signature, it); None after a fall-back."""
         began = time.perf_counter()
         try:
             fn = self._aot_compile(full, marks)
         except Exception as exc:  # noqa: BLE001 - a graph break, or a torch without aot_compile
-            if marks and type(exc).__name__ == "ConstraintViolationError":
-                # a dimension the rule marks is one the code specialises: this region's
-                # graphs are static from now on (those compiled already keep their keys)
-                log.warning("%s: dynamic dimensions dropped (%s)", self.name, _first_line(exc))
-                self._dynamic = None
-                key = signature(full[1:])
-                try:
-                    fn = self._aot_compile(full, ())
-                except Exception as again:  # noqa: BLE001 - as above
-                    self._fall_back(f"{type(again).__name__}: {_first_line(again)}")
-                    return None
-                self._entries.setdefault(key, []).append(fn)
-            else:
+            if not (marks and type(exc).__name__ == "ConstraintViolationError"):
                 self._fall_back(f"{type(exc).__name__}: {_first_line(exc)}")
+                return None
+            # a dimension the rule marks is one the code specialises: this region's graphs are
+            # static from now on (those compiled already keep their signatures)
+            log.warning("%s: dynamic dimensions dropped (%s)", self.name, _first_line(exc))
+            self._dynamic = None
+            key = signature(full[1:])
+            try:
+                fn = self._aot_compile(full, ())
+            except Exception as again:  # noqa: BLE001 - as above
+                self._fall_back(f"{type(again).__name__}: {_first_line(again)}")
                 return None
         _check_guards_once(fn)
         self.stats.compile_s += time.perf_counter() - began
         self.stats.compiled += 1
-        self._save(key, fn)
-        return fn
+        return key, fn
 
     def _aot_compile(
         self, full: tuple[object, ...], marks: Sequence[tuple[torch.Tensor, int]]
@@ -364,18 +366,25 @@ class Region:
                 _unmark(tensor)
 
     def _save(self, key: str, fn: Artifact) -> None:
+        """Write ``fn`` and its signature to the store, each file whole or not at all (servers
+        that share a volume may write the same signature: the names are the signature's hash
+        and the artifact's place among its signature's, and the last whole write wins)."""
         if self._store is None:
             return
-        index = sum(len(v) for v in self._entries.values())
-        path = self._store / f"{index:03d}.aot"
+        name = hashlib.sha256(key.encode()).hexdigest()[:16]
+        nth = len(self._entries.get(key, ())) - 1  # a signature's other artifacts keep theirs
+        path = self._store / f"{name}-{nth}.aot"
+        partial = path.with_suffix(f".aot.{os.getpid()}.tmp")
         try:
-            fn.save_compiled_function(str(path))
+            fn.save_compiled_function(str(partial))
+            os.replace(partial, path)
         except Exception as exc:  # noqa: BLE001 - serving goes on; the next start compiles it
             log.warning("%s: could not save a compiled graph (%s); not cached", self.name, exc)
-            path.unlink(missing_ok=True)
+            partial.unlink(missing_ok=True)
             return
-        meta = {"signature": key, "bytes": path.stat().st_size}
-        path.with_suffix(".json").write_text(json.dumps(meta) + "\n")
+        meta = path.with_suffix(f".json.{os.getpid()}.tmp")
+        meta.write_text(json.dumps({"signature": key, "bytes": path.stat().st_size}) + "\n")
+        os.replace(meta, path.with_suffix(".json"))
 
     def _fall_back(self, reason: str) -> None:
         """Compile the modules just in time from now on (``module.compile()``, guarded)."""
