@@ -4,8 +4,8 @@ One noun a module: ``errors`` (the three errors), ``vocabulary`` (enums and the
 capability/precision/input tables), ``specs`` (components, schedules, loops, caches), ``recipe``
 (recipe, parity, precisions), ``manifest`` (the checkpoint manifest), ``profile`` (latent
 geometry, serving profile), ``ui`` (example prompts and controls), ``parallel`` (the multi-GPU
-plan) and ``model`` (the card itself and what ``validate`` checks). Every name is re-exported
-here, so ``from models.card import X`` is the one import callers need.
+plan), ``checks`` (what ``validate`` checks) and ``model`` (the card itself). Every name is
+re-exported here, so ``from models.card import X`` is the one import callers need.
 """
 
 from __future__ import annotations

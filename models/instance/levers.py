@@ -24,9 +24,10 @@ from models.instance.errors import InstanceError
 from models.loops.ops import DecodeOp, LatentCodec
 from models.precompiled import Region, RegionReport, aot_supported
 from models.wan.dit.attention import WanSelfAttention
+from models.wan.dit.block import block_past_length
 from models.wan.dit.config import WanDiTConfig
 from models.wan.dit.cuda_graphs import ChunkGraphs
-from models.wan.dit.transformer import WanDiT, block_past_length
+from models.wan.dit.transformer import WanDiT
 from models.wan.kernels.attention import UnknownBackendError, select_backend
 from models.wan.kernels.fp8_linear import quantize_linears
 from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry

@@ -12,7 +12,7 @@ from models.wan.dit.attention import WanCrossAttention, WanSelfAttention
 from models.wan.dit.config import WanDiTConfig
 from models.wan.kv.fp8 import Fp8Past
 
-__all__ = ["WanBlock", "WanHead"]
+__all__ = ["WanBlock", "WanHead", "block_past_length"]
 
 
 def _norm_fp32(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -81,3 +81,18 @@ class WanHead(nn.Module):
         # x: [B, N, dim]; e: [B, 1 | N, dim] -> [B, N, out_channels * patch_volume]
         shift, scale = (self.modulation.float() + e.float().unsqueeze(2)).unbind(2)
         return self.head((_norm_fp32(self.norm, x) * (1 + scale) + shift).type_as(x))
+
+
+def block_past_length(args: tuple[object, ...]) -> list[tuple[torch.Tensor, int]]:
+    """The dimension one compiled block graph keeps symbolic (``models.precompiled``): the
+    cached tokens a block call attends to, ``past``'s dim 1 (K and V), where it is read
+    unmasked (a filled prefix: its length grows while a cache fills). A masked call reads the
+    whole cache, a fixed length. ``args``: ``WanBlock.forward``'s, the block first."""
+    past, mask = args[7], args[8]
+    if mask is not None:
+        return []
+    if isinstance(past, Fp8Past):
+        return [(past.k, 1), (past.v, 1)]
+    if isinstance(past, tuple) and all(isinstance(t, torch.Tensor) for t in past):
+        return [(t, 1) for t in past if isinstance(t, torch.Tensor)]
+    return []

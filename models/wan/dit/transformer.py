@@ -54,7 +54,6 @@ __all__ = [
     "InputShapeError",
     "WanBlock",
     "WanDiT",
-    "block_past_length",
     "dit_flops",
     "param_dtype",
 ]
@@ -472,21 +471,6 @@ class WanDiT(nn.Module):
         y = y.reshape(y.shape[0], f, h, w, pt, ph, pw, self.config.out_channels)
         y = y.permute(0, 7, 1, 4, 2, 5, 3, 6)  # [B, C, f, pt, h, ph, w, pw]
         return y.reshape(y.shape[0], self.config.out_channels, f * pt, h * ph, w * pw)
-
-
-def block_past_length(args: tuple[object, ...]) -> list[tuple[torch.Tensor, int]]:
-    """The dimension one compiled block graph keeps symbolic (``models.precompiled``): the
-    cached tokens a block call attends to, ``past``'s dim 1 (K and V), where it is read
-    unmasked (a filled prefix: its length grows while a cache fills). A masked call reads the
-    whole cache, a fixed length. ``args``: ``WanBlock.forward``'s, the block first."""
-    past, mask = args[7], args[8]
-    if mask is not None:
-        return []
-    if isinstance(past, Fp8Past):
-        return [(past.k, 1), (past.v, 1)]
-    if isinstance(past, tuple) and all(isinstance(t, torch.Tensor) for t in past):
-        return [(t, 1) for t in past if isinstance(t, torch.Tensor)]
-    return []
 
 
 def _gather_past(
