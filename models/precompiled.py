@@ -39,7 +39,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
@@ -107,30 +107,9 @@ def _load_artifact(path: Path) -> Artifact:
         return AOTCompiledFunction.deserialize(file.read(), None, None)
 
 
-def _describe(value: object, dynamic: dict[int, frozenset[int]]) -> object:
-    """One argument as plain data (module docstring: ``signature``)."""
-    if isinstance(value, torch.Tensor):
-        dims = dynamic.get(id(value), frozenset())
-        inner = max(dims) if dims else -1  # strides outside a dynamic dim may hold its size
-        shape = tuple("*" if i in dims else n for i, n in enumerate(value.shape))
-        strides = tuple("*" if i <= inner else s for i, s in enumerate(value.stride()))
-        return ("T", shape, strides, str(value.dtype), value.device.type, value.requires_grad)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (tuple, list)):
-        return (type(value).__name__, *(_describe(v, dynamic) for v in value))
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = dataclasses.fields(value)
-        return (type(value).__name__, *(_describe(getattr(value, f.name), dynamic) for f in fields))
-    if hasattr(value, "__struct_fields__"):  # a msgspec.Struct
-        names = value.__struct_fields__
-        return (type(value).__name__, *(_describe(getattr(value, n), dynamic) for n in names))
-    return (type(value).__qualname__,)
-
-
 def _quick_key(args: tuple[object, ...], dynamic: Sequence[tuple[torch.Tensor, int]]) -> tuple:
-    """What ``signature`` encodes, as a hashable tuple built without encoding (the per-call
-    lookup; ``signature`` runs once per new signature)."""
+    """The call signature as a hashable tuple: the per-call lookup (``signature`` encodes it,
+    once per new signature)."""
     dims: dict[int, list[int]] = {}
     for tensor, dim in dynamic:
         dims.setdefault(id(tensor), []).append(dim)
@@ -164,15 +143,22 @@ def _quick(value: object, dims: dict[int, list[int]]) -> object:
     return (type(value),)
 
 
-def signature(args: tuple[object, ...], dynamic: Iterable[tuple[torch.Tensor, int]] = ()) -> str:
+def signature(args: tuple[object, ...], dynamic: Sequence[tuple[torch.Tensor, int]] = ()) -> str:
     """The call signature of ``args`` (module docstring) as a stable string: the same in every
-    process for calls that one compiled graph serves."""
-    dims: dict[int, set[int]] = {}
-    for tensor, dim in dynamic:
-        dims.setdefault(id(tensor), set()).add(dim)
-    frozen = {key: frozenset(value) for key, value in dims.items()}
-    modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
-    return json.dumps([_describe(a, frozen) for a in args] + [modes], default=str)
+    process for calls that one compiled graph serves (``_quick_key``, encoded)."""
+    return json.dumps(_plain(_quick_key(args, dynamic)))
+
+
+def _plain(value: object) -> object:
+    """``_quick_key``'s parts as JSON data: classes and dtypes by name, ``None`` for a dynamic
+    size (and a ``None`` argument), tuples as lists."""
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, type):
+        return value.__qualname__
+    if isinstance(value, torch.dtype):
+        return str(value)
+    return value
 
 
 @dataclasses.dataclass
