@@ -34,6 +34,7 @@ from server.edge.request_guard import RequestGuard
 from server.fleet.deployment import engine_id_for
 from server.lifespan import lifespan_of
 from server.media.webrtc import configure_video_bitrate, restrict_host_candidates
+from server.ops.compile_cache import cost_file
 from server.ops.heap_trim import HeapTrim, freeze_loaded_heap
 from server.ops.loop_watchdog import LoopWatchdog
 from server.ops.memory_watch import MemoryWatch
@@ -124,7 +125,8 @@ async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContex
     # model and levers: a restart from the cache on a fresh machine need not calibrate), then
     # the last run's on this machine, newer: admitted from the start
     cost_path = config.data_dir / "cost" / f"{model_id}@{device.replace(':', '-')}.json"
-    for path in (None if compiled_dir is None else compiled_dir / "cost.json", cost_path):
+    cached = None if compiled_dir is None else cost_file(compiled_dir, instance.levers)
+    for path in (cached, cost_path):
         if path is not None:
             load_cost(cost, path)
     if warmed:

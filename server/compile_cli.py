@@ -51,7 +51,7 @@ async def _compile(config: ServerConfig) -> int:
     from runtime.cost import CostModel, DeviceConstants
     from server import spmd_serving
     from server.config.groups import DEFAULT_MODEL
-    from server.ops.compile_cache import cache_bytes
+    from server.ops.compile_cache import cache_bytes, cost_file
     from server.ops.warm_start import WarmUpProgress, compile_directory, load_cost, warm_start
 
     began = time.monotonic()
@@ -64,7 +64,7 @@ async def _compile(config: ServerConfig) -> int:
     assert directory is not None  # compile=True
     on_gpu = str(instance.device).startswith("cuda")
     cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
-    load_cost(cost, directory / "cost.json")
+    load_cost(cost, cost_file(directory, instance.levers))
     served = compiled_set(instance.card)
     done = await warm_start(
         instance,

@@ -4,7 +4,8 @@ For each ``--setups`` entry a fresh ``dreamrt serve`` (subprocess, loopback) wit
 then sessions of that setup's profile are asked for one at a time, each watched by a real aiortc
 viewer (``clients.python.viewer``), ``--ramp-s`` apart, until the server refuses one (503 +
 ``Retry-After``: admission) or ``--max-sessions`` are up. Every admitted session is then
-watched for ``--seconds``; per viewer:
+watched for ``--seconds`` while its viewer switches prompts every ``--switch-every-s`` (3.5 s;
+0: never), the sessions' switches spread over the period; per viewer:
 
 - delivered fps: fresh frames (not stall repeats) over the window;
 - stalls per minute: gaps between fresh frames longer than ``STALL_FACTOR`` x the nominal
@@ -148,15 +149,28 @@ async def run_setup(url: str, setup: Setup, args: argparse.Namespace) -> dict[st
             await asyncio.sleep(args.ramp_s)
         begin = time.monotonic()
         marks = [len(w.viewer.fresh_frames()) for w in watched]
+        every_s = float(getattr(args, "switch_every_s", 0.0))
+        switching = [
+            asyncio.create_task(_switch_prompts(w, k, len(watched), every_s, begin + args.seconds))
+            for k, w in enumerate(watched)
+            if every_s > 0
+        ]
         await asyncio.sleep(args.seconds)
         end = time.monotonic()
+        switches = [await task for task in switching] or [0] * len(watched)
         sessions = []
         for w, mark in zip(watched, marks, strict=True):
             fresh = [f.received_s for f in w.viewer.fresh_frames()[mark:] if f.received_s <= end]
             stats = frame_stats(fresh, w.profile["fps"], end - begin)
             info = await w.api.session(w.session_id)
             sessions.append(
-                {"id": w.session_id, "profile": w.profile, **stats, "server": _subset(info)}
+                {
+                    "id": w.session_id,
+                    "profile": w.profile,
+                    **stats,
+                    "prompt_switches": switches[len(sessions)],
+                    "server": _subset(info),
+                }
             )
     finally:
         for w in watched:
@@ -171,6 +185,19 @@ async def run_setup(url: str, setup: Setup, args: argparse.Namespace) -> dict[st
         "refusal": refusal,
         "sessions": sessions,
     }
+
+
+async def _switch_prompts(w: _Watched, index: int, count: int, every_s: float, until: float) -> int:
+    """Switch ``w``'s prompt every ``every_s`` until ``until`` (monotonic), the sessions'
+    switches spread over the period (a viewer steering, as users do) -> switches sent."""
+    await asyncio.sleep(every_s * (index + 1) / max(count, 1))
+    sent = 0
+    while time.monotonic() + 0.5 < until:
+        scene = ("a red ball on grass", "a blue square on sand", "a green cone in snow")[sent % 3]
+        await w.api.prompt(w.session_id, f"capacity probe {index}: {scene}")
+        sent += 1
+        await asyncio.sleep(every_s)
+    return sent
 
 
 def _subset(info: dict[str, Any]) -> dict[str, Any]:
@@ -231,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-sessions", type=int, default=8)
     parser.add_argument("--ramp-s", type=float, default=3.0)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--switch-every-s", type=float, default=3.5, help="prompt switch period (0: none)"
+    )
     parser.add_argument("--timeout-s", type=float, default=60.0)
     parser.add_argument("--startup-timeout-s", type=float, default=300.0)
     parser.add_argument("--server-arg", action="append", default=[], help="serve argument, all")

@@ -9,6 +9,10 @@
 #   bash infra/bench/h200_capacity.sh compile                 # dreamrt compile: fresh, cached
 #   bash infra/bench/h200_capacity.sh probe,start             # ready fresh, from the cache
 #                                                             # and from a copy of it
+#   bash infra/bench/h200_capacity.sh startup                 # dreamrt compile fresh, cached,
+#                                                             # from a copy pruned to what start
+#                                                             # needs; then serve from the cache:
+#                                                             # sessions per GPU, time to steer
 #
 # The warm stage's fresh start alone takes ~400 s on the H200, so one call holds a fresh and a
 # cached start and little else: WARM_PHASES=fresh,cached WARM_SETUPS= (empty: no setups)
@@ -88,6 +92,45 @@ if has compile; then
     grep -v "warm-up \[" "$OUT/compile_$phase.log" | grep -E "^\||Dynamo|cache:|graph break|compiling |warm-up done|Error" | cut -c1-300 | tail -14
   done
   du -sh /tmp/bench-cache/*/ /tmp/bench-cache/*/regions 2>/dev/null
+fi
+if has startup; then
+  # one call: `dreamrt compile` on a bare machine, again from its cache (local caches emptied),
+  # again from a copy that holds only key.json, cost.json and regions/ (what start needs: the
+  # size a fleet copies); then `dreamrt serve` from the cache with the default flags: ready,
+  # sessions per GPU at each profile with prompt switches, time to steer, compiles after ready
+  pkill -INT -f -- '--compile-cache' && sleep 5
+  BC=/tmp/bench-cache PC=/tmp/pruned-cache
+  rm -rf "/tmp/torchinductor_$(whoami)" ~/.triton/cache "$BC" "$PC" /tmp/bench-data /tmp/pruned-data
+  for phase in fresh cached pruned; do
+    rm -rf "/tmp/torchinductor_$(whoami)" ~/.triton/cache
+    cache=$BC
+    if [ "$phase" = pruned ]; then
+      for dir in "$BC"/*/; do
+        mkdir -p "$PC/$(basename "$dir")"
+        cp -r "$dir/key.json" "$dir/cost.json" "$dir/regions" "$PC/$(basename "$dir")/"
+      done
+      cache=$PC
+      du -sh "$BC"/*/ "$PC"/*/ "$BC"/*/regions 2>/dev/null
+    fi
+    began=$SECONDS
+    limit=$([ "$phase" = fresh ] && echo "${COMPILE_FRESH_S:-260}" || echo "${COMPILE_CACHED_S:-70}")
+    timeout "$limit" $PY -m server compile --model wan2.1-1.3b-causal --device cuda \
+      --random-weights --max-sessions 6 --compile-cache "$cache" \
+      --data-dir "/tmp/$phase-data" >"$OUT/compile_$phase.log" 2>&1
+    echo "dreamrt compile ($phase): exit $?, $((SECONDS - began)) s with the interpreter's start"
+    grep -v "warm-up \[" "$OUT/compile_$phase.log" | grep -E "^\||Dynamo|cache:|graph break|compiling |warm-up done|loaded wan|Error" | cut -c1-300 | tail -16
+  done
+  rm -rf "/tmp/torchinductor_$(whoami)" ~/.triton/cache
+  timeout "${SERVE_S:-300}" $PY -m infra.bench.warm_serving --model wan2.1-1.3b-causal \
+    --device cuda --random-weights --max-sessions "${WARM_MAX_SESSIONS:-6}" --phases cached \
+    --cache "$BC" --empty-local-caches --mixed-on none --latency-on cached --prompts 4 \
+    --cached-setups "${SERVE_SETUPS-full=832x480@16,tiny=832x480@16/tiny,small=480x272@16}" \
+    --seconds "${SERVE_WATCH_S:-12}" --switch-every-s 3.5 --keep-logs "$OUT/logs" \
+    --json "$OUT/serve_cached.json" >"$OUT/serve_cached.log" 2>&1
+  tail -30 "$OUT/serve_cached.log"
+  grep -h "loaded wan\|precompiled graphs loaded\|warm-up done\|dreamrt ready\|compiles after" \
+    "$OUT"/logs/*.log | cut -c1-300 | head -20
+  pkill -INT -f -- '--compile-cache' && sleep 2
 fi
 if has start; then
   # ready fresh (empty caches) and from the compile cache, with one capacity setup and the time

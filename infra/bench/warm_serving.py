@@ -357,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phases", default="fresh,cached,second")
     parser.add_argument("--ramp-s", type=float, default=2.0)
     parser.add_argument("--seconds", type=float, default=12.0, help="capacity watch window")
+    parser.add_argument(
+        "--switch-every-s", type=float, default=3.5, help="prompt switch period in capacity setups"
+    )
     parser.add_argument("--timeout-s", type=float, default=60.0)
     parser.add_argument("--startup-timeout-s", type=float, default=600.0)
     parser.add_argument("--server-arg", action="append", default=[], help="serve argument, all")

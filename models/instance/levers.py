@@ -31,7 +31,8 @@ from models.wan.dit.transformer import WanDiT
 from models.wan.kernels.attention import UnknownBackendError, select_backend
 from models.wan.kernels.fp8_linear import quantize_linears
 from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
-from models.wan.vae.cache import coder_call, coder_dynamic
+from models.wan.vae.cache import coder_call, coder_dynamic, decoder_dynamic
+from models.wan.vae.coders import Decoder
 
 __all__ = ["InstanceLevers"]
 
@@ -151,9 +152,10 @@ class InstanceLevers:
         """Optimise the step bodies for serving (GPU; infra/bench/RESULTS.md): ``configure``
         the levers, then (once) make the DiT blocks and the decoders precompiled regions
         (``models.precompiled``: one graph for all blocks per chunk shape, the K/V past length
-        symbolic; one per decoder and chunk shape; kept in the compile cache once
-        ``use_precompiled`` names it). Torch without ``aot_compile`` compiles the same modules
-        just in time (``module.compile()``). 3D conv weights become channels-last (cuDNN's fast
+        symbolic; per decoder one per chunk shape, the grid symbolic and the VAE's frame count
+        too above one; kept in the compile cache once ``use_precompiled`` names it). Torch
+        without ``aot_compile`` compiles the same modules just in time (``module.compile()``).
+        3D conv weights become channels-last (cuDNN's fast
         layout once the norms around them are fused; a tiny decoder's 2D convolutions keep
         theirs - ``dreamrt bench tiny-decoder`` measures both). The first chunks after this
         pay the compilation. Compilation and FP8 are one-way."""
@@ -214,7 +216,7 @@ class InstanceLevers:
                     type(module).forward,
                     [module],
                     self.compile_guard,
-                    dynamic=coder_dynamic,
+                    dynamic=decoder_dynamic if isinstance(module, Decoder) else coder_dynamic,
                     adapt=coder_call,
                 )
             )

@@ -21,7 +21,9 @@ satisfy what the loops use: a ``WanDiT``-compatible DiT, a VAE-like codec
 from __future__ import annotations
 
 import importlib
+import logging
 import math
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Self
@@ -61,6 +63,8 @@ if TYPE_CHECKING:
     from models.programs.graph import Program
 
 __all__ = ["InstanceError", "WanInstance", "load_instance"]
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -385,7 +389,9 @@ def load_instance(
         "random_weights": random_weights,
         "checkpoint_dir": checkpoint_dir,
     }
+    began = time.perf_counter()
     dit, vae, encoder = _component_builder(card.family)(card, **built)
+    built_s = time.perf_counter() - began
     dit = dit.to(device=dev).eval()
     _cast_dit(dit, dtype)
     vae = vae.to(device=dev, dtype=dtype).eval()
@@ -394,6 +400,14 @@ def load_instance(
         option: codec.to(device=dev, dtype=dtype).eval()
         for option, codec in (others(card, **built) if others is not None else {}).items()
     }
+    log.info(
+        "loaded %s on %s in %.1f s (DiT, codec and text encoder %.1f s, %s weights)",
+        card.model_id,
+        dev,
+        time.perf_counter() - began,
+        built_s,
+        "random" if random_weights or card.weights.value == "random" else "checkpoint",
+    )
     card = with_loaded_decoders(card, decoders)
     text = CachedTextEncoder(
         encoder, TextEmbeddingCache(), model_id=card.model_id, weights_version=card.weights_version

@@ -2,7 +2,8 @@
 
 Plans: ``text_encode`` of the prompt (and of the negative prompt when CFG is on), one
 ``diffusion_step`` per schedule step over the whole latent clip (CFG as a policy: both branches
-in one batch of 2), then the clip's ``vae_decode`` in chunks through the causal decoder cache.
+in one batch of 2), then the clip's ``vae_decode`` in chunks through the causal decoder cache
+(its first latent frame alone, as a session's: ``models.loops.ops.decode_pieces``).
 Distilled few-step schedules (``guidance_scale`` 1, x0-prediction + re-noising) and multi-step
 Euler schedules share the same body; ``renoise`` picks the update rule. A job may lower or raise
 the guidance scale (``JobRequest.guidance_scale``; 1 turns CFG off); the steps are the recipe's.
@@ -27,7 +28,7 @@ import torch
 from models.card import LoopSpec
 from models.loops.extensions import LoopExtensions, extension_summary
 from models.loops.model import LoopModel
-from models.loops.ops import DecodeArgs, DiffusionStepArgs
+from models.loops.ops import DecodeArgs, DiffusionStepArgs, decode_pieces
 from models.loops.requests import JobRequest
 from models.loops.sampling import noise_seed, sigma_steps
 from models.wan.dit.flops import dit_flops
@@ -191,8 +192,7 @@ class DiffusionDenoise:
                 flops=self._flops(state) * (2 if cfg else 1),
             )
         if state.decode and state.decoded_latents < state.latent_frames:
-            start = state.decoded_latents
-            end = min(state.latent_frames, start + state.decode_chunk)
+            start, end = self._pieces(state)[0]
             assert state.latents is not None  # the steps made them
             decode = DecodeArgs(latents=state.latents[:, :, start:end], cache=state.decoder)
             return self._plan(
@@ -217,9 +217,7 @@ class DiffusionDenoise:
             state.denoise_step += 1
         else:
             state.frames.append(result.output)
-            state.decoded_latents = min(
-                state.latent_frames, state.decoded_latents + state.decode_chunk
-            )
+            state.decoded_latents = self._pieces(state)[0][1]
         return state
 
     def finalize(self, state: DiffusionState) -> LoopResult:
@@ -261,18 +259,22 @@ class DiffusionDenoise:
         ]
         if state.decode:
             hw = f"{state.latent_h}x{state.latent_w}"
-            for start in range(state.decoded_latents, state.latent_frames, state.decode_chunk):
-                n = min(state.decode_chunk, state.latent_frames - start)
-                table.append(
-                    (PlanKind.VAE_DECODE.value, f"decode:{int(start == 0)}:{n}x{hw}", 1, 0.0)
-                )
+            for start, stop in self._pieces(state):
+                sig = f"decode:{int(start == 0)}:{stop - start}x{hw}"
+                table.append((PlanKind.VAE_DECODE.value, sig, 1, 0.0))
         return [row for row in table if row[2] > 0]
 
     def plans_total(self, state: DiffusionState) -> int:
         """The plans this job runs in all (its progress total)."""
         encodes = 2 if state.guidance_scale != 1.0 else 1
-        decodes = math.ceil(state.latent_frames / state.decode_chunk) if state.decode else 0
+        decodes = len(decode_pieces(0, state.latent_frames, state.decode_chunk))
+        decodes = decodes if state.decode else 0
         return encodes + len(self._steps) + decodes
+
+    @staticmethod
+    def _pieces(state: DiffusionState) -> list[tuple[int, int]]:
+        """The decodes left (``decode_pieces``: the clip's first latent frame alone)."""
+        return decode_pieces(state.decoded_latents, state.latent_frames, state.decode_chunk)
 
     def _plan(
         self,

@@ -1,9 +1,10 @@
 """``latent_decode``: a decoder of the card turning latents into frames, as a program node.
 
 The latents arrive piece by piece (``feed``: what the upstream loop made so far; a rollout's
-chunks, or a whole clip) and are decoded in pieces of at most ``decode_chunk`` latent frames,
-in order, through the decoder's causal feature cache (``vae_decode`` plans on the decoder's own
-op: a tiny decoder's decodes never batch with the VAE's). So a decoder fed a rollout's chunks
+chunks, or a whole clip) and are decoded in pieces of at most ``decode_chunk`` latent frames
+(the stream's first latent frame alone: ``models.loops.ops.decode_pieces``), in order, through
+the decoder's causal feature cache (``vae_decode`` plans on the decoder's own op: a tiny
+decoder's decodes never batch with the VAE's). So a decoder fed a rollout's chunks
 decodes exactly what that rollout's own decode would have (same pieces, same cache), and its
 frames equal the decoder's alone. ``close`` says no more latents come. ``next`` returns None
 while it waits for latents: only a program (``models.programs.program_loop``) drives this
@@ -20,7 +21,7 @@ import torch
 
 from models.loops.chunk_rollout.plans import chunk_shape_sig, decode_shape_sig
 from models.loops.model import LoopModel
-from models.loops.ops import DecodeArgs
+from models.loops.ops import DecodeArgs, decode_pieces
 from models.wan.vae.cache import DecoderCache
 from runtime.contract import (
     Done,
@@ -34,7 +35,18 @@ from runtime.contract import (
     pts_of_frame,
 )
 
-__all__ = ["DecodeState", "LatentDecode"]
+__all__ = ["DecodeState", "LatentDecode", "fed_pieces"]
+
+
+def fed_pieces(done: int, total: int, feed: int, chunk: int) -> list[tuple[int, int]]:
+    """The decodes (start, stop) of latent frames ``done .. total`` fed ``feed`` at a time (a
+    rollout's chunks; 0: all at once) in pieces of at most ``chunk`` (``LatentDecode.feed``)."""
+    step = feed or max(total - done, 1)
+    return [
+        piece
+        for start in range(done, total, step)
+        for piece in decode_pieces(start, min(start + step, total), chunk)
+    ]
 
 
 class DecodeState(LoopState, kw_only=True):
@@ -93,8 +105,9 @@ class LatentDecode:
     def feed(state: DecodeState, latents: torch.Tensor) -> None:
         """Queue ``latents`` [1, C, f, h, w] (the next f latent frames of the stream)."""
         frames = latents.shape[2]
-        for start in range(0, frames, state.decode_chunk):
-            state.pending.append(latents[:, :, start : start + state.decode_chunk])
+        done = state.latent_frames
+        for start, stop in decode_pieces(done, done + frames, state.decode_chunk):
+            state.pending.append(latents[:, :, start - done : stop - done])
         state.latent_frames += frames
 
     @staticmethod
@@ -146,17 +159,17 @@ class LatentDecode:
         return LoopResult({"frames": frames})
 
     def plan_table(
-        self, state: DecodeState, latent_frames: int
+        self, state: DecodeState, latent_frames: int, feed: int = 0
     ) -> list[tuple[str, str, int, float]]:
-        """(kind, shape signature, count, FLOPs per plan) of the decodes of ``latent_frames``
-        more latent frames (in pieces of ``decode_chunk``): a price's part."""
+        """(kind, shape signature, count, FLOPs per plan) of the decodes of the ``latent_frames``
+        latent frames not decoded yet (those pending among them), fed ``feed`` at a time (a
+        rollout's chunk; 0: at once) and decoded in ``fed_pieces``: a price's part."""
         default = getattr(self._m, "default_decoder", "")
         chunk_sig = chunk_shape_sig(state.chunk_frames, state.latent_h, state.latent_w)
         decoder = "" if self._decoder == default else self._decoder
         rows: dict[str, int] = {}
-        first = state.frames_out == 0
-        for start in range(0, latent_frames, state.decode_chunk):
-            n = min(state.decode_chunk, latent_frames - start)
-            sig = decode_shape_sig(first and start == 0, n, chunk_sig, decoder)
+        start = state.latent_frames - sum(p.shape[2] for p in state.pending)
+        for a, b in fed_pieces(start, start + latent_frames, feed, state.decode_chunk):
+            sig = decode_shape_sig(a == 0, b - a, chunk_sig, decoder)
             rows[sig] = rows.get(sig, 0) + 1
         return [(PlanKind.VAE_DECODE.value, sig, n, 0.0) for sig, n in rows.items()]

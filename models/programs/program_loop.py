@@ -32,7 +32,7 @@ import torch
 
 from models.loops.chunk_rollout.state import ChunkRolloutState
 from models.loops.diffusion_denoise import DiffusionState
-from models.loops.latent_decode import DecodeState, LatentDecode
+from models.loops.latent_decode import DecodeState, LatentDecode, fed_pieces
 from models.loops.requests import JobRequest, ProgramRequest
 from models.programs.graph import EdgeKind, NodeKind, Program
 from models.programs.validation import check, loop_spec_id, task_of
@@ -292,11 +292,13 @@ class ProgramLoop:
         loop, sub = self._loops[node_id], self._sub(state, node_id)
         if node_id in state.decodes:
             source = self._program.into(node_id)[0].source
-            if source in state.rollouts:
+            if source in state.rollouts:  # fed chunk by chunk
                 r = state.rollouts[source]
-                chunks = (r.max_chunks or 1) - r.next_chunk
-                return chunks * -(-r.chunk_frames // sub.decode_chunk)
-            return -(-state.denoises[source].latent_frames // sub.decode_chunk)
+                f = r.chunk_frames
+                pieces = fed_pieces(r.next_chunk * f, (r.max_chunks or 1) * f, f, sub.decode_chunk)
+            else:  # fed whole
+                pieces = fed_pieces(0, state.denoises[source].latent_frames, 0, sub.decode_chunk)
+            return len(pieces)
         return loop.plans_total(sub)
 
     def plan_table(self, state: ProgramState) -> list[tuple[str, str, int, float]]:
@@ -312,13 +314,15 @@ class ProgramLoop:
                 table += loop.plan_table(sub)
                 continue
             source = self._program.into(node_id)[0].source
+            feed = 0
             if source in state.rollouts:
                 r = state.rollouts[source]
                 left = ((r.max_chunks or 1) - r.next_chunk) * r.chunk_frames
                 left += sum(p.shape[2] for p in r.latent_chunks) - sub.latent_frames
+                feed = r.chunk_frames
             else:
                 left = state.denoises[source].latent_frames - sub.latent_frames
-            table += loop.plan_table(sub, left + sum(p.shape[2] for p in sub.pending))
+            table += loop.plan_table(sub, left + sum(p.shape[2] for p in sub.pending), feed)
         return table
 
     def _wrap(self, state: ProgramState, plan: WorkPlan) -> WorkPlan:

@@ -2,14 +2,16 @@
 
 ``--compile-cache DIR`` (default ``DATA_DIR/compile-cache``) holds one directory per
 ``<key>``, named for what the artifacts depend on: the card, the torch version, the device (GPU
-model and compute capability) and the serving levers (``WanInstance.levers``: attention kernel,
-FP8, CUDA graphs, KV update, K/V cache dtype, ...). Each holds:
+model and compute capability) and the serving levers that change compiled code
+(``WanInstance.levers``: attention kernel, FP8, KV update, K/V cache dtype, ...; not CUDA
+graphs, which replay the same compiled code and are captured at every start). Each holds:
 
 - ``regions/``: the precompiled regions' artifacts (``models.precompiled``: guards, bytecode
   and Inductor's compiled code per call signature), loaded at start without tracing anything;
 - Inductor's own on-disk caches (``$TORCHINDUCTOR_CACHE_DIR`` points here): the Triton kernels
   and autotuning results the artifacts' code loads, the FX-graph and AOTAutograd caches;
-- ``cost.json``: the measured plan costs of the warm-up's calibration (``server.ops.warm_up``);
+- ``cost.json``: the measured plan costs of the warm-up's calibration (``server.ops.warm_up``;
+  ``cost-cuda-graphs.json`` for a server that replays CUDA graphs: its steps cost less);
 - ``key.json``: what the directory holds.
 
 A second start with the same DIR - on this machine or on another one of the same GPU model and
@@ -33,7 +35,10 @@ import platform
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cache_bytes", "cache_key", "use_compile_cache"]
+__all__ = ["cache_bytes", "cache_key", "cost_file", "use_compile_cache"]
+
+# levers that change what a step costs but not the compiled code: left out of the key
+RUNTIME_LEVERS = ("cuda_graphs",)
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +62,14 @@ def cache_key(model_id: str, device: Any, levers: dict[str, Any], precision: str
         "torch": torch.__version__,
         "device": _device_name(device),
         "precision": precision,
-        "levers": {k: levers[k] for k in sorted(levers)},
+        "levers": {k: levers[k] for k in sorted(levers) if k not in RUNTIME_LEVERS},
     }
+
+
+def cost_file(directory: Path, levers: dict[str, Any]) -> Path:
+    """Where ``directory`` keeps the calibration of a server with ``levers``: one file per
+    setting of the levers the key leaves out (``RUNTIME_LEVERS``)."""
+    return directory / ("cost-cuda-graphs.json" if levers.get("cuda_graphs") else "cost.json")
 
 
 def use_compile_cache(root: Path, key: dict[str, Any]) -> Path:

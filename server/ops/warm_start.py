@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from runtime.cost import CostModel
     from server.config.serve import ServerConfig
 
+from server.ops.compile_cache import cost_file
 from server.ops.warm_up import compile_summary, warm_up_set
 
 __all__ = [
@@ -196,7 +197,7 @@ async def warm_start(
         with contextlib.suppress(asyncio.CancelledError):
             await bar
     if directory is not None:
-        save_cost(cost, directory / "cost.json")
+        save_cost(cost, cost_file(directory, instance.levers))
     done = WarmStart(directory, took, compile_summary(), stats())
     log.info(
         "warm-up done in %.1f s (%s)",

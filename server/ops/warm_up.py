@@ -177,7 +177,7 @@ async def warm_up(
     graphs, one KV update into every ring position (``instance.warmup_chunks``), so a compiled
     instance has traced, compiled and captured all its graphs before a user's session needs
     them. One session on slab 0; with CUDA graphs one per slab, side by side, since graphs are
-    per slab; then a two-chunk t2v job (its first chunk decodes whole); then, for each other
+    per slab; then a two-chunk t2v job (its clip's shapes); then, for each other
     decoder a session may pick (``"full"`` / ``"tiny"``), one short session with a prompt switch
     that decodes with it (the DiT's graphs are warm by then: only the decoder's compile). The
     serving engine (and its cost calibration) never sees them. ``on_part`` is told as each part
@@ -246,8 +246,7 @@ async def warm_up(
         for handle in handles:
             await handle.result()
         if "text_to_video" in instance.card.capabilities:
-            # a job decodes its first chunk whole (a session splits off the first frame), so
-            # a two-chunk t2v job warms the decoder's stream-start shape for jobs too
+            # a two-chunk t2v job: what a job's loop plans that a session's does not
             part("job")
             frames = 2 * profile.chunk_latent_frames * instance.card.latent.temporal_stride
             job = engine.spawn(

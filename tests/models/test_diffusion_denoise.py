@@ -100,10 +100,14 @@ def test_t2v_job_runs_every_plan_and_returns_the_requested_frames(instance, guid
     assert isinstance(instance.loop("diffusion_denoise"), DiffusionDenoise)
     frames, ctx = guided
     assert frames.shape == (5, 64, 64, 3) and frames.dtype == torch.uint8
-    # prompt + empty negative prompt, 50 guided steps, one decode (2 latent frames <= chunk 3)
+    # prompt + empty negative prompt, 50 guided steps, two decodes of the 2 latent frames: the
+    # clip's first frame alone, as a session's, then the rest (the decoder graphs sessions run)
     assert kinds(ctx) == (
-        [PlanKind.TEXT_ENCODE] * 2 + [PlanKind.DIFFUSION_STEP] * 50 + [PlanKind.VAE_DECODE]
+        [PlanKind.TEXT_ENCODE] * 2 + [PlanKind.DIFFUSION_STEP] * 50 + [PlanKind.VAE_DECODE] * 2
     )
+    decodes = [p for p in ctx.executed if p.kind is PlanKind.VAE_DECODE]
+    assert [p.shape_sig for p in decodes] == ["decode:1:1x8x8", "decode:0:1x8x8"]
+    assert [p.args.latents.shape[2] for p in decodes] == [1, 1]
     steps = [p.args for p in ctx.executed if p.kind is PlanKind.DIFFUSION_STEP]
     assert all(a.negative is not None and a.guidance_scale == 5.0 for a in steps)
     assert not any(a.renoise for a in steps)  # a 50-step schedule takes Euler steps
@@ -112,8 +116,8 @@ def test_t2v_job_runs_every_plan_and_returns_the_requested_frames(instance, guid
     progress = [
         msgspec.structs.asdict(e.spec.meta) for e in ctx.emissions if e.spec.stream == "progress"
     ]
-    assert [p["done"] for p in progress] == list(range(1, 54))
-    assert {p["total"] for p in progress} == {53}
+    assert [p["done"] for p in progress] == list(range(1, 55))
+    assert {p["total"] for p in progress} == {54}
 
     again, _ = run_job(instance, seed=1)
     other, _ = run_job(instance, seed=2)

@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from models.compile_guard import CompileGuard
+from models.loops.ops import decode_pieces
 from models.precompiled import Region, aot_supported, signature
-from models.wan.vae.cache import CausalCache, SlotSpec, coder_call, coder_dynamic
+from models.wan.vae.cache import CausalCache, SlotSpec, coder_call, coder_dynamic, decoder_dynamic
 
 pytestmark = pytest.mark.skipif(not aot_supported(), reason="this torch has no aot_compile")
 
@@ -135,11 +136,13 @@ class _Coder(nn.Module):
         return y[:, :, -x.shape[2] :]
 
 
-def _stream(coder: _Coder, height: int, width: int, chunks: int) -> list[torch.Tensor]:
+def _stream(
+    coder: _Coder, height: int, width: int, chunks: int, pieces: tuple[int, ...] = ()
+) -> list[torch.Tensor]:
     spec = SlotSpec(channels=2, frames=1, level=0)
     cache = CausalCache((spec,), [torch.zeros(1, 2, 1, height, width)], (height, width))
     out = []
-    for frames in (1, *([2] * (chunks - 1))):
+    for frames in pieces or (1, *([2] * (chunks - 1))):
         out.append(coder(torch.randn(1, 2, frames, height, width), cache))
         cache.frames_seen += frames
     return out
@@ -165,6 +168,40 @@ def test_a_coder_region_serves_every_grid_and_every_later_chunk_with_few_graphs(
             for a, b in zip(compiled, eager, strict=True):
                 torch.testing.assert_close(a, b)
     assert region.signatures() == 2 and region.stats.compiled == 2
+
+
+def test_the_vae_decoders_rule_shares_one_graph_between_the_later_pieces_above_one_frame() -> None:
+    """``decoder_dynamic`` keeps a piece's frame count symbolic above one: a session's first
+    chunk (1 + 2 frames), steady chunks (3) and a changing chunk's parts (1 + 2) compile three
+    graphs (first frame, a later frame alone, any later piece), outputs as the coder's own."""
+    torch.manual_seed(0)
+    coder = _Coder()
+    region = Region(
+        "coder", _Coder.forward, [coder], CompileGuard(), dynamic=decoder_dynamic, adapt=coder_call
+    )
+    pieces = (1, 2, 3, 3, 1, 2, 3)
+    with torch.inference_mode():
+        torch.manual_seed(1)
+        compiled = _stream(coder, 6, 10, 0, pieces)
+        torch.manual_seed(1)
+        coder._compiled_call_impl, saved = None, coder._compiled_call_impl
+        eager = _stream(coder, 6, 10, 0, pieces)
+        coder._compiled_call_impl = saved
+    for a, b in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(a, b)
+    assert region.signatures() == 3 and region.stats.compiled == 3
+    one, three = torch.zeros(1, 2, 1, 4, 4), torch.zeros(1, 2, 3, 4, 4)
+    assert (one, 2) not in decoder_dynamic((coder, one))
+    assert [d for t, d in decoder_dynamic((coder, three)) if t is three] == [3, 4, 2]
+
+
+def test_a_streams_decodes_take_its_first_latent_frame_alone() -> None:
+    """Jobs and programs decode as sessions do (``decode_pieces``), so their decodes after a
+    stream's first frame run the graphs sessions run."""
+    assert decode_pieces(0, 7, 3) == [(0, 1), (1, 4), (4, 7)]
+    assert decode_pieces(0, 1, 3) == [(0, 1)]
+    assert decode_pieces(4, 9, 3) == [(4, 7), (7, 9)]
+    assert decode_pieces(5, 5, 3) == []
 
 
 def test_the_signature_leaves_out_the_dynamic_dimensions_only() -> None:

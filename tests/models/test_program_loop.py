@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from models.instance import load_instance
-from models.loops.ops import DecodeArgs
+from models.loops.ops import DecodeArgs, decode_pieces
 from models.loops.requests import JobRequest, ProgramRequest
 from models.programs.graph import Program, ProgramError
 from models.programs.presets import preview_and_final
@@ -60,12 +60,13 @@ async def run_on_engine(instance: Any, runs: dict[str, tuple[Any, Any]]) -> dict
 
 
 def decode_alone(instance: Any, decoder: str, latents: torch.Tensor, piece: int) -> torch.Tensor:
-    """``latents`` [1, C, f, h, w] through ``decoder`` alone, ``piece`` latent frames a call."""
+    """``latents`` [1, C, f, h, w] through ``decoder`` alone, in a stream's pieces of at most
+    ``piece`` latent frames (``decode_pieces``: the first frame alone)."""
     cache = instance.new_decoder_cache(latents.shape[3], latents.shape[4], decoder)
     op = instance.decode_op_for(decoder)
     frames = [
-        op([DecodeArgs(latents=latents[:, :, s : s + piece], cache=cache)])[0]
-        for s in range(0, latents.shape[2], piece)
+        op([DecodeArgs(latents=latents[:, :, start:stop], cache=cache)])[0]
+        for start, stop in decode_pieces(0, latents.shape[2], piece)
     ]
     return torch.cat(frames)
 
@@ -93,8 +94,10 @@ def test_preview_and_final_from_one_rollout_equal_each_decoder_alone(taehv) -> N
     assert torch.equal(outputs["frames.preview"], tiny[:17])
     assert not torch.equal(outputs["frames.preview"], outputs["frames"])
     previews = [e for e in emitted if e.spec.stream == "preview"]
+    # the stream's first frame alone (``decode_pieces``), then the rest of each chunk
     assert [(p.spec.meta.frame_start, p.spec.meta.num_frames) for p in previews] == [
-        (0, 9),
+        (0, 1),
+        (1, 8),
         (9, 12),
     ]
     assert torch.equal(torch.cat([p.output for p in previews]), tiny)
@@ -117,7 +120,7 @@ def test_a_half_run_program_resumes_from_its_snapshot(taehv) -> None:
     chunk_1 = steps[4]  # the card samples 4 steps a chunk
     assert kinds.index((PlanKind.VAE_DECODE, tiny)) < kinds.index((PlanKind.VAE_DECODE, full))
     assert kinds.index((PlanKind.VAE_DECODE, full)) < chunk_1
-    assert sum(1 for k in kinds if k[0] is PlanKind.VAE_DECODE) == 4
+    assert sum(1 for k in kinds if k[0] is PlanKind.VAE_DECODE) == 6  # each decoder: chunk 0 in two parts (its first frame alone), chunk 1
     # the rollout's chunk ends are the runtime's chunk boundaries, as in its plain job (a
     # weight sync holds a program there): chunk 0's KV update, chunk 1's last step
     ends = [plan.kind for plan in ctx.executed if ends_chunk(plan.emits)]
@@ -232,7 +235,8 @@ def test_a_programs_price_is_its_nodes_plans(taehv) -> None:
     ]
     full = [row for row in table if row[0] == "vae_decode" and row[1].endswith(":full")]
     tiny = [row for row in table if row[0] == "vae_decode" and not row[1].endswith(":full")]
-    assert full == decodes and len(tiny) == 2 and sum(r[2] for r in tiny) == 2
+    # each decoder: the first frame alone, the rest of chunk 0, chunk 1 (``decode_pieces``)
+    assert full == decodes and len(tiny) == 3 and sum(r[2] for r in tiny) == 3
     cost = CostModel(DeviceConstants.cpu())
     price = sum(n * cost.gpu_seconds(kind, sig, flops) for kind, sig, n, flops in table)
     plain = sum(n * cost.gpu_seconds(kind, sig, flops) for kind, sig, n, flops in alone)

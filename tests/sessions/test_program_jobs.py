@@ -58,7 +58,8 @@ async def test_a_program_job_streams_previews_and_writes_the_final_mp4(taehv, tm
         assert job.artifact.num_frames == 17
         events = [e for e in job.events.history() if isinstance(e, JobPreview)]
         assert [(e.frame_start, e.num_frames, e.stream) for e in events] == [
-            (0, 9, "preview"),
+            (0, 1, "preview"),  # the stream's first frame alone, as a session's
+            (1, 8, "preview"),
             (9, 12, "preview"),
         ]
         assert base64.b64decode(events[0].jpeg_b64)[:2] == b"\xff\xd8"  # a JPEG

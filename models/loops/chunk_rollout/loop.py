@@ -296,12 +296,19 @@ class ChunkRollout:
     def plans_total(self, state: ChunkRolloutState) -> int:
         """The plans a bounded stream runs in all: a prompt encode, each chunk's steps, the
         KV updates (none after the last chunk, none where the last step writes the cache) and,
-        when it decodes, one decode per chunk (a job's)."""
+        when it decodes, one decode per chunk (a job's), two for the stream's first chunk (its
+        first frame alone: ``decode_part``)."""
         chunks = (state.max_chunks or 1) - state.next_chunk  # a continued stream: what is left
         kv_updates = 0 if self._fold else chunks - 1
         kv_updates += state.phase is Phase.KV_UPDATE  # at a chunk boundary before its update
         encode = int(state.active_prompt != state.prompt)
-        return encode + chunks * len(self._steps) + kv_updates + (chunks if state.decode else 0)
+        decodes = chunks + self._split_first(state) if state.decode else 0
+        return encode + chunks * len(self._steps) + kv_updates + decodes
+
+    @staticmethod
+    def _split_first(state: ChunkRolloutState) -> int:
+        """1 where the stream's first chunk is still to decode in two parts, else 0."""
+        return int(state.frames_emitted == 0 and state.chunk_frames > 1)
 
     def plan_table(self, state: ChunkRolloutState) -> list[tuple[str, str, int, float]]:
         """(kind, shape signature, count, FLOPs per plan) of the plans a bounded stream has
@@ -315,14 +322,15 @@ class ChunkRollout:
             (PlanKind.KV_UPDATE.value, sig, kv_updates, flops),
         ]
         if state.decode:
+            # the stream's first chunk: its first frame alone, then the rest (``decode_part``)
             first = int(state.frames_emitted == 0)
-            table.append(
-                (PlanKind.VAE_DECODE.value, self._plans.decode_sig(state, True), first, 0.0)
-            )
-            rest = chunks - first
-            table.append(
-                (PlanKind.VAE_DECODE.value, self._plans.decode_sig(state, False), rest, 0.0)
-            )
+            split = self._split_first(state)
+            decode = PlanKind.VAE_DECODE.value
+            table += [
+                (decode, self._plans.decode_sig(state, True, 1), first, 0.0),
+                (decode, self._plans.decode_sig(state, False, state.chunk_frames - 1), split, 0.0),
+                (decode, self._plans.decode_sig(state, False), chunks - first, 0.0),
+            ]
         return [row for row in table if row[2] > 0]
 
     # ---------------------------------------------------------------------------------------

@@ -133,13 +133,15 @@ class ChunkPlanner:
 
     def decode_part(self, state: ChunkRolloutState) -> tuple[int, int]:
         """(latent frames, pixel frames) the next decode plan of the current chunk covers: a
-        session's very first latent frame alone, and so the first latent frame of a chunk that
-        shows a changing input (a switch, a cut, a changed key: its first picture goes out one
-        part's decode sooner, time to steer), else the rest of the chunk."""
+        stream's very first latent frame alone (a session's first frame out soonest; a job's
+        too, so its decodes after it run the compiled graphs a session's do:
+        ``models.loops.ops.decode_pieces``), and so a session's first latent frame of a chunk
+        that shows a changing input (a switch, a cut, a changed key: its first picture goes out
+        one part's decode sooner, time to steer), else the rest of the chunk."""
         first = state.frames_emitted == 0
         latent = state.chunk_frames - state.decoded
         steered = state.decoded == 0 and any(changes for _, _, changes in state.acks)
-        if (first or steered) and not state.collect_frames:
+        if first or (steered and not state.collect_frames):
             latent = 1
         return latent, self._m.latent.pixel_frames(latent, includes_first=first)
 
@@ -273,8 +275,9 @@ class ChunkPlanner:
         emits: tuple[EmitSpec, ...] = (),
     ) -> WorkPlan:
         if state.collect_frames and state.max_chunks:
-            # text encode + per chunk: steps, decode, KV update (none after the last chunk)
-            total = state.max_chunks * (len(self._steps) + 2)
+            # text encode + per chunk: steps, decode, KV update (none after the last chunk);
+            # the first chunk decodes in two parts (``decode_part``) when it has two frames
+            total = state.max_chunks * (len(self._steps) + 2) + int(state.chunk_frames > 1)
             emits = (
                 *emits,
                 EmitSpec(Stream.PROGRESS, ProgressMeta(done=state.plans_done + 1, total=total)),
@@ -361,11 +364,11 @@ class ChunkPlanner:
         """(shape signature, FLOPs) of one denoising step or KV update of ``state``'s chunk."""
         return self._shape(state), self._flops(state)
 
-    def decode_sig(self, state: ChunkRolloutState, first: bool) -> str:
-        """The shape signature of a whole-chunk decode of ``state``'s stream."""
-        return decode_shape_sig(
-            first, state.chunk_frames, self._shape(state), self._decoder_sig(state)
-        )
+    def decode_sig(self, state: ChunkRolloutState, first: bool, latent: int = 0) -> str:
+        """The shape signature of a decode of ``latent`` frames (0: the whole chunk) of
+        ``state``'s stream."""
+        frames = latent or state.chunk_frames
+        return decode_shape_sig(first, frames, self._shape(state), self._decoder_sig(state))
 
     def _shape(self, state: ChunkRolloutState) -> str:
         return chunk_shape_sig(state.chunk_frames, state.latent_h, state.latent_w)

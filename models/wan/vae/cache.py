@@ -41,6 +41,7 @@ __all__ = [
     "SlotSpec",
     "coder_call",
     "coder_dynamic",
+    "decoder_dynamic",
 ]
 
 
@@ -217,9 +218,10 @@ def coder_call(args: tuple[object, ...]) -> tuple[object, ...]:
 def coder_dynamic(args: tuple[object, ...]) -> list[tuple[torch.Tensor, int]]:
     """The dimensions one compiled coder graph keeps symbolic (``models.precompiled``): the
     grid (the last two dimensions) of the latents and of every cache buffer, so one graph
-    serves every size of the compiled set. (The chunk's frame count stays static: the tiny
-    decoder's time upsampling specialises it.) ``args``: the coder's call, the module first,
-    the latents second (``coder_call``'s view of the cache among them)."""
+    serves every size of the compiled set. (The chunk's frame count stays static here: the tiny
+    decoder's time upsampling specialises it; ``decoder_dynamic`` is the VAE decoder's rule.)
+    ``args``: the coder's call, the module first, the latents second (``coder_call``'s view of
+    the cache among them)."""
     marks: list[tuple[torch.Tensor, int]] = []
     latents = args[1]
     if isinstance(latents, torch.Tensor):
@@ -230,4 +232,18 @@ def coder_dynamic(args: tuple[object, ...]) -> list[tuple[torch.Tensor, int]]:
             for buffer in buffers:
                 if isinstance(buffer, torch.Tensor):
                     marks += [(buffer, buffer.ndim - 2), (buffer, buffer.ndim - 1)]
+    return marks
+
+
+def decoder_dynamic(args: tuple[object, ...]) -> list[tuple[torch.Tensor, int]]:
+    """The Wan VAE decoder's symbolic dimensions: ``coder_dynamic``'s grid and the chunk's
+    latent frame count when above one, so the decodes of a stream after its first frame (two
+    or three latent frames: a first chunk's rest, a steady chunk) share one graph. A count of
+    one stays static: Dynamo specialises a size of 1, and at the stream's first chunk one
+    frame takes another branch of the time upsampler; so a stream compiles three graphs in
+    all (its first frame, a later chunk's first frame alone, any later piece)."""
+    marks = coder_dynamic(args)
+    latents = args[1]
+    if isinstance(latents, torch.Tensor) and latents.ndim == 5 and latents.shape[2] > 1:
+        marks.append((latents, 2))
     return marks
