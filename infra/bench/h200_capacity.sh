@@ -9,7 +9,7 @@
 #   bash infra/bench/h200_capacity.sh compile                 # dreamrt compile: fresh, cached
 #   bash infra/bench/h200_capacity.sh probe,start             # ready fresh, from the cache
 #                                                             # and from a copy of it
-#   bash infra/bench/h200_capacity.sh startup                 # dreamrt compile fresh, cached,
+#   bash infra/bench/h200_capacity.sh startup,serving         # dreamrt compile fresh, cached,
 #                                                             # from a copy pruned to what start
 #                                                             # needs; then serve from the cache:
 #                                                             # sessions per GPU, time to steer
@@ -35,6 +35,7 @@ PY=python3
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader
 has() { [[ ",$stages," == *",$1,"* ]]; }
 FULL="compiled+overlap+graphs+fa3"
+BC="${BENCH_CACHE:-data/bench-cache}"  # the startup and serving stages' compile cache
 if has probe; then  # does this torch precompile regions? (a later stage's numbers depend on it)
   timeout 240 $PY -m infra.bench.aot_probe 2>&1 | cut -c1-1500 | tee "$OUT/aot_probe.log"
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "aot probe failed"; exit 1; }
@@ -94,20 +95,20 @@ if has compile; then
   du -sh /tmp/bench-cache/*/ /tmp/bench-cache/*/regions 2>/dev/null
 fi
 if has startup; then
-  # one call: `dreamrt compile` on a bare machine, again from its cache (local caches emptied),
-  # again from a copy that holds only key.json, cost.json and regions/ (what start needs: the
-  # size a fleet copies); then `dreamrt serve` from the cache with the default flags: ready,
-  # sessions per GPU at each profile with prompt switches, time to steer, compiles after ready
+  # `dreamrt compile` on a bare machine, again from its cache (local caches emptied), again
+  # from a copy that holds only key.json, cost*.json and regions/ (what start needs: the size
+  # a fleet copies). The cache stays in data/ (ignored by git, kept on a warm machine), so a
+  # `serving` stage of the next call can start from it.
   pkill -INT -f -- '--compile-cache' && sleep 5
-  BC=/tmp/bench-cache PC=/tmp/pruned-cache
-  rm -rf "/tmp/torchinductor_$(whoami)" ~/.triton/cache "$BC" "$PC" /tmp/bench-data /tmp/pruned-data
-  for phase in fresh cached pruned; do
+  PC=/tmp/pruned-cache
+  rm -rf "/tmp/torchinductor_$(whoami)" ~/.triton/cache "$BC" "$PC" /tmp/*-data
+  for phase in ${STARTUP_PHASES:-fresh cached pruned}; do
     rm -rf "/tmp/torchinductor_$(whoami)" ~/.triton/cache
     cache=$BC
     if [ "$phase" = pruned ]; then
       for dir in "$BC"/*/; do
         mkdir -p "$PC/$(basename "$dir")"
-        cp -r "$dir/key.json" "$dir/cost.json" "$dir/regions" "$PC/$(basename "$dir")/"
+        cp -r "$dir"/key.json "$dir"/cost*.json "$dir/regions" "$PC/$(basename "$dir")/"
       done
       cache=$PC
       du -sh "$BC"/*/ "$PC"/*/ "$BC"/*/regions 2>/dev/null
@@ -120,16 +121,27 @@ if has startup; then
     echo "dreamrt compile ($phase): exit $?, $((SECONDS - began)) s with the interpreter's start"
     grep -v "warm-up \[" "$OUT/compile_$phase.log" | grep -E "^\||Dynamo|cache:|graph break|compiling |warm-up done|loaded wan|Error" | cut -c1-300 | tail -16
   done
-  rm -rf "/tmp/torchinductor_$(whoami)" ~/.triton/cache
-  timeout "${SERVE_S:-300}" $PY -m infra.bench.warm_serving --model wan2.1-1.3b-causal \
-    --device cuda --random-weights --max-sessions "${WARM_MAX_SESSIONS:-6}" --phases cached \
-    --cache "$BC" --empty-local-caches --mixed-on none --latency-on cached --prompts 4 \
-    --cached-setups "${SERVE_SETUPS-full=832x480@16,tiny=832x480@16/tiny,small=480x272@16}" \
-    --seconds "${SERVE_WATCH_S:-12}" --switch-every-s 3.5 --keep-logs "$OUT/logs" \
-    --json "$OUT/serve_cached.json" >"$OUT/serve_cached.log" 2>&1
-  tail -30 "$OUT/serve_cached.log"
-  grep -h "loaded wan\|precompiled graphs loaded\|warm-up done\|dreamrt ready\|compiles after" \
-    "$OUT"/logs/*.log | cut -c1-300 | head -20
+fi
+if has serving; then
+  # `dreamrt serve` from the startup stage's cache, once per variant (default: the flags a user
+  # gets; graphs: --cuda-graphs): ready, sessions per GPU at each profile while viewers switch
+  # prompts, time to steer, compiles after ready
+  for variant in ${SERVE_VARIANTS:-default}; do
+    pkill -INT -f -- '--compile-cache' && sleep 3
+    rm -rf "/tmp/torchinductor_$(whoami)" ~/.triton/cache
+    extra=()
+    [ "$variant" = graphs ] && extra=(--server-arg=--cuda-graphs)
+    timeout "${SERVE_S:-280}" $PY -m infra.bench.warm_serving --model wan2.1-1.3b-causal \
+      --device cuda --random-weights --max-sessions "${WARM_MAX_SESSIONS:-6}" --phases cached \
+      --cache "$BC" --empty-local-caches --mixed-on none --latency-on cached --prompts 4 \
+      --cached-setups "${SERVE_SETUPS-full=832x480@16,tiny=832x480@16/tiny,small=480x272@16}" \
+      --seconds "${SERVE_WATCH_S:-12}" --switch-every-s 3.5 --keep-logs "$OUT/logs-$variant" \
+      "${extra[@]}" --json "$OUT/serve_$variant.json" >"$OUT/serve_$variant.log" 2>&1
+    echo "serving ($variant): exit $?"
+    tail -24 "$OUT/serve_$variant.log"
+    grep -h "loaded wan\|precompiled graphs loaded\|warm-up done\|dreamrt ready\|compiles after" \
+      "$OUT/logs-$variant"/*.log | cut -c1-300 | head -12
+  done
   pkill -INT -f -- '--compile-cache' && sleep 2
 fi
 if has start; then
