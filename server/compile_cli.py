@@ -51,7 +51,7 @@ async def _compile(config: ServerConfig) -> int:
     from runtime.cost import CostModel, DeviceConstants
     from server import spmd_serving
     from server.config.groups import DEFAULT_MODEL
-    from server.ops.compile_cache import cache_bytes, cost_file
+    from server.ops.compile_cache import INDUCTOR_DIR, cache_bytes, cost_file, portable_bytes
     from server.ops.warm_start import WarmUpProgress, compile_directory, load_cost, warm_start
 
     began = time.monotonic()
@@ -89,7 +89,8 @@ async def _compile(config: ServerConfig) -> int:
         f" s, backend {dynamo.get('backend_s', 0):.1f} s\n"
     )
     out.write(
-        f"cache: {directory} ({cache_bytes(directory) / 1e6:.1f} MB), "
+        f"cache: {directory} ({cache_bytes(directory) / 1e6:.1f} MB; without {INDUCTOR_DIR}/, "
+        f"what a GPU start needs: {portable_bytes(directory) / 1e6:.1f} MB), "
         f"{time.monotonic() - began:.1f} s in all\n"
     )
     breaks = done.graph_breaks()

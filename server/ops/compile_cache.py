@@ -8,8 +8,12 @@ graphs, which replay the same compiled code and are captured at every start). Ea
 
 - ``regions/``: the precompiled regions' artifacts (``models.precompiled``: guards, bytecode
   and Inductor's compiled code per call signature), loaded at start without tracing anything;
-- Inductor's own on-disk caches (``$TORCHINDUCTOR_CACHE_DIR`` points here): the Triton kernels
-  and autotuning results the artifacts' code loads, the FX-graph and AOTAutograd caches;
+- ``inductor/``: Inductor's own on-disk caches (``$TORCHINDUCTOR_CACHE_DIR`` points here): the
+  kernels the artifacts' code loads, autotuning results, the FX-graph and AOTAutograd caches.
+  On a GPU the artifacts carry their Triton kernels, so ``inductor/`` may be left out of what
+  is copied (``portable_bytes``: on the H200 the default set's 105 MB of 312 MB) and is written
+  again at the first start; on the CPU keep it (without it the artifacts' C++ kernels build
+  again, about 40 s for the tiny card's);
 - ``cost.json``: the measured plan costs of the warm-up's calibration (``server.ops.warm_up``;
   ``cost-cuda-graphs.json`` for a server that replays CUDA graphs: its steps cost less);
 - ``key.json``: what the directory holds.
@@ -35,7 +39,16 @@ import platform
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cache_bytes", "cache_key", "cost_file", "use_compile_cache"]
+__all__ = [
+    "INDUCTOR_DIR",
+    "cache_bytes",
+    "cache_key",
+    "cost_file",
+    "portable_bytes",
+    "use_compile_cache",
+]
+
+INDUCTOR_DIR = "inductor"  # Inductor's own caches, inside a cache directory
 
 # levers that change what a step costs but not the compiled code: left out of the key
 RUNTIME_LEVERS = ("cuda_graphs",)
@@ -89,10 +102,19 @@ def use_compile_cache(root: Path, key: dict[str, Any]) -> Path:
     if explicit and os.path.abspath(explicit) != os.path.abspath(default_cache_dir()):
         log.info("compile cache: Inductor's caches stay in $TORCHINDUCTOR_CACHE_DIR=%s", explicit)
     else:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory / INDUCTOR_DIR)
     return directory
 
 
 def cache_bytes(directory: Path) -> int:
     """The bytes of every file under ``directory``."""
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+def portable_bytes(directory: Path) -> int:
+    """The bytes of a cache directory less its ``inductor/``: what a GPU start needs."""
+    return sum(
+        cache_bytes(p) if p.is_dir() else p.stat().st_size
+        for p in directory.iterdir()
+        if p.name != INDUCTOR_DIR
+    )
