@@ -120,7 +120,8 @@ def test_a_half_run_program_resumes_from_its_snapshot(taehv) -> None:
     chunk_1 = steps[4]  # the card samples 4 steps a chunk
     assert kinds.index((PlanKind.VAE_DECODE, tiny)) < kinds.index((PlanKind.VAE_DECODE, full))
     assert kinds.index((PlanKind.VAE_DECODE, full)) < chunk_1
-    assert sum(1 for k in kinds if k[0] is PlanKind.VAE_DECODE) == 6  # each decoder: chunk 0 in two parts (its first frame alone), chunk 1
+    # each decoder: chunk 0 in two parts (its first frame alone), then chunk 1
+    assert sum(1 for k in kinds if k[0] is PlanKind.VAE_DECODE) == 6
     # the rollout's chunk ends are the runtime's chunk boundaries, as in its plain job (a
     # weight sync holds a program there): chunk 0's KV update, chunk 1's last step
     ends = [plan.kind for plan in ctx.executed if ends_chunk(plan.emits)]
