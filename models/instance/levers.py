@@ -155,10 +155,10 @@ class InstanceLevers:
         symbolic; per decoder one per chunk shape, the grid symbolic and the VAE's frame count
         too above one; kept in the compile cache once ``use_precompiled`` names it). Torch
         without ``aot_compile`` compiles the same modules just in time (``module.compile()``).
-        3D conv weights become channels-last (cuDNN's fast
-        layout once the norms around them are fused; a tiny decoder's 2D convolutions keep
-        theirs - ``dreamrt bench tiny-decoder`` measures both). The first chunks after this
-        pay the compilation. Compilation and FP8 are one-way."""
+        3D conv weights become channels-last (cuDNN's fast layout once the norms around them
+        are fused; a tiny decoder's 2D convolutions keep theirs - ``dreamrt bench
+        tiny-decoder`` measures both). The first chunks after this pay the compilation.
+        Compilation and FP8 are one-way."""
         self.configure(
             attention=attention,
             fp8=fp8,

@@ -5,8 +5,9 @@ chunks, or a whole clip) and are decoded in pieces of at most ``decode_chunk`` l
 (the stream's first latent frame alone: ``models.loops.ops.decode_pieces``), in order, through
 the decoder's causal feature cache (``vae_decode`` plans on the decoder's own op: a tiny
 decoder's decodes never batch with the VAE's). So a decoder fed a rollout's chunks
-decodes exactly what that rollout's own decode would have (same pieces, same cache), and its
-frames equal the decoder's alone. ``close`` says no more latents come. ``next`` returns None
+decodes what that rollout's own decode would have (the same pieces, but for the split of a
+chunk that shows a changing input, and the same cache), and its frames equal the decoder's
+alone. ``close`` says no more latents come. ``next`` returns None
 while it waits for latents: only a program (``models.programs.program_loop``) drives this
 loop, and it runs the upstream node meanwhile.
 

@@ -38,8 +38,8 @@ __all__ = [
     "KVWriteOp",
     "LatentCodec",
     "TextEmbedOp",
-    "decode_pieces",
     "TextEncodeOp",
+    "decode_pieces",
 ]
 
 
@@ -319,8 +319,8 @@ def decode_pieces(done: int, total: int, chunk: int) -> list[tuple[int, int]]:
     the stream's first latent frame alone (one picture), then pieces of at most ``chunk``.
     A session's first chunk decodes so (its first frame out soonest), and a job's or a
     program's decodes do the same, so every decode after a stream's first frame continues a
-    stream: they run the compiled decoder graphs sessions run (``models.wan.vae.cache.
-    decoder_dynamic``), where a first piece of ``chunk`` frames needed one more graph."""
+    stream: they run the compiled decoder graphs sessions run (``decoder_dynamic`` in
+    ``models.wan.vae.cache``), where a first piece of ``chunk`` frames needed one more graph."""
     pieces: list[tuple[int, int]] = []
     start = done
     while start < total:

@@ -11,7 +11,7 @@ graphs, which replay the same compiled code and are captured at every start). Ea
 - ``inductor/``: Inductor's own on-disk caches (``$TORCHINDUCTOR_CACHE_DIR`` points here): the
   kernels the artifacts' code loads, autotuning results, the FX-graph and AOTAutograd caches.
   On a GPU the artifacts carry their Triton kernels, so ``inductor/`` may be left out of what
-  is copied (``portable_bytes``: on the H200 the default set's 105 MB of 312 MB) and is written
+  is copied (``portable_bytes``: on the H200 the default set's ~110 MB of ~310 MB) and is written
   again at the first start; on the CPU keep it (without it the artifacts' C++ kernels build
   again, about 40 s for the tiny card's);
 - ``cost.json``: the measured plan costs of the warm-up's calibration (``server.ops.warm_up``;
@@ -87,7 +87,7 @@ def cost_file(directory: Path, levers: dict[str, Any]) -> Path:
 
 def use_compile_cache(root: Path, key: dict[str, Any]) -> Path:
     """The directory ``root/<model>-<digest of key>`` (made, with its ``key.json``), Inductor's
-    caches pointed at it unless ``$TORCHINDUCTOR_CACHE_DIR`` is already set (to other than
+    caches pointed at its ``inductor/`` unless ``$TORCHINDUCTOR_CACHE_DIR`` is already set (to other than
     torch's default, which torch writes into the environment once it has looked it up)."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
