@@ -87,8 +87,9 @@ def cost_file(directory: Path, levers: dict[str, Any]) -> Path:
 
 def use_compile_cache(root: Path, key: dict[str, Any]) -> Path:
     """The directory ``root/<model>-<digest of key>`` (made, with its ``key.json``), Inductor's
-    caches pointed at its ``inductor/`` unless ``$TORCHINDUCTOR_CACHE_DIR`` is already set (to other than
-    torch's default, which torch writes into the environment once it has looked it up)."""
+    caches pointed at its ``inductor/`` unless ``$TORCHINDUCTOR_CACHE_DIR`` is already set (to
+    other than torch's default, which torch writes into the environment once it has looked it
+    up)."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     text = json.dumps(key, sort_keys=True)
