@@ -158,7 +158,7 @@ async def run_setup(url: str, setup: Setup, args: argparse.Namespace) -> dict[st
         await asyncio.sleep(args.seconds)
         end = time.monotonic()
         switches = [await task for task in switching] or [0] * len(watched)
-        sessions = []
+        sessions: list[dict[str, Any]] = []
         for w, mark in zip(watched, marks, strict=True):
             fresh = [f.received_s for f in w.viewer.fresh_frames()[mark:] if f.received_s <= end]
             stats = frame_stats(fresh, w.profile["fps"], end - begin)
