@@ -30,7 +30,6 @@ import asyncio
 import dataclasses
 import json
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -41,11 +40,22 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import httpx
+
 from clients.python.api import ApiCallError, DreamrtClient
 from clients.python.viewer import Viewer
 from infra.browser_harness import ServerProcess
 
-__all__ = ["Setup", "frame_stats", "main", "parse_setup", "run_setup"]
+__all__ = [
+    "Setup",
+    "compiles_after_ready",
+    "frame_stats",
+    "main",
+    "parse_setup",
+    "refusal_reason",
+    "run_setup",
+    "setup_rows",
+]
 
 STALL_FACTOR = 2.0  # a fresh-frame gap this many nominal intervals long is a stall
 _SETUP = re.compile(
@@ -97,6 +107,55 @@ def frame_stats(received_s: list[float], fps: int, window_s: float) -> dict[str,
         "max_interval_ms": round(1000 * ordered[-1], 1) if ordered else float("nan"),
         "p95_over_nominal": round(pct(0.95) / nominal, 3) if ordered else float("nan"),
     }
+
+
+def compiles_after_ready(url: str) -> dict[str, float]:
+    """``dreamrt_compiles_after_ready_total`` by kind, read from ``/metrics``."""
+    text = httpx.get(f"{url}/metrics", timeout=10.0).text
+    prefix = "dreamrt_compiles_after_ready_total{kind="
+    return {
+        line[len(prefix) :].split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
+
+
+def refusal_reason(refusal: dict[str, Any] | None) -> str:
+    """A refusal's reason in a table cell: its code and the admission's sum (``no capacity
+    for another session: compute (ses_x: 0.732+0.719 GPU-s/s > 0.900)`` -> ``capacity:
+    compute 0.732+0.719 GPU-s/s > 0.900``); ``-`` for none."""
+    if refusal is None:
+        return "-"
+    code = refusal.get("code") or "?"
+    message = str(refusal.get("message") or "")
+    match = re.search(r":\s*(\w+) \((?:\w+: )?([^)]*)\)", message)
+    return f"{code}: {match[1]} {match[2]}" if match else str(code)
+
+
+def setup_rows(results: list[tuple[str, str, dict[str, Any]]], *, first: str) -> list[str]:
+    """The table of ``(server or setup, setup, run_setup's result)`` rows: per setup admitted,
+    fps each at the viewer, the worst stalls/min, p95 and max frame interval, why the next
+    session was refused and the compiles after ready once the setup ended."""
+    lines = [
+        f"| {first} | setup | admitted | fps each | stalls/min max | p95 ms max | max interval ms"
+        " | refused with | compiles after ready |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for head, name, r in results:
+        if "error" in r:
+            lines.append(f"| {head} | {name} | | error: {r['error'][:80]} | | | | | |")
+            continue
+        s = r["sessions"]
+        compiles = r.get("compiles_after_ready")
+        lines.append(
+            f"| {head} | {name} | {r['admitted']} | {[x['fps'] for x in s]} | "
+            f"{max((x['stalls_per_min'] for x in s), default=0)} | "
+            f"{max((x['p95_interval_ms'] for x in s), default=0)} | "
+            f"{max((x['max_interval_ms'] for x in s), default=0)} | "
+            f"{refusal_reason(r['refusal'])} | "
+            f"{'-' if compiles is None else int(sum(compiles.values()))} |"
+        )
+    return lines
 
 
 @dataclass
@@ -184,6 +243,7 @@ async def run_setup(url: str, setup: Setup, args: argparse.Namespace) -> dict[st
         "admitted": len(watched),
         "refusal": refusal,
         "sessions": sessions,
+        "compiles_after_ready": await asyncio.to_thread(compiles_after_ready, url),
     }
 
 
@@ -224,26 +284,10 @@ def _log_findings(text: str) -> dict[str, Any]:
 
 
 def _print(report: dict[str, Any]) -> None:
-    print(
-        "\n| setup | profile | admitted | refused with | fps each (min / median) | "
-        "stalls/min (max) | p95 interval / nominal (max) | ready s |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name, r in report["setups"].items():
-        if "error" in r:
-            print(f"| {name} | | | | error: {r['error'][:80]} | | | |")
-            continue
-        s = r["sessions"]
-        prof = s[0]["profile"] if s else {}
-        fps = [x["fps"] for x in s]
-        refused = (r["refusal"] or {}).get("code") or ("-" if r["refusal"] is None else "?")
-        print(
-            f"| {name} | {prof.get('width')}x{prof.get('height')}@{prof.get('fps')} | "
-            f"{r['admitted']} | {refused} | "
-            f"{min(fps, default=0):.1f} / {statistics.median(fps) if fps else 0:.1f} | "
-            f"{max((x['stalls_per_min'] for x in s), default=0):.1f} | "
-            f"{max((x['p95_over_nominal'] for x in s), default=0):.2f} | {r['ready_s']:.0f} |"
-        )
+    print()
+    rows = [(f"{r.get('ready_s', 0):.0f} s", name, r) for name, r in report["setups"].items()]
+    for line in setup_rows(rows, first="ready"):
+        print(line)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,24 +52,19 @@ import httpx
 
 from clients.python.api import DreamrtClient
 from clients.python.viewer import Viewer
-from infra.bench.capacity import frame_stats, parse_setup, run_setup
+from infra.bench.capacity import (
+    compiles_after_ready,
+    frame_stats,
+    parse_setup,
+    run_setup,
+    setup_rows,
+)
 from infra.bench.latency import run_variant
 from infra.browser_harness import ServerProcess
 
 __all__ = ["compiles_after_ready", "main"]
 
 _DONE = ("succeeded", "failed", "cancelled")
-
-
-def compiles_after_ready(url: str) -> dict[str, float]:
-    """``dreamrt_compiles_after_ready_total`` by kind, read from ``/metrics``."""
-    text = httpx.get(f"{url}/metrics", timeout=10.0).text
-    prefix = "dreamrt_compiles_after_ready_total{kind="
-    return {
-        line[len(prefix) :].split('"')[1]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(prefix)
-    }
 
 
 def _empty_local_caches() -> list[str]:
@@ -314,20 +309,16 @@ def _print(report: dict[str, Any]) -> None:
             f"{mixed['job_alone']['seconds']} s alone; first frame {mixed['first_frame_s']} s; "
             f"compiles after it {r.get('compiles_after_mixed')}"
         )
-    print(
-        "\n| server | setup | admitted | refused with | fps each | stalls/min max "
-        "| p95/nominal max |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for name, r in report["phases"].items():
-        for setup, s in r.get("setups", {}).items():
-            fps = [x["fps"] for x in s["sessions"]]
-            refused = (s["refusal"] or {}).get("code") or "-"
-            print(
-                f"| {name} | {setup} | {s['admitted']} | {refused} | {fps} | "
-                f"{max((x['stalls_per_min'] for x in s['sessions']), default=0)} | "
-                f"{max((x['p95_over_nominal'] for x in s['sessions']), default=0)} |"
-            )
+    print()
+    for line in setup_rows(
+        [
+            (name, setup, s)
+            for name, r in report["phases"].items()
+            for setup, s in r.get("setups", {}).items()
+        ],
+        first="server",
+    ):
+        print(line)
 
 
 def main(argv: list[str] | None = None) -> int:

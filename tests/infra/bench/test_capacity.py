@@ -1,10 +1,11 @@
-"""The capacity bench's pure parts: setup parsing and the viewer-side frame statistics."""
+"""The capacity bench's pure parts: setup parsing, the viewer-side frame statistics and the
+table a run prints."""
 
 from __future__ import annotations
 
 import pytest
 
-from infra.bench.capacity import Setup, frame_stats, parse_setup
+from infra.bench.capacity import Setup, frame_stats, parse_setup, refusal_reason, setup_rows
 
 
 def test_setups_parse_into_a_profile_and_serve_arguments() -> None:
@@ -28,3 +29,38 @@ def test_frame_stats_count_stalls_and_the_tail_interval() -> None:
     stats = frame_stats(gapped, 16, 2.5)
     assert stats["stalls_per_min"] == pytest.approx(24.0)  # 1 stall in 2.5 s
     assert stats["max_interval_ms"] == pytest.approx(562.5, abs=0.1)
+
+
+def test_the_table_says_why_the_next_session_was_refused_and_what_compiled_after_ready() -> None:
+    refusal = {
+        "code": "capacity",
+        "message": "no capacity for another session: compute "
+        "(ses_5145b59133b0022a: 0.732+0.719 GPU-s/s > 0.900)",
+    }
+    assert refusal_reason(refusal) == "capacity: compute 0.732+0.719 GPU-s/s > 0.900"
+    assert refusal_reason(None) == "-"
+    assert refusal_reason({"code": "rate_limited", "message": "slow down"}) == "rate_limited"
+    stats = {"fps": 15.5, "stalls_per_min": 25.0, "p95_interval_ms": 69.0, "max_interval_ms": 131.8}
+    result = {
+        "admitted": 1,
+        "sessions": [stats],
+        "refusal": refusal,
+        "compiles_after_ready": {"dynamo": 0.0, "outside_set": 2.0},
+    }
+    header, rule, row, failed = setup_rows(
+        [("cached", "full", result), ("cached", "tiny", {"error": "boom"})], first="server"
+    )
+    assert header.startswith("| server | setup | admitted |") and rule.count("---") == 9
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells == [
+        "cached",
+        "full",
+        "1",
+        "[15.5]",
+        "25.0",
+        "69.0",
+        "131.8",
+        "capacity: compute 0.732+0.719 GPU-s/s > 0.900",
+        "2",
+    ]
+    assert "error: boom" in failed
