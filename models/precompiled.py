@@ -32,6 +32,7 @@ the region falls back to ``module.compile()`` for its modules - the old path, co
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import json
@@ -51,7 +52,18 @@ from models.compile_guard import CompileGuard
 if TYPE_CHECKING:
     from torch._dynamo.types import GuardFilterEntry
 
-__all__ = ["Artifact", "Region", "RegionReport", "RegionStats", "aot_supported", "signature"]
+    from models.compile_pool import CompilePool, PoolResult
+
+__all__ = [
+    "Artifact",
+    "Region",
+    "RegionReport",
+    "RegionStats",
+    "aot_supported",
+    "compile_artifact",
+    "save_artifact",
+    "signature",
+]
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +211,9 @@ class Region:
         self._store: Path | None = None
         self._lock = threading.RLock()
         self._jit = False
+        self._pool: CompilePool | None = None  # ``defer``: new signatures go to worker processes
+        self._deferred: set[str] = set()  # signatures handed to the pool
+        self._paths: set[Path] = set()  # artifacts loaded from the store
         self.stats = RegionStats()
         for module in self._modules:
             eager = module._call_impl
@@ -213,27 +228,55 @@ class Region:
         logged and skipped: its signature compiles again."""
         store = directory / self.name.replace("/", "_")
         store.mkdir(parents=True, exist_ok=True)
-        loaded = 0
         with self._lock:
             self._store = store
-            if self._jit:
-                return 0
-            for meta_path in sorted(store.glob("*.json")):
-                path = meta_path.with_suffix(".aot")
-                began = time.perf_counter()
-                try:
-                    key = json.loads(meta_path.read_text())["signature"]
-                    fn = _load_artifact(path)
-                except Exception as exc:  # noqa: BLE001 - any failure means: compile it again
-                    log.warning(
-                        "%s: %s does not load (%s); it compiles again", self.name, path, exc
-                    )
-                    continue
-                _check_guards_once(fn)
-                self.stats.load_s += time.perf_counter() - began
-                self._entries.setdefault(key, []).append(fn)
-                loaded += 1
+            loaded = self._load_new()
             self.stats.loaded += loaded
+        return loaded
+
+    def _load_new(self) -> int:
+        """Load the store's artifacts not loaded yet -> how many."""
+        if self._jit or self._store is None:
+            return 0
+        loaded = 0
+        for meta_path in sorted(self._store.glob("*.json")):
+            if meta_path in self._paths:
+                continue
+            path = meta_path.with_suffix(".aot")
+            began = time.perf_counter()
+            try:
+                key = json.loads(meta_path.read_text())["signature"]
+                fn = _load_artifact(path)
+            except Exception as exc:  # noqa: BLE001 - any failure means: compile it again
+                log.warning("%s: %s does not load (%s); it compiles again", self.name, path, exc)
+                continue
+            _check_guards_once(fn)
+            self.stats.load_s += time.perf_counter() - began
+            self._entries.setdefault(key, []).append(fn)
+            self._paths.add(meta_path)
+            loaded += 1
+        return loaded
+
+    def defer(self, pool: CompilePool | None) -> None:
+        """Hand each new signature's call to ``pool`` and run it eagerly meanwhile (None:
+        compile in this process again); ``collect`` takes what the pool made."""
+        with self._lock:
+            self._pool = pool if self._store is not None and not self._jit else None
+
+    def collect(self, results: Sequence[PoolResult]) -> int:
+        """Load what the pool saved for this region (``results``: the pool's, every region's)
+        and stop deferring -> artifacts loaded. A call the pool failed compiles here at its
+        next call, as without a pool."""
+        with self._lock:
+            self._pool = None
+            self._deferred.clear()
+            self._fast.clear()
+            mine = [r for r in results if r.region == self.name]
+            for failed in (r for r in mine if r.signature is None):
+                log.warning("%s: the compile pool failed a call (%s)", self.name, failed.error)
+            loaded = self._load_new()
+            self.stats.compiled += loaded
+            self.stats.compile_s += sum(r.seconds for r in mine if r.signature is not None)
         return loaded
 
     def signatures(self) -> int:
@@ -299,6 +342,8 @@ class Region:
                 return None
             if self._jit:
                 return None
+            if self._pool is not None and (key in self._deferred or self._submit(key, full)):
+                return None  # the pool compiles it; this call runs eagerly
             compiled = self._compile(key, full, marks)
             if compiled is None:
                 return None
@@ -307,70 +352,44 @@ class Region:
             self._save(key, fn)
             return fn
 
+    def _submit(self, key: str, full: tuple[object, ...]) -> bool:
+        """Hand ``full`` to the pool -> whether it took it (a call that does not pickle is
+        compiled here, and so is every later one of this region)."""
+        assert self._pool is not None and self._store is not None
+        module = copy.copy(full[0])  # the same parameters, without this region's caller
+        module.__dict__["_compiled_call_impl"] = None
+        try:
+            self._pool.submit(
+                self.name, self._forward, (module, *full[1:]), self._dynamic, self._store
+            )
+        except Exception as exc:  # noqa: BLE001 - pickling: any object a call may carry
+            log.warning("%s: compiled here, not by the pool (%s)", self.name, _first_line(exc))
+            self._pool = None
+            return False
+        self._deferred.add(key)
+        return True
+
     def _compile(
         self, key: str, full: tuple[object, ...], marks: Sequence[tuple[torch.Tensor, int]]
     ) -> tuple[str, Artifact] | None:
         """A new artifact for ``full`` -> (its signature, it); None after a fall-back."""
         began = time.perf_counter()
         try:
-            fn = self._aot_compile(full, marks)
+            got, fn = compile_artifact(self.name, self._forward, full, marks)
         except Exception as exc:  # noqa: BLE001 - a graph break, or a torch without aot_compile
-            if not (marks and type(exc).__name__ == "ConstraintViolationError"):
-                self._fall_back(f"{type(exc).__name__}: {_first_line(exc)}")
-                return None
-            # a dimension the rule marks is one the code specialises: this region's graphs are
-            # static from now on (those compiled already keep their signatures)
-            log.warning("%s: dynamic dimensions dropped (%s)", self.name, _first_line(exc))
+            self._fall_back(f"{type(exc).__name__}: {_first_line(exc)}")
+            return None
+        if got != key:  # the rule's dimensions were dropped: static from now on
             self._dynamic = None
-            key = signature(full[1:])
-            try:
-                fn = self._aot_compile(full, ())
-            except Exception as again:  # noqa: BLE001 - as above
-                self._fall_back(f"{type(again).__name__}: {_first_line(again)}")
-                return None
         _check_guards_once(fn)
         self.stats.compile_s += time.perf_counter() - began
         self.stats.compiled += 1
-        return key, fn
-
-    def _aot_compile(
-        self, full: tuple[object, ...], marks: Sequence[tuple[torch.Tensor, int]]
-    ) -> Artifact:
-        for tensor, dim in marks:
-            torch._dynamo.mark_dynamic(tensor, dim)
-        try:
-            with _aot_enabled():
-                compiler = torch.compile(
-                    self._forward,
-                    fullgraph=True,
-                    options={"guard_filter_fn": _serializable_guards},
-                )
-                aot_compile: Callable[..., Artifact] = getattr(compiler, "aot_compile")  # noqa: B009 - not in torch's stubs
-                return aot_compile((full, {}))
-        finally:
-            for tensor, _ in marks:
-                _unmark(tensor)
+        return got, fn
 
     def _save(self, key: str, fn: Artifact) -> None:
-        """Write ``fn`` and its signature to the store, each file whole or not at all (servers
-        that share a volume may write the same signature: the names are the signature's hash
-        and the artifact's place among its signature's, and the last whole write wins)."""
-        if self._store is None:
-            return
-        name = hashlib.sha256(key.encode()).hexdigest()[:16]
-        nth = len(self._entries.get(key, ())) - 1  # a signature's other artifacts keep theirs
-        path = self._store / f"{name}-{nth}.aot"
-        partial = path.with_suffix(f".aot.{os.getpid()}.tmp")
-        try:
-            fn.save_compiled_function(str(partial))
-            os.replace(partial, path)
-        except Exception as exc:  # noqa: BLE001 - serving goes on; the next start compiles it
-            log.warning("%s: could not save a compiled graph (%s); not cached", self.name, exc)
-            partial.unlink(missing_ok=True)
-            return
-        meta = path.with_suffix(f".json.{os.getpid()}.tmp")
-        meta.write_text(json.dumps({"signature": key, "bytes": path.stat().st_size}) + "\n")
-        os.replace(meta, path.with_suffix(".json"))
+        """``save_artifact`` to the store (none: nothing), as the signature's next artifact."""
+        if self._store is not None:
+            save_artifact(self._store, key, fn, len(self._entries.get(key, ())) - 1)
 
     def _fall_back(self, reason: str) -> None:
         """Compile the modules just in time from now on (``module.compile()``, guarded)."""
@@ -383,6 +402,66 @@ class Region:
             module._compiled_call_impl = None
             module.compile()
             self._guard.wrap(module, self.name)
+
+
+def compile_artifact(
+    name: str,
+    forward: Callable[..., object],
+    full: tuple[object, ...],
+    marks: Sequence[tuple[torch.Tensor, int]],
+) -> tuple[str, Artifact]:
+    """``forward`` compiled ahead of time for the call ``full`` (the module first), ``marks``
+    symbolic -> (the call's signature, the artifact). If the code specialises a marked dimension
+    (a constraint violation) the call compiles static and the signature is the static one.
+    Raises on a graph break or a torch without ``aot_compile``. A region's compile, and a
+    ``models.compile_pool`` worker's."""
+    try:
+        return signature(full[1:], marks), _aot_compile(forward, full, marks)
+    except Exception as exc:
+        if not (marks and type(exc).__name__ == "ConstraintViolationError"):
+            raise
+        log.warning("%s: dynamic dimensions dropped (%s)", name, _first_line(exc))
+        return signature(full[1:]), _aot_compile(forward, full, ())
+
+
+def _aot_compile(
+    forward: Callable[..., object],
+    full: tuple[object, ...],
+    marks: Sequence[tuple[torch.Tensor, int]],
+) -> Artifact:
+    for tensor, dim in marks:
+        torch._dynamo.mark_dynamic(tensor, dim)
+    try:
+        with _aot_enabled():
+            compiler = torch.compile(
+                forward, fullgraph=True, options={"guard_filter_fn": _serializable_guards}
+            )
+            aot_compile: Callable[..., Artifact] = getattr(compiler, "aot_compile")  # noqa: B009 - not in torch's stubs
+            return aot_compile((full, {}))
+    finally:
+        for tensor, _ in marks:
+            _unmark(tensor)
+
+
+def save_artifact(store: Path, key: str, fn: Artifact, nth: int = 0) -> Path | None:
+    """Write ``fn`` and its signature ``key`` to ``store`` as ``<hash>-<nth>.aot`` and
+    ``.json``, each file whole or not at all (servers that share a volume may write the same
+    signature: the names are the signature's hash and the artifact's place among its
+    signature's, and the last whole write wins) -> the artifact's path (None: not saved)."""
+    name = hashlib.sha256(key.encode()).hexdigest()[:16]
+    path = store / f"{name}-{nth}.aot"
+    partial = path.with_suffix(f".aot.{os.getpid()}.tmp")
+    try:
+        fn.save_compiled_function(str(partial))
+        os.replace(partial, path)
+    except Exception as exc:  # noqa: BLE001 - serving goes on; the next start compiles it
+        log.warning("%s: could not save a compiled graph (%s); not cached", store.name, exc)
+        partial.unlink(missing_ok=True)
+        return None
+    meta = path.with_suffix(f".json.{os.getpid()}.tmp")
+    meta.write_text(json.dumps({"signature": key, "bytes": path.stat().st_size}) + "\n")
+    os.replace(meta, path.with_suffix(".json"))
+    return path
 
 
 def _first_line(exc: BaseException) -> str:

@@ -42,6 +42,7 @@ from server.ops.metrics import ServerMetrics
 from server.ops.warm_start import (
     WarmUpProgress,
     compile_directory,
+    compile_workers,
     load_cost,
     save_cost,
     warm_start,
@@ -146,6 +147,7 @@ async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContex
             config.engine.max_sessions,
             cost,
             progress,
+            compile_workers(config, on_gpu),
         )
     admission = AdmissionController(
         AdmissionConfig(

@@ -52,7 +52,13 @@ async def _compile(config: ServerConfig) -> int:
     from server import spmd_serving
     from server.config.groups import DEFAULT_MODEL
     from server.ops.compile_cache import INDUCTOR_DIR, cache_bytes, cost_file, portable_bytes
-    from server.ops.warm_start import WarmUpProgress, compile_directory, load_cost, warm_start
+    from server.ops.warm_start import (
+        WarmUpProgress,
+        compile_directory,
+        compile_workers,
+        load_cost,
+        warm_start,
+    )
 
     began = time.monotonic()
     model_id = config.model.card or DEFAULT_MODEL
@@ -73,6 +79,7 @@ async def _compile(config: ServerConfig) -> int:
         config.engine.max_sessions,
         cost,
         WarmUpProgress(),
+        compile_workers(config, on_gpu),
     )
     out = sys.stdout
     out.write(f"compiled {model_id} on {instance.device}: {', '.join(served.describe())}\n")

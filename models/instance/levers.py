@@ -12,8 +12,9 @@ card's ``chunk_rollout`` KV update; it holds no state of its own (the flags it s
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +34,9 @@ from models.wan.kernels.fp8_linear import quantize_linears
 from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
 from models.wan.vae.cache import coder_call, coder_dynamic, decoder_dynamic
 from models.wan.vae.coders import Decoder
+
+if TYPE_CHECKING:
+    from models.compile_pool import CompilePool, PoolResult
 
 __all__ = ["InstanceLevers"]
 
@@ -227,6 +231,16 @@ class InstanceLevers:
         card, device and levers) and load those already there -> artifacts loaded per region.
         A no-op on an instance compiled just in time or not at all."""
         return {region.name: region.use_store(directory) for region in self._regions}
+
+    def defer_compiles(self, pool: CompilePool | None) -> None:
+        """Hand the precompiled regions' new signatures to ``pool`` (``Region.defer``: the
+        calls run eagerly meanwhile); None: compile them here again."""
+        for region in self._regions:
+            region.defer(pool)
+
+    def collect_compiles(self, results: Sequence[PoolResult]) -> int:
+        """Load what ``pool`` compiled into the regions (``Region.collect``) -> graphs."""
+        return sum(region.collect(results) for region in self._regions)
 
     def compile_stats(self) -> dict[str, RegionReport]:
         """What the precompiled regions did in this process: per region, signatures served,

@@ -80,6 +80,13 @@ class ModelConfig:
         "volume lets a fresh machine start warm",
         metavar="DIR",
     )
+    compile_workers: int | None = setting(
+        None,
+        "with --compile, a start with nothing in the compile cache: N worker processes compile "
+        "the graphs side by side while one eager warm-up finds them (default: 4 on a GPU, 0 "
+        "on the CPU: one after another in the server's process)",
+        metavar="N",
+    )
     attention: str = setting(
         "auto",
         "with --compile: the self-attention kernel (auto: fa3 where fa3-fwd is installed, "
@@ -135,6 +142,8 @@ class ModelConfig:
         _at_least(self.gpus, 1, "gpus")
         if self.chunk_frames is not None:
             _at_least(self.chunk_frames, 1, "chunk_frames")
+        if self.compile_workers is not None:
+            _at_least(self.compile_workers, 0, "compile_workers")
 
 
 @dataclass(frozen=True, slots=True)

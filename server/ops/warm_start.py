@@ -36,6 +36,7 @@ __all__ = [
     "BAR_INTERVAL_S",
     "WarmStart",
     "WarmUpProgress",
+    "compile_workers",
     "load_cost",
     "save_cost",
     "warm_start",
@@ -163,6 +164,13 @@ def compile_directory(config: ServerConfig, model_id: str, instance: WanInstance
     return directory
 
 
+def compile_workers(config: ServerConfig, on_gpu: bool) -> int:
+    """The compile pool's workers for a fresh start: ``--compile-workers``, else 4 on a GPU (a
+    graph's build is mostly one core's Python; the H200 machine has 16) and 0 on the CPU."""
+    workers = config.model.compile_workers
+    return workers if workers is not None else (4 if on_gpu else 0)
+
+
 async def warm_start(
     instance: WanInstance,
     directory: Path | None,
@@ -170,10 +178,13 @@ async def warm_start(
     num_slabs: int,
     cost: CostModel,
     progress: WarmUpProgress,
+    compile_workers: int = 0,
 ) -> WarmStart:
     """Warm ``instance`` up at ``profiles`` and calibrate ``cost`` (``warm_up_set``), showing
     ``progress`` on the console as it goes; the calibration is kept in ``directory``'s
-    ``cost.json``. -> what it did."""
+    ``cost.json``. With ``compile_workers`` and nothing loaded from the cache, the warm-up
+    first runs eagerly while that many worker processes compile the graphs it meets
+    (``_compile_in_pool``). -> what it did."""
     stats = getattr(instance, "compile_stats", dict)
     cached = sum(s["loaded"] for s in stats().values()) if directory is not None else None
     progress.graphs_cached = cached
@@ -191,7 +202,11 @@ async def warm_start(
 
     bar = asyncio.create_task(_bar(progress), name="dreamrt-warm-up-bar")
     try:
+        pooled: dict[str, float] = {}
+        if compile_workers > 0 and cached == 0 and _poolable(instance):
+            pooled = await _compile_in_pool(instance, profiles, num_slabs, compile_workers, stage)
         took = await warm_up_set(instance, profiles, num_slabs, cost=cost, on_stage=stage)
+        took = {**pooled, **took}
     finally:
         bar.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -227,6 +242,62 @@ async def warm_start(
             done.dynamo["restarts"],
         )
     return done
+
+
+def _poolable(instance: WanInstance) -> bool:
+    """Whether a compile pool can build ``instance``'s graphs: it has precompiled regions to
+    defer, and no CUDA graphs (the finding pass would capture its eager calls)."""
+    stats: dict[str, RegionReport] = getattr(instance, "compile_stats", dict)()
+    return (
+        bool(stats)
+        and hasattr(instance, "defer_compiles")
+        and not instance.levers.get("cuda_graphs")
+    )
+
+
+async def _compile_in_pool(
+    instance: WanInstance,
+    profiles: Sequence[Profile],
+    num_slabs: int,
+    workers: int,
+    stage: Callable[[str, int, int], None],
+) -> dict[str, float]:
+    """The warm-up once, eagerly, with every new graph handed to a ``CompilePool`` of
+    ``workers`` processes; then wait for them and load what they made -> seconds of each part.
+    A pool that cannot start or finish leaves the graphs to the warm-up that follows."""
+    from models.compile_pool import CompilePool
+
+    pool = CompilePool(workers)
+    began = time.perf_counter()
+    instance.defer_compiles(pool)
+    try:
+        await warm_up_set(
+            instance,
+            profiles,
+            num_slabs,
+            on_stage=lambda name, done, total: stage(f"finding graphs: {name}", done, total),
+        )
+        found = time.perf_counter()
+        log.info("compiling %d graphs in %d worker processes", pool.pending(), workers)
+        results = await asyncio.to_thread(pool.finish)
+    except Exception as exc:  # noqa: BLE001 - the warm-up after this compiles what is missing
+        log.warning(
+            "compile pool: %s: %s; the warm-up compiles the graphs", type(exc).__name__, exc
+        )
+        pool.close()
+        results, found = [], time.perf_counter()
+    loaded = instance.collect_compiles(results)
+    done = time.perf_counter()
+    log.info(
+        "compile pool: %d of %d graphs compiled in %.1f s (%d workers; the warm-up found them "
+        "in %.1f s)",
+        loaded,
+        len(results),
+        done - found,
+        workers,
+        found - began,
+    )
+    return {"finding graphs": found - began, "compile pool": done - found}
 
 
 async def _bar(progress: WarmUpProgress) -> None:
