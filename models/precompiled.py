@@ -52,8 +52,6 @@ from models.compile_guard import CompileGuard
 if TYPE_CHECKING:
     from torch._dynamo.types import GuardFilterEntry
 
-    from models.compile_pool import CompilePool, PoolResult
-
 __all__ = [
     "Artifact",
     "Region",
@@ -77,6 +75,36 @@ class Artifact(Protocol):
     def __call__(self, *args: object) -> object: ...
 
     def save_compiled_function(self, path: str) -> object: ...
+
+
+class CompilePool(Protocol):
+    """Where a deferring region hands its new calls (``models.compile_pool.CompilePool``)."""
+
+    def submit(
+        self,
+        region: str,
+        forward: Callable[..., object],
+        full: tuple[object, ...],
+        dynamic: DynamicRule | None,
+        store: Path,
+    ) -> None: ...
+
+
+class PoolResult(Protocol):
+    """One call a pool compiled (``models.compile_pool.PoolResult``): ``signature`` None if
+    it failed, ``error`` why."""
+
+    @property
+    def region(self) -> str: ...
+
+    @property
+    def signature(self) -> str | None: ...
+
+    @property
+    def seconds(self) -> float: ...
+
+    @property
+    def error(self) -> str: ...
 
 
 class RegionReport(TypedDict):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -23,7 +23,7 @@ from models.card.vocabulary import coerce
 from models.compile_guard import CompileGuard
 from models.instance.errors import InstanceError
 from models.loops.ops import DecodeOp, LatentCodec
-from models.precompiled import Region, RegionReport, aot_supported
+from models.precompiled import CompilePool, PoolResult, Region, RegionReport, aot_supported
 from models.wan.dit.attention import WanSelfAttention
 from models.wan.dit.block import block_past_length
 from models.wan.dit.config import WanDiTConfig
@@ -34,9 +34,6 @@ from models.wan.kernels.fp8_linear import quantize_linears
 from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
 from models.wan.vae.cache import coder_call, coder_dynamic, decoder_dynamic
 from models.wan.vae.coders import Decoder
-
-if TYPE_CHECKING:
-    from models.compile_pool import CompilePool, PoolResult
 
 __all__ = ["InstanceLevers"]
 

@@ -36,7 +36,8 @@ def test_a_preview_and_final_job_streams_previews_and_serves_the_mp4(tmp_path) -
         assert view["state"] == "succeeded" and view["program"] == "preview_and_final"
         events = sse_events(client.get(f"/v1/jobs/{job_id}/events").text)
         previews = [data for kind, data in events if kind == "job.preview"]
-        assert [(p["frame_start"], p["num_frames"]) for p in previews] == [(0, 9), (9, 12)]
+        # the stream's first frame alone (as a session's), the rest of chunk 0, chunk 1
+        assert [(p["frame_start"], p["num_frames"]) for p in previews] == [(0, 1), (1, 8), (9, 12)]
         assert (previews[0]["width"], previews[0]["height"]) == (64, 64)
         kinds = [kind for kind, _ in events]
         assert kinds.index("job.preview") < kinds.index("job.artifact")
