@@ -1,6 +1,7 @@
-"""``dreamrt compile``: builds the compile cache of a card's compiled set without serving, and a
-second build (a new start) loads every graph from it and compiles nothing; a region that could
-not be precompiled whole is a graph break, which fails the build."""
+"""``dreamrt compile``: builds the compile cache of a card's compiled set without serving (its
+graphs compiled by a pool of worker processes), and a second build (a new start) loads every
+graph from it and compiles nothing; a region that could not be precompiled whole is a graph
+break, which fails the build."""
 
 from __future__ import annotations
 
@@ -29,8 +30,11 @@ def test_compile_builds_the_cache_and_a_second_build_loads_all_of_it(
     # Inductor's own caches in a directory of this test (the process's environment is shared)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     args = ["compile", "--device", "cpu", "--data-dir", str(tmp_path / "data"), "--log-level"]
-    assert main([*args, "warning"]) == 0
+    # the first build with a compile pool: worker processes compile every graph, and this
+    # process traces none (a call that did not reach the pool would be traced here)
+    assert main([*args, "warning", "--compile-workers", "2"]) == 0
     first = capsys.readouterr().out
+    assert "Dynamo: 0 graphs" in first
     assert main([*args, "warning"]) == 0
     second = capsys.readouterr().out
 
