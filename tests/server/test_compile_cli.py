@@ -30,7 +30,7 @@ def test_compile_builds_the_cache_and_a_second_build_loads_all_of_it(
     # Inductor's own caches in a directory of this test (the process's environment is shared)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     args = ["compile", "--device", "cpu", "--data-dir", str(tmp_path / "data"), "--log-level"]
-    # the first build with a compile pool: worker processes compile every graph, and this
+    # a build with a compile pool: worker processes compile every graph, and this
     # process traces none (a call that did not reach the pool would be traced here)
     assert main([*args, "warning", "--compile-workers", "2"]) == 0
     first = capsys.readouterr().out
