@@ -2,9 +2,10 @@
 
 A fresh start compiles every graph of the compiled set; one after another in the server's
 process they take 122 s of a 176-s ``dreamrt compile`` on the H200, 41.5 s in four workers
-(infra/bench/RESULTS.md): each graph's build is mostly single-threaded Python. With a pool, the warm-up first runs
-once to find the graphs: a region meeting a new call signature hands the call to the pool
-(``Region.defer``) and runs it eagerly, so the warm-up goes on at eager speed. Each worker - a
+(infra/bench/RESULTS.md): each graph's build is mostly single-threaded Python. With a pool,
+the warm-up first runs once to find the graphs: a region meeting a new call signature hands
+the call to the pool (``Region.defer``) and runs it eagerly, so the warm-up goes on at eager
+speed. Each worker - a
 process of its own (``spawn``: a CUDA context of its own) - receives the call (the module and
 its arguments, CUDA tensors shared with the server's process, not copied: torch's
 multiprocessing reductions) and compiles it with ``models.precompiled.compile_artifact``, the
