@@ -2,16 +2,15 @@
 
 A fresh start compiles every graph of the compiled set; one after another in the server's
 process they take 122 s of a 176-s ``dreamrt compile`` on the H200, 41.5 s in four workers
-(infra/bench/RESULTS.md): each graph's build is mostly single-threaded Python. With a pool,
-the warm-up first runs once to find the graphs: a region meeting a new call signature hands
-the call to the pool (``Region.defer``) and runs it eagerly, so the warm-up goes on at eager
-speed. Each worker - a
-process of its own (``spawn``: a CUDA context of its own) - receives the call (the module and
-its arguments, CUDA tensors shared with the server's process, not copied: torch's
+(infra/bench/RESULTS.md): each graph's build is mostly single-threaded Python. With a pool, the
+warm-up first runs once to find the graphs: a region meeting a new call signature hands the call
+to the pool (``Region.defer``) and runs it eagerly, so the warm-up goes on at eager speed. Each
+worker - a process of its own (``spawn``: a CUDA context of its own) - receives the call (the
+module and its arguments, CUDA tensors shared with the server's process, not copied: torch's
 multiprocessing reductions) and compiles it with ``models.precompiled.compile_artifact``, the
 region's own compile, and saves the artifact to the region's store. Once the pool is done the
-regions load what the workers saved (``Region.collect``) and the warm-up runs again on them,
-as a start from the compile cache does; a call the pool could not take or compile (it does not
+regions load what the workers saved (``Region.collect``) and the warm-up runs again on them, as
+a start from the compile cache does; a call the pool could not take or compile (it does not
 pickle, it has a graph break) compiles in the server's process then, as without a pool.
 """
 
