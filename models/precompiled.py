@@ -23,6 +23,9 @@ length, then symbolic). A ``Region`` instead:
 
 After ``seal`` a signature with no artifact runs the module eagerly (same result), logged once
 and counted by the ``CompileGuard`` (``dreamrt_compiles_after_ready_total{kind="outside_set"}``).
+After ``defer`` a region hands each new signature's call to a compile pool
+(``models.compile_pool``: worker processes) and runs it eagerly, until ``collect`` loads what
+the pool saved.
 
 Where torch has no ``aot_compile``, or a region's forward does not trace whole (a graph break),
 the region falls back to ``module.compile()`` for its modules - the old path, counted in
