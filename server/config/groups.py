@@ -83,8 +83,8 @@ class ModelConfig:
     compile_workers: int | None = setting(
         None,
         "with --compile, a start with nothing in the compile cache: N worker processes compile "
-        "the graphs side by side while one eager warm-up finds them (default: 4 on a GPU, 0 "
-        "on the CPU: one after another in the server's process)",
+        "the graphs side by side while one eager warm-up finds them (default: the CPU cores "
+        "up to 4; 0: one after another in the server's process)",
         metavar="N",
     )
     attention: str = setting(
