@@ -147,7 +147,7 @@ async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContex
             config.engine.max_sessions,
             cost,
             progress,
-            compile_workers(config, on_gpu),
+            compile_workers(config),
         )
     admission = AdmissionController(
         AdmissionConfig(

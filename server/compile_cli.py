@@ -79,7 +79,7 @@ async def _compile(config: ServerConfig) -> int:
         config.engine.max_sessions,
         cost,
         WarmUpProgress(),
-        compile_workers(config, on_gpu),
+        compile_workers(config),
     )
     out = sys.stdout
     out.write(f"compiled {model_id} on {instance.device}: {', '.join(served.describe())}\n")

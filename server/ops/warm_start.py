@@ -165,11 +165,10 @@ def compile_directory(config: ServerConfig, model_id: str, instance: WanInstance
     return directory
 
 
-def compile_workers(config: ServerConfig, on_gpu: bool) -> int:
+def compile_workers(config: ServerConfig) -> int:
     """The compile pool's workers for a fresh start: ``--compile-workers``, else the machine's
     cores up to 4 (a graph's build is mostly one core's Python; measured: 4 on the H200
-    machine's 16 cores, 2 on a 2-core CPU machine), none on one core. ``on_gpu`` is kept for
-    the call sites: the rule is the same on both."""
+    machine's 16 cores, 2 on a 2-core CPU machine), none on one core."""
     workers = config.model.compile_workers
     if workers is not None:
         return workers
