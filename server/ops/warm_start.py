@@ -284,6 +284,7 @@ async def _compile_in_pool(
         )
         found = time.perf_counter()
         log.info("compiling %d graphs in %d worker processes", pool.pending(), workers)
+        stage(f"compiling {pool.pending()} graphs in {workers} worker processes", 0, 1)
         results = await asyncio.to_thread(pool.finish)
     except Exception as exc:  # noqa: BLE001 - the warm-up after this compiles what is missing
         log.warning(
