@@ -34,6 +34,8 @@ __all__ = ["CompilePool", "PoolResult"]
 
 log = logging.getLogger(__name__)
 
+CRASH_WAIT_S = 120.0  # after a worker crashed: how long the pool waits for another result
+
 
 @dataclass(frozen=True, slots=True)
 class PoolResult:
@@ -96,14 +98,24 @@ class CompilePool:
         with self._lock:
             expected = len(self._submitted)
         deadline = time.monotonic() + timeout_s
+        last = time.monotonic()
         while len(results) < expected:
             try:
                 job, signature, seconds, error = self._results.get(timeout=1.0)
             except queue.Empty:
-                if time.monotonic() > deadline or not any(p.is_alive() for p in self._processes):
+                now = time.monotonic()
+                # a worker that exited had crashed (they stop only when told): its call's
+                # result will not come, so wait for the others a while, not for the deadline
+                crashed = any(p.exitcode is not None for p in self._processes)
+                if (
+                    now > deadline
+                    or not any(p.is_alive() for p in self._processes)
+                    or (crashed and now - last > CRASH_WAIT_S)
+                ):
                     log.warning("compile pool: %d calls not compiled", expected - len(results))
                     break
                 continue
+            last = time.monotonic()
             results.append(PoolResult(self._submitted[job], signature, seconds, error))
         self.close()
         return results

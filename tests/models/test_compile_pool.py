@@ -6,6 +6,8 @@ Inductor's CPU backend (seconds a graph)."""
 from __future__ import annotations
 
 import logging
+import os
+import time
 
 import pytest
 import torch
@@ -99,3 +101,32 @@ def test_what_the_pool_cannot_take_or_compile_is_compiled_here(tmp_path, caplog)
     with torch.inference_mode():  # its next call compiles here: a graph break falls back to JIT
         torch.testing.assert_close(breaks(x), _eager(breaks, x))
     assert region.stats.fallbacks
+
+
+class _Exits:
+    """An argument whose unpickling ends the process that receives it: a worker that crashes."""
+
+    def __reduce__(self) -> tuple[object, tuple[int]]:
+        return (os._exit, (3,))
+
+
+class _Marked(_Block):
+    def forward(self, x: torch.Tensor, marker: object) -> torch.Tensor:
+        return self.linear(x)
+
+
+def test_a_crashed_worker_ends_the_wait_and_its_call_compiles_here(tmp_path) -> None:
+    block = _Marked()
+    region = Region("crashing", _Marked.forward, [block], CompileGuard())
+    region.use_store(tmp_path)
+    pool = CompilePool(1, threads_per_worker=1)
+    region.defer(pool)
+    x, marker = torch.randn(2, 8), _Exits()
+    with torch.inference_mode():
+        eager = block(x, marker)
+    began = time.monotonic()
+    results = pool.finish(timeout_s=600)
+    assert results == [] and time.monotonic() - began < 120  # not the deadline
+    assert region.collect(results) == 0
+    with torch.inference_mode():
+        torch.testing.assert_close(block(x, marker), eager)
