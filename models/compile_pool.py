@@ -7,7 +7,7 @@ warm-up first runs once to find the graphs: a region meeting a new call signatur
 to the pool (``Region.defer``) and runs it eagerly, so the warm-up goes on at eager speed. Each
 worker - a process of its own (``spawn``: a CUDA context of its own) - receives the call (the
 module and its arguments, CUDA tensors shared with the server's process, not copied: torch's
-multiprocessing reductions) and compiles it with ``models.precompiled.compile_artifact``, the
+multiprocessing reductions) and compiles it with ``models.aot_artifact.compile_artifact``, the
 region's own compile, and saves the artifact to the region's store. Once the pool is done the
 regions load what the workers saved (``Region.collect``) and the warm-up runs again on them, as
 a start from the compile cache does; a call the pool could not take or compile (it does not
@@ -152,7 +152,7 @@ def _work(jobs: Any, results: Any, threads: int) -> None:
     """A worker: compile and save each queued call until told to stop (``None``)."""
     import torch._inductor.config as inductor_config
 
-    from models.precompiled import compile_artifact, save_artifact
+    from models.aot_artifact import compile_artifact, save_artifact
 
     inductor_config.compile_threads = threads  # the machine's cores shared between workers
     while True:

@@ -3,7 +3,7 @@
 Plans: ``text_encode`` of the prompt (and of the negative prompt when CFG is on), one
 ``diffusion_step`` per schedule step over the whole latent clip (CFG as a policy: both branches
 in one batch of 2), then the clip's ``vae_decode`` in chunks through the causal decoder cache
-(its first latent frame alone, as a session's: ``models.loops.ops.decode_pieces``).
+(its first latent frame alone, as a session's: ``models.loops.pieces.decode_pieces``).
 Distilled few-step schedules (``guidance_scale`` 1, x0-prediction + re-noising) and multi-step
 Euler schedules share the same body; ``renoise`` picks the update rule. A job may lower or raise
 the guidance scale (``JobRequest.guidance_scale``; 1 turns CFG off); the steps are the recipe's.
@@ -28,7 +28,8 @@ import torch
 from models.card import LoopSpec
 from models.loops.extensions import LoopExtensions, extension_summary
 from models.loops.model import LoopModel
-from models.loops.ops import DecodeArgs, DiffusionStepArgs, decode_pieces
+from models.loops.ops import DecodeArgs, DiffusionStepArgs
+from models.loops.pieces import decode_pieces
 from models.loops.requests import JobRequest
 from models.loops.sampling import noise_seed, sigma_steps
 from models.wan.dit.flops import dit_flops

@@ -2,7 +2,7 @@
 
 The latents arrive piece by piece (``feed``: what the upstream loop made so far; a rollout's
 chunks, or a whole clip) and are decoded in pieces of at most ``decode_chunk`` latent frames
-(the stream's first latent frame alone: ``models.loops.ops.decode_pieces``), in order, through
+(the stream's first latent frame alone: ``models.loops.pieces.decode_pieces``), in order, through
 the decoder's causal feature cache (``vae_decode`` plans on the decoder's own op: a tiny
 decoder's decodes never batch with the VAE's). So a decoder fed a rollout's chunks
 decodes what that rollout's own decode would have (the same pieces, but for the split of a
@@ -22,7 +22,8 @@ import torch
 
 from models.loops.chunk_rollout.plans import chunk_shape_sig, decode_shape_sig
 from models.loops.model import LoopModel
-from models.loops.ops import DecodeArgs, decode_pieces
+from models.loops.ops import DecodeArgs
+from models.loops.pieces import decode_pieces, fed_pieces
 from models.wan.vae.cache import DecoderCache
 from runtime.contract import (
     Done,
@@ -36,18 +37,7 @@ from runtime.contract import (
     pts_of_frame,
 )
 
-__all__ = ["DecodeState", "LatentDecode", "fed_pieces"]
-
-
-def fed_pieces(done: int, total: int, feed: int, chunk: int) -> list[tuple[int, int]]:
-    """The decodes (start, stop) of latent frames ``done .. total`` fed ``feed`` at a time (a
-    rollout's chunks; 0: all at once) in pieces of at most ``chunk`` (``LatentDecode.feed``)."""
-    step = feed or max(total - done, 1)
-    return [
-        piece
-        for start in range(done, total, step)
-        for piece in decode_pieces(start, min(start + step, total), chunk)
-    ]
+__all__ = ["DecodeState", "LatentDecode"]
 
 
 class DecodeState(LoopState, kw_only=True):

@@ -39,7 +39,6 @@ __all__ = [
     "LatentCodec",
     "TextEmbedOp",
     "TextEncodeOp",
-    "decode_pieces",
 ]
 
 
@@ -312,22 +311,6 @@ class DecodeArgs:
     latents: torch.Tensor  # [1, C, c, h, w] DiT-normalised
     cache: DecoderCache
     defer: bool = False
-
-
-def decode_pieces(done: int, total: int, chunk: int) -> list[tuple[int, int]]:
-    """(start, stop) of each decode of a stream's latent frames ``done .. total``, in order:
-    the stream's first latent frame alone (one picture), then pieces of at most ``chunk``.
-    A session's first chunk decodes so (its first frame out soonest), and a job's or a
-    program's decodes do the same, so every decode after a stream's first frame continues a
-    stream: they run the compiled decoder graphs sessions run (``decoder_dynamic`` in
-    ``models.wan.vae.cache``), where a first piece of ``chunk`` frames needed one more graph."""
-    pieces: list[tuple[int, int]] = []
-    start = done
-    while start < total:
-        stop = 1 if start == 0 else min(total, start + chunk)
-        pieces.append((start, stop))
-        start = stop
-    return pieces
 
 
 class DeviceFrames:

@@ -32,7 +32,8 @@ import torch
 
 from models.loops.chunk_rollout.state import ChunkRolloutState
 from models.loops.diffusion_denoise import DiffusionState
-from models.loops.latent_decode import DecodeState, LatentDecode, fed_pieces
+from models.loops.latent_decode import DecodeState, LatentDecode
+from models.loops.pieces import fed_pieces
 from models.loops.requests import JobRequest, ProgramRequest
 from models.programs.graph import EdgeKind, NodeKind, Program
 from models.programs.validation import check, loop_spec_id, task_of

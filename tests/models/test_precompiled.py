@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from models.compile_guard import CompileGuard
-from models.loops.ops import decode_pieces
+from models.loops.pieces import decode_pieces
 from models.precompiled import Region, aot_supported, signature
 from models.wan.vae.cache import CausalCache, SlotSpec, coder_call, coder_dynamic, decoder_dynamic
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from models.instance import load_instance
-from models.loops.ops import DecodeArgs, decode_pieces
+from models.loops.ops import DecodeArgs
+from models.loops.pieces import decode_pieces
 from models.loops.requests import JobRequest, ProgramRequest
 from models.programs.graph import Program, ProgramError
 from models.programs.presets import preview_and_final

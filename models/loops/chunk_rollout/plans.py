@@ -135,7 +135,7 @@ class ChunkPlanner:
         """(latent frames, pixel frames) the next decode plan of the current chunk covers: a
         stream's very first latent frame alone (a session's first frame out soonest; a job's
         too, so its decodes after it run the compiled graphs a session's do:
-        ``models.loops.ops.decode_pieces``), and so a session's first latent frame of a chunk
+        ``models.loops.pieces.decode_pieces``), and so a session's first latent frame of a chunk
         that shows a changing input (a switch, a cut, a changed key: its first picture goes out
         one part's decode sooner, time to steer), else the rest of the chunk."""
         first = state.frames_emitted == 0
