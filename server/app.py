@@ -130,8 +130,13 @@ async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContex
     for path in (cached, cost_path):
         if path is not None:
             load_cost(cost, path)
+    # cross-session batching (server.config.groups.EngineConfig.batches_sessions): set before
+    # the warm-up, which then compiles the batched shapes into the compiled set
+    batching = config.engine.batches_sessions(on_gpu=on_gpu, spmd=channel is not None)
+    if hasattr(instance, "batch_sessions"):
+        instance.batch_sessions(batching)
     if warmed:
-        served_set = compiled_set(instance.card)
+        served_set = compiled_set(instance.card, config.engine.max_batch if batching else 1)
         log.info(
             "warming up %s on %s (compiling every graph of the compiled set %s)",
             model_id,
@@ -143,7 +148,7 @@ async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContex
         await warm_start(
             instance,
             compiled_dir,
-            served_set.profiles,
+            served_set,
             config.engine.max_sessions,
             cost,
             progress,
@@ -162,24 +167,8 @@ async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContex
             ),
         )
     )
-    # cross-session batching: on where batched steps may differ within the gate's tolerance
-    # (not in deterministic mode, nor across processes of one instance) and where it pays: on
-    # an accelerator, whose small steps leave it underused (a CPU's are compute-bound already,
-    # and its admission prices by the prior, which knows no batches)
-    batching = (
-        # (and not compiled: batched shapes are not in the compiled set yet, and after ready
-        # they would run eagerly)
-        (
-            not config.engine.deterministic
-            and channel is None
-            and on_gpu
-            and not config.model.compile
-        )
-        if config.engine.batch_sessions == "auto"
-        else config.engine.batch_sessions == "on"
-    )
-    if hasattr(instance, "batch_sessions"):
-        instance.batch_sessions(batching)
+    # what the warm-up turned off (batched steps that never ran batched) stays off
+    batching = batching and bool(getattr(instance, "batched_plan_kinds", frozenset)())
     # the metrics read live state through ``ctx`` (bound below, before the first scrape)
     metrics = ServerMetrics(lambda: ctx.metrics_snapshot())
     faults = FaultInjector() if config.engine.fault_injection else None

@@ -71,11 +71,14 @@ async def _compile(config: ServerConfig) -> int:
     on_gpu = str(instance.device).startswith("cuda")
     cost = CostModel(DeviceConstants.h200() if on_gpu else DeviceConstants.cpu())
     load_cost(cost, cost_file(directory, instance.levers))
-    served = compiled_set(instance.card)
+    # the set ``serve`` with these settings warms: its batch sizes where it batches sessions
+    batching = config.engine.batches_sessions(on_gpu=on_gpu, spmd=False)
+    instance.batch_sessions(batching)
+    served = compiled_set(instance.card, config.engine.max_batch if batching else 1)
     done = await warm_start(
         instance,
         directory,
-        served.profiles,
+        served,
         config.engine.max_sessions,
         cost,
         WarmUpProgress(),

@@ -180,7 +180,11 @@ def load(config: Any, model_id: str) -> tuple[Any, Any]:
     what every other rank loads alike."""
     from models import registry
     from models.instance import load_instance
-    from models.loops.chunk_rollout.restart import RegenerateWhenSooner, RestartCutsOnly
+    from models.loops.chunk_rollout.restart import (
+        RegenerateWhenSooner,
+        RestartCutsOnly,
+        restart_policy,
+    )
     from models.loops.extensions import deploy_extensions
     from models.spmd.plan import plan_for
     from runtime.extensions import parse_extension_arg
@@ -192,14 +196,16 @@ def load(config: Any, model_id: str) -> tuple[Any, Any]:
     if options.gpus > 1:  # the plan is checked before any weight loads
         card = with_plan(card, options.parallel, options.gpus)
         plan_for(card, options.gpus)
-    fast = config.engine.steering == "fast"
+    restart = config.engine.chunk_restart
+    if restart == "auto":  # baseline steering: only a cut restarts the chunk in flight
+        fast = config.engine.steering == "fast"
+        restart = RegenerateWhenSooner.name if fast else RestartCutsOnly.name
     instance = load_instance(
         card,
         device=options.device,
         checkpoint_dir=options.checkpoint_dir,
         random_weights=options.random_weights,
-        # baseline steering: only a cut restarts the chunk in flight
-        chunk_restart=RegenerateWhenSooner() if fast else RestartCutsOnly(),
+        chunk_restart=restart_policy(restart),
         extensions=deploy_extensions([parse_extension_arg(a) for a in options.extensions]),
     )
     fp8 = None if options.fp8_linears == "off" else options.fp8_linears

@@ -16,7 +16,13 @@ from runtime.admission import BatchPricing
 from runtime.cost import CostModel
 from sessions.served_models import ServedModel
 
-__all__ = ["ADMISSION_COSTS", "batch_pricing", "chunk_gpu_seconds", "steady_chunk_measured"]
+__all__ = [
+    "ADMISSION_COSTS",
+    "batch_measured",
+    "batch_pricing",
+    "chunk_gpu_seconds",
+    "steady_chunk_measured",
+]
 
 ADMISSION_COSTS = ("auto", "measured", "prior")
 
@@ -48,6 +54,17 @@ def steady_chunk_measured(
     """Every plan of a steady chunk of ``profile`` (with ``decoder``; None: the default one)
     has a measurement in ``cost``: ``chunk_gpu_seconds`` prices it by measurement."""
     return _calibrated(cost, _steady_plans(served, profile, decoder))
+
+
+def batch_measured(cost: CostModel, served: ServedModel, profile: Profile, batch: int) -> bool:
+    """Every plan of a steady chunk of ``profile`` that the model batches across sessions
+    (``batched_plan_kinds``) has a measurement of a batch of ``batch`` in ``cost``: with the
+    solo chunk's, ``batch_pricing`` prices sessions together by measurement."""
+    kinds = frozenset(getattr(served, "batched_plan_kinds", lambda: ())())
+    batched = [(k, sig) for k, sig, _ in _steady_plans(served, profile, None) if k in kinds]
+    return bool(batched) and all(
+        cost.samples(kind, sig, batch) >= cost.min_samples for kind, sig in batched
+    )
 
 
 def _steady_plans(

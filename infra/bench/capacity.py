@@ -54,7 +54,10 @@ __all__ = [
     "parse_setup",
     "refusal_reason",
     "run_setup",
+    "engine_time",
     "setup_rows",
+    "time_per_minute",
+    "time_rows",
 ]
 
 STALL_FACTOR = 2.0  # a fresh-frame gap this many nominal intervals long is a stall
@@ -118,6 +121,53 @@ def compiles_after_ready(url: str) -> dict[str, float]:
         for line in text.splitlines()
         if line.startswith(prefix)
     }
+
+
+def engine_time(url: str) -> dict[str, tuple[float, float]]:
+    """Per plan kind the executor's calls and their wall seconds so far (``/metrics``:
+    ``dreamrt_engine_batches_total``, ``dreamrt_engine_batch_seconds_total``)."""
+    text = httpx.get(f"{url}/metrics", timeout=10.0).text
+    found: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for index, name in enumerate(("batches_total", "batch_seconds_total")):
+            prefix = f"dreamrt_engine_{name}{{kind="
+            if line.startswith(prefix):
+                kind = line[len(prefix) :].split('"')[1]
+                found.setdefault(kind, [0.0, 0.0])[index] = float(line.rsplit(" ", 1)[1])
+    return {kind: (calls, seconds) for kind, (calls, seconds) in found.items()}
+
+
+def time_per_minute(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], window_s: float
+) -> dict[str, dict[str, float]]:
+    """What each plan kind took of the executor between two ``engine_time`` reads, per minute
+    of ``window_s``: ``calls`` and ``seconds`` (kinds that ran)."""
+    scale = 60.0 / window_s if window_s > 0 else 0.0
+    out = {}
+    for kind, (calls, seconds) in sorted(after.items()):
+        calls_0, seconds_0 = before.get(kind, (0.0, 0.0))
+        if calls > calls_0:
+            out[kind] = {
+                "calls": round(scale * (calls - calls_0), 1),
+                "seconds": round(scale * (seconds - seconds_0), 2),
+            }
+    return out
+
+
+def time_rows(results: list[tuple[str, str, dict[str, Any]]], *, first: str) -> list[str]:
+    """Where the executor's time went during each setup's watch: seconds per minute and calls
+    per minute by plan kind (``time_per_minute``), e.g. what prompt switches add in
+    ``text_encode`` and ``kv_recache`` and what a restart adds in ``chunk_step``."""
+    kinds = sorted({k for _, _, r in results for k in r.get("engine_per_min", {})})
+    lines = [
+        f"| {first} | setup | " + " | ".join(f"{k} s/min (calls)" for k in kinds) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in kinds) + " |",
+    ]
+    for head, name, r in results:
+        per = r.get("engine_per_min", {})
+        cells = [f"{per[k]['seconds']} ({per[k]['calls']:.0f})" if k in per else "-" for k in kinds]
+        lines.append(f"| {head} | {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def refusal_reason(refusal: dict[str, Any] | None) -> str:
@@ -206,6 +256,7 @@ async def run_setup(url: str, setup: Setup, args: argparse.Namespace) -> dict[st
             watched.append(got)
             print(f"  {setup.name}: session {len(watched)} admitted ({got.profile})", flush=True)
             await asyncio.sleep(args.ramp_s)
+        before = await asyncio.to_thread(engine_time, url)
         begin = time.monotonic()
         marks = [len(w.viewer.fresh_frames()) for w in watched]
         every_s = float(getattr(args, "switch_every_s", 0.0))
@@ -216,6 +267,9 @@ async def run_setup(url: str, setup: Setup, args: argparse.Namespace) -> dict[st
         ]
         await asyncio.sleep(args.seconds)
         end = time.monotonic()
+        engine_per_min = time_per_minute(
+            before, await asyncio.to_thread(engine_time, url), end - begin
+        )
         switches = [await task for task in switching] or [0] * len(watched)
         sessions: list[dict[str, Any]] = []
         for w, mark in zip(watched, marks, strict=True):
@@ -243,6 +297,7 @@ async def run_setup(url: str, setup: Setup, args: argparse.Namespace) -> dict[st
         "admitted": len(watched),
         "refusal": refusal,
         "sessions": sessions,
+        "engine_per_min": engine_per_min,
         "compiles_after_ready": await asyncio.to_thread(compiles_after_ready, url),
     }
 
@@ -287,6 +342,9 @@ def _print(report: dict[str, Any]) -> None:
     print()
     rows = [(f"{r.get('ready_s', 0):.0f} s", name, r) for name, r in report["setups"].items()]
     for line in setup_rows(rows, first="ready"):
+        print(line)
+    print()
+    for line in time_rows(rows, first="ready"):
         print(line)
 
 

@@ -124,18 +124,24 @@ if has startup; then
 fi
 if has serving; then
   # `dreamrt serve` from the startup stage's cache, once per variant (default: the flags a user
-  # gets; graphs: --cuda-graphs): ready, sessions per GPU at each profile while viewers switch
+  # gets, sessions' steps batched; graphs: --cuda-graphs; solo: --batch-sessions off;
+  # cutsonly: --chunk-restart cuts-only, what restarts cost; noswitch: viewers that never switch
+  # prompts, the control): ready, sessions per GPU at each profile while viewers switch
   # prompts, time to steer, compiles after ready
   for variant in ${SERVE_VARIANTS:-default}; do
     pkill -INT -f -- '--compile-cache' && sleep 3
     rm -rf "/tmp/torchinductor_$(whoami)" ~/.triton/cache
     extra=()
     [ "$variant" = graphs ] && extra=(--server-arg=--cuda-graphs)
+    [ "$variant" = solo ] && extra=(--server-arg=--batch-sessions=off)
+    [ "$variant" = cutsonly ] && extra=(--server-arg=--chunk-restart=cuts-only)
+    every="${SWITCH_EVERY_S:-3.5}"
+    [ "$variant" = noswitch ] && every=0
     timeout "${SERVE_S:-280}" $PY -m infra.bench.warm_serving --model wan2.1-1.3b-causal \
       --device cuda --random-weights --max-sessions "${WARM_MAX_SESSIONS:-6}" --phases cached \
       --cache "$BC" --empty-local-caches --mixed-on none --latency-on cached --prompts 4 \
       --cached-setups "${SERVE_SETUPS-full=832x480@16,tiny=832x480@16/tiny,small=480x272@16}" \
-      --seconds "${SERVE_WATCH_S:-12}" --switch-every-s 3.5 --keep-logs "$OUT/logs-$variant" \
+      --seconds "${SERVE_WATCH_S:-12}" --switch-every-s "$every" --keep-logs "$OUT/logs-$variant" \
       "${extra[@]}" --json "$OUT/serve_$variant.json" >"$OUT/serve_$variant.log" 2>&1
     echo "serving ($variant): exit $?"
     tail -24 "$OUT/serve_$variant.log"

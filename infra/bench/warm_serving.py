@@ -58,6 +58,7 @@ from infra.bench.capacity import (
     parse_setup,
     run_setup,
     setup_rows,
+    time_rows,
 )
 from infra.bench.latency import run_variant
 from infra.browser_harness import ServerProcess
@@ -309,16 +310,15 @@ def _print(report: dict[str, Any]) -> None:
             f"{mixed['job_alone']['seconds']} s alone; first frame {mixed['first_frame_s']} s; "
             f"compiles after it {r.get('compiles_after_mixed')}"
         )
-    print()
-    for line in setup_rows(
-        [
-            (name, setup, s)
-            for name, r in report["phases"].items()
-            for setup, s in r.get("setups", {}).items()
-        ],
-        first="server",
-    ):
-        print(line)
+    rows = [
+        (name, setup, s)
+        for name, r in report["phases"].items()
+        for setup, s in r.get("setups", {}).items()
+    ]
+    for table in (setup_rows, time_rows):
+        print()
+        for line in table(rows, first="server"):
+            print(line)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ from models.instance.errors import InstanceError
 from models.loops.ops import DecodeOp, LatentCodec
 from models.precompiled import CompilePool, PoolResult, Region, RegionReport, aot_supported
 from models.wan.dit.attention import WanSelfAttention
-from models.wan.dit.block import block_past_length
+from models.wan.dit.block import block_dynamic
 from models.wan.dit.config import WanDiTConfig
 from models.wan.dit.cuda_graphs import ChunkGraphs
 from models.wan.dit.transformer import WanDiT
@@ -198,8 +198,8 @@ class InstanceLevers:
         return modules
 
     def _precompiled_regions(self) -> list[Region]:
-        """One region for all DiT blocks (the K/V past length symbolic), one per decoder
-        (``models.precompiled``)."""
+        """One region for all DiT blocks (the K/V past length and a batch above one symbolic:
+        ``block_dynamic``), one per decoder (``models.precompiled``)."""
         blocks = list(self.dit.blocks)
         regions = [
             Region(
@@ -207,7 +207,7 @@ class InstanceLevers:
                 type(blocks[0]).forward,
                 blocks,
                 self.compile_guard,
-                dynamic=block_past_length,
+                dynamic=block_dynamic,
             )
         ]
         for module, name in self._compiled_modules()[len(blocks) :]:

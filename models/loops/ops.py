@@ -8,6 +8,7 @@ calls, so interleaving sessions through one op cannot smear state.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -147,6 +148,8 @@ class ChunkDenoiseOp(_SoloOp):
     from its slab view, its own timestep, RoPE position, prompt and inputs); the rest run one
     by one.
     ``deterministic=True`` runs every step alone (bit-identical to a batch of one).
+    ``batch_forwards`` counts the forwards that ran several sessions' steps, by batch size
+    (the warm-up checks its batched stage really batched).
     """
 
     name = "chunk_step"
@@ -154,6 +157,7 @@ class ChunkDenoiseOp(_SoloOp):
     def __init__(self, dit: WanDiT) -> None:
         self._dit = dit
         self.batchable = False
+        self.batch_forwards: Counter[int] = Counter()
 
     def __call__(
         self, args: Sequence[ChunkDenoiseArgs], *, deterministic: bool = False
@@ -189,6 +193,7 @@ class ChunkDenoiseOp(_SoloOp):
 
     def _run_batch(self, batch: list[ChunkDenoiseArgs]) -> list[torch.Tensor]:
         # B sessions' [1, C, f, h, w] -> B x [1, C, f, h, w]
+        self.batch_forwards[len(batch)] += 1
         xs = [_start(a) for a in batch]
         x = torch.cat(xs)
         t = torch.tensor([a.timestep for a in batch], device=x.device, dtype=torch.float32)

@@ -170,6 +170,13 @@ class EngineConfig:
         "(fixed lead, inputs wait for the chunk boundary), to measure against",
         choices=("fast", "baseline"),
     )
+    chunk_restart: str = setting(
+        "auto",
+        "when a prompt switch, cut or key restarts the chunk in flight: "
+        "regenerate-when-sooner (when that shows the input sooner than waiting), cuts-only "
+        "(a cut only), or auto: the first with --steering fast, the second with baseline",
+        choices=("auto", "regenerate-when-sooner", "cuts-only"),
+    )
     compute_capacity: float | None = setting(
         None,
         "GPU-seconds per second of the device admission lets sessions reserve: the highest "
@@ -206,6 +213,16 @@ class EngineConfig:
         "tests and drills only: POST /v1/faults (admin) makes a session's or job's next "
         "step fail with nan, exception or oom",
     )
+
+    def batches_sessions(self, *, on_gpu: bool, spmd: bool) -> bool:
+        """Whether sessions' denoising steps batch across sessions: ``batch_sessions`` on or
+        off as set; auto: on an accelerator, whose small steps leave it underused (a CPU's are
+        compute-bound already, and its admission prices by the prior, which knows no
+        batches), not with ``deterministic`` (batched steps agree with solo ones within the
+        interleave gate's tolerance only) nor across processes of one instance (``spmd``)."""
+        if self.batch_sessions != "auto":
+            return self.batch_sessions == "on"
+        return on_gpu and not spmd and not self.deterministic
 
     def __post_init__(self) -> None:
         check_choices(self)

@@ -103,6 +103,9 @@ class BatchReport(Protocol):
     def kind(self) -> str: ...
 
     @property
+    def wall_s(self) -> float: ...
+
+    @property
     def step_wall_s(self) -> Sequence[float]: ...
 
     @property
@@ -229,6 +232,19 @@ class ServerMetrics:
             registry=r,
         )
         self.plans_executed = Counter("dreamrt_engine_plans_executed", "Plans executed", registry=r)
+        self.batches = Counter(
+            "dreamrt_engine_batches",
+            "Executor calls by plan kind (several plans run as one batch count once)",
+            ["kind"],
+            registry=r,
+        )
+        self.batch_seconds = Counter(
+            "dreamrt_engine_batch_seconds",
+            "Wall seconds of the executor's calls by plan kind, each batch once: where the "
+            "device's time goes",
+            ["kind"],
+            registry=r,
+        )
         self.plan_failures = Counter(
             "dreamrt_engine_plan_failures", "Plans that failed (exception or NaN)", registry=r
         )
@@ -282,6 +298,8 @@ class ServerMetrics:
     def batch_done(self, report: BatchReport) -> None:
         """The engine finished a batch (event loop; must not block)."""
         steps = len(report.step_wall_s)
+        self.batches.labels(report.kind).inc()
+        self.batch_seconds.labels(report.kind).inc(max(report.wall_s, 0.0))
         if steps:
             self.steps.labels(report.kind).inc(steps)
             self.plans_executed.inc(steps)

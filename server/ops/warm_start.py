@@ -18,13 +18,13 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from models.card import Profile
+    from models.compiled_set import CompiledSet
     from models.instance import WanInstance
     from models.precompiled import RegionReport
     from runtime.cost import CostModel
@@ -179,13 +179,14 @@ def compile_workers(config: ServerConfig) -> int:
 async def warm_start(
     instance: WanInstance,
     directory: Path | None,
-    profiles: Sequence[Profile],
+    served: CompiledSet,
     num_slabs: int,
     cost: CostModel,
     progress: WarmUpProgress,
     compile_workers: int = 0,
 ) -> WarmStart:
-    """Warm ``instance`` up at ``profiles`` and calibrate ``cost`` (``warm_up_set``), showing
+    """Warm ``instance`` up at the profiles (and batch sizes) of ``served`` and calibrate
+    ``cost`` (``warm_up_set``), showing
     ``progress`` on the console as it goes; the calibration is kept in ``directory``'s
     ``cost.json``. With ``compile_workers`` and nothing loaded from the cache, the warm-up
     first runs eagerly while that many worker processes compile the graphs it meets
@@ -209,8 +210,15 @@ async def warm_start(
     try:
         pooled: dict[str, float] = {}
         if compile_workers > 0 and cached == 0 and _poolable(instance):
-            pooled = await _compile_in_pool(instance, profiles, num_slabs, compile_workers, stage)
-        took = await warm_up_set(instance, profiles, num_slabs, cost=cost, on_stage=stage)
+            pooled = await _compile_in_pool(instance, served, num_slabs, compile_workers, stage)
+        took = await warm_up_set(
+            instance,
+            served.profiles,
+            num_slabs,
+            cost=cost,
+            on_stage=stage,
+            max_batch=served.max_batch,
+        )
         took = {**pooled, **took}
     finally:
         bar.cancel()
@@ -262,7 +270,7 @@ def _poolable(instance: WanInstance) -> bool:
 
 async def _compile_in_pool(
     instance: WanInstance,
-    profiles: Sequence[Profile],
+    served: CompiledSet,
     num_slabs: int,
     workers: int,
     stage: Callable[[str, int, int], None],
@@ -278,9 +286,10 @@ async def _compile_in_pool(
     try:
         await warm_up_set(
             instance,
-            profiles,
+            served.profiles,
             num_slabs,
             on_stage=lambda name, done, total: stage(f"finding graphs: {name}", done, total),
+            max_batch=served.max_batch,
         )
         found = time.perf_counter()
         log.info("compiling %d graphs in %d worker processes", pool.pending(), workers)

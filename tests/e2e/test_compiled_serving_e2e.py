@@ -1,7 +1,9 @@
 """Nothing compiles after ready: a real ``dreamrt serve --compile`` (the tiny random Wan card with
 both decoders on the CPU - the tiny streaming decoder by default, the full VAE as a session's
-option and for jobs - Inductor's C++ backend) warms up its compiled set, and then a watched
-session with a prompt cut and a switch, a fork candidate, a session that picks the other
+option and for jobs - Inductor's C++ backend; sessions' steps batched, ``--batch-sessions on``)
+warms up its compiled set, batches of sessions' steps included, and then a watched session
+with a prompt cut and a switch, a second session beside it, a fork candidate, a session that
+picks the other
 decoder, jobs of unusual lengths (t2v) and a t2i leave ``dreamrt_compiles_after_ready_total``
 at 0 for every kind. A job at a size outside the set
 still succeeds (eagerly) and is counted, which shows the metric sees what it guards.
@@ -13,6 +15,7 @@ like Inductor's own default cache under the temp dir, so a second run of the sui
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -55,6 +58,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             str(COMPILE_CACHE),
             "--max-sessions",
             "3",
+            "--batch-sessions",
+            "on",
         ),
     ).start(timeout_s=900.0)  # a cold CPU compile of the set on a loaded 2-core machine
     yield srv
@@ -96,12 +101,17 @@ async def test_serving_after_ready_compiles_nothing(server: ServerProcess) -> No
     # the warm-up's cost calibration is kept with the compiled artifacts, for the next start
     kept = list(COMPILE_CACHE.glob("wan-tiny-taehv-random-*/cost.json"))
     assert kept and max(p.stat().st_mtime for p in kept) >= STARTED_AT[-1]  # by this server
+    # ... with what a session adds to a batch: three sessions' steps measured as one forward
+    newest = json.loads(max(kept, key=lambda p: p.stat().st_mtime).read_text())
+    assert any(e["kind"] == "chunk_step" and e["batch"] == 3 for e in newest["entries"]), newest
     async with DreamrtClient(server.url) as api:
         viewer = Viewer(api)
+        twin = Viewer(api)
         candidate = Viewer(api)
         full = Viewer(api)
         try:
             await viewer.connect("a red ball on grass", seed=3)
+            await twin.connect("a red ball on sand", seed=5)  # beside it: their steps batch
             await viewer.wait_first_frame(timeout_s=120.0)
             sid = viewer.session_id
             await wait_chunk(viewer, 1)
@@ -115,6 +125,8 @@ async def test_serving_after_ready_compiles_nothing(server: ServerProcess) -> No
             await viewer.wait_event(
                 lambda e: e["type"] == "prompt.applied" and e["mode"] == "switch", 120.0
             )
+            assert twin.fresh_frames(), "the second session's viewer received no frame"
+            await twin.close()  # its slab for the candidates
             forked = (await api.request("POST", f"/v1/sessions/{sid}/fork", json={"n": 2})).json()
             cid = forked["candidates"][0]
             candidate.api._session_tokens[cid] = forked["sessions"][0]["token"]  # noqa: SLF001
@@ -152,7 +164,11 @@ async def test_serving_after_ready_compiles_nothing(server: ServerProcess) -> No
             assert after["outside_set"] >= 1 and after["dynamo"] == 0, after
         finally:
             await asyncio.gather(
-                viewer.close(), candidate.close(), full.close(), return_exceptions=True
+                viewer.close(),
+                twin.close(),
+                candidate.close(),
+                full.close(),
+                return_exceptions=True,
             )
 
 

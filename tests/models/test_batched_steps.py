@@ -15,10 +15,13 @@ from typing import Any
 import pytest
 import torch
 
+from models.compile_guard import CompileGuard
 from models.instance import load_instance
 from models.loops.ops import ChunkDenoiseArgs
 from models.loops.requests import SessionRequest
+from models.precompiled import Region, aot_supported
 from models.registry import get
+from models.wan.dit.block import WanBlock, block_dynamic
 from models.wan.dit.config import WanDiTConfig
 from models.wan.dit.transformer import InputShapeError, WanDiT
 from models.wan.kv.slabs import KVSlabBuffer, SlabGeometry
@@ -87,6 +90,65 @@ def test_forward_chunks_equals_one_forward_per_session() -> None:
     fresh = buffer.cache(1)  # a cache with fewer keys cannot join the batch
     with pytest.raises(InputShapeError, match="one filled prefix"):
         model.forward_chunks(torch.cat(xs), t, stacked_cross, [caches[0], fresh], starts)
+
+
+@pytest.mark.skipif(not aot_supported(), reason="this torch has no aot_compile")
+def test_one_compiled_block_graph_serves_every_batch_size_above_one() -> None:
+    model = make_model()
+    buffer = KVSlabBuffer(
+        model.config, SlabGeometry(1, 2, 6), num_slabs=4, device="cpu", dtype=torch.float32
+    )
+    caches = [buffer.cache(i) for i in range(4)]
+    cross = model.cross_kv(torch.randn(1, 4, 20))
+    with torch.inference_mode():
+        for i, cache in enumerate(caches):  # every cache full: steady state
+            for k in range(3):
+                model.forward_chunk(
+                    latents(10 * i + k), torch.zeros(1), cross, cache, k * CHUNK, write_cache=True
+                )
+
+        def batch(n: int) -> torch.Tensor:
+            stacked = type(cross)(
+                cross.k.expand(-1, n, -1, -1, -1), cross.v.expand(-1, n, -1, -1, -1)
+            )
+            xs = torch.cat([latents(100 + i) for i in range(n)])
+            t = torch.linspace(250.0, 750.0, n)
+            starts = [3 * CHUNK + i for i in range(n)]
+            return model.forward_chunks(
+                xs, t, stacked, caches[:n], starts, action=torch.randn(n, 4)
+            )
+
+        eager = {n: (torch.manual_seed(n), batch(n))[1] for n in (2, 3, 4)}
+        region = Region(
+            "dit.blocks",
+            WanBlock.forward,
+            list(model.blocks),
+            CompileGuard(),
+            dynamic=block_dynamic,
+        )
+        compiled = {n: (torch.manual_seed(n), batch(n))[1] for n in (2, 3, 4)}
+    # one graph for 2, 3 and 4 sessions (the batch symbolic), the same results as eager
+    assert region.signatures() == 1 and region.stats.compiled == 1
+    assert not region.stats.fallbacks
+    for n, want in eager.items():
+        torch.testing.assert_close(compiled[n], want, rtol=RTOL, atol=ATOL)
+
+
+def test_the_blocks_rule_leaves_a_session_alone_its_own_batch() -> None:
+    x, e0 = torch.zeros(1, 12, 48), torch.zeros(1, 1, 6, 48)
+    cos = sin = torch.zeros(12, 8)
+    cross = torch.zeros(1, 4, 3, 16)
+    past = (torch.zeros(1, 24, 3, 16), torch.zeros(1, 24, 3, 16))
+    block = object()
+    marks = block_dynamic((block, x, e0, cos, sin, cross, cross, past, None))
+    assert [(t.shape, d) for t, d in marks] == [(past[0].shape, 1), (past[1].shape, 1)]
+    masked = block_dynamic((block, x, e0, cos, sin, cross, cross, past, torch.ones(12, 36)))
+    assert masked == []  # a masked call reads the whole cache: nothing symbolic
+    two = [torch.zeros(2, *t.shape[1:]) for t in (x, e0, cross, cross, *past)]
+    cos2 = sin2 = torch.zeros(2, 12, 8)
+    marks = block_dynamic((block, two[0], two[1], cos2, sin2, two[2], two[3], tuple(two[4:]), None))
+    marked = {(id(t), d) for t, d in marks}
+    assert marked == {(id(t), 0) for t in (*two, cos2, sin2)} | {(id(t), 1) for t in two[4:]}
 
 
 class BatchSpy:

@@ -34,3 +34,15 @@ def test_a_tiny_card_serves_its_default_only_and_duplicates_collapse() -> None:
 def test_a_compiled_size_off_the_pixel_multiple_is_a_card_error() -> None:
     with pytest.raises(CardError, match="compiled_sizes entry 40x32"):
         replace(WAN_TINY_RANDOM, compiled_sizes=((40, 32),)).validate()
+
+
+def test_a_batching_server_serves_every_batch_size_of_each_profile_up_to_its_max_batch() -> None:
+    served = compiled_set(WAN21_13B_CAUSAL, max_batch=5)
+    assert served.describe() == ["832x480/3 x1-5", "480x272/3 x1-5"]
+    assert all(served.covers(480, 272, 3, batch=k) for k in range(1, 6))
+    assert not served.covers(480, 272, 3, batch=6)  # the engine forms no bigger batch
+    assert not served.covers(640, 352, 3, batch=2)
+    alone = compiled_set(WAN21_13B_CAUSAL)  # no batching: batch 1 only
+    assert alone.covers(832, 480, 3) and not alone.covers(832, 480, 3, batch=2)
+    with pytest.raises(ValueError, match="max_batch=0"):
+        compiled_set(WAN21_13B_CAUSAL, max_batch=0)

@@ -228,3 +228,32 @@ def test_serve_takes_the_compute_capacity_and_cross_session_batching(monkeypatch
     configs = [app.state.config for app in served]
     assert [c.engine.compute_capacity for c in configs] == [None, 0.8, None]
     assert [c.engine.batch_sessions for c in configs] == ["auto", "on", "off"]
+
+
+def test_serve_takes_the_chunk_restart_policy_and_the_instance_serves_it(
+    monkeypatch, tmp_path
+) -> None:
+    from server import spmd_serving
+    from server.config.serve import ServerConfig
+
+    served = _capture_serve(monkeypatch)
+    assert main(["serve", "--port", "9", "--chunk-restart", "cuts-only"]) == 0
+    assert served[0].state.config.engine.chunk_restart == "cuts-only"
+    policies = {}
+    for steering, restart in (
+        ("fast", "auto"),
+        ("baseline", "auto"),
+        ("fast", "cuts-only"),
+        ("baseline", "regenerate-when-sooner"),
+    ):
+        config = ServerConfig.of(
+            data_dir=tmp_path, device="cpu", steering=steering, chunk_restart=restart
+        )
+        _, instance = spmd_serving.load(config, "wan-tiny-random")
+        policies[steering, restart] = instance.chunk_restart.name
+    assert policies == {
+        ("fast", "auto"): "regenerate-when-sooner",
+        ("baseline", "auto"): "cuts-only",
+        ("fast", "cuts-only"): "cuts-only",  # the restart apart from the rest of fast steering
+        ("baseline", "regenerate-when-sooner"): "regenerate-when-sooner",
+    }

@@ -40,6 +40,11 @@ def test_batch_reports_feed_counters_and_the_latency_histogram() -> None:
     assert m["dreamrt_engine_plans_executed_total"] == 4
     assert m["dreamrt_engine_plan_failures_total"] == 1
     assert m["dreamrt_engine_deadline_misses_total"] == 1
+    # the executor's calls and their wall time, each batch once (not once per plan)
+    assert m['dreamrt_engine_batches_total{kind="chunk_step"}'] == 2
+    assert m['dreamrt_engine_batches_total{kind="vae_decode"}'] == 2
+    assert m['dreamrt_engine_batch_seconds_total{kind="chunk_step"}'] == pytest.approx(1.5304)
+    assert m['dreamrt_engine_batch_seconds_total{kind="vae_decode"}'] == pytest.approx(3.0)
     step = 'dreamrt_step_latency_seconds_bucket{kind="chunk_step",le="%s"}'
     assert m[step % "0.001"] == 1 and m[step % "0.02"] == 1 and m[step % "0.05"] == 2
     assert m[step % "1.0"] == 2 and m[step % "2.0"] == 3 and m[step % "+Inf"] == 3

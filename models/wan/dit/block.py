@@ -12,7 +12,7 @@ from models.wan.dit.attention import WanCrossAttention, WanSelfAttention
 from models.wan.dit.config import WanDiTConfig
 from models.wan.kv.fp8 import Fp8Past
 
-__all__ = ["WanBlock", "WanHead", "block_past_length"]
+__all__ = ["WanBlock", "WanHead", "block_dynamic"]
 
 
 def _norm_fp32(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -83,16 +83,31 @@ class WanHead(nn.Module):
         return self.head((_norm_fp32(self.norm, x) * (1 + scale) + shift).type_as(x))
 
 
-def block_past_length(args: tuple[object, ...]) -> list[tuple[torch.Tensor, int]]:
-    """The dimension one compiled block graph keeps symbolic (``models.precompiled``): the
-    cached tokens a block call attends to, ``past``'s dim 1 (K and V), where it is read
-    unmasked (a filled prefix: its length grows while a cache fills). A masked call reads the
-    whole cache, a fixed length. ``args``: ``WanBlock.forward``'s, the block first."""
-    past, mask = args[7], args[8]
-    if mask is not None:
-        return []
+def block_dynamic(args: tuple[object, ...]) -> list[tuple[torch.Tensor, int]]:
+    """The dimensions one compiled block graph keeps symbolic (``models.precompiled``), for
+    ``WanBlock.forward``'s ``args`` (the block first):
+
+    - the cached tokens a block call attends to, ``past``'s dim 1 (K and V), where it is read
+      unmasked (a filled prefix: its length grows while a cache fills). A masked call reads the
+      whole cache, a fixed length;
+    - the batch, dim 0 of every batched input, where it is above one: several sessions' steady
+      steps as one forward (``WanDiT.forward_chunks``), so one graph serves every batch size
+      of a profile. Dynamo specialises a size of one, so a session alone keeps its own graph.
+    """
+    x, e0, cos, sin, cross_k, cross_v, past, mask = args[1:9]
+    marks: list[tuple[torch.Tensor, int]] = []
+    if mask is None:
+        if isinstance(past, Fp8Past):
+            marks += [(past.k, 1), (past.v, 1)]
+        elif isinstance(past, tuple) and all(isinstance(t, torch.Tensor) for t in past):
+            marks += [(t, 1) for t in past if isinstance(t, torch.Tensor)]
+    if not isinstance(x, torch.Tensor) or x.shape[0] < 2:
+        return marks
+    batched: list[object] = [x, e0, cross_k, cross_v]
+    batched += [t for t in (cos, sin) if isinstance(t, torch.Tensor) and t.ndim == 3]
     if isinstance(past, Fp8Past):
-        return [(past.k, 1), (past.v, 1)]
-    if isinstance(past, tuple) and all(isinstance(t, torch.Tensor) for t in past):
-        return [(t, 1) for t in past if isinstance(t, torch.Tensor)]
-    return []
+        batched += [past.k, past.v, past.k_descale, past.v_descale]
+    elif isinstance(past, tuple):
+        batched += list(past)
+    marks += [(t, 0) for t in batched if isinstance(t, torch.Tensor) and t.shape[0] == x.shape[0]]
+    return marks

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from infra.bench.capacity import Setup, frame_stats, parse_setup, refusal_reason, setup_rows
+from infra.bench.capacity import (
+    Setup,
+    frame_stats,
+    parse_setup,
+    refusal_reason,
+    setup_rows,
+    time_per_minute,
+    time_rows,
+)
 
 
 def test_setups_parse_into_a_profile_and_serve_arguments() -> None:
@@ -64,3 +72,25 @@ def test_the_table_says_why_the_next_session_was_refused_and_what_compiled_after
         "2",
     ]
     assert "error: boom" in failed
+
+
+def test_the_time_table_says_where_the_executors_time_went_per_minute() -> None:
+    before = {"chunk_step": (100.0, 6.0), "text_encode": (2.0, 0.1)}
+    after = {"chunk_step": (340.0, 20.4), "text_encode": (8.0, 0.46), "kv_recache": (6.0, 0.7)}
+    per = time_per_minute(before, after, 30.0)  # a 30-s watch: per minute is twice the delta
+    assert per == {
+        "chunk_step": {"calls": 480.0, "seconds": 28.8},
+        "kv_recache": {"calls": 12.0, "seconds": 1.4},
+        "text_encode": {"calls": 12.0, "seconds": 0.72},
+    }
+    assert time_per_minute(after, after, 30.0) == {}  # nothing ran: no kinds
+    header, rule, row, empty = time_rows(
+        [("cached", "full", {"engine_per_min": per}), ("cached", "tiny", {"error": "boom"})],
+        first="server",
+    )
+    assert header == (
+        "| server | setup | chunk_step s/min (calls) | kv_recache s/min (calls) | "
+        "text_encode s/min (calls) |"
+    )
+    assert row == "| cached | full | 28.8 (480) | 1.4 (12) | 0.72 (12) |"
+    assert empty == "| cached | tiny | - | - | - |" and rule.count("---") == 5
