@@ -181,7 +181,11 @@ async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContex
         deterministic=config.engine.deterministic,
         playout_buffer_s=config.engine.playout_buffer_s,
         max_lead_s=config.engine.max_lead_s,
-        lead=AdaptiveLead(config.engine.max_lead_s)
+        lead=AdaptiveLead(
+            config.engine.max_lead_s,
+            steer_lead_s=config.engine.steer_lead_s,
+            steer_hold_s=config.engine.steer_hold_s,
+        )
         if fast
         else FixedLead(config.engine.max_lead_s),
         withdraw_on_input=fast,

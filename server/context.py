@@ -143,6 +143,7 @@ class ServerContext:
             frames_sent=counts["frames_sent"],
             stalls=counts["stalls"],
             media_dropped=counts["media_dropped"],
+            media_flushed=counts["media_flushed"],
             admission_rejections=counts["rejections"],
             queue_depth=stats.queue_depth,
             running_loops=stats.running_loops,

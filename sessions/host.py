@@ -113,7 +113,7 @@ class SessionHost:
         self._closed = False
         self._reaper: asyncio.Task[None] | None = None
         self.rejections: Counter[str] = Counter()
-        # frames_sent / stalls / media_dropped of ended sessions
+        # frames_sent / stalls / media_dropped / media_flushed of ended sessions
         self.finished_totals: Counter[str] = Counter()
         self.finished_states: Counter[str] = Counter()
 
@@ -409,6 +409,7 @@ class SessionHost:
         self.finished_totals["frames_sent"] += session.frames_sent
         self.finished_totals["stalls"] += session.stalls
         self.finished_totals["media_dropped"] += session.media.dropped_overflow
+        self.finished_totals["media_flushed"] += session.media.dropped_flush
         self.finished_states[session.state.value] += 1
 
     async def close_session(self, session_id: str, reason: str = "deleted") -> bool:
@@ -486,5 +487,7 @@ class SessionHost:
             "stalls": self.finished_totals["stalls"] + sum(s.stalls for s in sessions),
             "media_dropped": self.finished_totals["media_dropped"]
             + sum(s.media.dropped_overflow for s in sessions),
+            "media_flushed": self.finished_totals["media_flushed"]
+            + sum(s.media.dropped_flush for s in sessions),
             "rejections": dict(self.rejections),
         }

@@ -490,6 +490,7 @@ class Session:
             },
             "chunks": self.chunks_generated,
             "media_dropped": self.media.dropped_overflow,
+            "media_flushed": self.media.dropped_flush,
             "audio_seconds_in": round(self.ledger.audio_seconds_in, 3),
             "error": self.error,
         }

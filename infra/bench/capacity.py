@@ -316,7 +316,15 @@ async def _switch_prompts(w: _Watched, index: int, count: int, every_s: float, u
 
 
 def _subset(info: dict[str, Any]) -> dict[str, Any]:
-    keys = ("frames_sent", "stalls", "fps_measured", "media_dropped", "decoder")
+    keys = (
+        "frames_sent",
+        "stalls",
+        "fps_measured",
+        "media_dropped",
+        "media_flushed",
+        "decoder",
+        "chunks",
+    )
     return {k: info[k] for k in keys if k in info}
 
 

@@ -208,6 +208,21 @@ class EngineConfig:
         flag="--max-lead",
         metavar="SECONDS",
     )
+    steer_lead_s: float = setting(
+        0.5,
+        "with --steering fast, at most this many seconds generated ahead of playout while a "
+        "viewer steers (an input within --steer-hold): what an input that changes the picture "
+        "throws away, since its first frame flushes the older backlog",
+        flag="--steer-lead",
+        metavar="SECONDS",
+    )
+    steer_hold_s: float = setting(
+        10.0,
+        "with --steering fast, a session counts as steered this many seconds after its last "
+        "input (then --max-lead again)",
+        flag="--steer-hold",
+        metavar="SECONDS",
+    )
     fault_injection: bool = setting(
         False,
         "tests and drills only: POST /v1/faults (admin) makes a session's or job's next "
@@ -230,6 +245,8 @@ class EngineConfig:
         _at_least(self.max_batch, 1, "max_batch")
         _at_least(self.playout_buffer_s, 0.0, "playout_buffer_s")
         _at_least(self.max_lead_s, 0.0, "max_lead_s")
+        _at_least(self.steer_lead_s, 0.0, "steer_lead_s")
+        _at_least(self.steer_hold_s, 0.0, "steer_hold_s")
 
 
 @dataclass(frozen=True, slots=True)

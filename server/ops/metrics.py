@@ -6,7 +6,9 @@ Two sources, each counted once:
 - **The engine** reports every finished batch to ``ServerMetrics.batch_done`` (it is one of
   the engine's batch listeners, ``runtime.observers.BatchListener``): prometheus ``Counter``s
   ``steps_total{kind}`` (plans that ran), ``engine_plans_executed_total``,
-  ``engine_plan_failures_total``, ``engine_deadline_misses_total``, and the ``Histogram``
+  ``engine_plan_failures_total``, ``engine_deadline_misses_total``, the executor's calls and
+  their wall seconds ``engine_batches_total{kind}`` / ``engine_batch_seconds_total{kind}`` (a
+  batch of several plans once), and the ``Histogram``
   ``step_latency_seconds{kind}`` (wall time of the run that produced each plan's output,
   buckets 1 ms .. 2 s). These are unbounded totals, not a window of recent samples.
 - **Time to steer**, from each session's event stream (``watch(session)``: a sink on it): the
@@ -21,8 +23,9 @@ Two sources, each counted once:
   ``server_tasks`` (background tasks the server owns: 0 when idle), ``sse_streams`` (open
   event streams), ``webrtc_peers`` (viewer peer connections); and the session-side
   totals ``frames_sent_total``, ``stalls_total``, ``media_dropped_frames_total``,
-  ``admission_rejections_total{reason}``. Sessions count those themselves (including ended
-  sessions); the ``Counter``s here are advanced to their totals at each scrape. And
+  ``media_flushed_frames_total``, ``admission_rejections_total{reason}``. Sessions count those
+  themselves (including ended sessions); the ``Counter``s here are advanced to their totals at
+  each scrape. And
   ``compiles_after_ready_total{kind}``: what a compiled instance compiled or captured after
   ready, or ran eagerly outside its compiled set (``models.compile_guard``; kinds ``dynamo``,
   ``outside_set``, ``cuda_graph``; all 0 when serving compiled nothing).
@@ -84,6 +87,7 @@ class MetricsSnapshot:
     frames_sent: int = 0
     stalls: int = 0
     media_dropped: int = 0
+    media_flushed: int = 0
     admission_rejections: Mapping[str, int] = field(default_factory=dict)
     queue_depth: int = 0
     running_loops: int = 0
@@ -132,6 +136,12 @@ class _Totals:
         self.media_dropped = Counter(
             "dreamrt_media_dropped_frames", "Frames dropped by full media queues", registry=None
         )
+        self.media_flushed = Counter(
+            "dreamrt_media_flushed_frames",
+            "Frames generated but never shown: the backlog an input that changes the picture "
+            "flushed so it shows at once (generation thrown away: steering's price)",
+            registry=None,
+        )
         self.rejections = Counter(
             "dreamrt_admission_rejections",
             "Sessions refused by admission",
@@ -144,11 +154,19 @@ class _Totals:
         self._advance("frames_sent", "", self.frames_sent, s.frames_sent)
         self._advance("stalls", "", self.stalls, s.stalls)
         self._advance("media_dropped", "", self.media_dropped, s.media_dropped)
+        self._advance("media_flushed", "", self.media_flushed, s.media_flushed)
         for reason, count in sorted(s.admission_rejections.items()):
             self._advance("rejections", reason, self.rejections.labels(reason), count)
 
     def collect(self) -> Iterator[Metric]:
-        for counter in (self.frames_sent, self.stalls, self.media_dropped, self.rejections):
+        counters = (
+            self.frames_sent,
+            self.stalls,
+            self.media_dropped,
+            self.media_flushed,
+            self.rejections,
+        )
+        for counter in counters:
             yield from counter.collect()
 
     def _advance(self, name: str, label: str, counter: Counter, total: float) -> None:

@@ -59,7 +59,10 @@ def test_session_totals_are_counters_advanced_at_each_scrape() -> None:
     snapshots = [
         MetricsSnapshot(frames_sent=10, stalls=1, admission_rejections={"kv_slabs": 1}),
         MetricsSnapshot(
-            frames_sent=25, stalls=1, admission_rejections={"kv_slabs": 2, "compute": 1}
+            frames_sent=25,
+            stalls=1,
+            media_flushed=7,
+            admission_rejections={"kv_slabs": 2, "compute": 1},
         ),
         MetricsSnapshot(frames_sent=20, stalls=2),  # a total going down is ignored (logged)
     ]
@@ -69,6 +72,7 @@ def test_session_totals_are_counters_advanced_at_each_scrape() -> None:
     snapshots.pop(0)
     second = parse_metrics(metrics.render().decode())
     assert second["dreamrt_frames_sent_total"] == 25
+    assert second["dreamrt_media_flushed_frames_total"] == 7
     assert second['dreamrt_admission_rejections_total{reason="kv_slabs"}'] == 2
     assert second['dreamrt_admission_rejections_total{reason="compute"}'] == 1
     snapshots.pop(0)

@@ -159,6 +159,8 @@ async def test_prompt_switch_two_phase_ack_flushes_stale_backlog() -> None:
     session.media.pop()  # one frame already on the wire
     session.on_emission(applied("prompt", seq, chunk=2, pts=90000))
     assert len(session.media) == 0  # 7 stale frames of chunks 0-1 flushed
+    info = session.snapshot()
+    assert (info["media_flushed"], info["media_dropped"]) == (7, 0)  # generated, never shown
     session.on_emission(media(2, value=3))
     # the frames play at once; the events wait for the chunks' digests (hashed off the loop)
     assert [session.media.pop().chunk for _ in range(4)] == [2, 2, 2, 2]
