@@ -93,6 +93,7 @@ async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContex
     from runtime.observers import NaNWatch, Profiler
     from runtime.policies import make_scheduler
     from server import spmd_serving
+    from server.ops.trace import ExecutorTrace
 
     mode = resolve_auth_mode(config.host, config.auth, force=config.force_no_auth)
     admin_key = resolve_admin_key(config, mode)  # a weak key fails here, before the model loads
@@ -172,6 +173,7 @@ async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContex
     # the metrics read live state through ``ctx`` (bound below, before the first scrape)
     metrics = ServerMetrics(lambda: ctx.metrics_snapshot())
     faults = FaultInjector() if config.engine.fault_injection else None
+    trace = ExecutorTrace()
     if faults is not None:
         log.warning("fault injection is ON (POST /v1/faults): a test or drill setting")
     engine = Engine(
@@ -193,7 +195,12 @@ async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContex
         # deadlines then use what this machine really does); NaNWatch fails a session whose
         # step produced a non-finite value instead of streaming garbage. The fault injector
         # sits before the watch, so an injected NaN is caught the way a real one is.
-        observers=(Profiler(cost), *(() if faults is None else (faults,)), NaNWatch()),
+        observers=(
+            Profiler(cost),
+            *(() if faults is None else (faults,)),
+            NaNWatch(),
+            trace,  # POST /v1/profile: a torch-profiler trace of the executor's batches
+        ),
         listeners=(metrics,),
     )
     log.info(
@@ -252,6 +259,7 @@ async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContex
         device=device,
         model_id=model_id,
         faults=faults,
+        trace=trace,
         forks=ForkRegistry(host) if channel is None else spmd_serving.NoForks(),
         trainer=TrainerControls.build(host, jobs, engine),
         resumer=Resumer(host, config.data_dir, grace_s=config.recording.resume_grace_s),

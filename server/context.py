@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from runtime.faults import FaultInjector
     from server.fleet.worker import FleetWorker
     from server.media.whep import WhepResources
+    from server.ops.trace import ExecutorTrace
 
 __all__ = ["ServerContext"]
 
@@ -55,6 +56,7 @@ class ServerContext:
     trainer: TrainerControls
     resumer: Resumer
     faults: FaultInjector | None = None  # with --fault-injection
+    trace: ExecutorTrace | None = None  # POST /v1/profile (server.ops.trace)
     heap: HeapTrim | None = None
     memory: MemoryWatch | None = None  # $DREAMRT_DEBUG_MEMORY: the heap's growers, logged
     peers: dict[str, ViewerPeer] = field(default_factory=dict)

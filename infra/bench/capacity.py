@@ -58,6 +58,7 @@ __all__ = [
     "setup_rows",
     "time_per_minute",
     "time_rows",
+    "trace_line",
 ]
 
 STALL_FACTOR = 2.0  # a fresh-frame gap this many nominal intervals long is a stall
@@ -265,12 +266,15 @@ async def run_setup(url: str, setup: Setup, args: argparse.Namespace) -> dict[st
             for k, w in enumerate(watched)
             if every_s > 0
         ]
+        trace_s = float(getattr(args, "trace_s", 0.0))
+        tracing = asyncio.create_task(_trace(url, trace_s, args.seconds / 3)) if trace_s else None
         await asyncio.sleep(args.seconds)
         end = time.monotonic()
         engine_per_min = time_per_minute(
             before, await asyncio.to_thread(engine_time, url), end - begin
         )
         switches = [await task for task in switching] or [0] * len(watched)
+        trace = None if tracing is None else await tracing
         sessions: list[dict[str, Any]] = []
         for w, mark in zip(watched, marks, strict=True):
             fresh = [f.received_s for f in w.viewer.fresh_frames()[mark:] if f.received_s <= end]
@@ -298,6 +302,7 @@ async def run_setup(url: str, setup: Setup, args: argparse.Namespace) -> dict[st
         "refusal": refusal,
         "sessions": sessions,
         "engine_per_min": engine_per_min,
+        "trace": trace,
         "compiles_after_ready": await asyncio.to_thread(compiles_after_ready, url),
     }
 
@@ -313,6 +318,37 @@ async def _switch_prompts(w: _Watched, index: int, count: int, every_s: float, u
         sent += 1
         await asyncio.sleep(every_s)
     return sent
+
+
+async def _trace(url: str, seconds: float, after_s: float) -> dict[str, Any]:
+    """``POST /v1/profile`` for ``seconds``, ``after_s`` into the watch -> its summary (the
+    Chrome trace stays on the server's machine, under its data dir), or the error."""
+    await asyncio.sleep(after_s)
+    async with httpx.AsyncClient(timeout=seconds + 60.0) as http:
+        got = await http.post(f"{url}/v1/profile", json={"seconds": seconds})
+    return got.json() if got.status_code == 200 else {"error": f"{got.status_code} {got.text}"}
+
+
+def trace_line(name: str, trace: dict[str, Any] | None) -> str:
+    """One line of a setup's trace: executor and device busy, the device's idle time and its
+    longest gaps between kernels, the longest kernel."""
+    if not trace:
+        return f"{name}: no trace"
+    if "error" in trace:
+        return f"{name}: trace failed: {trace['error'][:120]}"
+    line = (
+        f"{name}: {trace['window_s']:.2f}-s trace, {trace['batches']} batches, executor busy "
+        f"{trace['executor_busy_fraction']:.0%}"
+    )
+    device = trace.get("device")
+    if device:
+        top = device["top_kernels"][0]["name"][:60] if device["top_kernels"] else "-"
+        line += (
+            f", device busy {device['busy_fraction']:.0%} ({device['kernels']} kernels, idle "
+            f"{device['idle_s']:.3f} s, longest gaps {device['longest_gaps_ms'][:3]} ms; "
+            f"longest kernel {top})"
+        )
+    return f"{line}; {trace['trace']}"
 
 
 def _subset(info: dict[str, Any]) -> dict[str, Any]:
@@ -354,6 +390,9 @@ def _print(report: dict[str, Any]) -> None:
     print()
     for line in time_rows(rows, first="ready"):
         print(line)
+    for name, r in report["setups"].items():
+        if "trace" in r:
+            print(trace_line(name, r["trace"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument(
         "--switch-every-s", type=float, default=3.5, help="prompt switch period (0: none)"
+    )
+    parser.add_argument(
+        "--trace-s", type=float, default=0.0, help="POST /v1/profile this long in each watch"
     )
     parser.add_argument("--timeout-s", type=float, default=60.0)
     parser.add_argument("--startup-timeout-s", type=float, default=300.0)

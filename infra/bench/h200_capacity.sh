@@ -141,10 +141,11 @@ if has serving; then
       --device cuda --random-weights --max-sessions "${WARM_MAX_SESSIONS:-6}" --phases cached \
       --cache "$BC" --empty-local-caches --mixed-on none --latency-on cached --prompts 4 \
       --cached-setups "${SERVE_SETUPS-full=832x480@16,tiny=832x480@16/tiny,small=480x272@16}" \
-      --seconds "${SERVE_WATCH_S:-12}" --switch-every-s "$every" --keep-logs "$OUT/logs-$variant" \
+      --seconds "${SERVE_WATCH_S:-12}" --switch-every-s "$every" --trace-s "${TRACE_S:-2}" \
+      --keep-logs "$OUT/logs-$variant" \
       "${extra[@]}" --json "$OUT/serve_$variant.json" >"$OUT/serve_$variant.log" 2>&1
     echo "serving ($variant): exit $?"
-    tail -24 "$OUT/serve_$variant.log"
+    tail -32 "$OUT/serve_$variant.log"
     grep -h "loaded wan\|precompiled graphs loaded\|warm-up done\|dreamrt ready\|compiles after" \
       "$OUT/logs-$variant"/*.log | cut -c1-300 | head -12
   done

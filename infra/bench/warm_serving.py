@@ -59,6 +59,7 @@ from infra.bench.capacity import (
     run_setup,
     setup_rows,
     time_rows,
+    trace_line,
 )
 from infra.bench.latency import run_variant
 from infra.browser_harness import ServerProcess
@@ -319,6 +320,9 @@ def _print(report: dict[str, Any]) -> None:
         print()
         for line in table(rows, first="server"):
             print(line)
+    for _, setup, r in rows:
+        if r.get("trace"):
+            print(trace_line(setup, r["trace"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=12.0, help="capacity watch window")
     parser.add_argument(
         "--switch-every-s", type=float, default=3.5, help="prompt switch period in capacity setups"
+    )
+    parser.add_argument(
+        "--trace-s",
+        type=float,
+        default=0.0,
+        help="POST /v1/profile this long in each capacity setup's watch (0: none)",
     )
     parser.add_argument("--timeout-s", type=float, default=60.0)
     parser.add_argument("--startup-timeout-s", type=float, default=600.0)

@@ -1,9 +1,10 @@
-"""Routes that are not about one session or job: health, metrics, tokens, fault injection, the
-web page.
+"""Routes that are not about one session or job: health, metrics, tokens, profiling, fault
+injection, the web page.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,9 @@ from fastapi.staticfiles import StaticFiles
 from server.api.deps import AuthGrant, authorize, ctx_of, require_general
 from server.edge.auth import is_loopback
 from server.edge.errors import ApiError
-from server.edge.schemas import FaultBody, TokenBody, TokenIssued
+from server.edge.schemas import FaultBody, ProfileBody, TokenBody, TokenIssued
 from server.ops.metrics import CONTENT_TYPE
+from server.ops.trace import TraceBusy, capture
 
 __all__ = ["faults_router", "mount_web", "router"]
 
@@ -92,6 +94,26 @@ async def issue_token(body: TokenBody, request: Request, grant: AuthGrant) -> To
         raise ApiError(403, "forbidden", "issuing tokens needs the admin key or an admin token")
     token, expires_at = ctx_of(request).auth.issue(body.scope, body.ttl_s)
     return TokenIssued(token=token, scope=body.scope, expires_at=expires_at)
+
+
+@router.post("/v1/profile")
+async def profile(body: ProfileBody, request: Request, grant: AuthGrant) -> dict[str, Any]:
+    """A torch-profiler trace of the executor's batches for ``seconds`` of serving, written
+    under ``DATA_DIR/traces/``, and where the time went (admin only; server.ops.trace)."""
+    if not grant.is_admin:
+        raise ApiError(403, "forbidden", "profiling needs the admin key or an admin token")
+    ctx = ctx_of(request)
+    assert ctx.trace is not None  # every server built by server.app has one
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    path = ctx.config.data_dir / "traces" / f"trace-{stamp}-{time.monotonic_ns() % 10**6}.json"
+    try:
+        return await capture(ctx.trace, body.seconds, path)
+    except TraceBusy as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    except TimeoutError:
+        raise ApiError(
+            409, "conflict", "the executor ran nothing to trace: profile while sessions or jobs run"
+        ) from None
 
 
 @faults_router.post("/v1/faults", status_code=202)

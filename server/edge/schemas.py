@@ -219,6 +219,10 @@ class TokenIssued(BaseModel):
     expires_at: float
 
 
+class ProfileBody(_Body):
+    seconds: Annotated[float, Field(gt=0, le=30)] = 2.0
+
+
 class FaultBody(_Body):
     target: Annotated[str, Field(min_length=1, max_length=64)]
     kind: Literal["nan", "exception", "oom"]

@@ -56,6 +56,7 @@ BODIES = {
     ("POST", "/v1/workflows"): {"prompt": {}},
     ("GET", "/v1/workflows/{workflow_id}"): None,
     ("POST", "/v1/faults"): {"target": "ses_x", "kind": "nan"},
+    ("POST", "/v1/profile"): {"seconds": 0.1},
     ("GET", "/v1/weights"): None,
     ("POST", "/v1/weights"): {"path": "/nonexistent/weights.safetensors"},
     ("POST", "/v1/sleep"): {"components": ["dit"]},
@@ -69,6 +70,7 @@ BODIES = {
 ADMIN_ONLY = {
     ("POST", "/v1/tokens"),
     ("POST", "/v1/faults"),
+    ("POST", "/v1/profile"),
     ("GET", "/v1/weights"),
     ("POST", "/v1/weights"),
     ("POST", "/v1/sleep"),
@@ -127,7 +129,7 @@ def test_every_v1_route_refuses_missing_expired_and_wrong_scope_tokens(tmp_path)
             refused = call(client, method, path, wrong, **ids)
             assert refused.status_code == 403, (method, path, refused.text)
             checked += 1
-        assert checked == len(BODIES) == 42
+        assert checked == len(BODIES) == 43
         # and the right token gets past auth on a session route (the contrast that makes the
         # 403s above about scope): the session's own token reads it
         own = {"Authorization": f"Bearer {mine['token']}"}

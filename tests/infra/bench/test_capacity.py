@@ -13,6 +13,7 @@ from infra.bench.capacity import (
     setup_rows,
     time_per_minute,
     time_rows,
+    trace_line,
 )
 
 
@@ -94,3 +95,30 @@ def test_the_time_table_says_where_the_executors_time_went_per_minute() -> None:
     )
     assert row == "| cached | full | 28.8 (480) | 1.4 (12) | 0.72 (12) |"
     assert empty == "| cached | tiny | - | - | - |" and rule.count("---") == 5
+
+
+def test_a_trace_line_says_how_busy_the_executor_and_the_device_were() -> None:
+    trace = {
+        "trace": "/data/traces/trace-1.json",
+        "window_s": 2.01,
+        "batches": 40,
+        "executor_busy_fraction": 0.82,
+        "device": {
+            "kernels": 9000,
+            "busy_fraction": 0.61,
+            "idle_s": 0.78,
+            "longest_gaps_ms": [12.5, 9.1, 4.0, 1.0],
+            "top_kernels": [{"name": "sm90_xmma_gemm_bf16", "calls": 900, "seconds": 0.4}],
+        },
+    }
+    line = trace_line("small", trace)
+    assert line == (
+        "small: 2.01-s trace, 40 batches, executor busy 82%, device busy 61% (9000 kernels, "
+        "idle 0.780 s, longest gaps [12.5, 9.1, 4.0] ms; longest kernel sm90_xmma_gemm_bf16); "
+        "/data/traces/trace-1.json"
+    )
+    assert trace_line("cpu", {**trace, "device": None}).endswith(
+        "busy 82%; /data/traces/trace-1.json"
+    )
+    assert trace_line("x", {"error": "409 busy"}) == "x: trace failed: 409 busy"
+    assert trace_line("y", None) == "y: no trace"
