@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from models.card import Profile
     from models.instance import WanInstance
+    from models.loops.requests import SessionRequest
     from runtime.cost import CostModel
     from runtime.emissions import Emission
     from runtime.engine import Engine
@@ -198,22 +199,12 @@ async def _side_by_side(
     """``sessions`` sessions of ``profile`` on slabs 0 .. ``sessions - 1``, spawned together and
     run to ``chunks`` chunks without inputs: in lockstep, so the engine batches their steps
     wherever the instance lets it (steady caches of one profile present the same keys)."""
-    from models.loops.requests import SessionRequest
     from runtime.contract import Priority
 
     handles = [
         engine.spawn(
             instance.loop("chunk_rollout"),
-            SessionRequest(
-                prompt=name,
-                seed=slab,
-                max_chunks=chunks,
-                kv_slab=slab,
-                fps=profile.fps,
-                width=profile.width,
-                height=profile.height,
-                decoder=decoder,
-            ),
+            _session(profile, name, slab, chunks, decoder, seed=slab),
             instance,
             loop_id=f"{name}-{_name(profile)}-{decoder or 'default'}-{slab}of{sessions}",
             priority=Priority.BATCH,
@@ -223,6 +214,29 @@ async def _side_by_side(
     ]
     for handle in handles:
         await handle.result()
+
+
+def _session(
+    profile: Profile,
+    prompt: str,
+    slab: int,
+    chunks: int,
+    decoder: str | None = None,
+    seed: int = 0,
+) -> SessionRequest:
+    """A throwaway session of ``profile`` on K/V slab ``slab``, ``chunks`` chunks long."""
+    from models.loops.requests import SessionRequest
+
+    return SessionRequest(
+        prompt=prompt,
+        seed=seed,
+        max_chunks=chunks,
+        kv_slab=slab,
+        fps=profile.fps,
+        width=profile.width,
+        height=profile.height,
+        decoder=decoder,
+    )
 
 
 async def warm_up(
@@ -245,7 +259,7 @@ async def warm_up(
     that decodes with it (the DiT's graphs are warm by then: only the decoder's compile). The
     serving engine (and its cost calibration) never sees them. ``on_part`` is told as each part
     begins (``warm_up_stages``' names). -> seconds it took."""
-    from models.loops.requests import JobRequest, SessionRequest
+    from models.loops.requests import JobRequest
     from runtime.contract import InputEvent, InputKind, Priority, PromptInput
     from runtime.cost import CostModel
     from runtime.engine import Engine
@@ -278,16 +292,7 @@ async def warm_up(
         name = decoder or str(slab)
         handle = engine.spawn(
             instance.loop("chunk_rollout"),
-            SessionRequest(
-                prompt="warm-up",
-                seed=0,
-                max_chunks=max_chunks,
-                kv_slab=slab,
-                fps=profile.fps,
-                width=profile.width,
-                height=profile.height,
-                decoder=decoder,
-            ),
+            _session(profile, "warm-up", slab, max_chunks, decoder),
             instance,
             loop_id=f"warm-up-{profile.width}x{profile.height}-{name}",
             priority=Priority.BATCH,
