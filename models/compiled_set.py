@@ -40,11 +40,11 @@ class CompiledSet:
     """The profiles a compiled instance warms up and serves compiled (module docstring)."""
 
     profiles: tuple[Profile, ...]
-    max_batch: int = 1  # sessions' steady steps of one profile batched: 2 .. this (1: none)
+    max_batch: int = 1  # sessions' steps of one profile batched: 2 .. this (1: none)
 
     def covers(self, width: int, height: int, chunk_latent_frames: int, batch: int = 1) -> bool:
-        """Whether a stream of this geometry runs only shapes of the set, its steady steps
-        batched with those of ``batch - 1`` other sessions of its profile."""
+        """Whether a stream of this geometry runs only shapes of the set, its steps batched
+        with those of ``batch - 1`` other sessions of its profile."""
         return 1 <= batch <= self.max_batch and any(
             (p.width, p.height, p.chunk_latent_frames) == (width, height, chunk_latent_frames)
             for p in self.profiles

@@ -90,9 +90,10 @@ def block_dynamic(args: tuple[object, ...]) -> list[tuple[torch.Tensor, int]]:
     - the cached tokens a block call attends to, ``past``'s dim 1 (K and V), where it is read
       unmasked (a filled prefix: its length grows while a cache fills). A masked call reads the
       whole cache, a fixed length;
-    - the batch, dim 0 of every batched input, where it is above one: several sessions' steady
-      steps as one forward (``WanDiT.forward_chunks``), so one graph serves every batch size
-      of a profile. Dynamo specialises a size of one, so a session alone keeps its own graph.
+    - the batch, dim 0 of every batched input, where it is above one: several sessions' steps
+      at one prefix length as one forward (``WanDiT.forward_chunks``), so one graph serves
+      every batch size. Dynamo specialises a size of one, so a session alone keeps its own
+      graph.
     """
     x, e0, cos, sin, cross_k, cross_v, past, mask = args[1:9]
     marks: list[tuple[torch.Tensor, int]] = []
