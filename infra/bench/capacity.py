@@ -113,10 +113,9 @@ def frame_stats(received_s: list[float], fps: int, window_s: float) -> dict[str,
     }
 
 
-def compiles_after_ready(url: str) -> dict[str, float]:
-    """``dreamrt_compiles_after_ready_total`` by kind, read from ``/metrics``."""
-    text = httpx.get(f"{url}/metrics", timeout=10.0).text
-    prefix = "dreamrt_compiles_after_ready_total{kind="
+def _by_kind(text: str, series: str) -> dict[str, float]:
+    """The values of ``series{kind="..."}`` in a ``/metrics`` page, by kind."""
+    prefix = f"{series}{{kind="
     return {
         line[len(prefix) :].split('"')[1]: float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
@@ -124,18 +123,19 @@ def compiles_after_ready(url: str) -> dict[str, float]:
     }
 
 
+def compiles_after_ready(url: str) -> dict[str, float]:
+    """``dreamrt_compiles_after_ready_total`` by kind, read from ``/metrics``."""
+    text = httpx.get(f"{url}/metrics", timeout=10.0).text
+    return _by_kind(text, "dreamrt_compiles_after_ready_total")
+
+
 def engine_time(url: str) -> dict[str, tuple[float, float]]:
     """Per plan kind the executor's calls and their wall seconds so far (``/metrics``:
     ``dreamrt_engine_batches_total``, ``dreamrt_engine_batch_seconds_total``)."""
     text = httpx.get(f"{url}/metrics", timeout=10.0).text
-    found: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        for index, name in enumerate(("batches_total", "batch_seconds_total")):
-            prefix = f"dreamrt_engine_{name}{{kind="
-            if line.startswith(prefix):
-                kind = line[len(prefix) :].split('"')[1]
-                found.setdefault(kind, [0.0, 0.0])[index] = float(line.rsplit(" ", 1)[1])
-    return {kind: (calls, seconds) for kind, (calls, seconds) in found.items()}
+    calls = _by_kind(text, "dreamrt_engine_batches_total")
+    seconds = _by_kind(text, "dreamrt_engine_batch_seconds_total")
+    return {kind: (n, seconds.get(kind, 0.0)) for kind, n in calls.items()}
 
 
 def time_per_minute(
@@ -391,7 +391,7 @@ def _print(report: dict[str, Any]) -> None:
     for line in time_rows(rows, first="ready"):
         print(line)
     for name, r in report["setups"].items():
-        if "trace" in r:
+        if r.get("trace") is not None:  # asked for (--trace-s): its line, or why it failed
             print(trace_line(name, r["trace"]))
 
 

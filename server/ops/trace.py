@@ -95,6 +95,8 @@ class ExecutorTrace:
     # executor thread ----------------------------------------------------------------------
 
     def before_batch(self, info: BatchInfo) -> None:
+        if self._window is None:  # nothing armed: every batch but a trace's, no lock taken
+            return
         with self._lock:  # ``cancel`` drops an unstarted window under the same lock
             window = self._window
             if window is None:
