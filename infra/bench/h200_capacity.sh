@@ -9,6 +9,8 @@
 #   bash infra/bench/h200_capacity.sh compile                 # dreamrt compile: fresh, cached
 #   bash infra/bench/h200_capacity.sh probe,start             # ready fresh, from the cache
 #                                                             # and from a copy of it
+#   bash infra/bench/h200_capacity.sh ops,vae                 # one DiT block op by op, bf16
+#                                                             # against FP8; the VAE decode alone
 #   bash infra/bench/h200_capacity.sh startup,serving         # dreamrt compile fresh, cached,
 #                                                             # from a copy pruned to what start
 #                                                             # needs; then serve from the cache:
@@ -52,6 +54,11 @@ if has engine; then
     --reference "$FULL" --tiny-decoder models.wan.taehv.checkpoint:build_decoder \
     --budget-s "${ENGINE_BUDGET_S:-400}" --json "$OUT/gpu_session.json" >"$OUT/gpu_session.log" 2>&1
   tail -40 "$OUT/gpu_session.log"
+fi
+if has ops; then  # what FP8 buys per op and per step (the FP8 linears stay only for >= 10 %)
+  timeout "${OPS_S:-240}" $PY -m infra.bench.fp8_ops --iters 20 --json "$OUT/fp8_ops.json" \
+    >"$OUT/fp8_ops.log" 2>&1
+  tail -48 "$OUT/fp8_ops.log"
 fi
 if has vae; then
   timeout 200 $PY -m infra.bench.vae_decode --iters 10 \
