@@ -10,7 +10,10 @@ already admitted*; nothing is discovered at step 37. Three resources are reserve
   (sessions whose denoising steps the engine runs as one batched call) are priced together:
   the batched part of ``n`` of them costs ``shares[n - 1]`` (their steps as one batch of
   ``n``), not ``n`` times one, and each adds its own rest (decode, KV update) - so batching
-  admits more sessions.
+  admits more sessions. Each reservation also carries what steering throws away
+  (``steering_gpu_s_per_s``: the frames its prompt switches flushed, regenerated), an estimate
+  its owner updates while it runs (``reprice``); it counts against the capacity shared with
+  others, never in the check of a request alone.
 - ``kv_slabs``: a chunk-KV slab from the slab pool of the session's geometry
   (``AdmissionRequest.kv_pool``), held for the session's life. The pools are the one KV gate:
   the model preallocated exactly their slabs, so a slab handed out here is memory that exists;
@@ -46,7 +49,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from runtime.pools import KVSlabPool, Slab
 
@@ -117,7 +120,9 @@ class AdmissionRequest:
     only runs in slack). ``kv_pool``: the key of the slab pool it needs one slab of (None: no
     chunk-KV, e.g. a job). ``expected_duration_s``: how long it will hold the reservation if
     known, used only to compute ``retry_after_s`` for others. ``batching``: priced with the
-    other reservations of its group (``BatchPricing``); None: alone.
+    other reservations of its group (``BatchPricing``); None: alone. ``steering_gpu_s_per_s``:
+    GPU-s/s of generated media that steering throws away (a flushed backlog, regenerated), on
+    top of ``compute_gpu_s_per_s`` and outside any batch pricing.
     """
 
     owner: str
@@ -126,6 +131,7 @@ class AdmissionRequest:
     peak_bytes: int = 0
     expected_duration_s: float | None = None
     batching: BatchPricing | None = None
+    steering_gpu_s_per_s: float = 0.0
 
     @classmethod
     def for_stream(
@@ -157,6 +163,11 @@ class AdmissionRequest:
         if not (math.isfinite(self.compute_gpu_s_per_s) and self.compute_gpu_s_per_s >= 0):
             raise AdmissionError(
                 f"{self.owner}: compute_gpu_s_per_s={self.compute_gpu_s_per_s} must be finite, >= 0"
+            )
+        if not (math.isfinite(self.steering_gpu_s_per_s) and self.steering_gpu_s_per_s >= 0):
+            raise AdmissionError(
+                f"{self.owner}: steering_gpu_s_per_s={self.steering_gpu_s_per_s} must be "
+                "finite, >= 0"
             )
         if self.peak_bytes < 0:
             raise AdmissionError(f"{self.owner}: peak_bytes={self.peak_bytes} must be >= 0")
@@ -232,6 +243,7 @@ class AdmissionUsage:
     peak_bytes: int
     effective_compute_capacity: float
     tightened: bool
+    steering_gpu_s_per_s: float = 0.0  # the part of compute_gpu_s_per_s steering throws away
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +293,10 @@ class AdmissionController:
                 f"(registered: {sorted(self._pools)})"
             )
         cfg = self.config
-        alone = self._short(request, (), cfg.compute_capacity)
+        # steering's share is an estimate of what the viewer will do: a session that fits alone
+        # is never refused because of it, for good or on an idle device
+        bare = replace(request, steering_gpu_s_per_s=0.0)
+        alone = self._short(bare, (), cfg.compute_capacity)
         if alone:
             return Reject(
                 reason=alone[0],
@@ -291,6 +306,7 @@ class AdmissionController:
                 permanent=True,
             )
         active = list(self._reservations.values())
+        request = request if active else bare
         short = self._short(request, active, self.effective_compute_capacity())
         if short:
             return Reject(
@@ -323,6 +339,18 @@ class AdmissionController:
     def holds(self, reservation_id: str) -> bool:
         return reservation_id in self._reservations
 
+    def reprice(self, reservation_id: str, *, steering_gpu_s_per_s: float) -> bool:
+        """Set what a held reservation's steering throws away (``AdmissionRequest.
+        steering_gpu_s_per_s``), as measured while it runs; later admissions see it. Nothing
+        is revoked. ``False`` if it is not held."""
+        reservation = self._reservations.get(reservation_id)
+        if reservation is None:
+            return False
+        request = replace(reservation.request, steering_gpu_s_per_s=steering_gpu_s_per_s)
+        request.validate()
+        self._reservations[reservation_id] = replace(reservation, request=request)
+        return True
+
     def usage(self) -> AdmissionUsage:
         active = self._reservations.values()
         return AdmissionUsage(
@@ -332,6 +360,7 @@ class AdmissionController:
             peak_bytes=self._live_peak_bytes(r.request.peak_bytes for r in active),
             effective_compute_capacity=self.effective_compute_capacity(),
             tightened=self.tightened(),
+            steering_gpu_s_per_s=sum(r.request.steering_gpu_s_per_s for r in active),
         )
 
     # -- deadline feedback ------------------------------------------------------------------
@@ -433,10 +462,11 @@ class AdmissionController:
 def compute_load(requests: Iterable[AdmissionRequest]) -> float:
     """GPU-s/s of ``requests`` together: each alone, except the batched part of the members of
     one batch group, priced as the group (with the pricing of its member listed last: the
-    newest calibration)."""
+    newest calibration); plus what each one's steering throws away."""
     total = 0.0
     groups: dict[str, tuple[BatchPricing, int]] = {}
     for request in requests:
+        total += request.steering_gpu_s_per_s
         pricing = request.batching
         if pricing is None:
             total += request.compute_gpu_s_per_s

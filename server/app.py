@@ -234,6 +234,7 @@ async def _build(config: ServerConfig, progress: WarmUpProgress) -> ServerContex
         slabs_per_geometry=config.engine.max_sessions,
         action_validator=validate_action,
         admission_cost=config.engine.admission_cost,
+        steering_cost=config.engine.steering_cost,
         max_pending_inputs=config.limits.max_pending_inputs,
         max_prompt_chars=config.limits.max_prompt_chars,
         handoff_dir=config.recording.snapshot_dir,

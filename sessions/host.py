@@ -41,15 +41,19 @@ from runtime.pools import KVSlabPool
 from sessions.handoff import forget_manifest
 from sessions.recording import Recording
 from sessions.served_models import (
+    SESSION_LOOP,
     EngineLike,
     HostError,
     ServedModel,
     ServedModels,
     UnsupportedTaskError,
     new_id,
+    record_template,
+    session_decoder,
 )
 from sessions.session import Session, SessionConfig
 from sessions.session_pricing import ADMISSION_COSTS, batch_pricing, chunk_gpu_seconds
+from sessions.steering_cost import STEERING_COSTS, SteeringCost
 from sessions.store import Store
 
 # Reject: what create_session answers on no capacity; the pricing functions are
@@ -58,12 +62,12 @@ __all__ = ["Reject", "SessionHost", "batch_pricing", "chunk_gpu_seconds"]
 
 log = logging.getLogger(__name__)
 
-SESSION_LOOP = "chunk_rollout"
-
 
 @dataclass(frozen=True, slots=True)
 class _Live:
     session: Session
+    reservation_id: str | None = None
+    request: AdmissionRequest | None = None  # what it was admitted with (``SteeringCost``)
 
 
 class SessionHost:
@@ -84,11 +88,14 @@ class SessionHost:
         max_prompt_chars: int = 4000,
         handoff_dir: Path | None = None,
         max_batch: int = 1,
+        steering_cost: str = "measured",
     ) -> None:
-        if admission_cost not in ADMISSION_COSTS:
+        if admission_cost not in ADMISSION_COSTS or steering_cost not in STEERING_COSTS:
             raise ValueError(
-                f"admission_cost={admission_cost!r}; expected one of {ADMISSION_COSTS}"
+                f"admission_cost={admission_cost!r}, steering_cost={steering_cost!r}; expected "
+                f"one of {ADMISSION_COSTS} and {STEERING_COSTS}"
             )
+        self.steering = SteeringCost(steering_cost == "measured")
         # "auto": measured on an accelerator; on a CPU the prior, since a CPU's measured chunk
         # times follow whatever else runs on it (tests, other processes), not the sessions
         device = getattr(getattr(engine.cost, "device", None), "name", "cpu")
@@ -172,15 +179,15 @@ class SessionHost:
                 raise UnsupportedTaskError("adapters", str(exc)) from None
         if resume is not None and decoder is None:  # a restored stream keeps its decoder
             decoder = getattr(resume, "codec", "") or None
-        decoder = self._decoder(served, decoder)
+        decoder = session_decoder(served, decoder)
         session_id = session_id or new_id("ses")
         if session_id in self._sessions:
             raise HostError(f"session {session_id!r} is already live here")
-        reservation_id, slab_id = None, None
+        reservation_id, slab_id, admitted = None, None, None
         if self.engine.admission is not None:
-            answer = self.engine.admission.admit(
-                self._admission_request(session_id, served, profile, decoder)
-            )
+            self.refresh_steering()
+            admitted = self._admission_request(session_id, served, profile, decoder)
+            answer = self.engine.admission.admit(admitted)
             if isinstance(answer, Reject):
                 return self._reject(answer)
             reservation_id = answer.reservation_id
@@ -195,7 +202,7 @@ class SessionHost:
             height=profile.height,
             priority_class=priority_class,
             capabilities=card.capabilities,
-            record_template={**self.record_template(served, profile), "decoder": decoder},
+            record_template={**record_template(served, profile), "decoder": decoder},
             action_validator=self._action_validator,
             max_pending_inputs=self.max_pending_inputs,
             max_prompt_chars=self.max_prompt_chars,
@@ -253,7 +260,7 @@ class SessionHost:
             session.hold_after_first_chunk = True  # pauses itself after chunk 0 if unwatched
         else:
             handle.pause()  # until a viewer pulls the track
-        self._sessions[session_id] = _Live(session)
+        self._sessions[session_id] = _Live(session, reservation_id, admitted)
         session.attach(handle, on_finished=self._session_finished)
         log.info(
             "session %s %s: %s %dx%d@%dfps, %s decoder (%s)",
@@ -282,8 +289,8 @@ class SessionHost:
         """One session's reservation (``Admit``, with its slab) or ``Reject`` (counted)."""
         if (closed := self.models.closed.get(served.card.model_id)) is not None:
             return self._reject(closed)
-        request = self._admission_request(owner, served, profile, decoder)
-        answer = self._admission.admit(request)
+        self.refresh_steering()
+        answer = self._admission.admit(self._admission_request(owner, served, profile, decoder))
         return self._reject(answer) if isinstance(answer, Reject) else answer
 
     def adopt_session(self, session: Session, handle: Any) -> None:
@@ -294,24 +301,11 @@ class SessionHost:
 
     def compute_share(self, served: ServedModel, profile: Profile | None = None) -> float:
         """GPU-s per media second one more session of ``profile`` (default: the card's) would
-        reserve: what admission checks against the remaining compute capacity."""
+        reserve, its steering's expected share included: what admission checks against the
+        remaining compute capacity."""
         profile = profile or served.card.default_profile
-        return self._admission_request("share", served, profile).compute_gpu_s_per_s
-
-    @staticmethod
-    def _decoder(served: ServedModel, decoder: str | None) -> str:
-        """The session's decoder: ``decoder`` if the model serves it (None: its default)."""
-        resolve = getattr(served, "resolve_decoder", None)
-        if resolve is None:  # a model with one codec and no decoder options
-            if decoder not in (None, "full"):
-                raise UnsupportedTaskError(
-                    "decoder", f"decoder {decoder!r}: model {served.card.model_id!r} has one"
-                )
-            return "full"
-        try:
-            return str(resolve(decoder))
-        except ValueError as exc:
-            raise UnsupportedTaskError("decoder", str(exc)) from None
+        request = self._admission_request("share", served, profile)
+        return request.compute_gpu_s_per_s + request.steering_gpu_s_per_s
 
     def _admission_request(
         self, owner: str, served: ServedModel, profile: Profile, decoder: str | None = None
@@ -328,13 +322,31 @@ class SessionHost:
             if self.measured_admission
             else None
         )
-        return AdmissionRequest(
+        request = AdmissionRequest(
             owner=owner,
             compute_gpu_s_per_s=chunk_cost_s / chunk_s if chunk_s > 0 else 0.0,
             kv_pool=self._slab_pool(served, profile),
             peak_bytes=served.peak_bytes(profile),
             batching=batching,
         )
+        # what its steering will throw away: as much as the server's sessions' has so far
+        return self.steering.price(request, self.steering.fraction(self._media()))
+
+    def _media(self) -> list[Any]:
+        return [live.session.media for live in self._sessions.values()]
+
+    def refresh_steering(self) -> None:
+        """Reprice each live session's reservation with what its steering has thrown away
+        (``sessions.steering_cost``): before admission decides, and for the fleet's card."""
+        if self.engine.admission is not None:
+            self.steering.refresh(
+                self.engine.admission,
+                (
+                    (live.reservation_id, live.request, live.session.media)
+                    for live in self._sessions.values()
+                    if live.reservation_id is not None and live.request is not None
+                ),
+            )
 
     def _slab_pool(self, served: ServedModel, profile: Profile) -> str:
         """The admission key of the slab pool of ``profile``'s geometry; its first session
@@ -366,28 +378,6 @@ class SessionHost:
         pools = self.engine.admission.pools().values() if self.engine.admission else ()
         return sum(p.free_count for p in pools), sum(p.capacity for p in pools)
 
-    @staticmethod
-    def record_template(served: ServedModel, profile: Profile) -> dict[str, Any]:
-        """The static facts of a stream's behaviour records (sessions, rollout samples)."""
-        card = served.card
-        spec = card.loops.get(SESSION_LOOP)
-        schedule = spec.schedule if spec is not None else None
-        return {
-            # the content hash of the loaded weights; the card's version is its label
-            "weights_version": served.weights_digest or card.weights_version,
-            "weights_label": card.weights_version,
-            "recipe_id": card.recipe.method,
-            "fps": profile.fps,
-            "width": profile.width,
-            "height": profile.height,
-            "loop_id": SESSION_LOOP,
-            "sampler": spec.describe() if spec is not None else "",
-            "steps": schedule.steps if schedule is not None else profile.steps,
-            "timesteps": list(schedule.timesteps) if schedule is not None else [],
-            "precision": str(getattr(served, "precision", card.recipe.assumes_precision)),
-            "attention": str(getattr(served, "levers", {}).get("attention", "")),
-        }
-
     @property
     def _admission(self) -> AdmissionController:
         """The engine's admission controller; a host admitting sessions needs one."""
@@ -410,6 +400,7 @@ class SessionHost:
         self.finished_totals["stalls"] += session.stalls
         self.finished_totals["media_dropped"] += session.media.dropped_overflow
         self.finished_totals["media_flushed"] += session.media.dropped_flush
+        self.steering.ended(session.media)
         self.finished_states[session.state.value] += 1
 
     async def close_session(self, session_id: str, reason: str = "deleted") -> bool:

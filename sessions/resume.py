@@ -137,7 +137,7 @@ async def restore_session(host: Any, session_id: str, *, data_dir: Path) -> Any:
     """Admits ``session_id`` again from its newest snapshot (module docstring): the live
     ``Session`` (same id, spawned paused until a viewer pulls), or ``Reject`` (no capacity
     now). Raises ``ResumeError`` when it cannot resume, ``KeyError`` for a model not served."""
-    from sessions.host import SESSION_LOOP
+    from sessions.served_models import SESSION_LOOP
 
     if host.session(session_id) is not None:
         raise ResumeError(f"session {session_id!r} is live here already")

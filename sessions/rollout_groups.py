@@ -31,11 +31,10 @@ import numpy as np
 
 from runtime.contract import Emission, MediaMeta, Stream, pts_of_frame
 from sessions.chunk_stream import EmissionOrder
-from sessions.host import SessionHost
 from sessions.job import Job
 from sessions.job_host import JobHost
 from sessions.records import ChunkRecorder, frames_digest
-from sessions.served_models import UnsupportedTaskError, new_id
+from sessions.served_models import UnsupportedTaskError, new_id, record_template
 from sessions.store import Store
 from sessions.store_rows import RecordRow
 
@@ -148,7 +147,7 @@ class RolloutGroups:
         group = RolloutGroup(
             new_id("grp"), prompt, card.model_id, tuple(int(s) for s in seeds), time.time()
         )
-        template = {**SessionHost.record_template(served, profile), "group_id": group.group_id}
+        template = {**record_template(served, profile), "group_id": group.group_id}
         for i, seed in enumerate(group.seeds):
             sample_id = f"{group.group_id}-{i}"
             recorder = ChunkRecorder(

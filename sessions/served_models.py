@@ -20,6 +20,7 @@ from runtime.errors import DreamrtError
 from sessions.loop_handle import LoopHandleLike
 
 __all__ = [
+    "SESSION_LOOP",
     "EngineLike",
     "HostError",
     "ModelAdapters",
@@ -29,7 +30,11 @@ __all__ = [
     "ServedModels",
     "UnsupportedTaskError",
     "new_id",
+    "record_template",
+    "session_decoder",
 ]
+
+SESSION_LOOP = "chunk_rollout"  # the loop of a realtime session
 
 
 class HostError(RuntimeError):
@@ -193,3 +198,41 @@ class ServedModels(Mapping[str, ServedModel]):
 def new_id(prefix: str) -> str:
     """A fresh session or job id: ``<prefix>_`` and 64 random bits in hex."""
     return f"{prefix}_{secrets.token_hex(8)}"
+
+
+def session_decoder(served: ServedModel, decoder: str | None) -> str:
+    """A session's decoder: ``decoder`` if ``served`` serves it (None: its default);
+    ``UnsupportedTaskError`` on field ``decoder`` otherwise."""
+    resolve = getattr(served, "resolve_decoder", None)
+    if resolve is None:  # a model with one codec and no decoder options
+        if decoder not in (None, "full"):
+            raise UnsupportedTaskError(
+                "decoder", f"decoder {decoder!r}: model {served.card.model_id!r} has one"
+            )
+        return "full"
+    try:
+        return str(resolve(decoder))
+    except ValueError as exc:
+        raise UnsupportedTaskError("decoder", str(exc)) from None
+
+
+def record_template(served: ServedModel, profile: Profile) -> dict[str, Any]:
+    """The static facts of a stream's behaviour records (sessions, rollout samples)."""
+    card = served.card
+    spec = card.loops.get(SESSION_LOOP)
+    schedule = spec.schedule if spec is not None else None
+    return {
+        # the content hash of the loaded weights; the card's version is its label
+        "weights_version": served.weights_digest or card.weights_version,
+        "weights_label": card.weights_version,
+        "recipe_id": card.recipe.method,
+        "fps": profile.fps,
+        "width": profile.width,
+        "height": profile.height,
+        "loop_id": SESSION_LOOP,
+        "sampler": spec.describe() if spec is not None else "",
+        "steps": schedule.steps if schedule is not None else profile.steps,
+        "timesteps": list(schedule.timesteps) if schedule is not None else [],
+        "precision": str(getattr(served, "precision", card.recipe.assumes_precision)),
+        "attention": str(getattr(served, "levers", {}).get("attention", "")),
+    }

@@ -196,6 +196,13 @@ class EngineConfig:
         "or the analytic prior; auto (default): measured on a GPU, the prior on a CPU",
         choices=("auto", "measured", "prior"),
     )
+    steering_cost: str = setting(
+        "measured",
+        "what admission adds for generated frames that steering flushes (a prompt switch "
+        "shows at once; the backlog is regenerated): measured (default; each session's own "
+        "flushed fraction, a new session the server's) or none",
+        choices=("measured", "none"),
+    )
     playout_buffer_s: float = setting(
         0.25,
         "seconds of video a session keeps ahead of its viewer",

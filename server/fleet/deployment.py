@@ -36,6 +36,7 @@ def deployment_card(ctx: FleetContext) -> dict[str, object]:
     engine = ctx.engine
     admission = engine.admission
     assert admission is not None  # a serving engine admits (server.lifespan builds it so)
+    ctx.host.refresh_steering()  # the load as admission would price it now
     usage = admission.usage()
     capacity = usage.effective_compute_capacity
     slabs_free, slabs_capacity = ctx.host.slab_counts()
@@ -59,6 +60,7 @@ def deployment_card(ctx: FleetContext) -> dict[str, object]:
         "cost_model": engine.cost.snapshot(),
         "load": {
             "compute_gpu_s_per_s": usage.compute_gpu_s_per_s,
+            "steering_gpu_s_per_s": usage.steering_gpu_s_per_s,
             "compute_capacity": capacity,
             "headroom": max(0.0, capacity - usage.compute_gpu_s_per_s),
             "tightened": usage.tightened,

@@ -49,7 +49,8 @@ from sessions.handoff import (
     read_manifest,
     write_manifest,
 )
-from sessions.host import SESSION_LOOP, Reject
+from sessions.host import Reject
+from sessions.served_models import SESSION_LOOP
 from sessions.session import Session
 
 __all__ = ["ENDPOINTS", "FleetWorker", "write_session_manifest"]

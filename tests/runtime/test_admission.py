@@ -291,3 +291,43 @@ def test_batch_pricing_is_validated() -> None:
     with pytest.raises(AdmissionError, match="exceeds"):
         ctl.admit(batched("a", 0.1, (0.2, 0.3)))
     assert AdmissionConfig(peak_capacity_bytes=0).compute_capacity == SLO_COMPUTE_CAPACITY == 0.9
+
+
+def steered(owner: str, share: float, steering: float) -> AdmissionRequest:
+    return AdmissionRequest(owner, compute_gpu_s_per_s=share, steering_gpu_s_per_s=steering)
+
+
+def test_steering_counts_against_the_shared_capacity_and_can_be_repriced() -> None:
+    ctl = make_controller()
+    first = ctl.admit(steered("a", 0.4, 0.1))
+    assert isinstance(first, Admit)  # on an idle device without its estimate; measured later:
+    assert ctl.reprice(first.reservation_id, steering_gpu_s_per_s=0.1)
+    usage = ctl.usage()
+    assert usage.compute_gpu_s_per_s == pytest.approx(0.5)
+    assert usage.steering_gpu_s_per_s == pytest.approx(0.1)
+    # 0.5 + 0.3 fits 0.9; with its own steering of 0.15 it does not
+    assert ctl.marginal_compute(steered("b", 0.3, 0.15)) == pytest.approx(0.45)
+    refused = ctl.admit(steered("b", 0.3, 0.15))
+    assert isinstance(refused, Reject) and refused.reason == "compute"
+    assert not refused.permanent and "0.500+0.450" in refused.detail
+    # the first session stopped steering: its measured share falls, the second fits
+    assert ctl.reprice(first.reservation_id, steering_gpu_s_per_s=0.0)
+    assert ctl.usage().compute_gpu_s_per_s == pytest.approx(0.4)
+    assert isinstance(ctl.admit(steered("b", 0.3, 0.15)), Admit)
+    assert ctl.usage().compute_gpu_s_per_s == pytest.approx(0.85)
+    assert not ctl.reprice("res-none", steering_gpu_s_per_s=0.1)
+    with pytest.raises(AdmissionError, match="steering_gpu_s_per_s"):
+        ctl.reprice(first.reservation_id, steering_gpu_s_per_s=float("nan"))
+
+
+def test_an_estimate_of_steering_never_refuses_a_session_that_fits_alone() -> None:
+    ctl = make_controller()
+    # 0.8 alone fits 0.9; with 0.2 of expected steering it would not, yet an idle device takes it
+    only = ctl.admit(steered("a", 0.8, 0.2))
+    assert isinstance(only, Admit)
+    assert ctl.usage().steering_gpu_s_per_s == 0.0  # admitted bare; its owner reprices it
+    ctl.release(only.reservation_id)
+    too_big = ctl.admit(steered("b", 0.95, 0.0))
+    assert isinstance(too_big, Reject) and too_big.permanent
+    with pytest.raises(AdmissionError, match="steering_gpu_s_per_s"):
+        ctl.admit(steered("c", 0.1, -0.1))

@@ -25,6 +25,7 @@ def test_the_card_describes_models_slo_classes_cost_model_and_an_idle_load(
     assert card["cost_model"]["method"] == "ewma" and card["cost_model"]["device"]["name"] == "cpu"
     load = card["load"]
     assert load["compute_gpu_s_per_s"] == 0 and load["headroom"] == load["compute_capacity"] == 0.9
+    assert load["steering_gpu_s_per_s"] == 0.0  # nothing flushed yet
     assert (load["kv_slabs_free"], load["kv_slabs_capacity"], load["sessions"]) == (2, 2, 0)
     assert card["sessions"] == [] and card["snapshot_dir"] is None
 

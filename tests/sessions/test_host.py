@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from models.card import ProfileError
@@ -219,3 +220,32 @@ async def test_batching_admits_a_session_that_per_plan_pricing_refuses(instance,
 
 def host_share(cost: CostModel, instance, profile) -> float:
     return chunk_gpu_seconds(cost, instance, profile) / instance.chunk_seconds(profile)
+
+
+async def test_admission_prices_the_frames_a_sessions_steering_flushed(host: SessionHost) -> None:
+    served = host.models[MODEL]
+    share = host.compute_share(served)
+    assert share > 0
+    first = host.create_session(prompt="a", seed=1)
+    assert not isinstance(first, Reject)
+    # 5 chunks of 12 frames: the viewer is shown 8 of each, then a prompt switch flushes 4
+    for chunk in range(5):
+        pts = list(range(12 * chunk + 1, 12 * chunk + 13))
+        first.media.put_chunk(np.zeros((12, 4, 4, 3), np.uint8), pts, chunk=chunk, segment=0)
+        for _ in range(8):
+            assert first.media.pop() is not None
+        assert first.media.flush_before(pts[-1] + 1) == 4
+    host.refresh_steering()
+    admission = host.engine.admission
+    assert admission.usage().steering_gpu_s_per_s == pytest.approx(share * 0.5)
+    assert host.compute_share(served) == pytest.approx(share * 1.5)  # the server's fraction
+    # two shares fit, two steered ones do not
+    admission.config = AdmissionConfig(peak_capacity_bytes=1 << 40, compute_capacity=2.5 * share)
+    refused = host.create_session(prompt="b")
+    assert isinstance(refused, Reject) and refused.reason == "compute" and not refused.permanent
+    host.steering.enabled = False  # --steering-cost none: the first is repriced at 0
+    second = host.create_session(prompt="b")
+    assert not isinstance(second, Reject)
+    host.steering.enabled = True
+    await host.close_session(first.id)  # its frames stay in the server's history
+    assert host.compute_share(served) == pytest.approx(share * 1.5)
