@@ -627,6 +627,51 @@ async def test_pending_outputs_let_the_loop_go_on_and_are_emitted_in_plan_order(
     assert result.outputs == {"steps": 3}
 
 
+class PlainOp:
+    """Returns each step's output at once."""
+
+    name = "plain"
+    batchable = False
+
+    def __call__(self, args: Sequence[int], *, deterministic: bool = False) -> list[Any]:
+        return [f"b-{step}" for step in args]
+
+
+async def test_a_decode_left_on_the_device_does_not_hold_up_another_loops_steps() -> None:
+    # session a's first decode stays on the device (a second stream); b's plans run meanwhile
+    engine = make_engine()
+    await engine.start()
+    decoding = DeferringOp()
+    a_out: list[Any] = []
+    b_out: list[Any] = []
+    try:
+        a = engine.spawn(
+            CountLoop(decoding),
+            3,
+            None,
+            loop_id="a",
+            priority=BATCH,
+            on_emit=lambda e: a_out.append(e.output),
+        )
+        await until(lambda: len(decoding.pending) == 1)
+        b = engine.spawn(
+            CountLoop(PlainOp()),
+            4,
+            None,
+            loop_id="b",
+            priority=BATCH,
+            on_emit=lambda e: b_out.append(e.output),
+        )
+        await within(b.result())
+        assert b_out == ["b-0", "b-1", "b-2", "b-3"]
+        assert a_out == [] and not a.done  # a's frames wait for its decode, in order
+        decoding.pending[0].done.set()
+        await within(a.result())
+    finally:
+        await engine.close()
+    assert a_out == ["frame-0", "frame-1", "frame-2"]
+
+
 async def test_a_sink_failing_on_a_deferred_emission_fails_the_loop() -> None:
     engine = make_engine()
     await engine.start()
