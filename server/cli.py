@@ -189,6 +189,7 @@ BENCHMARKS = {
     "browser-latency": "infra.bench.browser_latency",
     "attention": "infra.bench.attention_bench",
     "attention-libs": "infra.bench.attention_libs",
+    "fp8-ops": "infra.bench.fp8_ops",
     "quality-guard": "infra.bench.quality_guard",
     "latency": "infra.bench.latency",
     "gpu-latency": "infra.bench.gpu_latency",

@@ -48,8 +48,10 @@ from infra.browser_harness import ServerProcess
 
 __all__ = [
     "Setup",
+    "admitted_load",
     "compiles_after_ready",
     "frame_stats",
+    "load_cell",
     "main",
     "parse_setup",
     "refusal_reason",
@@ -171,6 +173,21 @@ def time_rows(results: list[tuple[str, str, dict[str, Any]]], *, first: str) -> 
     return lines
 
 
+def admitted_load(url: str) -> dict[str, float]:
+    """What admission holds now (``GET /v1/deployment``'s ``load``): the reserved GPU-s/s,
+    the part of it that steering throws away (``--steering-cost``) and the capacity."""
+    load = httpx.get(f"{url}/v1/deployment", timeout=10.0).json()["load"]
+    keys = ("compute_gpu_s_per_s", "steering_gpu_s_per_s", "compute_capacity")
+    return {key: float(load.get(key, 0.0)) for key in keys}
+
+
+def load_cell(load: dict[str, float] | None) -> str:
+    """``0.823 (0.051)``: the load admission held at the end of the watch (steering's part)."""
+    if not load:
+        return "-"
+    return f"{load['compute_gpu_s_per_s']:.3f} ({load['steering_gpu_s_per_s']:.3f})"
+
+
 def refusal_reason(refusal: dict[str, Any] | None) -> str:
     """A refusal's reason in a table cell: its code and the admission's sum (``no capacity
     for another session: compute (ses_x: 0.732+0.719 GPU-s/s > 0.900)`` -> ``capacity:
@@ -186,15 +203,16 @@ def refusal_reason(refusal: dict[str, Any] | None) -> str:
 def setup_rows(results: list[tuple[str, str, dict[str, Any]]], *, first: str) -> list[str]:
     """The table of ``(server or setup, setup, run_setup's result)`` rows: per setup admitted,
     fps each at the viewer, the worst stalls/min, p95 and max frame interval, why the next
-    session was refused and the compiles after ready once the setup ended."""
+    session was refused, the load admission held at the end of the watch (steering's part in
+    parentheses) and the compiles after ready once the setup ended."""
     lines = [
         f"| {first} | setup | admitted | fps each | stalls/min max | p95 ms max | max interval ms"
-        " | refused with | compiles after ready |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        " | refused with | load (steering) GPU-s/s | compiles after ready |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for head, name, r in results:
         if "error" in r:
-            lines.append(f"| {head} | {name} | | error: {r['error'][:80]} | | | | | |")
+            lines.append(f"| {head} | {name} | | error: {r['error'][:80]} | | | | | | |")
             continue
         s = r["sessions"]
         compiles = r.get("compiles_after_ready")
@@ -203,7 +221,7 @@ def setup_rows(results: list[tuple[str, str, dict[str, Any]]], *, first: str) ->
             f"{max((x['stalls_per_min'] for x in s), default=0)} | "
             f"{max((x['p95_interval_ms'] for x in s), default=0)} | "
             f"{max((x['max_interval_ms'] for x in s), default=0)} | "
-            f"{refusal_reason(r['refusal'])} | "
+            f"{refusal_reason(r['refusal'])} | {load_cell(r.get('load'))} | "
             f"{'-' if compiles is None else int(sum(compiles.values()))} |"
         )
     return lines
@@ -275,6 +293,7 @@ async def run_setup(url: str, setup: Setup, args: argparse.Namespace) -> dict[st
         )
         switches = [await task for task in switching] or [0] * len(watched)
         trace = None if tracing is None else await tracing
+        load = await asyncio.to_thread(admitted_load, url)
         sessions: list[dict[str, Any]] = []
         for w, mark in zip(watched, marks, strict=True):
             fresh = [f.received_s for f in w.viewer.fresh_frames()[mark:] if f.received_s <= end]
@@ -302,6 +321,7 @@ async def run_setup(url: str, setup: Setup, args: argparse.Namespace) -> dict[st
         "refusal": refusal,
         "sessions": sessions,
         "engine_per_min": engine_per_min,
+        "load": load,
         "trace": trace,
         "compiles_after_ready": await asyncio.to_thread(compiles_after_ready, url),
     }

@@ -1,4 +1,4 @@
-"""``python -m infra.bench.fp8_ops``: one DiT block's step op by op, bf16 against FP8.
+"""``dreamrt bench fp8-ops``: one DiT block's step op by op, bf16 against FP8.
 
 What the FP8 levers buy, where: one ``WanBlock`` of the served DiT preset (``wan2.1-1.3b``:
 dim 1536, 12 heads, FFN 8960) at a chunk of each profile (3 latent frames: 4,680 tokens at
@@ -26,7 +26,8 @@ The last lines say what the FP8 linears gain on a step (30 blocks): the issue's 
 them only for a gain of 10 % or more. On the CPU (``--device cpu``) the shapes are the tiny
 preset's and FP8 products are emulated in float32: a dry run of the script, not a measurement.
 
-    python -m infra.bench.fp8_ops [--profiles 832x480,480x272] [--iters 20] [--json F]
+    dreamrt bench fp8-ops [--profiles 832x480,480x272] [--iters 20] [--json F]
+    python -m infra.bench.fp8_ops ...  (the same)
 """
 
 from __future__ import annotations

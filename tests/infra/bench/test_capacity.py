@@ -55,11 +55,16 @@ def test_the_table_says_why_the_next_session_was_refused_and_what_compiled_after
         "sessions": [stats],
         "refusal": refusal,
         "compiles_after_ready": {"dynamo": 0.0, "outside_set": 2.0},
+        "load": {
+            "compute_gpu_s_per_s": 0.8234,
+            "steering_gpu_s_per_s": 0.0512,
+            "compute_capacity": 0.9,
+        },
     }
     header, rule, row, failed = setup_rows(
         [("cached", "full", result), ("cached", "tiny", {"error": "boom"})], first="server"
     )
-    assert header.startswith("| server | setup | admitted |") and rule.count("---") == 9
+    assert header.startswith("| server | setup | admitted |") and rule.count("---") == 10
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells == [
         "cached",
@@ -70,6 +75,7 @@ def test_the_table_says_why_the_next_session_was_refused_and_what_compiled_after
         "69.0",
         "131.8",
         "capacity: compute 0.732+0.719 GPU-s/s > 0.900",
+        "0.823 (0.051)",
         "2",
     ]
     assert "error: boom" in failed
