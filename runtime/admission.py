@@ -13,7 +13,7 @@ already admitted*; nothing is discovered at step 37. Three resources are reserve
   admits more sessions. Each reservation also carries what steering throws away
   (``steering_gpu_s_per_s``: the frames its prompt switches flushed, regenerated), an estimate
   its owner updates while it runs (``reprice``); it counts against the capacity shared with
-  others, never in the check of a request alone.
+  others, never in the check of a request alone nor on an idle device.
 - ``kv_slabs``: a chunk-KV slab from the slab pool of the session's geometry
   (``AdmissionRequest.kv_pool``), held for the session's life. The pools are the one KV gate:
   the model preallocated exactly their slabs, so a slab handed out here is memory that exists;

@@ -12,7 +12,9 @@ activation bytes and a chunk-KV slab from the slab pool of its geometry. When th
 sessions' denoising steps (``batched_plan_kinds``) and the chunk is priced from measurements,
 the request carries a ``BatchPricing``: sessions of one shape are priced as the batches they
 run in (``batch_pricing``), so a second session of a small profile costs less than the first.
-Both prices are computed in ``sessions.session_pricing``.
+Both prices are computed in ``sessions.session_pricing``; what a session's steering throws
+away (the backlog an applied input flushes) is added by ``sessions.steering_cost``, and each
+live session's reservation is repriced with its own before admission decides.
 The first session of a geometry makes the served model preallocate that geometry's K/V buffer
 (``slabs_per_geometry`` slabs) and registers its pool with admission; the slab index travels to
 the loop in ``SessionRequest.kv_slab``.
