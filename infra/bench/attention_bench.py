@@ -34,13 +34,16 @@ import torch.nn.functional as F
 
 from models.wan.kernels.attention import ATTENTION_BACKENDS, LowPrecisionAttention, attend
 
-__all__ = ["main", "run_micro"]
+__all__ = ["main", "run_micro", "time_ms"]
 
 DEFAULT_BACKENDS = "auto,cudnn,flash,sage,fp8-triton,fp8qk-triton"
 
 
-def _time_ms(fn: Callable[[], Any], reps: int, cuda: bool) -> float:
-    fn()  # compile / warm
+def time_ms(fn: Callable[[], Any], reps: int, cuda: bool, warm: int = 1) -> float:
+    """Median milliseconds of ``reps`` calls of ``fn`` after ``warm`` untimed ones (compile,
+    tune): CUDA events on a GPU, the wall clock elsewhere."""
+    for _ in range(warm):
+        fn()
     times = []
     for _ in range(reps):
         if cuda:
@@ -112,7 +115,7 @@ def run_micro(
                     continue
                 out = backend(q, k, v)  # the first call self-checks and may tune
                 row["served_by"] = _served_by(backend, q, k, v)
-                row["ms"] = _time_ms(functools.partial(backend, q, k, v), reps, cuda)
+                row["ms"] = time_ms(functools.partial(backend, q, k, v), reps, cuda)
                 row["tflops"] = flops / (row["ms"] * 1e-3) / 1e12
                 row["vs_bf16_sdpa"] = _errors(out, ref16)
                 row["vs_fp32"] = _errors(out, ref32)

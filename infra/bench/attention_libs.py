@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from infra.bench.attention_bench import _time_ms, print_micro, run_micro
+from infra.bench.attention_bench import print_micro, run_micro, time_ms
 
 __all__ = ["SHAPES", "environment", "main"]
 
@@ -127,7 +127,7 @@ def kernels_alone(q, k, v, reps: int, flops: float) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"what": label}
         try:
             with torch.inference_mode():
-                row["ms"] = _time_ms(make(), reps, q.is_cuda)
+                row["ms"] = time_ms(make(), reps, q.is_cuda)
             if "quantise" not in label:
                 row["tflops"] = flops / (row["ms"] * 1e-3) / 1e12
         except Exception as exc:

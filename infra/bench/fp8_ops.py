@@ -35,9 +35,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +46,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 import torch
 from torch import nn
 
+from infra.bench.attention_bench import time_ms
 from models.wan.dit.block import WanBlock
 from models.wan.dit.config import PRESETS, WanDiTConfig
 from models.wan.kernels.attention import select_backend
@@ -112,25 +111,6 @@ def _fp8_block(block: WanBlock, variant: str) -> WanBlock:
         return out
     quantize_linears(out, lambda name: True, per_tensor=variant == "fp8-tensor")
     return out
-
-
-def _time_ms(fn: Callable[[], Any], iters: int, cuda: bool) -> float:
-    for _ in range(3):  # compile, tune, warm
-        fn()
-    times = []
-    for _ in range(iters):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            began = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - began) * 1e3)
-    return statistics.median(times)
 
 
 def _rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -228,7 +208,7 @@ def run_profile(
     def add(op: str, variant: str, fn: Callable[[], torch.Tensor], ref: torch.Tensor | None) -> Any:
         out = fn()  # eager first: the static variant calibrates on it
         compiled = _maybe_compile(fn, compile)
-        ms = _time_ms(compiled, iters, cuda)
+        ms = time_ms(compiled, iters, cuda, warm=3)  # compile, tune, warm
         row = {"op": op, "variant": variant, "ms": ms}
         if ref is not None:
             row["rel_l2"] = _rel_l2(out, ref)
