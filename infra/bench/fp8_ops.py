@@ -284,23 +284,29 @@ def run(
     compile: bool,
     attention: str = "auto",
     preset: str | None = None,
+    on_profile: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
+    """Every profile in turn -> the result (device, preset, rows, verdict); ``on_profile`` is
+    given the result so far after each profile (a run cut short keeps what it measured)."""
     config = PRESETS[preset or ("wan2.1-1.3b" if device == "cuda" else "tiny")]
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
-    rows: list[dict[str, Any]] = []
-    for width, height in profiles:
-        rows += run_profile(
-            config, width, height, device=device, iters=iters, compile=compile, attention=attention
-        )
-    return {
+    result: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
         "preset": config.name,
         "compiled": compile,
         "fp8_gemm": scaled_mm_supported(torch.device(device)),
-        "rows": rows,
-        "verdict": verdict(rows),
+        "rows": [],
+        "verdict": [],
     }
+    for width, height in profiles:
+        result["rows"] += run_profile(
+            config, width, height, device=device, iters=iters, compile=compile, attention=attention
+        )
+        result["verdict"] = verdict(result["rows"])
+        if on_profile is not None:
+            on_profile(result)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     profiles = [tuple(int(n) for n in p.split("x")) for p in args.profiles.split(",") if p]
+
+    def save(result: dict[str, Any]) -> None:
+        print(table(result["rows"]), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2))
+
     result = run(
         device=args.device,
         profiles=[(w, h) for w, h in profiles],
@@ -321,16 +333,14 @@ def main(argv: list[str] | None = None) -> int:
         compile=not args.no_compile,
         attention=args.attention,
         preset=args.preset,
+        on_profile=save,
     )
-    print(table(result["rows"]))
     print(
         f"\n{result['device']}, torch {result['torch']}, {result['preset']}, "
         f"compiled {result['compiled']}, FP8 GEMMs {result['fp8_gemm']}"
     )
     for line in result["verdict"]:
         print(line)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
 
 

@@ -56,9 +56,12 @@ if has engine; then
   tail -40 "$OUT/gpu_session.log"
 fi
 if has ops; then  # what FP8 buys per op and per step (the FP8 linears stay only for >= 10 %)
-  timeout "${OPS_S:-240}" $PY -m infra.bench.fp8_ops --iters 20 --json "$OUT/fp8_ops.json" \
+  # ~28 compiles per profile (a block's ~15-20 s each): 832x480 first, where FP8 can pay; the
+  # JSON is rewritten after each profile, so a run cut short keeps the first
+  timeout "${OPS_S:-420}" $PY -m infra.bench.fp8_ops --iters 20 \
+    --profiles "${OPS_PROFILES:-832x480,480x272}" --json "$OUT/fp8_ops.json" \
     >"$OUT/fp8_ops.log" 2>&1
-  tail -48 "$OUT/fp8_ops.log"
+  tail -32 "$OUT/fp8_ops.log"
 fi
 if has vae; then
   timeout 200 $PY -m infra.bench.vae_decode --iters 10 \
