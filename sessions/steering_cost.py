@@ -14,8 +14,9 @@ chunk price times generated / shown = ``1 / (1 - f)``: ``f / (1 - f)`` of its sh
 - each live session's reservation with its own ``f`` (``AdmissionRequest.steering_gpu_s_per_s``)
   once it has generated ``MIN_FRAMES`` frames, refreshed whenever admission decides
   (``refresh``; ``AdmissionController.reprice``);
-- a new session with the fraction the server has seen: flushed over generated frames of every
-  session this server ran, live and ended (0 on a fresh server, or with ``none``).
+- a new session with the fraction the server has seen: flushed over generated frames of its
+  sessions, live and ended (0 on a fresh server, or with ``none``). The ended sessions' counts
+  halve each time they pass ``HISTORY_FRAMES``, so the recent viewers weigh the most.
 
 ``f`` is capped at ``MAX_FRACTION``. What a session flushed is its own history, not a forecast:
 a viewer who stops steering keeps a price that falls as its unflushed frames add up.
@@ -29,11 +30,19 @@ from typing import Protocol
 
 from runtime.admission import AdmissionController, AdmissionRequest
 
-__all__ = ["MAX_FRACTION", "MIN_FRAMES", "STEERING_COSTS", "SteeringCost", "overhead"]
+__all__ = [
+    "HISTORY_FRAMES",
+    "MAX_FRACTION",
+    "MIN_FRAMES",
+    "STEERING_COSTS",
+    "SteeringCost",
+    "overhead",
+]
 
 STEERING_COSTS = ("measured", "none")
 MIN_FRAMES = 48  # a session's own fraction counts from this many generated frames (3 s at 16)
 MAX_FRACTION = 0.5
+HISTORY_FRAMES = 9600  # ten minutes of 16-fps video: the ended sessions' counts then halve
 
 
 class _Media(Protocol):
@@ -53,13 +62,16 @@ class SteeringCost:
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
-        self._ended_in = 0  # frames generated / flushed by sessions that ended
-        self._ended_flushed = 0
+        self._ended_in = 0.0  # frames generated / flushed by sessions that ended (decayed)
+        self._ended_flushed = 0.0
 
     def ended(self, media: _Media) -> None:
         """A session ended: its frames join the server's history."""
         self._ended_in += media.frames_in
         self._ended_flushed += media.dropped_flush
+        while self._ended_in > HISTORY_FRAMES:
+            self._ended_in /= 2
+            self._ended_flushed /= 2
 
     def fraction(self, live: Iterable[_Media] = ()) -> float:
         """Flushed over generated frames of every session this server ran (``live`` and the

@@ -7,7 +7,13 @@ import pytest
 
 from runtime.admission import AdmissionConfig, AdmissionController, AdmissionRequest, Admit
 from sessions.media_queue import MediaQueue
-from sessions.steering_cost import MAX_FRACTION, MIN_FRAMES, SteeringCost, overhead
+from sessions.steering_cost import (
+    HISTORY_FRAMES,
+    MAX_FRACTION,
+    MIN_FRAMES,
+    SteeringCost,
+    overhead,
+)
 
 
 def queue(generated: int, flushed: int) -> MediaQueue:
@@ -55,3 +61,16 @@ def test_refresh_reprices_each_held_reservation_with_its_own_fraction() -> None:
     off = SteeringCost(enabled=False)
     assert off.price(requests[0], 0.5).steering_gpu_s_per_s == 0.0
     assert cost.price(requests[0], 0.5).steering_gpu_s_per_s == pytest.approx(0.3)
+
+
+def test_the_servers_history_weighs_recent_sessions_the_most() -> None:
+    cost = SteeringCost()
+    cost.ended(queue(1000, 500))  # an early viewer who switched all the time
+    assert cost.fraction() == pytest.approx(0.5)
+    calm = queue(1000, 0)
+    for _ in range(3 * HISTORY_FRAMES // 1000):
+        cost.ended(calm)  # then viewers who never switch
+    # counted forever, the early half would still be 500 / 30,000 frames; halved as the
+    # history passes HISTORY_FRAMES it is far less
+    assert cost.fraction() < 500 / (3 * HISTORY_FRAMES) / 4
+    assert cost.fraction() > 0
