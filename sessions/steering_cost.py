@@ -6,8 +6,9 @@ those frames were generated and are never shown, so a steered session generates 
 shows. With ``f`` the fraction of its generated frames that were flushed, its GPU load is its
 chunk price times generated / shown = ``1 / (1 - f)``: ``f / (1 - f)`` of its share on top
 (``overhead``). Measured on the CPU with a viewer switching prompts every 3.5 s, ``f`` is about
-6 % with the 10-s steer hold; on the H200 one 832x480 session's switches took it past the GPU
-(infra/bench/RESULTS.md, "what a prompt switch costs").
+6 % with the 10-s steer hold; on the H200 one 832x480 session switching every 3.5 s stalled
+25 times a minute, which its flushed backlog would explain (inferred, not yet measured there:
+infra/bench/RESULTS.md, "what a prompt switch costs").
 
 ``SteeringCost`` prices it (``dreamrt serve --steering-cost measured``, the default):
 
